@@ -1,0 +1,1 @@
+"""forgeflow: evalsuite."""

@@ -1,0 +1,51 @@
+"""The `forgeflow` command line.
+
+Each library owns its subcommands in its own `cli.py` (`register(subparsers)`);
+this module only collects them, so `forgeflow --help` starts fast and a library
+is usable from the command line without Prefect.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Modules that contribute subcommands, in the order `--help` lists them.
+_COMMAND_MODULES = (
+    "training.cli",     # prepare, train, export
+    "infra.cli",        # plan, simulate, cluster
+    "diagnosis.cli",    # diagnose, rules
+    "evalsuite.cli",    # eval
+    "flows.commands",   # pretrain, demo, deploy (Prefect-aware)
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="forgeflow",
+        description="Plan, train, checkpoint, diagnose and evaluate LLM pretraining jobs.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in _COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:  # that part of forgeflow is not built yet
+                continue
+            raise
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""The job spec: one typed, validated description of a pretraining job.
+
+A job spec is a YAML file. It may name a `base:` file (relative to itself) whose
+values it overrides key by key, so configs derive from each other instead of
+being copied (torchtitan-style). Every field is checked by pydantic; a bad file
+raises one `ConfigError` naming the file, the field and how to fix it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A job spec (or other config file) is missing, malformed or inconsistent."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are almost always typos ("lerning_rate"); refuse them.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """A Llama-style decoder: RoPE, RMSNorm, SwiGLU, grouped-query attention."""
+
+    num_layers: int = Field(gt=0)
+    hidden_size: int = Field(gt=0)
+    num_attention_heads: int = Field(gt=0)
+    num_query_groups: int | None = Field(
+        default=None, gt=0, description="key/value heads (GQA); default = num_attention_heads"
+    )
+    ffn_hidden_size: int | None = Field(
+        default=None, gt=0, description="SwiGLU inner size; default ~ 8/3 * hidden rounded to 64"
+    )
+    vocab_size: int = Field(gt=0)
+    seq_length: int = Field(gt=0)
+    rope_theta: float = Field(default=10000.0, gt=0)
+    norm_epsilon: float = Field(default=1e-5, gt=0)
+    init_method_std: float = Field(default=0.02, gt=0)
+    untie_embeddings_and_output_weights: bool = True
+
+    @model_validator(mode="after")
+    def _shapes(self) -> "ModelConfig":
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}); pick heads that divide it"
+            )
+        kv = self.kv_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_query_groups ({kv})"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def ffn_size(self) -> int:
+        if self.ffn_hidden_size:
+            return self.ffn_hidden_size
+        return 64 * ((8 * self.hidden_size // 3 + 63) // 64)
+
+    def num_parameters(self) -> int:
+        """Exact parameter count of the megatron GPTModel this config builds."""
+        h, f, l, v = self.hidden_size, self.ffn_size, self.num_layers, self.vocab_size
+        qkv = h * (h + 2 * self.kv_heads * self.head_dim)
+        per_layer = qkv + h * h + 2 * h * f + f * h + 2 * h  # attn, SwiGLU MLP, 2 RMSNorms
+        embeddings = v * h * (2 if self.untie_embeddings_and_output_weights else 1)
+        return l * per_layer + embeddings + h  # + final norm
+
+
+Precision = Literal["fp32", "bf16", "fp16"]
+Recompute = Literal["none", "selective", "full"]
+
+
+class TrainingConfig(_Section):
+    global_batch_size: int = Field(gt=0, description="sequences per optimizer step")
+    micro_batch_size: int = Field(default=1, gt=0)
+    steps: int = Field(gt=0)
+    lr: float = Field(default=3e-4, gt=0)
+    min_lr: float = Field(default=3e-5, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    lr_decay_steps: int | None = Field(default=None, gt=0, description="default: steps")
+    weight_decay: float = Field(default=0.1, ge=0)
+    adam_beta1: float = Field(default=0.9, gt=0, lt=1)
+    adam_beta2: float = Field(default=0.95, gt=0, lt=1)
+    grad_clip: float = Field(default=1.0, ge=0, description="0 disables clipping")
+    seed: int = 1234
+    precision: Precision = "fp32"
+    tensor_parallel: int = Field(default=1, gt=0)
+    pipeline_parallel: int = Field(default=1, gt=0)
+    use_distributed_optimizer: bool = False
+    recompute: Recompute = "none"
+    log_interval: int = Field(default=1, gt=0)
+    torch_threads: int | None = Field(default=None, gt=0, description="intra-op threads per rank")
+
+    @model_validator(mode="after")
+    def _lr(self) -> "TrainingConfig":
+        if self.min_lr > self.lr:
+            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"micro_batch_size ({self.micro_batch_size})"
+            )
+        if self.pipeline_parallel != 1:
+            raise ValueError(
+                "pipeline_parallel > 1 is not supported by the training worker yet; "
+                "set pipeline_parallel: 1 (the planner may still consider pp > 1)"
+            )
+        return self
+
+
+class CheckpointConfig(_Section):
+    interval: int = Field(default=50, gt=0, description="save every N steps")
+    url: str = Field(
+        default="runs/checkpoints", description="file://PATH, a bare path, or s3://bucket/prefix"
+    )
+    keep_last: int = Field(default=3, gt=0)
+    async_save: bool = True
+    on_busy: Literal["wait", "skip"] = Field(
+        default="wait", description="a persist still running at the next checkpoint step"
+    )
+    # S3 settings; when unset the usual AWS_* environment variables apply.
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+class DataConfig(_Section):
+    corpus: list[str] = Field(
+        default_factory=lambda: ["stdlib"],
+        description='"stdlib" (the running Python\'s own sources) or text/JSONL files or directories',
+    )
+    data_dir: str = Field(default="runs/data", description="tokenizer and packed token files")
+    val_fraction: float = Field(default=0.02, gt=0, lt=0.5)
+    max_corpus_mb: float | None = Field(default=None, gt=0, description="cap the corpus size")
+    jsonl_text_key: str = "text"
+
+
+class SpikeConfig(_Section):
+    """Loss-spike detection: robust z-score of the loss against a moving median."""
+
+    enabled: bool = True
+    window: int = Field(default=50, gt=4, description="recent steps forming the baseline")
+    min_history: int = Field(default=10, gt=1, description="steps before detection starts")
+    z_threshold: float = Field(default=6.0, gt=0)
+    patience: int = Field(default=5, gt=0, description="a spike must persist this many steps")
+    skip_batches: int = Field(default=0, ge=0, description="batches to skip after a rollback")
+
+
+FaultKind = Literal["cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error"]
+
+
+class FaultConfig(_Section):
+    """Fault injection for tests; off unless set (or FORGEFLOW_FAULT=kind@step[:rank])."""
+
+    kind: FaultKind | None = None
+    at_step: int = Field(default=0, ge=0)
+    rank: int = Field(default=0, ge=0)
+
+
+class EvalConfig(_Section):
+    suite: list[str] = Field(default_factory=list, description="dataset names to evaluate")
+
+
+class JobSpec(_Section):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    model: ModelConfig
+    training: TrainingConfig
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    spike: SpikeConfig = Field(default_factory=SpikeConfig)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    run_dir: str = Field(default="runs/{name}", description="logs, heartbeats, markers")
+
+    @property
+    def resolved_run_dir(self) -> Path:
+        return Path(self.run_dir.format(name=self.name))
+
+    def config_hash(self) -> str:
+        """Hash of what determines the trained weights (not where they are written)."""
+        payload = self.model_dump(include={"model", "training", "data"})
+        payload["data"].pop("data_dir", None)
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+_FIX_HINTS = {
+    "missing": "add it",
+    "extra_forbidden": "remove it or check its spelling",
+    "int_parsing": "use a whole number",
+    "int_type": "use a whole number",
+    "float_parsing": "use a number",
+    "greater_than": "use a larger value",
+    "literal_error": "use one of the allowed values",
+}
+
+
+def _format_validation_error(source: str, err: ValidationError) -> str:
+    lines = [f"{source}: invalid job spec ({err.error_count()} problem(s))"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        hint = _FIX_HINTS.get(e["type"])
+        msg = e["msg"].removeprefix("Value error, ")
+        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+        lines.append(f"  - {where}: {msg}{got}" + (f"; fix: {hint}" if hint else ""))
+    return "\n".join(lines)
+
+
+def _merge(base: dict, override: dict) -> dict:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such job spec file; check the path")
+    if path.resolve() in seen:
+        raise ConfigError(f"{path}: 'base:' chain loops back to itself")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
+    if data is None:
+        raise ConfigError(f"{path}: the file is empty; a job spec needs name, model and training")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a job spec must be a YAML mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        data = _merge(_read_yaml(path.parent / str(base), seen + (path.resolve(),)), data)
+    return data
+
+
+def load_job_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
+    """Read, merge (`base:`), override and validate a job spec file."""
+    path = Path(path)
+    data = _read_yaml(path)
+    if overrides:
+        data = _merge(data, overrides)
+    return parse_job_spec(data, source=str(path))
+
+
+def parse_job_spec(data: dict[str, Any], source: str = "<job spec>") -> JobSpec:
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_validation_error(source, e)) from None
+
+
+def dotted_overrides(items: list[str]) -> dict[str, Any]:
+    """Turn CLI `key.sub=value` strings into a nested override dict (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} must look like section.field=value")
+        node = out
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = yaml.safe_load(raw)
+    return out
