@@ -1,0 +1,45 @@
+"""Session-wide test isolation: nothing a test does touches the user's state or the network."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Set before any test module imports prefect / transformers / chromadb.
+_SESSION_DIR = Path(tempfile.mkdtemp(prefix="forgeflow-tests-"))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("MPLBACKEND", "Agg")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")  # chromadb
+os.environ["FORGEFLOW_STATE_DIR"] = str(_SESSION_DIR / "state")
+os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
+os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+os.environ.pop("FORGEFLOW_FAULT", None)
+os.environ.pop("SLACK_WEBHOOK_URL", None)
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    return _SESSION_DIR
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def free_port() -> int:
+    return _free_port()
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return Path(__file__).resolve().parents[1]
