@@ -27,11 +27,11 @@ from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from diagnosis.state import state_dir
 from diagnosis.vocabulary import Diagnosis
 
 logger = logging.getLogger(__name__)
 
-ENV_STATE_DIR = "FORGEFLOW_STATE_DIR"
 ENV_CHROMA_URL = "FORGEFLOW_CHROMA_URL"
 DEFAULT_COLLECTION = "forgeflow-failures"
 
@@ -43,11 +43,6 @@ EXCERPT_MAX_LINE_CHARS = 300
 
 class MemoryError_(RuntimeError):
     """The failure memory cannot be opened or used."""
-
-
-def default_state_dir() -> Path:
-    """Where forgeflow keeps local state: $FORGEFLOW_STATE_DIR or ~/.forgeflow."""
-    return Path(os.environ.get(ENV_STATE_DIR) or Path.home() / ".forgeflow")
 
 
 class MemoryConfig(BaseModel):
@@ -83,7 +78,7 @@ class MemoryConfig(BaseModel):
         return cls(**values)
 
     def resolved_path(self) -> Path:
-        return self.path or default_state_dir() / "failure-memory"
+        return self.path or state_dir() / "failure-memory"
 
 
 # ---- embeddings ------------------------------------------------------------
@@ -106,7 +101,8 @@ class Embedder:
             )
         self._model = SentenceTransformer(str(model_path), device=device, local_files_only=True)
         self._lock = threading.Lock()  # the tokenizer is not safe across threads
-        self.dimension = int(self._model.get_sentence_embedding_dimension() or 384)
+        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        self.dimension = int(dimension() or 384)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if not texts:
@@ -339,14 +335,13 @@ def retrieval_vote(
     restart_weight = sum(max(p.similarity or 0.0, 0.0) * (1 if p.diagnosis.restart_helps else -1) for p in backers)
     nearest_similarity = max(max(p.similarity or 0.0, 0.0) for p in backers)
     share = weights[winner] / total
-    suspects: list[str] = []
     return Diagnosis(
         root_cause=winner,
         kind=backers[0].diagnosis.kind,
         restart_helps=restart_weight > 0,
         confidence=round(max_confidence * share * min(nearest_similarity, 1.0), 3),
         culprit_lines=list(culprit_lines),
-        suspect_nodes=suspects,
+        suspect_nodes=[],
         mitigation=backers[0].diagnosis.mitigation,
         source="retrieval",
         rule_name=None,
