@@ -1,0 +1,363 @@
+"""Linear-time multi-pattern matching over whole byte buffers.
+
+Two jobs, both done on large buffers of complete lines (never line by line in Python):
+
+* ``LineFilter`` answers "which lines does no routine rule cover?" for a set of
+  filter regexes. Three engines are selectable (``ENGINE_NAMES``):
+
+  - ``re2`` (default): all rules are folded into one RE2 pattern that matches a *run*
+    of consecutive covered lines, ``(?m)(?:^(?:r1|r2|...)[^\\n]*\\n)+``. RE2's DFA
+    scans the buffer in C and Python only sees one match per run, so the Python cost
+    is proportional to the number of *kept* lines, not of all lines.
+  - ``hyperscan``: every rule is compiled into one Hyperscan database; Hyperscan
+    reports one match per covered line, and numpy maps match offsets to lines. Fast
+    scanning, but one Python callback per covered line caps its throughput.
+  - ``python``: the same run pattern as ``re2`` in Python's backtracking ``re``. Kept
+    for the benchmark only: it refuses any rule that did not come with forgeflow
+    (``trusted=False``), because a regex an LLM wrote must never run in a
+    backtracking engine.
+
+  ``benchmarks/filter_throughput.py`` measures the three side by side.
+
+* ``SignalScanner`` finds every line holding an error signal (error keywords and
+  diagnosis-rule patterns). It uses Hyperscan when importable (GB/s on literal-rich
+  patterns, few matches) and RE2 otherwise.
+
+A rule *covers* a line when the pattern matches somewhere in it (search semantics;
+anchor with ``^``/``$`` to be strict). ``validate_regex`` checks a pattern compiles in
+every linear-time engine used here; ``is_catch_all`` spots patterns that would cover
+everything.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Iterable, Protocol, Sequence
+
+import numpy as np
+import re2
+
+try:  # Hyperscan ships x86-64 wheels only; RE2 covers every other platform.
+    import hyperscan
+except ImportError:  # pragma: no cover - depends on the platform
+    hyperscan = None
+
+ENGINE_NAMES: tuple[str, ...] = ("re2", "hyperscan", "python")
+DEFAULT_ENGINE = "re2"
+LINEAR_ENGINES: tuple[str, ...] = ("re2", "hyperscan")
+
+# RE2 falls back to its (still linear, but slow) NFA when the DFA cache fills up; a
+# large budget keeps 100+ alternations on the DFA path.
+_RE2_MAX_MEM = 512 << 20
+MAX_PATTERN_CHARS = 2000
+
+
+class RegexError(ValueError):
+    """A pattern that cannot be used as a rule (does not compile, or is unsafe)."""
+
+
+class UnsafeEngineError(RuntimeError):
+    """An untrusted (e.g. LLM-written) rule was sent to the backtracking engine."""
+
+
+def _re2_options(latin1: bool) -> "re2.Options":
+    options = re2.Options()
+    options.max_mem = _RE2_MAX_MEM
+    options.log_errors = False  # the error goes into our exception, not onto stderr
+    if latin1:
+        options.encoding = re2.Options.Encoding.LATIN1
+    return options
+
+
+def _as_bytes(pattern: str) -> bytes:
+    return pattern.encode("utf-8")
+
+
+def validate_regex(pattern: str) -> None:
+    """Raise ``RegexError`` unless ``pattern`` compiles in every linear-time engine.
+
+    Python's ``re`` is never used here: a pattern that only a backtracking engine
+    accepts (backreferences, lookaround) is refused, and one that would backtrack
+    catastrophically in ``re`` (``(a+)+$``) is fine, because RE2 and Hyperscan run it
+    in linear time.
+    """
+    if not isinstance(pattern, str):
+        raise RegexError(f"a rule pattern must be a string, got {type(pattern).__name__}")
+    if not pattern:
+        raise RegexError("empty pattern: a rule needs a regex that matches specific lines")
+    if len(pattern) > MAX_PATTERN_CHARS:
+        raise RegexError(
+            f"pattern is {len(pattern)} characters; keep rules under {MAX_PATTERN_CHARS}"
+        )
+    if "\n" in pattern:
+        raise RegexError("pattern contains a newline; rules match within one line")
+    try:
+        re2.compile(_as_bytes(pattern), _re2_options(latin1=False))
+    except re2.error as exc:
+        detail = exc.args[0].decode() if exc.args and isinstance(exc.args[0], bytes) else exc
+        raise RegexError(
+            f"pattern {pattern!r} does not compile in RE2 ({detail}); rules must use the "
+            "linear-time subset: no backreferences, no lookahead/lookbehind"
+        ) from None
+    if hyperscan is not None:
+        try:
+            db = hyperscan.Database()
+            db.compile(expressions=[_as_bytes(pattern)], ids=[0], flags=hyperscan.HS_FLAG_MULTILINE)
+        except hyperscan.error as exc:
+            raise RegexError(
+                f"pattern {pattern!r} does not compile in Hyperscan ({exc}); simplify it "
+                "(no backreferences, lookaround or very large bounded repeats)"
+            ) from None
+
+
+def compile_linear(pattern: str) -> "re2._Regexp":
+    """A compiled RE2 object (str API) for testing one pattern against lines."""
+    validate_regex(pattern)
+    return re2.compile(pattern, _re2_options(latin1=False))
+
+
+# Lines no sensible routine rule covers all of; a pattern covering (almost) all of them
+# is a catch-all. They are deliberately unlike each other.
+_CATCH_ALL_PROBES: tuple[str, ...] = (
+    "",
+    " ",
+    "x",
+    "0",
+    "Traceback (most recent call last):",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+    "[rank3]: torch.OutOfMemoryError: CUDA out of memory.",
+    "node-a03:2281:2401 [3] NCCL WARN Call to ibv_poll_cq failed",
+    "step=12 loss=3.21 lr=1.0e-04 grad_norm=0.52 tokens_per_s=1234 elapsed_s=10.1",
+    "}",
+    "----------------------------------------------------",
+    "\tat java.lang.Thread.run(Thread.java:750)",
+    "ValueError: too many values to unpack (expected 2)",
+    "hello world",
+    "ERROR",
+    "   File \"/opt/train.py\", line 12, in <module>",
+)
+
+
+def is_catch_all(pattern: str, threshold: float = 0.5) -> bool:
+    """True when ``pattern`` matches the empty line or at least ``threshold`` of
+    deliberately unrelated probe lines (``.*``, ``.``, ``\\S``, ``^``, ``[\\s\\S]``...)."""
+    regex = compile_linear(pattern)
+    if regex.search("") is not None:
+        return True
+    hits = sum(1 for probe in _CATCH_ALL_PROBES if regex.search(probe) is not None)
+    return hits >= threshold * len(_CATCH_ALL_PROBES)
+
+
+# --------------------------------------------------------------------------- filters
+
+
+class LineFilter(Protocol):
+    """Finds the lines of a buffer that no rule covers."""
+
+    engine: str
+
+    def uncovered_lines(self, buf: bytes) -> list[tuple[int, int]]:
+        """(start, end) of each uncovered line; ``buf`` must end with ``\\n``."""
+        ...
+
+
+def _split_gap(buf: bytes, start: int, end: int, out: list[tuple[int, int]]) -> None:
+    """Append the lines inside buf[start:end] (which ends just after a newline)."""
+    pos = start
+    while pos < end:
+        nl = buf.find(b"\n", pos, end)
+        if nl < 0:
+            nl = end
+        out.append((pos, nl))
+        pos = nl + 1
+
+
+def _run_alternative(pattern: str) -> str:
+    # Search semantics inside one line: allow any prefix unless the rule anchors at ^.
+    body = pattern[1:] if pattern.startswith("^") else f"[^\\n]*?(?:{pattern})"
+    return f"(?:{body})[^\\n]*"
+
+
+def _run_pattern(patterns: Sequence[str]) -> str:
+    alternation = "|".join(_run_alternative(p) for p in patterns)
+    return f"(?m)(?:^(?:{alternation})\\n)+"
+
+
+class RunScanFilter:
+    """RE2 or Python ``re`` over one pattern that matches runs of covered lines."""
+
+    def __init__(self, patterns: Sequence[str], engine: str):
+        self.engine = engine
+        self._empty = not patterns
+        if self._empty:
+            return
+        source = _run_pattern(patterns)
+        if engine == "re2":
+            ascii_only = all(p.isascii() for p in patterns)
+            # Latin-1 mode lets RE2's DFA step byte by byte (faster) and match any byte
+            # with '.'; UTF-8 mode is needed only for non-ASCII rule text.
+            self._regex = re2.compile(
+                source.encode("latin-1" if ascii_only else "utf-8"), _re2_options(ascii_only)
+            )
+        elif engine == "python":
+            self._regex = re.compile(source.encode("utf-8"))
+        else:  # pragma: no cover - guarded by build_line_filter
+            raise ValueError(engine)
+
+    def uncovered_lines(self, buf: bytes) -> list[tuple[int, int]]:
+        out: list[tuple[int, int]] = []
+        if self._empty:
+            _split_gap(buf, 0, len(buf), out)
+            return out
+        last = 0
+        for match in self._regex.finditer(buf):
+            start, end = match.span()
+            if start > last:
+                _split_gap(buf, last, start, out)
+            last = end
+        if last < len(buf):
+            _split_gap(buf, last, len(buf), out)
+        return out
+
+
+class HyperscanFilter:
+    """One Hyperscan database; each covered line reports once at its newline."""
+
+    engine = "hyperscan"
+
+    def __init__(self, patterns: Sequence[str]):
+        if hyperscan is None:
+            raise RegexError("the hyperscan engine is not installed on this platform; use re2")
+        self._db = None
+        if patterns:
+            self._db = hyperscan.Database()
+            # Matching up to the newline makes every covered line report exactly once
+            # per rule (Hyperscan de-duplicates equal end offsets of one pattern).
+            expressions = [f"(?:{p})[^\\n]*\\n".encode("utf-8") for p in patterns]
+            self._db.compile(
+                expressions=expressions,
+                ids=list(range(len(expressions))),
+                flags=hyperscan.HS_FLAG_MULTILINE,
+            )
+
+    def uncovered_lines(self, buf: bytes) -> list[tuple[int, int]]:
+        arr = np.frombuffer(buf, dtype=np.uint8)
+        newlines = np.flatnonzero(arr == 10)
+        covered = np.zeros(len(newlines), dtype=bool)
+        if self._db is not None and len(newlines):
+            ends: list[int] = []
+            append = ends.append
+
+            def on_match(_id, _from, to, _flags, _ctx):
+                append(to - 1)  # offset of the newline that ends the covered line
+
+            self._db.scan(buf, match_event_handler=on_match)
+            if ends:
+                covered[np.searchsorted(newlines, np.asarray(ends, dtype=np.int64))] = True
+        starts = np.concatenate(([0], newlines[:-1] + 1)) if len(newlines) else newlines
+        keep = np.flatnonzero(~covered)
+        return [(int(starts[i]), int(newlines[i])) for i in keep]
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_filter(engine: str, patterns: tuple[str, ...]) -> LineFilter:
+    if engine in ("re2", "python"):
+        return RunScanFilter(patterns, engine)
+    if engine == "hyperscan":
+        return HyperscanFilter(patterns)
+    raise RegexError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINE_NAMES)}")
+
+
+def build_line_filter(
+    patterns: Iterable[str], engine: str = DEFAULT_ENGINE, trusted: bool = False
+) -> LineFilter:
+    """Compile (or reuse: compiled filters are cached by rule text) a line filter.
+
+    ``trusted`` says every pattern shipped with forgeflow; the ``python`` engine
+    accepts only trusted patterns.
+    """
+    patterns = tuple(patterns)
+    if engine not in ENGINE_NAMES:
+        raise RegexError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINE_NAMES)}")
+    if engine == "python" and not trusted:
+        raise UnsafeEngineError(
+            "the python engine backtracks; it runs only forgeflow's seeded rules. "
+            "Use engine='re2' or 'hyperscan' for learned rules"
+        )
+    return _cached_filter(engine, patterns)
+
+
+# --------------------------------------------------------------------------- signals
+
+
+class SignalScanner:
+    """Lines of a buffer that match any signal pattern (error keywords, diagnosis rules).
+
+    ``caseless`` applies per pattern. Matches are expected to be rare, so each one is
+    mapped to its line with a ``rfind``/``find`` pair.
+    """
+
+    def __init__(self, patterns: Sequence[str], caseless: Sequence[bool]):
+        if len(patterns) != len(caseless):
+            raise ValueError("one caseless flag per pattern")
+        self.patterns = tuple(patterns)
+        self._db = None
+        self._regex = None
+        if not patterns:
+            return
+        if hyperscan is not None:
+            self._db = hyperscan.Database()
+            flags = [
+                hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if c else 0)
+                for c in caseless
+            ]
+            self._db.compile(
+                expressions=[_as_bytes(p) for p in patterns],
+                ids=list(range(len(patterns))),
+                flags=flags,
+            )
+        else:  # pragma: no cover - platform without hyperscan
+            alternation = "|".join(
+                f"(?:{'(?i)' if c else ''}{p})" for p, c in zip(patterns, caseless)
+            )
+            self._regex = re2.compile(f"(?m){alternation}".encode(), _re2_options(False))
+
+    def signal_lines(self, buf: bytes) -> list[tuple[int, int]]:
+        """(start, end) of every line holding a signal, in buffer order, no duplicates."""
+        ends: list[int] = []
+        if self._db is not None:
+            append = ends.append
+
+            def on_match(_id, _from, to, _flags, _ctx):
+                append(to)
+
+            self._db.scan(buf, match_event_handler=on_match)
+        elif self._regex is not None:
+            ends = [m.end() for m in self._regex.finditer(buf)]
+        spans: dict[int, int] = {}
+        for to in ends:
+            # rfind stops before ``probe``, so a match whose last byte is the newline
+            # still maps to the line that newline ends.
+            probe = max(to - 1, 0)
+            start = buf.rfind(b"\n", 0, probe) + 1
+            if start in spans:
+                continue
+            end = buf.find(b"\n", start)
+            spans[start] = len(buf) if end < 0 else end
+        return sorted(spans.items())
+
+
+__all__ = [
+    "DEFAULT_ENGINE",
+    "ENGINE_NAMES",
+    "LINEAR_ENGINES",
+    "LineFilter",
+    "RegexError",
+    "SignalScanner",
+    "UnsafeEngineError",
+    "build_line_filter",
+    "compile_linear",
+    "is_catch_all",
+    "validate_regex",
+]

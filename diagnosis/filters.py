@@ -1,0 +1,500 @@
+"""Filter rules and streaming log compression.
+
+A ``FilterRuleSet`` is the list of routine-line regexes for one *job family* (e.g. the
+job's config name): forgeflow's seeds (``filter_seeds.py``) plus rules learned for that
+family, persisted as ``<state_dir>/filters/<family>.json`` so a resubmitted job reuses
+them. ``add_rule`` is what the log agent calls after its own checks; it re-validates.
+
+``LogCompressor`` streams a log through the rule set in large byte chunks:
+
+* lines no rule covers are kept (``CompressedLog.uncovered_segments()`` hands them
+  to the log agent);
+* lines carrying an error signal (``signals.ERROR_KEYWORDS`` or any diagnosis-rule
+  pattern) are always kept, even when a filter rule covers them;
+* everything else is dropped;
+* kept lines are collapsed by template (ranks, numbers, timestamps normalised), so the
+  same message from 512 ranks is one entry with a count and the rank list.
+
+Memory stays bounded whatever the log: the compressor holds one chunk, a partial last
+line (capped at ``max_line_bytes``; longer lines are kept truncated, never scanned as
+a whole) and the collapsed entries. ``feed_file`` resumes at the offset it reached, so
+calling it again on a file that is still being written reads only the new bytes.
+
+Example::
+
+    rules = FilterRuleSet.load("llama-7b-pretrain")
+    compressed = compress_file("job.log", rules)
+    print(compressed.render())
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal, Sequence
+
+from pydantic import BaseModel, Field
+
+from diagnosis.engine import (
+    DEFAULT_ENGINE,
+    LineFilter,
+    RegexError,
+    SignalScanner,
+    build_line_filter,
+    compile_linear,
+    is_catch_all,
+    validate_regex,
+)
+from diagnosis.filter_seeds import SEED_FILTER_RULES
+from diagnosis.signals import ERROR_KEYWORDS, format_ranks, has_error_keyword, line_facts
+from diagnosis.state import read_json, safe_family_name, state_dir, write_json_atomic
+
+RuleSource = Literal["seed", "agent", "user"]
+DEFAULT_FAMILY = "default"
+CHUNK_BYTES = 16 << 20
+MAX_LINE_BYTES = 64 << 10
+
+
+class FilterRule(BaseModel):
+    """One routine-line regex. ``source`` says who wrote it (seed rules are trusted)."""
+
+    name: str
+    pattern: str
+    source: RuleSource = "user"
+    description: str = ""
+    added_at: float = Field(default_factory=time.time)
+
+
+def _seed_rules() -> list[FilterRule]:
+    return [FilterRule(name=n, pattern=p, source="seed", added_at=0.0) for n, p in SEED_FILTER_RULES]
+
+
+class FilterRuleSet:
+    """Seed + learned filter rules of one job family; compiled lazily and cached."""
+
+    def __init__(
+        self,
+        job_family: str = DEFAULT_FAMILY,
+        learned: Iterable[FilterRule] = (),
+        state_path: Path | None = None,
+        include_seeds: bool = True,
+    ):
+        self.job_family = safe_family_name(job_family)
+        self.rules: list[FilterRule] = (_seed_rules() if include_seeds else []) + list(learned)
+        self.state_path = state_path
+
+    # ------------------------------------------------------------- persistence
+    @staticmethod
+    def path_for(job_family: str, state: str | os.PathLike | None = None) -> Path:
+        return state_dir(state) / "filters" / f"{safe_family_name(job_family)}.json"
+
+    @classmethod
+    def load(cls, job_family: str | None = None, state: str | os.PathLike | None = None) -> "FilterRuleSet":
+        """The family's rule set: seeds plus whatever was learned and saved for it."""
+        family = job_family or DEFAULT_FAMILY
+        path = cls.path_for(family, state)
+        data = read_json(path) or {}
+        learned = []
+        for i, raw in enumerate(data.get("rules", [])):
+            try:
+                rule = FilterRule.model_validate(raw)
+                validate_regex(rule.pattern)
+            except (ValueError, RegexError) as exc:
+                raise ValueError(f"{path}: rule #{i} is invalid ({exc}); remove it from the file") from None
+            learned.append(rule)
+        return cls(family, learned, state_path=path)
+
+    def save(self) -> None:
+        if self.state_path is None:
+            raise ValueError("this rule set was not loaded from a state dir; use FilterRuleSet.load()")
+        learned = [r.model_dump() for r in self.rules if r.source != "seed"]
+        write_json_atomic(self.state_path, {"job_family": self.job_family, "rules": learned})
+
+    # ------------------------------------------------------------- rules
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return tuple(r.pattern for r in self.rules)
+
+    @property
+    def trusted(self) -> bool:
+        return all(r.source == "seed" for r in self.rules)
+
+    def line_filter(self, engine: str = DEFAULT_ENGINE) -> LineFilter:
+        # build_line_filter caches by rule text: recompiles only when the rules change.
+        return build_line_filter(self.patterns, engine=engine, trusted=self.trusted)
+
+    def covers(self, line: str) -> list[FilterRule]:
+        """Rules that cover ``line`` (RE2, one line at a time: for tests and tools)."""
+        return [r for r in self.rules if compile_linear(r.pattern).search(line) is not None]
+
+    def add_rule(
+        self,
+        pattern: str,
+        name: str | None = None,
+        source: RuleSource = "agent",
+        description: str = "",
+        protected_lines: Sequence[str] = (),
+        persist: bool = True,
+    ) -> FilterRule:
+        """Adopt a new routine-line rule after checking it cannot hide an error.
+
+        Raises ``RegexError`` naming the reason when the pattern does not compile in the
+        linear-time engines, is a catch-all, or matches an error-signal probe or any of
+        ``protected_lines`` (pass the error lines of the segment it was learned from).
+        """
+        validate_regex(pattern)
+        if is_catch_all(pattern):
+            raise RegexError(f"pattern {pattern!r} is a catch-all (matches unrelated lines); make it specific")
+        regex = compile_linear(pattern)
+        for line in list(ERROR_PROBES) + list(protected_lines):
+            if regex.search(line) is not None:
+                raise RegexError(
+                    f"pattern {pattern!r} matches an error-signal line {line[:120]!r}; "
+                    "filter rules may only cover routine lines"
+                )
+        if any(r.pattern == pattern for r in self.rules):
+            raise RegexError(f"pattern {pattern!r} is already in the {self.job_family!r} rule set")
+        rule = FilterRule(
+            name=name or f"{source}-{len(self.rules) + 1}",
+            pattern=pattern,
+            source=source,
+            description=description,
+        )
+        self.rules.append(rule)
+        if persist and self.state_path is not None:
+            self.save()
+        return rule
+
+    def remove_rule(self, name: str, persist: bool = True) -> None:
+        kept = [r for r in self.rules if not (r.name == name and r.source != "seed")]
+        if len(kept) == len(self.rules):
+            raise KeyError(f"no learned rule named {name!r} in {self.job_family!r}")
+        self.rules = kept
+        if persist and self.state_path is not None:
+            self.save()
+
+
+# Lines every filter must leave alone: one per error keyword family plus typical stacks.
+ERROR_PROBES: tuple[str, ...] = (
+    "Traceback (most recent call last):",
+    "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+    "node-a03:2281:2401 [3] NCCL WARN NET/IB : Got completion with error 12",
+    "[rank5]:[E1122 07:41:02.123456 ProcessGroupNCCL.cpp:616] [Rank 5] Watchdog caught collective operation timeout",
+    "[2026-11-22 07:41:02,123] [rank3] step=120 loss=nan lr=1.0e-04 grad_norm=nan tokens_per_s=1200 elapsed_s=10.1",
+    "NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.",
+    "FORGEFLOW_LOSS_SPIKE onset_step=1200 last_healthy_step=1100",
+    "Segmentation fault (core dumped)",
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    "  exitcode  : -6 (pid: 12345)",
+)
+
+
+# --------------------------------------------------------------------------- output
+
+
+@dataclass
+class LogEntry:
+    """One kept message: the first occurrence's text and where else it appeared."""
+
+    text: str
+    template: str
+    count: int = 1
+    ranks: set[int] = field(default_factory=set)
+    hosts: set[str] = field(default_factory=set)
+    gpus: set[str] = field(default_factory=set)
+    first_line: int = 0  # 1-based line numbers in the original log
+    last_line: int = 0
+    earliest_ts: float | None = None
+    signal: bool = False  # carries an error signal
+    covered: bool = False  # a filter rule covers it (kept only for its signal)
+    truncated: bool = False
+
+    def render(self) -> str:
+        if self.count == 1:
+            return self.text
+        where = f" ranks {format_ranks(self.ranks)}" if self.ranks else ""
+        return f"[x{self.count}{where}] {self.text}"
+
+
+@dataclass
+class CompressionStats:
+    bytes_in: int = 0
+    lines_in: int = 0
+    lines_kept: int = 0  # before collapsing
+    lines_signal: int = 0
+    lines_uncovered: int = 0
+    lines_truncated: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class CompressedLog:
+    entries: list[LogEntry]
+    stats: CompressionStats
+    source: str = ""
+
+    def render(self) -> str:
+        return "\n".join(e.render() for e in self.entries) + ("\n" if self.entries else "")
+
+    @property
+    def compressed_bytes(self) -> int:
+        return len(self.render().encode("utf-8", "replace"))
+
+    @property
+    def ratio(self) -> float:
+        return self.stats.bytes_in / max(self.compressed_bytes, 1)
+
+    def signal_entries(self) -> list[LogEntry]:
+        return [e for e in self.entries if e.signal]
+
+    def uncovered_entries(self) -> list[LogEntry]:
+        """Entries neither a filter rule nor the error-signal list covers."""
+        return [e for e in self.entries if not e.signal and not e.covered]
+
+    def uncovered_segments(self, max_lines: int = 200, gap: int = 50) -> list[list[str]]:
+        """Uncovered lines grouped into segments for the log agent.
+
+        Lines closer than ``gap`` original lines apart share a segment; segments are cut
+        at ``max_lines`` lines. Each line appears once (collapsed repeats included).
+        """
+        segments: list[list[str]] = []
+        current: list[str] = []
+        last_line = None
+        for entry in sorted(self.uncovered_entries(), key=lambda e: e.first_line):
+            far = last_line is not None and entry.first_line - last_line > gap
+            if current and (far or len(current) >= max_lines):
+                segments.append(current)
+                current = []
+            current.append(entry.text)
+            last_line = entry.last_line
+        if current:
+            segments.append(current)
+        return segments
+
+
+# --------------------------------------------------------------------------- compressor
+
+
+def signal_patterns(diagnosis_patterns: Iterable[str] = ()) -> tuple[list[str], list[bool]]:
+    patterns = [p for _, p, _ in ERROR_KEYWORDS]
+    caseless = [c for _, _, c in ERROR_KEYWORDS]
+    for p in diagnosis_patterns:
+        patterns.append(p)
+        caseless.append(False)
+    return patterns, caseless
+
+
+class LogCompressor:
+    """Streaming compressor: ``feed`` bytes (or ``feed_file``), then ``result()``."""
+
+    def __init__(
+        self,
+        rules: FilterRuleSet | None = None,
+        diagnosis_patterns: Iterable[str] | None = None,
+        engine: str = DEFAULT_ENGINE,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+    ):
+        self.rules = rules or FilterRuleSet()
+        if diagnosis_patterns is None:
+            from diagnosis.rules import DiagnosisLibrary  # avoids an import cycle
+
+            diagnosis_patterns = DiagnosisLibrary.load(None).patterns
+        self._filter = self.rules.line_filter(engine)
+        self._signals = _cached_scanner(tuple(diagnosis_patterns))
+        self.max_line_bytes = max_line_bytes
+        self.chunk_bytes = chunk_bytes
+        self.stats = CompressionStats()
+        self._entries: dict[str, LogEntry] = {}
+        self._pending = b""
+        self._overlong: bytearray | None = None  # head of a line longer than we buffer
+        self._overlong_len = 0
+        self._line_no = 0  # lines completed so far
+        self._file_offsets: dict[str, int] = {}
+
+    # ---------------------------------------------------------------- feeding
+    def feed(self, data: bytes) -> None:
+        started = time.perf_counter()
+        self.stats.bytes_in += len(data)
+        if self._overlong is not None:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._extend_overlong(data)
+                self.stats.seconds += time.perf_counter() - started
+                return
+            self._extend_overlong(data[:nl])
+            self._finish_overlong()
+            data = data[nl + 1:]
+        buf = self._pending + data if self._pending else data
+        cut = buf.rfind(b"\n")
+        if cut < 0:
+            self._pending = buf
+        else:
+            self._pending = buf[cut + 1:]
+            self._process(buf[: cut + 1])
+        if len(self._pending) > max(self.chunk_bytes, self.max_line_bytes):
+            # A line longer than we are willing to buffer: keep its head, skip the rest.
+            self._overlong = bytearray(self._pending[: self.max_line_bytes])
+            self._overlong_len = len(self._pending)
+            self._pending = b""
+        self.stats.seconds += time.perf_counter() - started
+
+    def _extend_overlong(self, data: bytes) -> None:
+        room = self.max_line_bytes - len(self._overlong)
+        if room > 0:
+            self._overlong += data[:room]
+        self._overlong_len += len(data)
+
+    def _finish_overlong(self) -> None:
+        # Never scanned as a whole, so never dropped: kept (truncated) as uncovered.
+        text = bytes(self._overlong).decode("utf-8", "replace")
+        self._line_no += 1
+        self.stats.lines_in += 1
+        self.stats.lines_truncated += 1
+        self._keep(text + f" ...[truncated: line of {self._overlong_len} bytes]",
+                   signal=has_error_keyword(text), covered=False, truncated=True)
+        self._overlong = None
+        self._overlong_len = 0
+
+    def feed_file(self, path: str | os.PathLike) -> int:
+        """Read ``path`` from where the last call stopped up to its current end.
+
+        Returns the number of new bytes. Safe on a file that is still being written:
+        a trailing partial line waits for the next call (or ``finish()``).
+        """
+        key = os.fspath(path)
+        offset = self._file_offsets.get(key, 0)
+        read = 0
+        with open(key, "rb") as handle:
+            if os.fstat(handle.fileno()).st_size < offset:
+                offset = 0  # truncated/rotated: start over
+            handle.seek(offset)
+            while True:
+                chunk = handle.read(self.chunk_bytes)
+                if not chunk:
+                    break
+                self.feed(chunk)
+                read += len(chunk)
+        self._file_offsets[key] = offset + read
+        return read
+
+    def finish(self) -> CompressedLog:
+        """Flush the last line (even without a trailing newline) and return the result."""
+        if self._overlong is not None:
+            self._finish_overlong()
+        if self._pending:
+            pending, self._pending = self._pending, b""
+            self._process(pending + b"\n")
+        return self.result()
+
+    def result(self) -> CompressedLog:
+        entries = sorted(self._entries.values(), key=lambda e: e.first_line)
+        return CompressedLog(entries=entries, stats=self.stats)
+
+    # ---------------------------------------------------------------- scanning
+    def _process(self, buf: bytes) -> None:
+        """Scan complete lines: uncovered lines from the filter, signals from the scanner."""
+        uncovered = self._filter.uncovered_lines(buf)
+        signals = self._signals.signal_lines(buf)
+        first_line = self._line_no
+        self._line_no += buf.count(b"\n")
+        self.stats.lines_in += self._line_no - first_line
+        if not uncovered and not signals:
+            return
+        kept: dict[int, list] = {}
+        for start, end in uncovered:
+            kept[start] = [end, False, False]
+        for start, end in signals:
+            slot = kept.get(start)
+            if slot is None:
+                kept[start] = [end, True, True]
+            else:
+                slot[1] = True
+        line_no = first_line
+        cursor = 0
+        for start in sorted(kept):
+            end, signal, covered = kept[start]
+            line_no += buf.count(b"\n", cursor, start)
+            cursor = start
+            raw = buf[start:end]
+            if not raw.strip() and not signal:
+                continue  # blank lines carry nothing
+            truncated = len(raw) > self.max_line_bytes
+            if truncated:
+                raw = raw[: self.max_line_bytes]
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            if truncated:
+                self.stats.lines_truncated += 1
+                text += f" ...[truncated: line of {end - start} bytes]"
+            self._keep(text, signal, covered, truncated, line_no + 1)
+
+    def _keep(self, text: str, signal: bool, covered: bool, truncated: bool, line_no: int | None = None) -> None:
+        line_no = self._line_no if line_no is None else line_no
+        self.stats.lines_kept += 1
+        if signal:
+            self.stats.lines_signal += 1
+        elif not covered:
+            self.stats.lines_uncovered += 1
+        facts = line_facts(text[:4096])
+        key = ("S|" if signal else "U|") + facts.template
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = LogEntry(text=text, template=facts.template, first_line=line_no,
+                             last_line=line_no, signal=signal, covered=covered, truncated=truncated)
+            self._entries[key] = entry
+        else:
+            entry.count += 1
+            entry.last_line = line_no
+        if facts.rank is not None:
+            entry.ranks.add(facts.rank)
+        if facts.host:
+            entry.hosts.add(facts.host)
+        if facts.gpu:
+            entry.gpus.add(facts.gpu)
+        if facts.timestamp is not None and (entry.earliest_ts is None or facts.timestamp < entry.earliest_ts):
+            entry.earliest_ts = facts.timestamp
+
+
+_SCANNERS: dict[tuple[str, ...], SignalScanner] = {}
+
+
+def _cached_scanner(diagnosis_patterns: tuple[str, ...]) -> SignalScanner:
+    scanner = _SCANNERS.get(diagnosis_patterns)
+    if scanner is None:
+        patterns, caseless = signal_patterns(diagnosis_patterns)
+        scanner = SignalScanner(patterns, caseless)
+        if len(_SCANNERS) > 16:
+            _SCANNERS.clear()
+        _SCANNERS[diagnosis_patterns] = scanner
+    return scanner
+
+
+def compress_file(
+    path: str | os.PathLike,
+    rules: FilterRuleSet | None = None,
+    diagnosis_patterns: Iterable[str] | None = None,
+    engine: str = DEFAULT_ENGINE,
+) -> CompressedLog:
+    """Compress a whole log file (as far as it is written now)."""
+    compressor = LogCompressor(rules, diagnosis_patterns, engine=engine)
+    compressor.feed_file(path)
+    result = compressor.finish()
+    result.source = os.fspath(path)
+    return result
+
+
+def uncovered_segments(
+    path: str | os.PathLike,
+    job_family: str | None = None,
+    state: str | os.PathLike | None = None,
+    max_lines: int = 200,
+) -> list[list[str]]:
+    """Segments of ``path`` that neither a filter rule nor the error list covers."""
+    rules = FilterRuleSet.load(job_family, state)
+    from diagnosis.rules import DiagnosisLibrary
+
+    compressed = compress_file(path, rules, DiagnosisLibrary.load(state).patterns)
+    return compressed.uncovered_segments(max_lines=max_lines)

@@ -1,0 +1,177 @@
+"""What counts as an error signal, and how kept lines are normalised for collapsing.
+
+``ERROR_KEYWORDS`` is the fixed list of patterns that mark a line as possibly carrying
+an error. Compression never drops such a line (nor any line a diagnosis rule matches),
+even when a filter rule covers it, and the log agent must never propose a filter that
+matches one. The list is deliberately broad: a false positive costs one kept line
+(repeats collapse anyway), a false negative can hide a root cause.
+
+The helpers below turn a kept line into a *template* (rank prefixes, timestamps,
+addresses and numbers replaced) so that the same message printed by 512 ranks
+collapses into one entry with a count and the rank list, and pull out the rank, host,
+GPU and timestamp a line carries.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+# (name, pattern, caseless). Linear-time syntax only: compiled by Hyperscan/RE2.
+ERROR_KEYWORDS: tuple[tuple[str, str, bool], ...] = (
+    ("error", r"error", True),
+    ("exception", r"exception", True),
+    ("traceback", r"traceback", True),
+    ("failed", r"fail(?:ed|ure|ing)?\b", True),
+    ("fatal", r"fatal", True),
+    ("killed", r"killed", True),
+    ("timeout", r"time(?:d)?[ _-]?out", True),
+    ("nan", r"\bnan\b", True),
+    ("inf", r"\binf\b", True),
+    ("oom", r"\boom\b|out of memory", True),
+    ("segfault", r"segfault|segmentation fault|core dumped", True),
+    ("abort", r"abort", True),
+    ("signal", r"\bSIG(?:ABRT|SEGV|KILL|BUS|ILL|FPE|TERM)\b", False),
+    ("exitcode", r"exit ?code\s*[:=]?\s*-?[1-9]", True),
+    ("xid", r"\bxid\b", True),
+    ("ecc", r"\becc\b", True),
+    ("nccl_warn", r"NCCL WARN", False),
+    ("refused", r"refused|reset by peer|broken pipe|unreachable", True),
+    ("no_such_file", r"no such file|permission denied", True),
+    ("panic", r"panic", True),
+    ("loss_spike", r"FORGEFLOW_LOSS_SPIKE", False),
+    ("hang", r"FORGEFLOW_HANG", False),
+)
+
+_KEYWORD_RE = re.compile(
+    "|".join(f"(?i:{p})" if caseless else f"(?:{p})" for _, p, caseless in ERROR_KEYWORDS)
+)
+
+
+def has_error_keyword(line: str) -> bool:
+    """True when ``line`` holds one of ``ERROR_KEYWORDS`` (trusted patterns only)."""
+    return _KEYWORD_RE.search(line) is not None
+
+
+# ----------------------------------------------------------------- line anatomy
+
+# Prefixes launchers put in front of each rank's output: torchrun --tee/--redirects
+# ("[default3]:", "[rank3]:"), srun --label ("3: ").
+_RANK_PREFIX = re.compile(r"^(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?")
+# NCCL's own prefix: host:pid:tid [local GPU]
+_NCCL_PREFIX = re.compile(r"^([A-Za-z][\w.-]*):(\d+):(\d+) \[(\d+)\]")
+_RANK_IN_TEXT = re.compile(
+    r"\[Rank (\d+)\]|\bglobal_rank\s*[:=]\s*(\d+)|^\s*rank\s*:\s*(\d+)|\brank (\d+) nranks|"
+    r"\bon rank (\d+)\b",
+    re.IGNORECASE,
+)
+_HOST_IN_TEXT = re.compile(
+    r"(?:\bhost(?:name)?\s*[:=]\s*|\bon host\s+|srun: error: |\bnode\s*[:=]\s*)"
+    r"([A-Za-z][\w-]*\d[\w-]*(?:\.[\w-]+)*)",
+    re.IGNORECASE,
+)
+_GPU_IN_TEXT = re.compile(
+    r"\bGPU\s*#?(\d+)\b|\bcuda:(\d+)\b|\bcudaDev (\d+)\b|\bdevice (\d+)\b|"
+    r"\bXid \(PCI:([0-9a-fA-F:.]+)\)",
+)
+
+_TIMESTAMP_ISO = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)[T ](\d\d):(\d\d):(\d\d)(?:[.,](\d+))?"
+)
+# glog/c10d style: "[W1122 07:41:02.123456 ..." or "E1122 07:41:02.123000 2281 ..."
+_TIMESTAMP_GLOG = re.compile(r"\b[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d)\.(\d+)")
+# syslog/dmesg style used in kernel messages: "Nov 22 07:41:02"
+_TIMESTAMP_SYSLOG = re.compile(
+    r"\b(Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) +(\d{1,2}) (\d\d):(\d\d):(\d\d)\b"
+)
+_MONTHS = {m: i for i, m in enumerate(
+    ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
+)}
+
+_NORMALISE = (
+    (_TIMESTAMP_ISO, "<ts>"),
+    (_TIMESTAMP_GLOG, "<ts>"),
+    (_TIMESTAMP_SYSLOG, "<ts>"),
+    (re.compile(r"0x[0-9a-fA-F]+"), "0x#"),
+    (re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "#"),
+    (re.compile(r"\s+"), " "),
+)
+
+
+@dataclass(frozen=True)
+class LineFacts:
+    """What one kept line says about where it came from."""
+
+    template: str
+    rank: int | None
+    host: str | None
+    gpu: str | None
+    timestamp: float | None
+
+
+def _seconds_in_year(month: int, day: int, hour: int, minute: int, sec: int, frac: str) -> float:
+    # Only the order matters (earliest error across ranks), and glog/syslog stamps carry
+    # no year, so every form is mapped onto seconds since 1 January.
+    fraction = float(f"0.{frac}") if frac else 0.0
+    return ((((month * 31 + day) * 24 + hour) * 60 + minute) * 60 + sec) + fraction
+
+
+def parse_timestamp(line: str) -> float | None:
+    m = _TIMESTAMP_ISO.search(line)
+    if m:
+        _, mo, d, h, mi, s, frac = m.groups()
+        return _seconds_in_year(int(mo), int(d), int(h), int(mi), int(s), frac or "")
+    m = _TIMESTAMP_GLOG.search(line)
+    if m:
+        mo, d, h, mi, s, frac = m.groups()
+        return _seconds_in_year(int(mo), int(d), int(h), int(mi), int(s), frac)
+    m = _TIMESTAMP_SYSLOG.search(line)
+    if m:
+        mon, d, h, mi, s = m.groups()
+        return _seconds_in_year(_MONTHS[mon], int(d), int(h), int(mi), int(s), "")
+    return None
+
+
+def _first_group(match: re.Match | None) -> str | None:
+    if match is None:
+        return None
+    return next((g for g in match.groups() if g is not None), None)
+
+
+def line_facts(line: str) -> LineFacts:
+    """Template, rank, host, GPU and timestamp of one line."""
+    rest = line
+    rank: int | None = None
+    prefix = _RANK_PREFIX.match(rest)
+    if prefix and prefix.group(0):
+        rank = int(prefix.group(2) or prefix.group(1))
+        rest = rest[prefix.end():]
+    host = gpu = None
+    nccl = _NCCL_PREFIX.match(rest.lstrip())
+    if nccl:
+        host, gpu = nccl.group(1), nccl.group(4)
+    if rank is None:
+        found = _first_group(_RANK_IN_TEXT.search(rest))
+        rank = int(found) if found is not None else None
+    if host is None:
+        host = _first_group(_HOST_IN_TEXT.search(rest))
+    if gpu is None:
+        gpu = _first_group(_GPU_IN_TEXT.search(rest))
+    template = rest
+    for pattern, replacement in _NORMALISE:
+        template = pattern.sub(replacement, template)
+    return LineFacts(template.strip(), rank, host, gpu, parse_timestamp(line))
+
+
+def format_ranks(ranks: list[int] | set[int]) -> str:
+    """Compact rank list: [0,1,2,3,7] -> '0-3,7'."""
+    ordered = sorted(set(ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
