@@ -1,0 +1,673 @@
+"""One URL-based object-storage interface for checkpoints: local paths and S3.
+
+`open_storage(url)` takes `file:///abs/dir`, a bare path (the embedded default) or
+`s3://bucket/prefix` and returns a `Storage` whose keys are relative to that root.
+Both kinds go through fsspec (s3fs for S3, so AWS S3 and any S3-compatible store
+work); large S3 objects are written as parallel multipart uploads straight from
+caller-owned memory (no staging copy of the whole object).
+
+Errors: every operation raises a `StorageError` subclass. Transient failures
+(throttling, connection refused/reset, timeouts, 5xx) are retried with
+exponential backoff and full jitter up to a deadline, then raised as
+`StorageUnavailable`; permanent ones (missing bucket, denied, bad credentials,
+disk full) are raised at once with a message that says how to fix them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import io
+import logging
+import os
+import random
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class StorageError(Exception):
+    """A storage operation failed; `url` names the object or root involved."""
+
+    def __init__(self, message: str, url: str = ""):
+        super().__init__(message)
+        self.url = url
+
+
+class NoSuchBucket(StorageError):
+    pass
+
+
+class AccessDenied(StorageError):
+    pass
+
+
+class InvalidCredentials(StorageError):
+    pass
+
+
+class StorageFull(StorageError):
+    pass
+
+
+class ObjectNotFound(StorageError):
+    pass
+
+
+class StorageUnavailable(StorageError):
+    """Transient errors persisted past the retry deadline (server down, throttled)."""
+
+
+_THROTTLE_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded",
+    "TooManyRequests", "TooManyRequestsException", "RequestThrottled",
+    "RequestThrottledException", "ProvisionedThroughputExceededException",
+}
+_TRANSIENT_CODES = _THROTTLE_CODES | {
+    "RequestTimeout", "RequestTimeoutException", "InternalError", "ServiceUnavailable",
+    "ServerBusy", "PriorRequestNotComplete", "BadDigest", "XAmzContentSHA256Mismatch",
+}
+_CREDENTIAL_CODES = {
+    "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+    "TokenRefreshRequired", "InvalidClientTokenId", "AuthorizationHeaderMalformed",
+}
+_TRANSIENT_ERRNOS = {
+    errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED, errno.EPIPE,
+    errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EAGAIN, errno.EINTR,
+}
+
+
+def _client_error(exc: BaseException) -> Any | None:
+    """The botocore ClientError behind `exc` (s3fs re-raises it as an OSError cause)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if hasattr(exc, "response") and isinstance(getattr(exc, "response"), dict):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return None
+
+
+def _is_transient_transport(exc: BaseException) -> bool:
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:  # pragma: no cover - s3fs always brings botocore
+        BotoConnectionError = HTTPClientError = ()  # type: ignore[assignment]
+    try:
+        import aiohttp
+
+        aio_errors: tuple = (aiohttp.ClientError,)
+    except ImportError:  # pragma: no cover
+        aio_errors = ()
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, (BotoConnectionError, HTTPClientError, asyncio.TimeoutError,
+                            TimeoutError, ConnectionError) + aio_errors):
+            return True
+        if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def classify_error(exc: BaseException, url: str) -> StorageError | None:
+    """Map an exception to a permanent StorageError, or None when it is worth retrying."""
+    if isinstance(exc, StorageError):
+        return None if isinstance(exc, StorageUnavailable) else exc
+    ce = _client_error(exc)
+    if ce is not None:
+        err = ce.response.get("Error", {})
+        code = str(err.get("Code", ""))
+        status = int(ce.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        message = err.get("Message") or str(ce)
+        if code in _TRANSIENT_CODES or status == 429 or (status >= 500 and code != "507"):
+            return None
+        if code == "NoSuchBucket":
+            return NoSuchBucket(
+                f"{url}: the bucket does not exist; create it or fix the bucket in the URL", url)
+        if code in _CREDENTIAL_CODES:
+            return InvalidCredentials(
+                f"{url}: the storage server rejected the credentials ({code}: {message}); "
+                "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)", url)
+        if code in {"AccessDenied", "AllAccessDisabled", "403", "Forbidden"}:
+            return AccessDenied(
+                f"{url}: access denied ({code}); grant these credentials read/write/list/delete "
+                "on the bucket and prefix", url)
+        if code in {"NoSuchKey", "404", "NotFound"}:
+            return ObjectNotFound(f"{url}: no such object", url)
+        if code in {"EntityTooLarge", "QuotaExceeded", "InsufficientStorage", "507"} or status == 507:
+            return StorageFull(f"{url}: the storage server is out of space or quota ({code})", url)
+        return StorageError(f"{url}: storage request failed ({code or status}: {message})", url)
+    if _is_transient_transport(exc):
+        return None
+    if isinstance(exc, OSError):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            return StorageFull(
+                f"{url}: no space left on the checkpoint target ({os.strerror(exc.errno)}); "
+                "free space, lower checkpoint.keep_last or point checkpoint.url elsewhere", url)
+        if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS) or isinstance(exc, PermissionError):
+            return AccessDenied(f"{url}: permission denied ({exc}); fix the directory's owner "
+                                "or mode, or choose a writable checkpoint.url", url)
+        if isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT:
+            return ObjectNotFound(f"{url}: no such object", url)
+    return StorageError(f"{url}: {type(exc).__name__}: {exc}", url)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageOptions:
+    """How to reach the store. None means: take it from the usual AWS_* variables."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    session_token: str | None = None
+    # 64 MiB parts x 4 in flight: few requests per GB, bounded memory for joined parts.
+    part_size: int = 64 << 20
+    max_concurrency: int = 4
+    retry_deadline_s: float = 120.0
+    retry_base_s: float = 0.25
+    retry_max_sleep_s: float = 8.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    key: str
+    size: int
+    mtime: float  # seconds since the epoch
+
+
+def _backoff_sleep(attempt: int, opts: StorageOptions) -> float:
+    # "Full jitter": uniform in [0, min(cap, base * 2^attempt)] spreads retrying clients out.
+    return random.uniform(0, min(opts.retry_max_sleep_s, opts.retry_base_s * (2 ** attempt)))
+
+
+class _MemoryReader(io.RawIOBase):
+    """A seekable file over a memoryview, so botocore streams a part without copying it."""
+
+    def __init__(self, view: memoryview):
+        self._view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self._pos, 2: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        n = min(len(buffer), len(self._view) - self._pos)
+        buffer[:n] = self._view[self._pos:self._pos + n]
+        self._pos += n
+        return n
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+
+def iter_parts(chunks: Sequence[memoryview | bytes], part_size: int) -> Iterable[memoryview | bytes]:
+    """Cut the concatenation of `chunks` into parts of exactly `part_size` (last shorter).
+
+    A part inside one chunk is a view (no copy); only parts that straddle chunk
+    boundaries are joined, so extra memory stays below one part.
+    """
+    pending: list[memoryview] = []
+    pending_len = 0
+    for chunk in chunks:
+        view = memoryview(chunk).cast("B")
+        pos = 0
+        while pos < len(view):
+            if pending_len == 0 and len(view) - pos >= part_size:
+                yield view[pos:pos + part_size]
+                pos += part_size
+                continue
+            take = min(part_size - pending_len, len(view) - pos)
+            pending.append(view[pos:pos + take])
+            pending_len += take
+            pos += take
+            if pending_len == part_size:
+                yield b"".join(pending)
+                pending, pending_len = [], 0
+    if pending_len:
+        yield b"".join(pending) if len(pending) > 1 else pending[0]
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class Storage:
+    """Objects under one root URL. Keys use '/' and are relative to the root."""
+
+    scheme = ""
+
+    def __init__(self, root_url: str, options: StorageOptions):
+        self.root_url = root_url.rstrip("/")
+        self.options = options
+
+    def url(self, key: str = "") -> str:
+        return f"{self.root_url}/{key}" if key else self.root_url
+
+    # Subclasses implement these.
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write a whole object; readers see either the old object or the new one."""
+        raise NotImplementedError
+
+    def put_chunks(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+        """Write the concatenation of `chunks` as one object (atomically); returns its size."""
+        raise NotImplementedError
+
+    def get_bytes(self, key: str) -> bytes:
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """All objects whose key starts with `prefix` (recursive)."""
+        raise NotImplementedError
+
+    def delete(self, keys: Iterable[str]) -> None:
+        """Delete objects; missing ones are ignored."""
+        raise NotImplementedError
+
+    def exists(self, key: str) -> bool:
+        raise NotImplementedError
+
+    def check_writable(self) -> None:
+        """Preflight at job start: raise one clear StorageError if checkpoints cannot be written."""
+        raise NotImplementedError
+
+    # Shared helpers.
+    def put_file(self, key: str, path: str | os.PathLike) -> int:
+        import mmap
+
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                self.put_bytes(key, b"")
+                return 0
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                view = memoryview(m)
+                try:
+                    return self.put_chunks(key, [view])
+                finally:
+                    view.release()
+
+    def get_file(self, key: str, path: str | os.PathLike) -> int:
+        data = self.get_bytes(key)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_bytes(data)
+        return len(data)
+
+    def delete_prefix(self, prefix: str) -> int:
+        keys = [o.key for o in self.list(prefix)]
+        self.delete(keys)
+        return len(keys)
+
+    def close(self) -> None:
+        pass
+
+
+class LocalStorage(Storage):
+    """A directory on a local (or network-mounted) file system."""
+
+    scheme = "file"
+
+    def __init__(self, root_url: str, options: StorageOptions):
+        super().__init__(root_url, options)
+        import fsspec
+
+        self.root = Path(root_url[len("file://"):] if root_url.startswith("file://") else root_url)
+        self.root = self.root.expanduser().absolute()
+        self.fs = fsspec.filesystem("file")
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _wrap(self, exc: BaseException, key: str) -> StorageError:
+        return classify_error(exc, self.url(key)) or StorageError(f"{self.url(key)}: {exc}", self.url(key))
+
+    def put_chunks(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+        path = self._path(key)
+        # Write a temporary sibling, fsync, then rename: a crash never leaves a half object
+        # under the final name.
+        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+        size = 0
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb", buffering=0) as f:
+                for chunk in chunks:
+                    view = memoryview(chunk).cast("B")
+                    while view:
+                        written = f.write(view)
+                        size += written
+                        view = view[written:]
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            self._fsync_dir(path.parent)
+        except BaseException as e:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            if isinstance(e, Exception):
+                raise self._wrap(e, key) from e
+            raise
+        return size
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.put_chunks(key, [data])
+
+    @staticmethod
+    def _fsync_dir(directory: Path) -> None:
+        try:
+            fd = os.open(directory, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except Exception as e:
+            raise self._wrap(e, key) from e
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        out: list[ObjectInfo] = []
+        if not self.root.is_dir():
+            return out
+        try:
+            for dirpath, _dirs, files in os.walk(self.root):
+                for name in files:
+                    full = Path(dirpath) / name
+                    key = full.relative_to(self.root).as_posix()
+                    if key.startswith(prefix) and not name.endswith(".tmp"):
+                        st = full.stat()
+                        out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+        except FileNotFoundError:
+            pass  # a concurrent delete; the listing is a snapshot either way
+        except Exception as e:
+            raise self._wrap(e, prefix) from e
+        return sorted(out, key=lambda o: o.key)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        parents: set[Path] = set()
+        for key in keys:
+            path = self._path(key)
+            try:
+                path.unlink(missing_ok=True)
+            except Exception as e:
+                raise self._wrap(e, key) from e
+            parents.add(path.parent)
+        for parent in sorted(parents, key=lambda p: len(p.parts), reverse=True):
+            while parent != self.root and parent.is_relative_to(self.root):
+                try:
+                    parent.rmdir()  # only empty directories go
+                except OSError:
+                    break
+                parent = parent.parent
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def check_writable(self) -> None:
+        probe = f".forgeflow-probe-{uuid.uuid4().hex[:8]}"
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except Exception as e:
+            raise self._wrap(e, "") from e
+        self.put_bytes(probe, b"probe")
+        if self.get_bytes(probe) != b"probe":
+            raise StorageError(f"{self.url()}: wrote a probe object but read back other bytes", self.url())
+        self.delete([probe])
+
+
+class S3Storage(Storage):
+    """A bucket/prefix on S3 or an S3-compatible server, through s3fs."""
+
+    scheme = "s3"
+
+    def __init__(self, root_url: str, options: StorageOptions):
+        super().__init__(root_url, options)
+        import s3fs
+
+        path = root_url[len("s3://"):].strip("/")
+        self.bucket, _, self.prefix = path.partition("/")
+        if not self.bucket:
+            raise StorageError(f"{root_url}: an S3 URL needs a bucket: s3://BUCKET/PREFIX", root_url)
+        client_kwargs: dict[str, Any] = {}
+        if options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+            client_kwargs["region_name"] = (
+                options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
+        endpoint = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+            "AWS_ENDPOINT_URL")
+        self.fs = s3fs.S3FileSystem(
+            key=options.access_key,
+            secret=options.secret_key,
+            token=options.session_token,
+            endpoint_url=endpoint,
+            client_kwargs=client_kwargs,
+            # This module owns retrying (backoff + jitter + deadline): turn the lower layers'
+            # retries off so a dead server is not retried 5 x 5 times per request.
+            config_kwargs={
+                "retries": {"max_attempts": 1, "mode": "standard"},
+                "connect_timeout": options.connect_timeout_s,
+                "read_timeout": options.read_timeout_s,
+            },
+            skip_instance_cache=True,
+            use_listings_cache=False,
+        )
+        self.fs.retries = 1
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _run(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, coro_fn)
+
+    async def _retrying(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
+        deadline = time.monotonic() + self.options.retry_deadline_s
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except Exception as e:  # noqa: BLE001 - classified below
+                permanent = classify_error(e, self.url(key))
+                if permanent is not None:
+                    raise permanent from e
+                now = time.monotonic()
+                if now >= deadline:
+                    raise StorageUnavailable(
+                        f"{self.url(key)}: {what} kept failing for {self.options.retry_deadline_s:.0f}s "
+                        f"({type(e).__name__}: {e}); is the storage server reachable?", self.url(key)) from e
+                sleep = min(_backoff_sleep(attempt, self.options), max(0.0, deadline - now))
+                log.warning("storage: %s %s failed (%s: %s); retry %d in %.2fs", what, self.url(key),
+                            type(e).__name__, e, attempt + 1, sleep)
+                attempt += 1
+                await asyncio.sleep(sleep)
+
+    def _call(self, method: str, key: str, **kwargs: Any) -> Any:
+        return self._run(lambda: self._retrying(
+            method, key, lambda: self.fs._call_s3(method, Bucket=self.bucket, **kwargs)))
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self.put_chunks(key, [data])
+
+    def put_chunks(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
+        total = sum(memoryview(c).nbytes for c in chunks)
+        if total <= self.options.part_size:
+            # One PUT is atomic on S3: small objects (manifests, pointers) never appear half-written.
+            body = b"".join(memoryview(c).cast("B") for c in chunks) if len(chunks) != 1 else chunks[0]
+            self._call("put_object", key, Key=self._key(key), Body=_MemoryReader(memoryview(body)))
+            return total
+        return self._run(lambda: self._multipart(key, chunks, total))
+
+    async def _multipart(self, key: str, chunks: Sequence[memoryview | bytes], total: int) -> int:
+        s3_key = self._key(key)
+        call = self.fs._call_s3
+        created = await self._retrying("create_multipart_upload", key, lambda: call(
+            "create_multipart_upload", Bucket=self.bucket, Key=s3_key))
+        upload_id = created["UploadId"]
+        gate = asyncio.Semaphore(self.options.max_concurrency)
+
+        async def upload(number: int, part: memoryview | bytes) -> dict[str, Any]:
+            try:
+                reply = await self._retrying(f"upload_part {number}", key, lambda: call(
+                    "upload_part", Bucket=self.bucket, Key=s3_key, UploadId=upload_id,
+                    PartNumber=number, Body=_MemoryReader(memoryview(part))))
+                return {"PartNumber": number, "ETag": reply["ETag"]}
+            finally:
+                gate.release()
+
+        tasks: list[asyncio.Future] = []
+        try:
+            # Parts are cut lazily, one slot at a time: views cost nothing and at most
+            # max_concurrency joined boundary parts exist at once.
+            for number, part in enumerate(iter_parts(chunks, self.options.part_size), start=1):
+                await gate.acquire()
+                failed = [t for t in tasks if t.done() and t.exception() is not None]
+                if failed:
+                    gate.release()
+                    break
+                tasks.append(asyncio.ensure_future(upload(number, part)))
+            try:
+                parts = await asyncio.gather(*tasks)
+            except BaseException:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            await self._retrying("complete_multipart_upload", key, lambda: call(
+                "complete_multipart_upload", Bucket=self.bucket, Key=s3_key, UploadId=upload_id,
+                MultipartUpload={"Parts": list(parts)}))
+        except BaseException:
+            try:  # best effort: a dead server keeps the parts until its own lifecycle rule
+                await asyncio.wait_for(call("abort_multipart_upload", Bucket=self.bucket, Key=s3_key,
+                                            UploadId=upload_id), timeout=10)
+            except Exception as e:  # noqa: BLE001
+                log.warning("storage: could not abort multipart upload of %s: %s", self.url(key), e)
+            raise
+        return total
+
+    def get_bytes(self, key: str) -> bytes:
+        async def fetch() -> bytes:
+            reply = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
+            async with reply["Body"] as body:
+                return await body.read()
+
+        return self._run(lambda: self._retrying("get_object", key, fetch))
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        async def list_all() -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            token: str | None = None
+            full_prefix = self._key(prefix)
+            strip = len(self.prefix) + 1 if self.prefix else 0
+            while True:
+                kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
+                if token:
+                    kwargs["ContinuationToken"] = token
+                reply = await self.fs._call_s3("list_objects_v2", **kwargs)
+                for obj in reply.get("Contents", []):
+                    out.append(ObjectInfo(obj["Key"][strip:], int(obj["Size"]),
+                                          obj["LastModified"].timestamp()))
+                if not reply.get("IsTruncated"):
+                    return out
+                token = reply.get("NextContinuationToken")
+
+        return sorted(self._run(lambda: self._retrying("list", prefix, list_all)), key=lambda o: o.key)
+
+    def delete(self, keys: Iterable[str]) -> None:
+        keys = list(keys)
+        for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
+            batch = [{"Key": self._key(k)} for k in keys[start:start + 1000]]
+            reply = self._call("delete_objects", keys[start], Delete={"Objects": batch, "Quiet": True})
+            errors = [e for e in reply.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if errors:
+                raise StorageError(f"{self.url()}: could not delete {len(errors)} object(s), first: "
+                                   f"{errors[0].get('Key')}: {errors[0].get('Code')}", self.url())
+
+    def exists(self, key: str) -> bool:
+        try:
+            self._call("head_object", key, Key=self._key(key))
+            return True
+        except ObjectNotFound:
+            return False
+
+    def check_writable(self) -> None:
+        try:
+            self._call("head_bucket", "")
+        except ObjectNotFound as e:
+            raise NoSuchBucket(
+                f"s3://{self.bucket}: the bucket does not exist (endpoint {self._endpoint()}); "
+                "create it first or fix checkpoint.url", self.url()) from e
+        except AccessDenied:
+            # HEAD replies carry no error code; a tiny PUT tells bad keys from missing rights.
+            pass
+        probe = f".forgeflow-probe-{uuid.uuid4().hex[:8]}"
+        self.put_bytes(probe, b"probe")
+        self.delete([probe])
+
+    def _endpoint(self) -> str:
+        return str(self.fs.client_kwargs.get("endpoint_url") or self.fs.endpoint_url or "AWS default")
+
+    def close(self) -> None:
+        try:
+            from fsspec.asyn import sync
+
+            s3 = getattr(self.fs, "_s3", None)
+            if s3 is not None:
+                sync(self.fs.loop, s3.close)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
+
+def open_storage(url: str, options: StorageOptions | None = None) -> Storage:
+    """A Storage for `file://DIR`, a bare path, or `s3://BUCKET/PREFIX`."""
+    options = options or StorageOptions()
+    if url.startswith("s3://"):
+        return S3Storage(url, options)
+    if "://" in url and not url.startswith("file://"):
+        raise StorageError(f"{url}: unsupported storage URL; use file://DIR, a path, or s3://BUCKET/PREFIX",
+                           url)
+    return LocalStorage(url, options)
+
+
+def storage_options_from_config(checkpoint_config: Any, **overrides: Any) -> StorageOptions:
+    """StorageOptions from a job spec's CheckpointConfig (endpoint_url, region)."""
+    values: dict[str, Any] = {
+        "endpoint_url": getattr(checkpoint_config, "endpoint_url", None),
+        "region": getattr(checkpoint_config, "region", None),
+    }
+    values.update(overrides)
+    return StorageOptions(**values)
