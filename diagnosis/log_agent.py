@@ -23,12 +23,15 @@ import logging
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from diagnosis.llm import ChatLLM, LLMUnavailable, MalformedReply
 from diagnosis.proposals import Rejection, filter_rule_problem
+
+if TYPE_CHECKING:
+    from diagnosis.filters import FilterRuleSet
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +125,23 @@ def segment_prompt(lines: Sequence[str], max_lines: int, max_chars: int) -> str:
     )
 
 
+class ErrorSignals:
+    """Whether a line carries an error signal: an error keyword or any diagnosis-rule match.
+
+    The same definition compression uses to decide what it must never drop.
+    """
+
+    def __init__(self, diagnosis_patterns: Iterable[str] = ()):
+        from diagnosis.engine import SignalScanner
+        from diagnosis.filters import signal_patterns
+
+        patterns, caseless = signal_patterns(tuple(diagnosis_patterns))
+        self._scanner = SignalScanner(patterns, caseless)
+
+    def __call__(self, line: str) -> bool:
+        return bool(self._scanner.signal_lines(line.encode("utf-8", "replace") + b"\n"))
+
+
 class LogAgent:
     """Turns uncovered log segments into vetted filter rules."""
 
@@ -129,12 +149,45 @@ class LogAgent:
         self,
         llm: ChatLLM,
         *,
-        is_error_line: Callable[[str], bool],
+        is_error_line: Callable[[str], bool] | None = None,
         config: LogAgentConfig | None = None,
     ):
         self.llm = llm
+        if is_error_line is None:
+            from diagnosis.rules import DiagnosisLibrary
+
+            is_error_line = ErrorSignals(DiagnosisLibrary.load(None).patterns)
         self.is_error_line = is_error_line
         self.config = config or LogAgentConfig()
+
+    def learn_filters(self, segment_lines: Sequence[str], rules: "FilterRuleSet") -> LogAgentResult:
+        """Propose, vet and add the survivors to the job family's rule set (persisted).
+
+        The rule set re-checks every rule itself (`FilterRuleSet.add_rule`); a rule it
+        refuses is reported as rejected rather than adopted.
+        """
+        from diagnosis.engine import RegexError
+
+        result = self.propose_filters(segment_lines, existing=rules.patterns)
+        protected = [line for line in segment_lines if line.strip() and self.is_error_line(line)]
+        protected += result.error_lines
+        adopted: list[AdoptedFilter] = []
+        for proposal in result.adopted:
+            try:
+                rules.add_rule(
+                    proposal.regex,
+                    source="agent",
+                    description=proposal.description or f"log agent, {proposal.votes}/{self.config.runs} votes",
+                    protected_lines=protected,
+                )
+            except RegexError as exc:
+                result.rejected.append(Rejection(proposal.regex, f"rule set refused it: {exc}", proposal.votes))
+                logger.info("log agent: rule set refused %r: %s", proposal.regex, exc)
+                continue
+            adopted.append(proposal)
+            logger.info("log agent: adopted filter %r for %s", proposal.regex, rules.job_family)
+        result.adopted = adopted
+        return result
 
     def propose_filters(self, segment_lines: Sequence[str], *, existing: Iterable[str] = ()) -> LogAgentResult:
         """Ask, vote and vet; adopts nothing itself (see `learn_filters` for that)."""

@@ -191,3 +191,23 @@ def test_existing_rules_are_not_proposed_again(llm_server, llm_config):
     result = make_agent(llm_config, runs=3).propose_filters(routine_segment(), existing=[METRIC])
     assert [a.regex for a in result.adopted] == [NCCL_INFO]
     assert {r.regex: r.reason for r in result.rejected}[METRIC] == "already a rule of this job family"
+
+
+def test_adopted_filters_join_the_job_family_rule_set_and_keep_errors(llm_server, llm_config, tmp_path):
+    from diagnosis.filters import FilterRuleSet, LogCompressor
+
+    custom = r"^\[rank\d+\]: tokens/sec/gpu: \d+"
+    segment = [f"[rank{r}]: tokens/sec/gpu: {3000 + r} (window 100 steps)" for r in range(8)] * 4
+    segment.insert(5, ERROR_LINE)
+    llm_server.script([filters_reply(custom, r"\d+")] * 3)
+    rules = FilterRuleSet.load("llama-7b-pretrain", state=tmp_path)
+    result = make_agent(llm_config, runs=3).learn_filters(segment, rules)
+    assert [a.regex for a in result.adopted] == [custom]
+    # persisted for the family: a resubmitted job loads it
+    reloaded = FilterRuleSet.load("llama-7b-pretrain", state=tmp_path)
+    assert custom in reloaded.patterns
+    assert [r.source for r in reloaded.rules if r.pattern == custom] == ["agent"]
+    compressor = LogCompressor(reloaded, diagnosis_patterns=())
+    compressor.feed(("\n".join(segment) + "\n").encode())
+    kept = [entry.text for entry in compressor.finish().entries]
+    assert kept == [ERROR_LINE]
