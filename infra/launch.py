@@ -1,0 +1,192 @@
+"""Launchers: turn a placement into one `torchrun` per node and follow it.
+
+The interface is deliberately small (`Launcher.start` → `LaunchedJob` with
+`poll`, `wait`, `terminate`) so that Prefect, Kubernetes or Slurm launchers can
+sit beside the local one without the flow changing.
+
+`LocalLauncher` starts every node's torchrun as a subprocess of this machine
+under `infra.reaper`, which guarantees that no rank outlives the launcher: not
+on cancellation, not when the flow process crashes (see infra/reaper.py for
+why torchrun alone does not guarantee that).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import psutil
+
+from infra.reaper import kill_tree
+
+
+@dataclass(frozen=True)
+class NodeLaunchSpec:
+    """What one node runs: its share of the ranks and the GPUs it may see."""
+
+    node: str
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    devices: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES; None = leave as is
+
+
+@dataclass
+class LaunchRequest:
+    job_name: str
+    nodes: list[NodeLaunchSpec]
+    worker_args: list[str]  # e.g. ["-m", "training.train", "job.yaml", "--set", "k=v"]
+    rdzv_endpoint: str  # host:port of the c10d rendezvous (node rank 0's host)
+    run_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+    attempt: int = 0  # part of the rendezvous id, so a restart never joins a stale round
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise ValueError("a launch needs at least one node")
+        ranks = sorted(n.node_rank for n in self.nodes)
+        if ranks != list(range(len(self.nodes))) or any(n.nnodes != len(self.nodes) for n in self.nodes):
+            raise ValueError(f"node ranks must be 0..{len(self.nodes) - 1} with nnodes={len(self.nodes)}")
+        self.run_dir = Path(self.run_dir)
+
+    @property
+    def world_size(self) -> int:
+        return sum(n.nproc_per_node for n in self.nodes)
+
+
+def torchrun_command(spec: NodeLaunchSpec, request: LaunchRequest) -> list[str]:
+    """The torchrun command line for one node (c10d rendezvous, no in-torchrun restarts:
+    restarts are the flow's decision, made after diagnosis)."""
+    return [
+        sys.executable, "-m", "torch.distributed.run",
+        f"--nnodes={spec.nnodes}",
+        f"--nproc-per-node={spec.nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={request.rdzv_endpoint}",
+        f"--rdzv-id={request.job_name}-{request.attempt}",
+        "--max-restarts=0",
+        "--monitor-interval=1",
+        # Prefix each rank's console lines ("[default0]:...") so logs say who spoke.
+        "--tee=3",
+        f"--log-dir={request.run_dir / 'torchrun' / f'attempt-{request.attempt}' / spec.node}",
+        *request.worker_args,
+    ]
+
+
+def node_env(spec: NodeLaunchSpec, request: LaunchRequest) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(request.env)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["FORGEFLOW_NODE_NAME"] = spec.node
+    if spec.devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
+    return env
+
+
+class LaunchedJob(Protocol):
+    def poll(self) -> dict[str, int | None]:
+        """Exit code per node; None while it runs."""
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        """Until every node has exited (or the first one, with any_exit), or timeout."""
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        """Stop every rank on every node; returns when they are gone."""
+
+    def log_paths(self) -> dict[str, Path]:
+        """Where each node's console output (all its ranks, prefixed) is written."""
+
+
+class Launcher(Protocol):
+    def start(self, request: LaunchRequest) -> LaunchedJob: ...
+
+
+@dataclass
+class LocalJob:
+    request: LaunchRequest
+    processes: dict[str, subprocess.Popen]
+    logs: dict[str, Path]
+
+    def poll(self) -> dict[str, int | None]:
+        return {node: proc.poll() for node, proc in self.processes.items()}
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = any if any_exit else all
+        while True:
+            codes = self.poll()
+            if done(code is not None for code in codes.values()):
+                return codes
+            if deadline is not None and time.monotonic() >= deadline:
+                return codes
+            time.sleep(0.2)
+
+    def pids(self) -> set[int]:
+        """Every live process of this job: reapers, torchruns and ranks."""
+        found: set[int] = set()
+        for proc in self.processes.values():
+            try:
+                root = psutil.Process(proc.pid)
+                found.add(root.pid)
+                found.update(p.pid for p in root.children(recursive=True))
+            except psutil.NoSuchProcess:
+                continue
+        return found
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        for proc in self.processes.values():
+            if proc.poll() is None:
+                try:
+                    proc.send_signal(signal.SIGTERM)  # the reaper tears its tree down
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s + 5
+        for proc in self.processes.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                kill_tree(proc.pid, grace_s=1.0, include_root=True)
+                proc.wait()
+
+    def log_paths(self) -> dict[str, Path]:
+        return dict(self.logs)
+
+
+class LocalLauncher:
+    """Every node of the placement runs on this machine (the embedded default and tests)."""
+
+    def __init__(self, grace_s: float = 10.0):
+        self.grace_s = grace_s
+
+    def start(self, request: LaunchRequest) -> LocalJob:
+        log_dir = request.run_dir / "logs"
+        log_dir.mkdir(parents=True, exist_ok=True)
+        processes: dict[str, subprocess.Popen] = {}
+        logs: dict[str, Path] = {}
+        try:
+            for spec in sorted(request.nodes, key=lambda n: n.node_rank):
+                log_path = log_dir / f"node-{spec.node}.attempt-{request.attempt}.out"
+                command = [
+                    sys.executable, "-m", "infra.reaper", f"--grace={self.grace_s}", "--",
+                    *torchrun_command(spec, request),
+                ]
+                with open(log_path, "ab") as log:
+                    processes[spec.node] = subprocess.Popen(
+                        command,
+                        env=node_env(spec, request),
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        cwd=os.getcwd(),
+                    )
+                logs[spec.node] = log_path
+        except BaseException:
+            LocalJob(request, processes, logs).terminate(grace_s=1.0)
+            raise
+        return LocalJob(request, processes, logs)

@@ -1,0 +1,124 @@
+"""Run a command so that none of its descendants can outlive whoever started it.
+
+    python -m infra.reaper [--grace S] -- torchrun ...
+
+Why this exists: torchrun starts every rank with `start_new_session=True`
+(torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py,
+`SubprocessHandler._popen`), so killing torchrun's process group does not reach
+the ranks, and if torchrun itself is SIGKILLed its ranks are re-parented to init
+and train on as orphans. Prefect's cancellation has the same blind spot for
+grandchildren. The reaper closes both holes:
+
+- it makes itself a *child subreaper* (PR_SET_CHILD_SUBREAPER), so orphaned
+  ranks are re-parented to it and stay in its process tree;
+- it asks the kernel to SIGTERM it when its parent dies (PR_SET_PDEATHSIG) and
+  also polls `getppid()` as a second line of defence;
+- on SIGTERM/SIGINT, on its parent's death, or when the command exits, it
+  terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s).
+
+It exits with the command's exit code (128+signal for a signal, as a shell does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False
+
+
+def kill_tree(root_pid: int, grace_s: float, include_root: bool = False) -> list[int]:
+    """SIGTERM every descendant of root_pid (and root if asked), SIGKILL what remains."""
+    try:
+        root = psutil.Process(root_pid)
+        procs = root.children(recursive=True)
+        if include_root:
+            procs.append(root)
+    except psutil.NoSuchProcess:
+        return []
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=5)
+    return [p.pid for p in procs]
+
+
+def _reap_zombies(keep: int | None = None) -> None:
+    """Collect exit statuses of adopted orphans, but never of `keep` (Popen owns that one)."""
+    for proc in psutil.Process().children():
+        if proc.pid == keep:
+            continue
+        try:
+            os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.reaper")
+    parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        parser.error("give the command after --")
+
+    parent = os.getppid()
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    stop_signal: list[int] = []
+
+    def on_signal(signum, _frame):
+        stop_signal.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    child = subprocess.Popen(command)
+    returncode: int | None = None
+    while returncode is None:
+        returncode = child.poll()
+        if returncode is not None:
+            break
+        if stop_signal or os.getppid() != parent:
+            kill_tree(os.getpid(), args.grace)
+            returncode = child.wait()
+            break
+        time.sleep(args.poll)
+        _reap_zombies(keep=child.pid)
+
+    # The command is gone; anything it left behind (re-parented to us) goes too.
+    kill_tree(os.getpid(), args.grace)
+    _reap_zombies()
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""LocalLauncher: real torchrun processes; no rank may survive termination or a crash of the launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from infra.launch import LaunchRequest, LocalLauncher, NodeLaunchSpec, torchrun_command
+
+WORKER = str(Path(__file__).with_name("rank_worker.py"))
+
+
+def _request(tmp_path: Path, port: int, env: dict[str, str] | None = None) -> LaunchRequest:
+    nodes = [NodeLaunchSpec(node=f"node-{c}", node_rank=i, nnodes=2, nproc_per_node=1) for i, c in enumerate("ab")]
+    return LaunchRequest(
+        job_name="launch-test",
+        nodes=nodes,
+        worker_args=[WORKER],
+        rdzv_endpoint=f"127.0.0.1:{port}",
+        run_dir=tmp_path / "run",
+        env={"FORGEFLOW_TEST_PID_DIR": str(tmp_path / "pids"), **(env or {})},
+    )
+
+
+def _wait_for_pids(pid_dir: Path, count: int, timeout: float = 120) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        files = list(pid_dir.glob("rank*.pid")) if pid_dir.exists() else []
+        if len(files) == count and all(f.read_text() for f in files):
+            return [int(f.read_text()) for f in files]
+        time.sleep(0.2)
+    raise AssertionError(f"ranks did not start within {timeout}s")
+
+
+def _all_gone(pids, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+        if not alive:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_command_has_rendezvous_and_node_shape(tmp_path):
+    request = _request(tmp_path, 29400)
+    cmd = torchrun_command(request.nodes[1], request)
+    assert "--nnodes=2" in cmd and "--nproc-per-node=1" in cmd
+    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=127.0.0.1:29400" in cmd
+    assert cmd[-1] == WORKER
+
+
+def test_bad_node_ranks_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="node ranks"):
+        LaunchRequest("j", [NodeLaunchSpec("a", 1, 1, 1)], [WORKER], "127.0.0.1:1", tmp_path)
+
+
+def test_terminate_kills_every_rank(tmp_path, free_port):
+    job = LocalLauncher(grace_s=2).start(_request(tmp_path, free_port))
+    try:
+        ranks = _wait_for_pids(tmp_path / "pids", 2)
+        everything = job.pids() | set(ranks)
+        assert set(ranks) <= everything
+        assert job.poll() == {"node-a": None, "node-b": None}
+    finally:
+        job.terminate(grace_s=2)
+    assert _all_gone(everything)
+    assert all(code is not None for code in job.poll().values())
+
+
+def test_exit_code_of_a_failing_rank_is_reported(tmp_path, free_port):
+    job = LocalLauncher(grace_s=2).start(_request(tmp_path, free_port, env={"FORGEFLOW_TEST_EXIT": "3"}))
+    try:
+        codes = job.wait(timeout=180, any_exit=True)
+    finally:
+        job.terminate(grace_s=2)
+    assert any(code not in (0, None) for code in codes.values()), codes
+    logs = "".join(p.read_text(errors="replace") for p in job.log_paths().values())
+    assert "[default0]:rank" in logs  # torchrun's per-rank prefix reaches the node log
+
+
+def test_ranks_die_with_a_crashed_launcher(tmp_path, free_port):
+    """SIGKILL the process that launched the job: the reapers must take every rank down."""
+    driver = textwrap.dedent(
+        f"""
+        import sys, time
+        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        from test_local_launcher import _request
+        from infra.launch import LocalLauncher
+        from pathlib import Path
+        job = LocalLauncher(grace_s=2).start(_request(Path({str(tmp_path)!r}), {free_port}))
+        print("started", flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", driver], stdout=subprocess.PIPE, cwd=os.getcwd())
+    try:
+        ranks = _wait_for_pids(tmp_path / "pids", 2)
+        everything = {p.pid for p in psutil.Process(parent.pid).children(recursive=True)} | set(ranks)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert _all_gone(everything, timeout=60), "ranks outlived their launcher"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
