@@ -215,10 +215,15 @@ def wrap_data_parallel(model, training_cfg: TrainingConfig):
 def build_optimizer(ddp_model, training_cfg: TrainingConfig):
     """megatron-core's optimizer: AdamW (decoupled weight decay) with global-norm clipping.
 
-    The learning rate set here is the peak; `training.schedule` sets it every step.
-    Norms and biases get no weight decay (megatron's default parameter groups).
+    Returned with step 0's learning rate and weight decay applied; the training loop
+    calls `training.schedule.apply_schedule` before every step. Norm weights get no
+    weight decay (megatron's standard parameter-group overrides).
     """
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer import (
+        OptimizerConfig,
+        get_megatron_optimizer,
+        get_standard_config_overrides,
+    )
 
     _check_cpu_support(training_cfg)
     config = OptimizerConfig(
@@ -237,7 +242,15 @@ def build_optimizer(ddp_model, training_cfg: TrainingConfig):
         ],
         use_distributed_optimizer=training_cfg.use_distributed_optimizer,
     )
-    return get_megatron_optimizer(config, [ddp_model])
+    # The standard overrides mark 1-D params (norm weights) wd_mult=0; the per-step
+    # schedule (training.schedule.apply_schedule) turns wd_mult into each group's decay.
+    optimizer = get_megatron_optimizer(
+        config, [ddp_model], config_overrides=get_standard_config_overrides(config)
+    )
+    from training.schedule import apply_schedule
+
+    apply_schedule(optimizer, 0, training_cfg)
+    return optimizer
 
 
 def count_parameters(model) -> int:

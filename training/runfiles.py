@@ -1,0 +1,79 @@
+"""The run directory and exit codes of the training worker — the contract with its watchers.
+
+The flow (flows/), the diagnosis code (diagnosis/) and tests read what the worker
+leaves behind; this module is the one place that says what that is.
+
+Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
+
+    logs/rank{R}.log          one line per logged step (training.runlog.format_step_line):
+                              `2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21234512
+                               lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12`
+                              and event lines (`... rank=0 event=checkpoint_saved step=20 ...`);
+                              appended across restarts, parse with training.runlog.
+    heartbeat/rank{R}.json    {"rank", "step", "time", "pid", "host", "phase"}, atomically
+                              replaced (tmp + os.replace) at start and after every step;
+                              a heartbeat whose `time` stops advancing means a hang.
+    markers/loss_spike.json   written by rank 0 (training.spike.write_spike_marker) before
+                              every rank exits with EXIT_LOSS_SPIKE; stderr also gets the
+                              `FORGEFLOW_LOSS_SPIKE onset_step=...` line.
+    markers/fault_fired.*     records of injected faults that fired (training.faults).
+    markers/finished.json     written by rank 0 after the last step: {"step", "time"}.
+
+Checkpoints live at `spec.checkpoint.url` (see training.checkpointing), not here.
+Errors and tracebacks go to the worker's stderr (torchrun's output), which the
+launcher captures; the rank log holds only the structured lines.
+
+Exit codes of one worker process:
+
+    0                   all steps done
+    1                   an uncaught exception (Python's default; includes injected
+                        cuda_error and script_error faults, whose tracebacks look real)
+    EXIT_LOSS_SPIKE     a loss spike that did not recover (marker written first)
+    EXIT_FAULT_MID_CHECKPOINT  the exit_mid_checkpoint fault: os._exit while a checkpoint
+                        is half written (like a node dying mid-save)
+    -9 (shell: 137)     killed by SIGKILL: the oom_kill fault, or the kernel's OOM killer
+    (never exits)       the hang fault: the heartbeat stops; a watcher must kill it
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.spike import LOSS_SPIKE_EXIT_CODE
+
+EXIT_OK = 0
+EXIT_EXCEPTION = 1
+EXIT_LOSS_SPIKE = LOSS_SPIKE_EXIT_CODE  # 86, owned by training.spike
+EXIT_FAULT_MID_CHECKPOINT = 44
+EXIT_SIGKILL = 137  # how a shell/launcher reports a SIGKILLed child (128 + 9)
+
+EXIT_CODE_NAMES = {
+    EXIT_OK: "ok",
+    EXIT_EXCEPTION: "exception",
+    EXIT_LOSS_SPIKE: "loss_spike",
+    EXIT_FAULT_MID_CHECKPOINT: "exit_mid_checkpoint",
+    EXIT_SIGKILL: "sigkill",
+    -9: "sigkill",
+}
+
+LOGS_DIR = "logs"
+HEARTBEAT_DIR = "heartbeat"
+MARKERS_DIR = "markers"
+SPIKE_MARKER = "loss_spike.json"
+FINISHED_MARKER = "finished.json"
+
+
+def log_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / LOGS_DIR / f"rank{rank}.log"
+
+
+def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / HEARTBEAT_DIR / f"rank{rank}.json"
+
+
+def spike_marker_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / MARKERS_DIR / SPIKE_MARKER
+
+
+def finished_marker_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / MARKERS_DIR / FINISHED_MARKER

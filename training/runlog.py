@@ -1,0 +1,182 @@
+"""Structured run output: per-rank step log lines and heartbeat files.
+
+Line format (one per logged step, stable — the flow, diagnosis and benchmarks parse it)::
+
+    2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21234512 lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12
+
+A UTC timestamp with milliseconds, then space-separated `key=value` pairs with no
+spaces inside values. `step` is the number of optimizer steps completed (1 after
+the first step). `loss` is the data-parallel mean over the global batch, printed
+with 9 significant digits so the float32 value round-trips exactly. Event lines
+use the same shape with `event=NAME` (e.g. `event=checkpoint_saved step=20`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from training import runfiles
+
+
+class LogFormatError(ValueError):
+    """A line is not in the run-log format."""
+
+
+def utc_timestamp(now: float | None = None) -> str:
+    moment = _dt.datetime.fromtimestamp(time.time() if now is None else now, tz=_dt.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    time: str
+    rank: int
+    step: int
+    loss: float
+    lr: float
+    grad_norm: float
+    tokens_per_s: float
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """Any run-log line: its timestamp, rank and the remaining key=value fields as text."""
+
+    time: str
+    rank: int
+    fields: dict[str, str]
+
+    @property
+    def event(self) -> str | None:
+        return self.fields.get("event")
+
+
+_STEP_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s")
+
+
+def format_step_line(rank: int, step: int, loss: float, lr: float, grad_norm: float | None,
+                     tokens_per_s: float, elapsed_s: float, now: float | None = None) -> str:
+    gn = float("nan") if grad_norm is None else grad_norm
+    return (
+        f"{utc_timestamp(now)} rank={rank} step={step} loss={loss:.9g} lr={lr:.3e} "
+        f"grad_norm={gn:.4f} tokens_per_s={tokens_per_s:.1f} elapsed_s={elapsed_s:.2f}"
+    )
+
+
+def format_event_line(rank: int, event: str, now: float | None = None, **fields: object) -> str:
+    parts = [f"{utc_timestamp(now)} rank={rank} event={event}"]
+    for key, value in fields.items():
+        text = str(value)
+        if not text or any(c.isspace() for c in text):
+            raise ValueError(f"log field {key}={text!r} must be non-empty without spaces")
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+def parse_line(line: str) -> LogLine:
+    """Parse any run-log line; raises LogFormatError naming what is wrong."""
+    parts = line.strip().split()
+    if len(parts) < 2 or not parts[0].endswith("Z") or "T" not in parts[0]:
+        raise LogFormatError(f"not a run-log line (no leading UTC timestamp): {line!r}")
+    fields: dict[str, str] = {}
+    for part in parts[1:]:
+        key, sep, value = part.partition("=")
+        if not sep or not key:
+            raise LogFormatError(f"run-log field {part!r} is not key=value in line {line!r}")
+        fields[key] = value
+    if "rank" not in fields:
+        raise LogFormatError(f"run-log line has no rank=: {line!r}")
+    rank = int(fields.pop("rank"))
+    return LogLine(time=parts[0], rank=rank, fields=fields)
+
+
+def parse_step_line(line: str) -> StepRecord | None:
+    """The StepRecord of a step line; None for event lines."""
+    parsed = parse_line(line)
+    if parsed.event is not None:
+        return None
+    missing = [k for k in _STEP_FIELDS if k not in parsed.fields]
+    if missing:
+        raise LogFormatError(f"step line lacks {', '.join(missing)}: {line!r}")
+    f = parsed.fields
+    return StepRecord(
+        time=parsed.time, rank=parsed.rank, step=int(f["step"]), loss=float(f["loss"]),
+        lr=float(f["lr"]), grad_norm=float(f["grad_norm"]),
+        tokens_per_s=float(f["tokens_per_s"]), elapsed_s=float(f["elapsed_s"]),
+    )
+
+
+def read_steps(path: str | Path, latest_only: bool = True) -> list[StepRecord]:
+    """Step records of one rank log, in order; lines that are not run-log lines are skipped.
+
+    A restarted run appends to the same log and re-logs the steps after its
+    checkpoint; with `latest_only` the last record of each step wins.
+    """
+    records: list[StepRecord] = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = parse_step_line(line)
+        except (LogFormatError, ValueError):
+            continue
+        if record is not None:
+            records.append(record)
+    if not latest_only:
+        return records
+    by_step = {r.step: r for r in records}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+class RankLog:
+    """Appends step and event lines to `{run_dir}/logs/rank{R}.log` (line-buffered)."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.rank = rank
+        self.path = runfiles.log_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1)
+
+    def step(self, step: int, loss: float, lr: float, grad_norm: float | None,
+             tokens_per_s: float, elapsed_s: float) -> str:
+        line = format_step_line(self.rank, step, loss, lr, grad_norm, tokens_per_s, elapsed_s)
+        self._file.write(line + "\n")
+        return line
+
+    def event(self, event: str, **fields: object) -> str:
+        line = format_event_line(self.rank, event, **fields)
+        self._file.write(line + "\n")
+        return line
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class Heartbeat:
+    """`{run_dir}/heartbeat/rank{R}.json`, atomically replaced on every beat."""
+
+    def __init__(self, run_dir: str | Path, rank: int):
+        self.rank = rank
+        self.path = runfiles.heartbeat_path(run_dir, rank)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._host = socket.gethostname()
+        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
+
+    def beat(self, step: int, phase: str = "train") -> None:
+        payload = {"rank": self.rank, "step": step, "time": time.time(), "pid": os.getpid(),
+                   "host": self._host, "phase": phase}
+        self._tmp.write_text(json.dumps(payload), encoding="utf-8")
+        os.replace(self._tmp, self.path)
+
+
+def read_heartbeat(path: str | Path) -> dict | None:
+    """The last heartbeat, or None if there is none yet."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
