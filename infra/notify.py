@@ -1,0 +1,124 @@
+"""Alerts: Slack incoming webhooks, or printed and kept when no webhook is set.
+
+The webhook URL is a credential (anyone holding it can post to the channel), so
+it is read from the environment (SLACK_WEBHOOK_URL) or handed in by the flow
+from a Prefect Secret block, and never appears in a log line, an exception
+message or an artifact: errors name the host only.
+
+Sending never raises: a Slack outage must not break recovery. Every alert is
+also returned as a `Delivery`, so the flow can keep an artifact of what it said.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Literal
+from urllib.parse import urlparse
+
+Severity = Literal["info", "success", "warning", "error"]
+_EMOJI = {"info": ":information_source:", "success": ":white_check_mark:", "warning": ":warning:", "error": ":rotating_light:"}
+
+
+@dataclass
+class Alert:
+    title: str
+    severity: Severity = "info"
+    fields: dict[str, str] = field(default_factory=dict)  # short key/value facts
+    evidence: list[str] = field(default_factory=list)  # log lines, shown as code
+    link: str | None = None
+
+    def text(self) -> str:
+        """Plain-text form: the Slack notification fallback and the printed form."""
+        parts = [f"[{self.severity.upper()}] {self.title}"]
+        parts += [f"{k}: {v}" for k, v in self.fields.items()]
+        if self.evidence:
+            parts.append("evidence:")
+            parts += [f"  {line}" for line in self.evidence]
+        if self.link:
+            parts.append(f"link: {self.link}")
+        return "\n".join(parts)
+
+    def blocks(self) -> list[dict]:
+        blocks: list[dict] = [
+            {"type": "section", "text": {"type": "mrkdwn", "text": f"{_EMOJI[self.severity]} *{_escape(self.title)}*"}}
+        ]
+        if self.fields:
+            blocks.append(
+                {
+                    "type": "section",
+                    "fields": [
+                        {"type": "mrkdwn", "text": f"*{_escape(k)}*\n{_escape(v)}"} for k, v in list(self.fields.items())[:10]
+                    ],
+                }
+            )
+        if self.evidence:
+            body = "\n".join(line[:300] for line in self.evidence[:12])
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"```{body[:2900]}```"}})
+        if self.link:
+            blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{self.link}|details>"}]})
+        return blocks
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+@dataclass
+class Delivery:
+    alert: Alert
+    channel: Literal["slack", "console"]
+    ok: bool
+    detail: str = ""
+
+
+class Notifier:
+    """Posts alerts to a Slack incoming webhook; prints them when none is configured."""
+
+    def __init__(self, webhook_url: str | None = None, timeout_s: float = 10.0, retries: int = 2):
+        self._webhook_url = webhook_url if webhook_url is not None else os.environ.get("SLACK_WEBHOOK_URL")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.sent: list[Delivery] = []
+
+    @property
+    def target(self) -> str:
+        """Where alerts go, safe to print (host only, never the secret path)."""
+        if not self._webhook_url:
+            return "console"
+        return f"slack webhook at {urlparse(self._webhook_url).netloc}"
+
+    def __repr__(self) -> str:  # never leak the URL through a repr in a log
+        return f"Notifier(target={self.target!r})"
+
+    def send(self, alert: Alert) -> Delivery:
+        if not self._webhook_url:
+            print(alert.text(), file=sys.stderr, flush=True)
+            delivery = Delivery(alert, "console", True)
+        else:
+            delivery = self._post(alert)
+            if not delivery.ok:  # still leave a trace where a person will look
+                print(f"{alert.text()}\n(slack delivery failed: {delivery.detail})", file=sys.stderr, flush=True)
+        self.sent.append(delivery)
+        return delivery
+
+    def _post(self, alert: Alert) -> Delivery:
+        from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, ServerErrorRetryHandler
+        from slack_sdk.webhook import WebhookClient
+
+        client = WebhookClient(
+            self._webhook_url,
+            timeout=int(max(1, self.timeout_s)),
+            retry_handlers=[
+                ConnectionErrorRetryHandler(max_retry_count=self.retries),
+                ServerErrorRetryHandler(max_retry_count=self.retries),
+            ],
+        )
+        try:
+            response = client.send(text=alert.text(), blocks=alert.blocks())
+        except Exception as e:  # network errors of any kind: report, never raise
+            return Delivery(alert, "slack", False, f"{type(e).__name__} posting to {self.target}")
+        if response.status_code == 200:
+            return Delivery(alert, "slack", True)
+        return Delivery(alert, "slack", False, f"HTTP {response.status_code} from {self.target}: {response.body[:200]}")
