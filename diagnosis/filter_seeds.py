@@ -6,9 +6,13 @@ launcher banners and warnings that recur every run. They are written as the log 
 should write rules: anchored at the start of the line (after the launcher's rank
 prefix), specific, and in the linear-time subset (RE2/Hyperscan).
 
-forgeflow's own per-step metric line (printed by ``training/`` on every rank) is::
+forgeflow's own per-step metric and event lines (``training.runlog``) are::
 
-    [2026-11-22 07:41:02,123] [rank3] step=12 loss=3.21 lr=1.0e-04 grad_norm=0.52 tokens_per_s=1234 elapsed_s=10.1
+    2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21234512 lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12
+    2026-11-22T08:00:00.123Z rank=0 event=checkpoint_saved step=20
+
+(the older ``[ts] [rank3] step=12 loss=...`` form is covered too). Event lines are
+covered only for routine events; ``event=loss_spike`` and ``event=hang`` are signals.
 
 Lines with an error signal (``loss=nan`` for instance) are kept even when one of these
 rules covers them: compression checks ``diagnosis.signals.ERROR_KEYWORDS`` and the
@@ -26,7 +30,8 @@ TS = r"(?:\[\d{4}-\d\d-\d\d[ T][\d:.,]+\] ?)?"
 
 SEED_FILTER_RULES: tuple[tuple[str, str], ...] = (
     # ---- forgeflow training loop
-    ("forgeflow-step-metrics", P + TS + r"\s*(?:\[rank\d+\] )?step=\d+ loss=\S+ lr=\S+"),
+    ("forgeflow-step-metrics", P + TS + r"\s*(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:\[rank\d+\] |rank=\d+ )?step=\d+ loss=\S+ lr=\S+"),
+    ("forgeflow-routine-event", P + r"\s*\d{4}-\d\d-\d\dT[\d:.]+Z rank=\d+ event=(?:checkpoint_(?:saved|snapshot|committed|persisted|started)|started|resumed|eval_done|data_ready|finished)\b"),
     ("forgeflow-checkpoint", P + TS + r"\s*(?:\[rank\d+\] )?checkpoint (?:snapshot|saved|committed|persisted|written) step=\d+"),
     ("forgeflow-heartbeat", P + TS + r"\s*(?:\[rank\d+\] )?heartbeat step=\d+"),
     ("forgeflow-eval-metrics", P + TS + r"\s*(?:\[rank\d+\] )?eval step=\d+ (?:val_)?loss=\S+"),

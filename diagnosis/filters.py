@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,6 +236,8 @@ class CompressedLog:
     entries: list[LogEntry]
     stats: CompressionStats
     source: str = ""
+    # global rank -> host, learned from NCCL init lines and torchrun failure summaries
+    rank_hosts: dict[int, str] = field(default_factory=dict)
 
     def render(self) -> str:
         return "\n".join(e.render() for e in self.entries) + ("\n" if self.entries else "")
@@ -314,6 +317,8 @@ class LogCompressor:
         self._overlong_len = 0
         self._line_no = 0  # lines completed so far
         self._file_offsets: dict[str, int] = {}
+        self.rank_hosts: dict[int, str] = {}
+        self._summary_host: tuple[str, int] | None = None  # (host, line) of "host : X"
 
     # ---------------------------------------------------------------- feeding
     def feed(self, data: bytes) -> None:
@@ -392,13 +397,27 @@ class LogCompressor:
 
     def result(self) -> CompressedLog:
         entries = sorted(self._entries.values(), key=lambda e: e.first_line)
-        return CompressedLog(entries=entries, stats=self.stats)
+        return CompressedLog(entries=entries, stats=self.stats, rank_hosts=dict(self.rank_hosts))
+
+    def _pair_summary(self, text: str, line_no: int) -> None:
+        # torchrun's failure summary prints "host : X" and then "rank : N (local_rank: L)".
+        host = _SUMMARY_HOST.match(text)
+        if host:
+            self._summary_host = (host.group(1), line_no)
+            return
+        rank = _SUMMARY_RANK.match(text)
+        if rank and self._summary_host and line_no - self._summary_host[1] <= 3:
+            self.rank_hosts.setdefault(int(rank.group(1)), self._summary_host[0])
 
     # ---------------------------------------------------------------- scanning
     def _process(self, buf: bytes) -> None:
         """Scan complete lines: uncovered lines from the filter, signals from the scanner."""
         uncovered = self._filter.uncovered_lines(buf)
         signals = self._signals.signal_lines(buf)
+        for start, end in _RANK_HOST_SCANNER.signal_lines(buf):
+            found = _NCCL_RANK_HOST.search(buf[start:end].decode("utf-8", "replace"))
+            if found:
+                self.rank_hosts.setdefault(int(found.group(2)), found.group(1))
         first_line = self._line_no
         self._line_no += buf.count(b"\n")
         self.stats.lines_in += self._line_no - first_line
@@ -439,6 +458,7 @@ class LogCompressor:
         elif not covered:
             self.stats.lines_uncovered += 1
         facts = line_facts(text[:4096])
+        self._pair_summary(text, line_no)
         key = ("S|" if signal else "U|") + facts.template
         entry = self._entries.get(key)
         if entry is None:
@@ -459,6 +479,11 @@ class LogCompressor:
 
 
 _SCANNERS: dict[tuple[str, ...], SignalScanner] = {}
+_NCCL_RANK_HOST_PATTERN = r"([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nranks \d+"
+_RANK_HOST_SCANNER = SignalScanner([_NCCL_RANK_HOST_PATTERN], [False])
+_NCCL_RANK_HOST = re.compile(_NCCL_RANK_HOST_PATTERN)
+_SUMMARY_HOST = re.compile(r"^(?:\S*\]:)?\s*host\s*:\s*([A-Za-z][\w.-]*)\s*$")
+_SUMMARY_RANK = re.compile(r"^(?:\S*\]:)?\s*rank\s*:\s*(\d+)")
 
 
 def _cached_scanner(diagnosis_patterns: tuple[str, ...]) -> SignalScanner:

@@ -83,10 +83,12 @@ class Diagnosis:
     restart_helps: bool
     confidence: float = 1.0
     culprit_lines: list[str] = field(default_factory=list)
-    suspect_nodes: list[str] = field(default_factory=list)
+    suspect_nodes: list[str] = field(default_factory=list)  # hostnames to check/cordon
     mitigation: str = ""
     source: Source = "rule"
     rule_name: str | None = None
+    suspect_ranks: list[int] = field(default_factory=list)
+    suspect_gpus: list[str] = field(default_factory=list)  # local GPU index or PCI bus id
 
     def __post_init__(self) -> None:
         expected = kind_of(self.root_cause)

@@ -1,0 +1,129 @@
+"""The Python API the flows call: ``diagnose_log(path) -> Diagnosis``.
+
+Pipeline: compress (the job family's filter rules) → diagnosis rules → optional
+``agent`` → ``Unknown``.
+
+The agent hook
+--------------
+``agent`` is any callable ``agent(context: DiagnosisContext) -> Diagnosis | None``. It
+runs only when no rule named a root cause (and no hang was reported). It gets the
+compressed log, the rule matches that were only symptoms, the loaded rule sets and the
+state dir, so it can retrieve similar past failures, ask an LLM, and learn (call
+``context.library.add_rule(...)`` for a new diagnosis rule or
+``context.filter_rules.add_rule(...)`` for a new filter). Returning ``None`` means "no
+idea" and the result is ``Unknown`` with low confidence. An exception raised by the
+agent is not swallowed: a broken agent must be visible, not a silent Unknown.
+
+``DiagnosisContext.excerpt()`` is the compact text to embed or send to an LLM: the
+error-signal entries first (collapsed, with counts and ranks), then uncovered lines.
+
+Example::
+
+    from diagnosis.api import diagnose_log
+    d = diagnose_log("runs/llama/logs/torchrun.log", job_family="llama-7b")
+    if d.restart_helps: ...
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Protocol
+
+from diagnosis.engine import DEFAULT_ENGINE
+from diagnosis.filters import CompressedLog, FilterRuleSet, LogCompressor
+from diagnosis.rules import DiagnosisLibrary, RuleOutcome, diagnose_compressed, suspects
+from diagnosis.state import state_dir as resolve_state_dir
+from diagnosis.vocabulary import Diagnosis
+
+UNKNOWN_CONFIDENCE = 0.1
+
+
+@dataclass
+class DiagnosisContext:
+    """Everything a failure agent needs about one log."""
+
+    log_path: str
+    job_family: str
+    compressed: CompressedLog
+    rule_outcome: RuleOutcome
+    library: DiagnosisLibrary
+    filter_rules: FilterRuleSet
+    state_dir: Path
+
+    def excerpt(self, max_chars: int = 6000) -> str:
+        signal = [e.render() for e in self.compressed.signal_entries()]
+        uncovered = [e.render() for e in self.compressed.uncovered_entries()]
+        text = "\n".join(signal + (["--- lines no rule covers ---"] + uncovered if uncovered else []))
+        return text[:max_chars]
+
+
+class FailureAgent(Protocol):
+    def __call__(self, context: DiagnosisContext) -> Diagnosis | None: ...
+
+
+def compress_log(
+    path: str | os.PathLike,
+    job_family: str | None = None,
+    state_dir: str | os.PathLike | None = None,
+    engine: str = DEFAULT_ENGINE,
+) -> tuple[CompressedLog, FilterRuleSet, DiagnosisLibrary]:
+    """Compress ``path`` with the family's filter rules; also returns the loaded rule sets."""
+    rules = FilterRuleSet.load(job_family, state_dir)
+    library = DiagnosisLibrary.load(state_dir)
+    compressor = LogCompressor(rules, library.patterns, engine=engine)
+    compressor.feed_file(path)
+    compressed = compressor.finish()
+    compressed.source = os.fspath(path)
+    return compressed, rules, library
+
+
+def diagnose_log(
+    path: str | os.PathLike,
+    job_family: str | None = None,
+    state_dir: str | os.PathLike | None = None,
+    agent: FailureAgent | Callable[[DiagnosisContext], Diagnosis | None] | None = None,
+    hang_suspected: bool = False,
+    engine: str = DEFAULT_ENGINE,
+) -> Diagnosis:
+    """Diagnose one failed job's log.
+
+    ``hang_suspected``: the caller saw the heartbeat go stale (no error may be printed
+    at all); when no rule names a cause the result is ``Hang``.
+    """
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"log file {os.fspath(path)!r} does not exist; pass the job's log path")
+    compressed, rules, library = compress_log(path, job_family, state_dir, engine)
+    outcome = diagnose_compressed(compressed, library)
+    if outcome.diagnosis is not None:
+        return outcome.diagnosis
+    culprit_entries = [m.entry for m in outcome.matches]
+    hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
+    evidence = [e.render() for e in culprit_entries[:10]]
+    if hang_suspected:
+        return Diagnosis(
+            root_cause="Hang", kind="training", restart_helps=True, confidence=0.7,
+            culprit_lines=evidence or [e.render() for e in compressed.entries[-5:]],
+            suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+            mitigation="The heartbeat went stale with no error: dump stacks, kill the job, "
+                       "run the node check, restart from the last checkpoint.",
+            source="rule", rule_name="heartbeat-stale",
+        )
+    if agent is not None:
+        context = DiagnosisContext(
+            log_path=os.fspath(path), job_family=rules.job_family, compressed=compressed,
+            rule_outcome=outcome, library=library, filter_rules=rules,
+            state_dir=resolve_state_dir(state_dir),
+        )
+        found = agent(context)
+        if found is not None:
+            return found
+    return Diagnosis(
+        root_cause="Unknown", kind="unknown", restart_helps=False, confidence=UNKNOWN_CONFIDENCE,
+        culprit_lines=evidence or [e.render() for e in compressed.signal_entries()[:10]],
+        suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+        mitigation="No rule knows this failure: a person should read the culprit lines; "
+                   "the diagnosis they settle on should become a rule.",
+        source="none",
+    )

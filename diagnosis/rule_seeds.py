@@ -1,0 +1,134 @@
+"""The seeded diagnosis rules, in match order (first rule matching a line names it).
+
+Each entry: (name, pattern, root_cause, restart_helps, mitigation, symptom).
+
+* Order matters within a line: specific messages come before the generic exception
+  rules at the end ("RuntimeError: CUDA error: out of memory" is an OOM, not a
+  CUDAError nor a RuntimeError).
+* ``symptom=True`` marks messages that are usually the *consequence* of another rank's
+  failure (NCCL watchdog timeouts, remote-peer errors, SIGABRT, torchrun's
+  ChildFailedError, the c10d store losing its host). They name the root cause only
+  when nothing else in the log does. Rules whose root cause is ``Unknown`` are pure
+  symptoms: they give evidence and suspects, never a root cause.
+* Restart policy follows the vocabulary: infrastructure faults restart (after
+  excluding the suspect node); deterministic code/config errors and OOM do not.
+
+Loss spikes and hangs are reported by forgeflow itself: ``training`` writes an event
+line ``<ts> rank=R event=loss_spike onset_step=N last_healthy_step=M`` (or the legacy
+marker ``FORGEFLOW_LOSS_SPIKE onset_step=N last_healthy_step=M``), and the flow's
+heartbeat watcher appends ``FORGEFLOW_HANG last_step=N stale_s=S`` (or an
+``event=hang`` line) before it kills a stuck job.
+"""
+
+from __future__ import annotations
+
+# Optional launcher prefix, then optional module path before an exception name.
+X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
+XID = r"\bXid \([^)]*\): "
+
+RESTART_EXCLUDE = "Restart from the last checkpoint after cordoning the suspect node(s) and running the node check."
+
+SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
+    # ------------------------------------------------------------- forgeflow signals
+    ("loss-spike-event", r"\bevent=loss_spike\b|FORGEFLOW_LOSS_SPIKE\b", "LossSpike", True,
+     "Roll back to the last healthy checkpoint before the spike onset and skip the batches that followed.", False),
+    ("hang-event", r"\bevent=hang\b|FORGEFLOW_HANG\b", "Hang", True,
+     "Dump stacks (py-spy), kill the job, run the node check on all nodes, restart from the last checkpoint.", False),
+    # ------------------------------------------------------------- hardware
+    ("xid-fallen-off-bus", XID + r"79\b|fallen off the bus", "NodeFailure", True,
+     "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
+    ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
+     RESTART_EXCLUDE, False),
+    ("node-not-ready", r"(?i)\bnode \S+ (?:is )?(?:not responding|unreachable|NotReady|lost)\b|NodeNotReady|kernel: .*\[Hardware Error\]|mce: \[Hardware Error\]", "NodeFailure", True,
+     RESTART_EXCLUDE, False),
+    ("ecc-uncorrectable", r"(?i)uncorrectable ECC error|double bit (?:ECC )?error|\bDBE\b", "ECCError", True,
+     "Uncorrectable ECC error: drain the GPU (page retirement / reset), cordon the node. " + RESTART_EXCLUDE, False),
+    ("ecc-xid", XID + r"(?:48|63|64|92|94|95)\b", "ECCError", True,
+     "ECC Xid reported by the driver: cordon the node and reset the GPU. " + RESTART_EXCLUDE, False),
+    ("nvlink-xid", XID + r"(?:74|144|145|146|147|148|149|150)\b", "NVLinkError", True,
+     "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
+    ("nvlink-message", r"(?i)nvlink (?:error|fatal|link .* (?:down|inactive))|NVLink (?:error|errors? detected)|nvlink.*replay errors|NCCL WARN .*NVL(?:S|ink)\b.*(?:fail|error)", "NVLinkError", True,
+     "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
+    # ------------------------------------------------------------- OOM before CUDA errors
+    ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
+     "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
+    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|device-side assert|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '", "CUDAError", True,
+     "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
+    ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
+     "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),
+    # ------------------------------------------------------------- interconnect
+    ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed", "NetworkError", True,
+     "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
+    ("network-unreachable", r"(?i)Network is unreachable|No route to host|\bmlx5_\d+.*(?:link down|port .*down)|IB port \d+ .*(?:down|inactive)|NCCL WARN NET/Socket : .*(?:fail|error)", "NetworkError", True,
+     RESTART_EXCLUDE, False),
+    ("nccl-remote-error", r"ncclRemoteError|remote process exited or there was a network error|NCCL WARN .*Connection closed by remote peer", "NCCLRemoteError", True,
+     "A peer died or the network dropped it: find that peer's own error; otherwise " + RESTART_EXCLUDE, True),
+    ("nccl-watchdog-timeout", r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out|Some NCCL operations have failed or timed out|NCCL communicator was aborted|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)|collective operation timeout", "NCCLTimeoutError", True,
+     "A collective timed out, usually because one rank failed or hung first: look for that rank's error; if none, run the node check and " + RESTART_EXCLUDE, True),
+    ("nccl-unhandled", r"ncclUnhandledCudaError|ncclSystemError|ncclInternalError|NCCL error in: .*unhandled (?:system|cuda) error", "NCCLRemoteError", True,
+     RESTART_EXCLUDE, True),
+    ("store-connection-lost", r"recvValue failed|sendBytes failed|TCPStore.*(?:Connection reset|Broken pipe|failed)|store->get\(.*\) got error|DistNetworkError|Failed to recv, got 0 bytes", "ConnectionError", True,
+     "Lost the c10d store (hosted by rank 0's node): check why that node/rank went away; restart.", True),
+    ("store-timeout", r"DistStoreError: (?:Timed out|Socket Timeout)|Timed out after \d+ seconds waiting for clients|RendezvousTimeoutError", "ConnectionError", True,
+     "Rendezvous/store timed out: some node never joined; check it is alive and reachable, then restart.", False),
+    # ------------------------------------------------------------- storage
+    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
+     "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
+    # ------------------------------------------------------------- service connections
+    ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
+     "A metrics/logging/tracking service was unreachable: check the service or disable it for this run; restart.", False),
+    ("tracker-retry-warning", r"wandb: Network error \(\w+\), entering retry loop", "ConnectionError", True,
+     "Tracker connectivity is flaky (retrying): watch it; no action needed unless the job fails.", True),
+    ("connection-reset", r"ConnectionResetError|ConnectionRefusedError|ConnectionAbortedError|Connection reset by peer|Connection refused", "ConnectionError", True,
+     "A connection to a service was reset/refused: check the service and the network; restart.", False),
+    # ------------------------------------------------------------- framework
+    ("dataloader-killed", r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)|DataLoader worker .*killed by signal", "DataloaderKilled", False,
+     "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),
+    ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
+     "The checkpoint/weights do not load: check the checkpoint path, that its manifest is complete, and that the model config matches it.", False),
+    ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)", "DatasetLoadingError", False,
+     "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),
+    # ------------------------------------------------------------- torchrun summaries and signals (pure symptoms)
+    ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed", "Unknown", True,
+     "torchrun reports that a worker failed; its own error is the root cause.", True),
+    ("signal-abort", r"Signal 6 \(SIGABRT\)|SIGABRT|Fatal Python error: Aborted|terminate called after throwing an instance of|Signal 15 \(SIGTERM\)|Sending process \d+ closing signal SIGTERM", "Unknown", True,
+     "A process aborted, usually after another rank failed; look for that rank's error.", True),
+    ("signal-kill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|Killed process \d+|oom-kill", "Unknown", True,
+     "A process was SIGKILLed (host OOM killer or the scheduler).", True),
+    ("segfault", r"Segmentation fault|SIGSEGV|Signal 11", "Unknown", True,
+     "A process crashed with a segmentation fault.", True),
+    # ------------------------------------------------------------- Python exceptions (script)
+    ("argparse-error", r"error: unrecognized arguments:|error: the following arguments are required:|error: argument [-\w/]+: |argparse\.ArgumentError|error: ambiguous option:", "ArgumentError", False,
+     "The command line is wrong: fix the arguments in the job spec / launch command.", False),
+    ("called-process", r"CalledProcessError|returned non-zero exit status \d+", "CalledProcessError", False,
+     "A subprocess the script runs failed: check that command and its environment.", False),
+    ("permission", X + r"PermissionError\b|\[Errno 13\] Permission denied", "PermissionError", False,
+     "Permission denied: fix ownership/permissions of the path, or write elsewhere.", False),
+    ("file-not-found", X + r"FileNotFoundError\b|\[Errno 2\] No such file or directory", "FileNotFoundError", False,
+     "A file is missing: check the path in the job spec and that the data/checkpoint exists on every node.", False),
+    ("import", X + r"(?:ImportError|ModuleNotFoundError)\b|No module named ", "ImportError", False,
+     "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
+    ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)\b", "SyntaxError", False,
+     "The script does not parse: fix the syntax error.", False),
+    ("name", X + r"(?:NameError|UnboundLocalError)\b", "NameError", False,
+     "A name is undefined: fix the script.", False),
+    ("key", X + r"KeyError\b", "KeyError", False,
+     "A key is missing (config, state dict or batch): fix the script or config.", False),
+    ("index", X + r"IndexError\b", "IndexError", False,
+     "An index is out of range: fix the script or data.", False),
+    ("type", X + r"TypeError\b", "TypeError", False,
+     "Wrong argument types: fix the script.", False),
+    ("os", X + r"(?:OSError|IOError)\b|\[Errno (?:5|28|30|122)\]", "OSError", False,
+     "An OS-level error (disk full, I/O error, read-only file system): check the node's file systems.", False),
+    # ------------------------------------------------------------- Python exceptions (framework)
+    ("attribute", X + r"AttributeError\b", "AttributeError", False,
+     "An attribute is missing (version mismatch or bug): fix the code or pin versions.", False),
+    ("assertion", X + r"AssertionError\b", "AssertionError", False,
+     "An assertion failed (usually an inconsistent config): fix the config.", False),
+    ("zero-division", X + r"ZeroDivisionError\b", "ZeroDivisionError", False,
+     "Division by zero: check the config values that feed it (batch sizes, intervals).", False),
+    ("value", X + r"ValueError\b", "ValueError", False,
+     "A bad value (config or data): fix the value named in the message.", False),
+    ("runtime", X + r"(?:RuntimeError|DistBackendError|DistError)\b", "RuntimeError", False,
+     "A runtime error in the framework: read the message; restart will not help until it is fixed.", False),
+)

@@ -1,0 +1,282 @@
+"""Rule-based diagnosis: an ordered library of regex → root cause rules, and the choice
+of *the* root cause when a log holds several errors.
+
+``DiagnosisLibrary`` = learned rules (``<state_dir>/diagnosis_rules.json``, checked
+first: they exist because the seeds got a failure wrong or missed it) followed by the
+seeds of ``rule_seeds.py``. Each line of the compressed log is named by the first rule
+that matches it.
+
+Choosing the root cause among all matched lines (``diagnose_compressed``):
+
+1. symptoms step aside: lines of rules marked ``symptom`` (NCCL watchdog timeouts,
+   remote-peer errors, SIGABRT, ChildFailedError, lost c10d store) and rules naming
+   ``Unknown`` count only when no other rule matched;
+2. precedence: hardware (NodeFailure, ECC, NVLink, CUDA) > interconnect and services
+   (network, NCCL, connections, S3) > framework > script > training signals (a loss
+   spike or a hang explained by an error is that error);
+3. the earliest timestamp across ranks, then the earliest line.
+
+The culprit lines are the matched lines of the chosen root cause, earliest first;
+suspects are the hosts, ranks and GPUs those lines name (ranks are mapped to hosts
+through NCCL's init lines or torchrun's failure summary when the lines carry no host).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from diagnosis.engine import RegexError, compile_linear, is_catch_all, validate_regex
+from diagnosis.filters import CompressedLog, LogEntry
+from diagnosis.rule_seeds import SEED_DIAGNOSIS_RULES
+from diagnosis.state import read_json, state_dir, write_json_atomic
+from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, Kind, VocabularyError, kind_of
+
+RuleSource = Literal["seed", "agent", "user"]
+LIBRARY_FILE = "diagnosis_rules.json"
+
+# Lower is more fundamental. Hardware faults explain everything above them.
+_TIER: dict[str, float] = {
+    **{rc: 0 for rc in ("NodeFailure", "ECCError", "NVLinkError", "CUDAError")},
+    **{rc: 1 for rc in ("NetworkError", "NCCLRemoteError", "NCCLTimeoutError", "ConnectionError", "S3StorageError")},
+    "LossSpike": 4,
+    "Hang": 4,
+    "Unknown": 9,
+}
+
+
+def precedence_tier(root_cause: str) -> float:
+    if root_cause in _TIER:
+        return _TIER[root_cause]
+    return {"framework": 2, "script": 3}.get(kind_of(root_cause), 9)
+
+
+class DiagnosisRule(BaseModel):
+    """A regex that names a root cause for the lines it matches."""
+
+    name: str
+    pattern: str
+    root_cause: str
+    restart_helps: bool
+    mitigation: str = ""
+    symptom: bool = False
+    confidence: float = Field(default=0.9, ge=0.0, le=1.0)
+    source: RuleSource = "user"
+    added_at: float = Field(default_factory=time.time)
+
+    @field_validator("root_cause")
+    @classmethod
+    def _known_root_cause(cls, value: str) -> str:
+        if value not in ROOT_CAUSES:
+            raise ValueError(f"unknown root_cause {value!r}; use one of: {', '.join(ROOT_CAUSES)}")
+        return value
+
+    @property
+    def kind(self) -> Kind:
+        return kind_of(self.root_cause)
+
+    def matches(self, line: str) -> bool:
+        return _compiled(self.pattern).search(line) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _compiled(pattern: str):
+    return compile_linear(pattern)
+
+
+# Generic exception rules match any "XError" line; learned rules are more specific.
+_GENERIC_SEEDS = {"runtime", "value", "assertion", "attribute", "os", "type", "key", "index"}
+
+
+def seed_rules() -> list[DiagnosisRule]:
+    rules = []
+    for name, pattern, root_cause, restart, mitigation, symptom in SEED_DIAGNOSIS_RULES:
+        rules.append(DiagnosisRule(
+            name=name, pattern=pattern, root_cause=root_cause, restart_helps=restart,
+            mitigation=mitigation, symptom=symptom, source="seed", added_at=0.0,
+            confidence=0.7 if name in _GENERIC_SEEDS else 0.9,
+        ))
+    return rules
+
+
+class DiagnosisLibrary:
+    """Learned rules (persisted per state dir) followed by the seeds."""
+
+    def __init__(self, learned: list[DiagnosisRule] | None = None, path: Path | None = None):
+        self.learned: list[DiagnosisRule] = list(learned or [])
+        self.path = path
+        self._seeds = seed_rules()
+
+    @classmethod
+    def load(cls, state: str | os.PathLike | None = None) -> "DiagnosisLibrary":
+        path = state_dir(state) / LIBRARY_FILE
+        data = read_json(path) or {}
+        learned = []
+        for i, raw in enumerate(data.get("rules", [])):
+            try:
+                rule = DiagnosisRule.model_validate(raw)
+                validate_regex(rule.pattern)
+            except (ValueError, RegexError) as exc:
+                raise ValueError(f"{path}: rule #{i} is invalid ({exc}); remove it from the file") from None
+            learned.append(rule)
+        return cls(learned, path)
+
+    def save(self) -> None:
+        if self.path is None:
+            raise ValueError("this library was not loaded from a state dir; use DiagnosisLibrary.load()")
+        write_json_atomic(self.path, {"rules": [r.model_dump() for r in self.learned]})
+
+    @property
+    def rules(self) -> list[DiagnosisRule]:
+        return self.learned + self._seeds
+
+    @property
+    def patterns(self) -> tuple[str, ...]:
+        return tuple(r.pattern for r in self.rules)
+
+    def first_match(self, line: str) -> DiagnosisRule | None:
+        for rule in self.rules:
+            if rule.matches(line):
+                return rule
+        return None
+
+    def add_rule(
+        self,
+        pattern: str,
+        root_cause: str,
+        restart_helps: bool,
+        mitigation: str = "",
+        name: str | None = None,
+        symptom: bool = False,
+        source: RuleSource = "agent",
+        confidence: float = 0.8,
+        must_match: list[str] | tuple[str, ...] = (),
+        persist: bool = True,
+    ) -> DiagnosisRule:
+        """Adopt a learned rule; refuses invalid or catch-all regexes with ``RegexError``.
+
+        ``must_match`` are the culprit lines the rule was written for: it must match at
+        least one of them when given. Checking that it does not change past diagnoses is
+        the caller's job (it holds the past failures).
+        """
+        validate_regex(pattern)
+        if is_catch_all(pattern):
+            raise RegexError(f"pattern {pattern!r} is a catch-all (matches unrelated lines); make it specific")
+        try:
+            kind_of(root_cause)
+        except VocabularyError as exc:
+            raise RegexError(str(exc)) from None
+        if must_match and not any(_compiled(pattern).search(line) for line in must_match):
+            raise RegexError(f"pattern {pattern!r} matches none of the culprit lines it was written for")
+        if any(r.pattern == pattern for r in self.learned):
+            raise RegexError(f"pattern {pattern!r} is already a learned rule")
+        rule = DiagnosisRule(
+            name=name or f"{source}-{root_cause}-{len(self.learned) + 1}",
+            pattern=pattern, root_cause=root_cause, restart_helps=restart_helps,
+            mitigation=mitigation, symptom=symptom, source=source, confidence=confidence,
+        )
+        self.learned.insert(0, rule)  # newest first: it was learned because others missed
+        if persist and self.path is not None:
+            self.save()
+        return rule
+
+    def remove_rule(self, name: str, persist: bool = True) -> None:
+        kept = [r for r in self.learned if r.name != name]
+        if len(kept) == len(self.learned):
+            raise KeyError(f"no learned diagnosis rule named {name!r}")
+        self.learned = kept
+        if persist and self.path is not None:
+            self.save()
+
+
+# --------------------------------------------------------------------------- choosing
+
+
+@dataclass
+class RuleMatch:
+    rule: DiagnosisRule
+    entry: LogEntry
+
+    @property
+    def sort_key(self) -> tuple[float, float, int]:
+        ts = self.entry.earliest_ts if self.entry.earliest_ts is not None else math.inf
+        return (precedence_tier(self.rule.root_cause), ts, self.entry.first_line)
+
+
+@dataclass
+class RuleOutcome:
+    """What the rules found: a diagnosis (None when no cause was named) and all matches."""
+
+    diagnosis: Diagnosis | None
+    matches: list[RuleMatch] = field(default_factory=list)
+
+    @property
+    def symptom_lines(self) -> list[str]:
+        return [m.entry.render() for m in self.matches]
+
+
+def match_entries(compressed: CompressedLog, library: DiagnosisLibrary) -> list[RuleMatch]:
+    matches = []
+    for entry in compressed.signal_entries():
+        rule = library.first_match(entry.text)
+        if rule is not None:
+            matches.append(RuleMatch(rule, entry))
+    return matches
+
+
+def suspects(culprits: list[LogEntry], rank_hosts: dict[int, str]) -> tuple[list[str], list[int], list[str]]:
+    hosts: set[str] = set()
+    ranks: set[int] = set()
+    gpus: set[str] = set()
+    for entry in culprits:
+        hosts |= entry.hosts
+        ranks |= entry.ranks
+        gpus |= entry.gpus
+    if not hosts:
+        hosts = {rank_hosts[r] for r in ranks if r in rank_hosts}
+    return sorted(hosts), sorted(ranks), sorted(gpus)
+
+
+def diagnose_compressed(
+    compressed: CompressedLog, library: DiagnosisLibrary, max_culprit_lines: int = 10
+) -> RuleOutcome:
+    """Name the root cause of a compressed log with the rules (see module docstring)."""
+    matches = match_entries(compressed, library)
+    causes = [m for m in matches if not m.rule.symptom and m.rule.root_cause != "Unknown"]
+    pool = causes or [m for m in matches if m.rule.root_cause != "Unknown"]
+    if not pool:
+        return RuleOutcome(None, matches)
+    best = min(pool, key=lambda m: m.sort_key)
+    culprits = sorted(
+        (m for m in pool if m.rule.root_cause == best.rule.root_cause),
+        key=lambda m: (m.sort_key[1], m.entry.first_line),
+    )
+    culprit_entries = [m.entry for m in culprits]
+    hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
+    confidence = best.rule.confidence
+    if not causes:
+        confidence *= 0.6  # only symptoms: the real cause may be outside this log
+    rivals = {m.rule.root_cause for m in causes if precedence_tier(m.rule.root_cause) == precedence_tier(best.rule.root_cause)}
+    if len(rivals) > 1:
+        confidence *= 0.85
+    diagnosis = Diagnosis(
+        root_cause=best.rule.root_cause,
+        kind=best.rule.kind,
+        restart_helps=best.rule.restart_helps,
+        confidence=round(confidence, 3),
+        culprit_lines=[e.render() for e in culprit_entries[:max_culprit_lines]],
+        suspect_nodes=hosts,
+        suspect_ranks=ranks,
+        suspect_gpus=gpus,
+        mitigation=best.rule.mitigation,
+        source="rule",
+        rule_name=best.rule.name,
+    )
+    return RuleOutcome(diagnosis, matches)
