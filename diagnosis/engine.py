@@ -103,7 +103,12 @@ def validate_regex(pattern: str) -> None:
     if hyperscan is not None:
         try:
             db = hyperscan.Database()
-            db.compile(expressions=[_as_bytes(pattern)], ids=[0], flags=hyperscan.HS_FLAG_MULTILINE)
+            # ALLOWEMPTY: whether a pattern matches empty input is is_catch_all's call.
+            db.compile(
+                expressions=[_as_bytes(pattern)],
+                ids=[0],
+                flags=hyperscan.HS_FLAG_MULTILINE | hyperscan.HS_FLAG_ALLOWEMPTY,
+            )
         except hyperscan.error as exc:
             raise RegexError(
                 f"pattern {pattern!r} does not compile in Hyperscan ({exc}); simplify it "

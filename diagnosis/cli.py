@@ -1,0 +1,185 @@
+"""`forgeflow diagnose` and `forgeflow rules list|add|test`.
+
+Heavy imports (RE2, Hyperscan, the rule libraries) happen inside the command
+functions so `forgeflow --help` stays fast.
+
+`forgeflow diagnose` uses the failure agent when ``diagnosis.agents`` provides
+``build_default_agent(state_dir, job_family) -> agent | None`` (None: no LLM or memory
+configured); ``--no-agent`` uses the rules alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    diagnose = subparsers.add_parser(
+        "diagnose", help="diagnose a failed job's log (rules first, then the failure agent)",
+        description="Compress LOGFILE with the job family's filter rules, name the root cause "
+                    "with the diagnosis rules, and fall back to the failure agent.",
+    )
+    diagnose.add_argument("logfile", metavar="LOGFILE")
+    diagnose.add_argument("--job-family", default=None, help="rule set to use/learn (e.g. the job's config name)")
+    diagnose.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
+    diagnose.add_argument("--state-dir", default=None, help="default: $FORGEFLOW_STATE_DIR or ~/.forgeflow/state")
+    diagnose.add_argument("--hang", action="store_true", help="the heartbeat went stale (a hang is suspected)")
+    diagnose.add_argument("--no-agent", action="store_true", help="rules only, never call the failure agent")
+    diagnose.add_argument("--engine", default=None, help="filter engine: re2 (default), hyperscan, python")
+    diagnose.set_defaults(func=_cmd_diagnose)
+
+    rules = subparsers.add_parser("rules", help="list, add or test filter and diagnosis rules")
+    rules_sub = rules.add_subparsers(dest="rules_command", metavar="ACTION", required=True)
+
+    listing = rules_sub.add_parser("list", help="list the rules (seeds and learned)")
+    listing.add_argument("--type", choices=("filter", "diagnosis"), default="diagnosis")
+    listing.add_argument("--job-family", default=None)
+    listing.add_argument("--state-dir", default=None)
+    listing.add_argument("--learned", action="store_true", help="only learned rules")
+    listing.add_argument("--json", action="store_true")
+    listing.set_defaults(func=_cmd_rules_list)
+
+    add = rules_sub.add_parser("add", help="add a learned rule (validated in the linear-time engine)")
+    add.add_argument("--type", choices=("filter", "diagnosis"), required=True)
+    add.add_argument("--pattern", required=True, help="regex (RE2 syntax)")
+    add.add_argument("--name", default=None)
+    add.add_argument("--job-family", default=None, help="filter rules: the family to add it to")
+    add.add_argument("--root-cause", default=None, help="diagnosis rules: the root cause it names")
+    add.add_argument("--restart-helps", choices=("yes", "no"), default=None, help="diagnosis rules")
+    add.add_argument("--mitigation", default="")
+    add.add_argument("--state-dir", default=None)
+    add.set_defaults(func=_cmd_rules_add)
+
+    test = rules_sub.add_parser("test", help="show which rules match the lines of a log (or what one pattern would)")
+    test.add_argument("logfile", metavar="LOGFILE")
+    test.add_argument("--pattern", default=None, help="a candidate regex to try against the log")
+    test.add_argument("--job-family", default=None)
+    test.add_argument("--state-dir", default=None)
+    test.add_argument("--limit", type=int, default=20)
+    test.set_defaults(func=_cmd_rules_test)
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def _default_agent(state_dir, job_family):
+    try:
+        from diagnosis import agents
+    except ImportError:
+        return None
+    build = getattr(agents, "build_default_agent", None)
+    return build(state_dir, job_family) if build else None
+
+
+def _cmd_diagnose(args: argparse.Namespace) -> int:
+    from diagnosis.api import diagnose_log
+    from diagnosis.engine import DEFAULT_ENGINE, RegexError
+
+    agent = None if args.no_agent else _default_agent(args.state_dir, args.job_family)
+    try:
+        diagnosis = diagnose_log(
+            args.logfile, job_family=args.job_family, state_dir=args.state_dir, agent=agent,
+            hang_suspected=args.hang, engine=args.engine or DEFAULT_ENGINE,
+        )
+    except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError, RegexError) as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(diagnosis.to_dict(), indent=2))
+        return 0
+    print(f"root cause : {diagnosis.root_cause} ({diagnosis.kind})")
+    print(f"restart    : {'helps' if diagnosis.restart_helps else 'will not help'}")
+    print(f"confidence : {diagnosis.confidence:.2f} (source: {diagnosis.source}"
+          + (f", rule {diagnosis.rule_name})" if diagnosis.rule_name else ")"))
+    if diagnosis.suspect_nodes or diagnosis.suspect_ranks:
+        print(f"suspects   : nodes {', '.join(diagnosis.suspect_nodes) or '-'}; "
+              f"ranks {', '.join(map(str, diagnosis.suspect_ranks)) or '-'}")
+    print(f"mitigation : {diagnosis.mitigation}")
+    if diagnosis.culprit_lines:
+        print("culprit lines:")
+        for line in diagnosis.culprit_lines:
+            print(f"  {line[:400]}")
+    return 0
+
+
+def _cmd_rules_list(args: argparse.Namespace) -> int:
+    try:
+        if args.type == "filter":
+            from diagnosis.filters import FilterRuleSet
+
+            rules = [r.model_dump() for r in FilterRuleSet.load(args.job_family, args.state_dir).rules]
+        else:
+            from diagnosis.rules import DiagnosisLibrary
+
+            rules = [r.model_dump() for r in DiagnosisLibrary.load(args.state_dir).rules]
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.learned:
+        rules = [r for r in rules if r["source"] != "seed"]
+    if args.json:
+        print(json.dumps(rules, indent=2))
+        return 0
+    for r in rules:
+        target = f" -> {r['root_cause']}" if "root_cause" in r else ""
+        print(f"{r['source']:5} {r['name']:32}{target}\n      {r['pattern']}")
+    print(f"{len(rules)} {args.type} rules")
+    return 0
+
+
+def _cmd_rules_add(args: argparse.Namespace) -> int:
+    from diagnosis.engine import RegexError
+
+    try:
+        if args.type == "filter":
+            from diagnosis.filters import FilterRuleSet
+
+            rule_set = FilterRuleSet.load(args.job_family, args.state_dir)
+            rule = rule_set.add_rule(args.pattern, name=args.name, source="user", description=args.mitigation)
+            print(f"added filter rule {rule.name!r} to job family {rule_set.job_family!r}")
+        else:
+            from diagnosis.rules import DiagnosisLibrary
+
+            if not args.root_cause or args.restart_helps is None:
+                return _fail("a diagnosis rule needs --root-cause and --restart-helps yes|no")
+            library = DiagnosisLibrary.load(args.state_dir)
+            rule = library.add_rule(
+                args.pattern, args.root_cause, args.restart_helps == "yes",
+                mitigation=args.mitigation, name=args.name, source="user",
+            )
+            print(f"added diagnosis rule {rule.name!r} -> {rule.root_cause}")
+    except (RegexError, ValueError) as exc:
+        return _fail(str(exc))
+    return 0
+
+
+def _cmd_rules_test(args: argparse.Namespace) -> int:
+    from diagnosis.api import compress_log
+    from diagnosis.engine import RegexError, compile_linear
+    from diagnosis.rules import match_entries
+    from diagnosis.signals import has_error_keyword
+
+    try:
+        compressed, rules, library = compress_log(args.logfile, args.job_family, args.state_dir)
+    except (FileNotFoundError, IsADirectoryError, ValueError) as exc:
+        return _fail(str(exc))
+    stats = compressed.stats
+    print(f"{stats.lines_in} lines, {stats.bytes_in} bytes -> {len(compressed.entries)} entries "
+          f"({stats.lines_signal} signal lines, {stats.lines_uncovered} uncovered), ratio {compressed.ratio:.0f}x")
+    if args.pattern is None:
+        for match in match_entries(compressed, library)[: args.limit]:
+            tag = "symptom" if match.rule.symptom else "cause"
+            print(f"[{match.rule.name} -> {match.rule.root_cause}, {tag}] {match.entry.render()[:300]}")
+        return 0
+    try:
+        regex = compile_linear(args.pattern)
+    except RegexError as exc:
+        return _fail(str(exc))
+    hits = [e for e in compressed.entries if regex.search(e.text)]
+    errors = [e for e in hits if e.signal or has_error_keyword(e.text)]
+    print(f"pattern matches {len(hits)} kept entries, {len(errors)} of them carry an error signal")
+    for entry in hits[: args.limit]:
+        print(f"  {'ERR ' if entry in errors else '    '}{entry.render()[:300]}")
+    return 1 if errors else 0
