@@ -1,0 +1,443 @@
+"""Asynchronous checkpoint engine: snapshot to host memory, persist in the background.
+
+At a checkpoint step every rank calls `CheckpointEngine.save(step, state)`. The call
+copies the rank's state into reused host buffers (`checkpoint_shard.take_snapshot`)
+and returns; training continues while a background writer (a child process by
+default, or a thread) serialises the shard and uploads it. When every rank's shard
+is persisted, rank 0 writes the step's manifest — the commit point — then the
+`latest` pointer, then applies retention (see `checkpoint_manifest`).
+
+Rules the engine keeps:
+- at most one persist in flight per rank; a checkpoint step that finds the previous
+  persist still running waits for it (the stall is reported) or is skipped by every
+  rank together (`on_busy`);
+- the writer's collectives run on their own gloo process groups with their own
+  timeout, never on the training group, so a slow upload never sits inside a
+  training collective;
+- `load()` takes the newest step whose manifest exists and whose shards all verify
+  (size + checksum) on every rank; a corrupt or partial newest checkpoint is set
+  aside with a warning and the previous one is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Callable, Literal
+
+from infra.checkpoint_manifest import (
+    LATEST_KEY,
+    CommitRecord,
+    Manifest,
+    ShardRecord,
+    apply_retention,
+    committed_steps,
+    lease,
+    list_committed,
+    manifest_key,
+    read_latest,
+    read_manifest,
+    shard_key,
+    step_dir,
+    write_commit,
+)
+from infra.checkpoint_shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
+from infra.checkpoint_writer import ProcessWriter, ThreadWriter, checksum_bytes
+from infra.storage import (
+    ObjectNotFound,
+    StorageError,
+    StorageOptions,
+    open_storage,
+    storage_options_from_config,
+)
+
+log = logging.getLogger(__name__)
+
+WriterKind = Literal["process", "thread"]
+# Measured by benchmarks/checkpoint_overhead.py: the child process leaves the training
+# interpreter's GIL alone and slows concurrent steps less than the thread writer.
+DEFAULT_WRITER: WriterKind = "process"
+
+__all__ = [
+    "CheckpointEngine", "CheckpointError", "CommitRecord", "LoadedCheckpoint", "PersistReport",
+    "SaveOutcome", "list_committed", "read_latest",
+]
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used as asked (layout mismatch, no such step, bad setup)."""
+
+
+@dataclass
+class SaveOutcome:
+    """What `save()` cost the training loop."""
+
+    step: int
+    started: bool
+    skipped: bool = False
+    wait_s: float = 0.0  # blocked on the previous persist (on_busy="wait")
+    snapshot_s: float = 0.0  # copying state into host buffers
+    stall_s: float = 0.0  # everything save() blocked for
+    bytes: int = 0
+
+
+@dataclass
+class PersistReport:
+    """How a background persist ended; `committed` only once the manifest is written."""
+
+    step: int
+    committed: bool
+    error: str | None = None
+    bytes: int = 0
+    persist_s: float = 0.0
+    record: CommitRecord | None = None
+
+
+@dataclass
+class LoadedCheckpoint:
+    step: int
+    state: Any
+    manifest: Manifest
+    skipped_steps: list[int] = field(default_factory=list)  # newer ones that failed to verify
+
+
+class CheckpointEngine:
+    def __init__(
+        self,
+        url: str,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+        layout: dict[str, int] | None = None,
+        config_hash: str = "",
+        keep_last: int = 3,
+        on_busy: Literal["wait", "skip"] = "wait",
+        async_save: bool = True,
+        writer: WriterKind | None = None,
+        storage_options: StorageOptions | None = None,
+        group_timeout_s: float = 600.0,
+        on_commit: Callable[[CommitRecord], None] | None = None,
+        preflight: bool = True,
+    ):
+        if on_busy not in ("wait", "skip"):
+            raise CheckpointError(f"on_busy must be 'wait' or 'skip', got {on_busy!r}")
+        self.url = url
+        self.rank, self.world_size = rank, world_size
+        self.layout = dict(layout or {"dp": world_size, "tp": 1, "pp": 1})
+        self.config_hash = config_hash
+        self.keep_last, self.on_busy, self.async_save = keep_last, on_busy, async_save
+        self.on_commit = on_commit
+        self.options = storage_options or StorageOptions()
+        self.storage = open_storage(url, self.options)
+        if preflight:
+            # Wrong credentials, a missing bucket or an unwritable directory fail here, once,
+            # before the first training step instead of at the first checkpoint.
+            self.storage.check_writable()
+        self.writer_kind: WriterKind = writer or DEFAULT_WRITER
+        if self.writer_kind not in ("process", "thread"):
+            raise CheckpointError(f"writer must be 'process' or 'thread', got {self.writer_kind!r}")
+        self._writer = (ProcessWriter(url, self.options) if self.writer_kind == "process"
+                        else ThreadWriter(url, self.options))
+        self._buffers = HostBuffers(shared=self.writer_kind == "process")
+        self._commit_group = self._control_group = None
+        if world_size > 1:
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                raise CheckpointError("world_size > 1 needs torch.distributed initialised before "
+                                      "the checkpoint engine is created")
+            timeout = timedelta(seconds=group_timeout_s)
+            # Created collectively by every rank, in this order. Commit: the writer's gathers
+            # (background thread). Control: the skip agreement and load-time agreement (caller).
+            self._commit_group = dist.new_group(backend="gloo", timeout=timeout)
+            self._control_group = dist.new_group(backend="gloo", timeout=timeout)
+        self._inflight: threading.Thread | None = None
+        self._inflight_step: int | None = None
+        self._loaded_step: int | None = None
+        self._lock = threading.Lock()
+        self.reports: list[PersistReport] = []
+        self.outcomes: list[SaveOutcome] = []
+
+    # ----------------------------------------------------------------- construction
+
+    @classmethod
+    def from_job_spec(cls, spec: Any, *, rank: int = 0, world_size: int = 1, **kwargs: Any
+                      ) -> "CheckpointEngine":
+        cfg = spec.checkpoint
+        tp = spec.training.tensor_parallel
+        pp = spec.training.pipeline_parallel
+        kwargs.setdefault("storage_options", storage_options_from_config(cfg))
+        return cls(cfg.url, rank=rank, world_size=world_size,
+                   layout={"dp": world_size // (tp * pp), "tp": tp, "pp": pp},
+                   config_hash=spec.config_hash(), keep_last=cfg.keep_last, on_busy=cfg.on_busy,
+                   async_save=cfg.async_save, **kwargs)
+
+    # ----------------------------------------------------------------- saving
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None and self._inflight.is_alive()
+
+    def save(self, step: int, state: Any, *, blocking: bool | None = None) -> SaveOutcome:
+        """Snapshot `state` for `step` and persist it (in the background unless blocking)."""
+        start = time.perf_counter()
+        busy = self.busy
+        if self.on_busy == "skip" and self.world_size > 1:
+            busy = self._any_rank(busy)  # all ranks skip together or none does
+        wait_s = 0.0
+        if busy and self.on_busy == "skip":
+            log.warning("checkpoint: step %d skipped: the persist of step %s is still running",
+                        step, self._inflight_step)
+            outcome = SaveOutcome(step, started=False, skipped=True,
+                                  stall_s=time.perf_counter() - start)
+            self.reports.append(PersistReport(step, committed=False, error="skipped: previous persist busy"))
+            self.outcomes.append(outcome)
+            return outcome
+        if self._inflight is not None:
+            self._inflight.join()  # reused buffers: the previous persist must be done reading them
+            wait_s = time.perf_counter() - start
+            if busy:
+                log.warning("checkpoint: step %d waited %.2fs for the persist of step %s "
+                            "(raise checkpoint.interval or set on_busy: skip)",
+                            step, wait_s, self._inflight_step)
+        snapshot = take_snapshot(step, state, self._buffers)
+        blocking = (not self.async_save) if blocking is None else blocking
+        if blocking:
+            self._persist(snapshot)
+        else:
+            self._inflight_step = step
+            self._inflight = threading.Thread(target=self._persist, args=(snapshot,),
+                                              name=f"ckpt-persist-{step}", daemon=True)
+            self._inflight.start()
+        outcome = SaveOutcome(step, started=True, wait_s=wait_s, snapshot_s=snapshot.copy_s,
+                              stall_s=time.perf_counter() - start, bytes=snapshot.nbytes)
+        self.outcomes.append(outcome)
+        return outcome
+
+    def wait(self) -> PersistReport | None:
+        """Block until the in-flight persist (if any) has ended; its report."""
+        if self._inflight is not None:
+            self._inflight.join()
+        return self.reports[-1] if self.reports else None
+
+    def _persist(self, snapshot: Any) -> None:
+        step = snapshot.step
+        start = time.perf_counter()
+        mine: dict[str, Any] = {"rank": self.rank}
+        try:
+            written = self._writer.write(snapshot, shard_key(step, self.rank, self.world_size))
+            mine.update(ok=True, key=written.key, size=written.size, checksum=written.checksum)
+        except Exception as e:  # noqa: BLE001 - reported; the step is simply not committed
+            mine.update(ok=False, error=f"{type(e).__name__}: {e}")
+        report = PersistReport(step, committed=False, bytes=snapshot.nbytes)
+        try:
+            results = self._gather(mine)
+            failed = [r for r in results if not r.get("ok")]
+            record = None
+            if failed:
+                report.error = "; ".join(f"rank {r['rank']}: {r['error']}" for r in failed)
+            elif self.rank == 0:
+                manifest = Manifest(
+                    step=step, world_size=self.world_size, layout=self.layout,
+                    shards=[ShardRecord(r["rank"], r["key"], r["size"], r["checksum"])
+                            for r in sorted(results, key=lambda r: r["rank"])],
+                    config_hash=self.config_hash, time=time.time())
+                try:
+                    record = write_commit(self.storage, manifest)
+                except Exception as e:  # noqa: BLE001
+                    report.error = f"rank 0: manifest not written: {type(e).__name__}: {e}"
+            committed = self._from_rank0(report.error is None)
+            if report.error is None and not committed:
+                report.error = "rank 0 could not write the manifest"
+            report.committed = committed
+            report.record = record
+            if committed and self.rank == 0:
+                self._after_commit(record)
+        except Exception as e:  # noqa: BLE001 - e.g. a peer died and the gloo group timed out
+            report.error = f"commit coordination failed: {type(e).__name__}: {e}"
+        report.persist_s = time.perf_counter() - start
+        if report.error:
+            log.error("checkpoint: step %d NOT committed (abandoned; the previous checkpoint stays "
+                      "current): %s", step, report.error)
+        else:
+            log.info("checkpoint: step %d committed (%.1f MB in %.2fs)", step, report.bytes / 1e6,
+                     report.persist_s)
+        with self._lock:
+            self.reports.append(report)
+
+    def _after_commit(self, record: CommitRecord | None) -> None:
+        try:
+            protect = {s for s in (self._loaded_step,) if s is not None}
+            apply_retention(self.storage, self.keep_last, protect=protect)
+        except Exception as e:  # noqa: BLE001 - retention is housekeeping; never fail a commit
+            log.warning("checkpoint: retention failed (will retry after the next commit): %s", e)
+        if self.on_commit is not None and record is not None:
+            try:
+                self.on_commit(record)
+            except Exception as e:  # noqa: BLE001
+                log.warning("checkpoint: on_commit callback failed: %s", e)
+
+    # ----------------------------------------------------------------- collectives
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._commit_group)
+        return out
+
+    def _from_rank0(self, value: bool) -> bool:
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._commit_group)
+        return bool(box[0])
+
+    def _reduce_flag(self, flag: bool, op_name: str) -> bool:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op_name), group=self._control_group)
+        return bool(t.item())
+
+    def _any_rank(self, flag: bool) -> bool:
+        return self._reduce_flag(flag, "MAX")
+
+    def _all_ranks(self, flag: bool) -> bool:
+        return flag if self.world_size == 1 else self._reduce_flag(flag, "MIN")
+
+    def _broadcast(self, value: Any) -> Any:
+        if self.world_size == 1:
+            return value
+        import torch.distributed as dist
+
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self._control_group)
+        return box[0]
+
+    # ----------------------------------------------------------------- loading
+
+    def committed(self) -> list[CommitRecord]:
+        return list_committed(self.storage)
+
+    def latest(self) -> CommitRecord | None:
+        return read_latest(self.storage)
+
+    def load(self, step: int | None = None, map_location: Any = "cpu") -> LoadedCheckpoint | None:
+        """The newest (or the given) committed step that verifies on every rank; None if none.
+
+        Every rank must call this together. A step that fails verification anywhere is
+        skipped by all ranks (they always resume from the same step) and set aside by
+        rank 0 so the next start does not try it again.
+        """
+        if self.busy:
+            self.wait()
+        steps = self._broadcast(committed_steps(self.storage) if self.rank == 0 else None)
+        if step is not None:
+            if step not in steps:
+                raise CheckpointError(f"{self.url}: step {step} is not a committed checkpoint "
+                                      f"(committed: {steps or 'none'})")
+            steps = [step]
+        skipped: list[int] = []
+        for candidate in reversed(steps):
+            manifest, state, problem = self._read_own_shard(candidate, map_location)
+            if self._all_ranks(problem is None):
+                self._loaded_step = candidate
+                if skipped and self.rank == 0:
+                    self._repoint_latest(manifest)
+                return LoadedCheckpoint(candidate, state, manifest, skipped)
+            log.warning("checkpoint: step %d failed verification (%s); falling back to the previous "
+                        "committed checkpoint", candidate, problem or "on another rank")
+            skipped.append(candidate)
+            if self.rank == 0:
+                self._set_aside(candidate, problem or "failed verification on another rank")
+        return None
+
+    def _read_own_shard(self, step: int, map_location: Any) -> tuple[Manifest | None, Any, str | None]:
+        try:
+            manifest = read_manifest(self.storage, step)
+        except (ObjectNotFound, ValueError) as e:
+            return None, None, f"manifest unreadable: {e}"
+        if manifest.world_size != self.world_size:
+            raise CheckpointError(
+                f"{self.storage.url(manifest_key(step))}: written by {manifest.world_size} ranks "
+                f"(layout {manifest.layout}), this job has {self.world_size}; resume with the same "
+                "world size (resharding is not supported)")
+        try:
+            shard = manifest.shard_for(self.rank)
+        except KeyError as e:
+            return manifest, None, str(e)
+        try:
+            with lease(self.storage, step, holder=f"rank-{self.rank}"):
+                data = self.storage.get_bytes(shard.key)
+        except ObjectNotFound:
+            return manifest, None, f"shard {shard.key} is missing"
+        if len(data) != shard.size:
+            return manifest, None, f"shard {shard.key} has {len(data)} bytes, manifest says {shard.size}"
+        checksum = checksum_bytes(data)
+        if checksum != shard.checksum:
+            return manifest, None, f"shard {shard.key} checksum {checksum} != manifest {shard.checksum}"
+        try:
+            shard_step, state = read_shard(data, map_location=map_location)
+        except ShardFormatError as e:
+            return manifest, None, f"shard {shard.key} unreadable: {e}"
+        if shard_step != step:
+            return manifest, None, f"shard {shard.key} holds step {shard_step}"
+        return manifest, state, None
+
+    def _set_aside(self, step: int, reason: str) -> None:
+        # Drop the manifest (the step stops being a checkpoint; its shards become orphans for
+        # retention) and leave a note saying why.
+        try:
+            import json
+
+            self.storage.put_bytes(f"{step_dir(step)}/set-aside.json",
+                                   json.dumps({"reason": reason, "time": time.time()}).encode())
+            self.storage.delete([manifest_key(step)])
+        except StorageError as e:
+            log.warning("checkpoint: could not set aside step %d: %s", step, e)
+
+    def _repoint_latest(self, manifest: Manifest | None) -> None:
+        if manifest is None:
+            return
+        try:
+            if not self.storage.exists(manifest_key(manifest.step)):
+                return
+            write_commit(self.storage, manifest)
+        except StorageError as e:
+            log.warning("checkpoint: could not repoint %s: %s", LATEST_KEY, e)
+
+    # ----------------------------------------------------------------- teardown
+
+    def close(self) -> None:
+        """Finish the in-flight persist, stop the writer and free the host buffers."""
+        if self._inflight is not None:
+            self._inflight.join()
+            self._inflight = None
+        self._writer.close()
+        self._buffers.close()
+        self.storage.close()
+        if self._commit_group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                for group in (self._commit_group, self._control_group):
+                    try:
+                        dist.destroy_process_group(group)
+                    except Exception:  # noqa: BLE001 - teardown is best effort
+                        pass
+            self._commit_group = self._control_group = None
+
+    def __enter__(self) -> "CheckpointEngine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

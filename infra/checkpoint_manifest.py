@@ -1,0 +1,226 @@
+"""The commit protocol's objects: shard keys, manifests, the `latest` pointer, retention.
+
+Layout under a checkpoint root URL:
+
+    step-00000040/rank-0-of-2.bin     shards, written first by each rank
+    step-00000040/rank-1-of-2.bin
+    step-00000040/manifest.json       written LAST, as one object, by rank 0 after every
+                                      rank reported its shard persisted: the commit point
+    step-00000040/lease-<id>.json     a reader's claim: retention leaves the step alone
+    latest.json                       pointer to the newest commit, written after its manifest
+
+A checkpoint exists only once its manifest does. Readers (`list_committed`,
+`read_latest`) are what flows use to find checkpoints to evaluate or resume from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from infra.storage import ObjectNotFound, Storage, StorageOptions, open_storage
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FORMAT = "forgeflow-checkpoint/1"
+MANIFEST_NAME = "manifest.json"
+LATEST_KEY = "latest.json"
+_STEP_DIR = re.compile(r"^step-(\d{8,})/")
+LEASE_TTL_S = 3600.0
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def shard_key(step: int, rank: int, world_size: int) -> str:
+    return f"{step_dir(step)}/rank-{rank}-of-{world_size}.bin"
+
+
+def manifest_key(step: int) -> str:
+    return f"{step_dir(step)}/{MANIFEST_NAME}"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    rank: int
+    key: str
+    size: int
+    checksum: str  # "crc32:<8 hex digits>"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    step: int
+    world_size: int
+    layout: dict[str, int]  # dp / tp / pp degrees
+    shards: list[ShardRecord]
+    config_hash: str = ""
+    time: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+    format: str = MANIFEST_FORMAT
+
+    def to_json(self) -> bytes:
+        return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "Manifest":
+        raw = json.loads(data)
+        if raw.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"unsupported manifest format {raw.get('format')!r}")
+        raw["shards"] = [ShardRecord(**s) for s in raw["shards"]]
+        return cls(**raw)
+
+    def shard_for(self, rank: int) -> ShardRecord:
+        for shard in self.shards:
+            if shard.rank == rank:
+                return shard
+        raise KeyError(f"manifest of step {self.step} has no shard for rank {rank}")
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """One committed checkpoint, as flows see it."""
+
+    step: int
+    url: str  # the step's directory URL
+    manifest_url: str
+    time: float
+    world_size: int
+    layout: dict[str, int]
+    config_hash: str
+    total_bytes: int
+
+
+def _record(storage: Storage, manifest: Manifest) -> CommitRecord:
+    return CommitRecord(
+        step=manifest.step, url=storage.url(step_dir(manifest.step)),
+        manifest_url=storage.url(manifest_key(manifest.step)), time=manifest.time,
+        world_size=manifest.world_size, layout=dict(manifest.layout),
+        config_hash=manifest.config_hash, total_bytes=sum(s.size for s in manifest.shards))
+
+
+def read_manifest(storage: Storage, step: int) -> Manifest:
+    return Manifest.from_json(storage.get_bytes(manifest_key(step)))
+
+
+def write_commit(storage: Storage, manifest: Manifest) -> CommitRecord:
+    """The commit: the manifest as one object, then the `latest` pointer after it."""
+    storage.put_bytes(manifest_key(manifest.step), manifest.to_json())
+    record = _record(storage, manifest)
+    storage.put_bytes(LATEST_KEY, json.dumps(asdict(record), sort_keys=True).encode())
+    return record
+
+
+def steps_in_listing(storage: Storage) -> dict[int, list[str]]:
+    """step -> the keys under its directory, from one listing of the root."""
+    out: dict[int, list[str]] = {}
+    for obj in storage.list("step-"):
+        m = _STEP_DIR.match(obj.key)
+        if m:
+            out.setdefault(int(m.group(1)), []).append(obj.key)
+    return out
+
+
+def committed_steps(storage: Storage) -> list[int]:
+    return sorted(s for s, keys in steps_in_listing(storage).items() if manifest_key(s) in keys)
+
+
+def _as_storage(where: str | Storage, options: StorageOptions | None) -> Storage:
+    return where if isinstance(where, Storage) else open_storage(where, options)
+
+
+def list_committed(where: str | Storage, options: StorageOptions | None = None) -> list[CommitRecord]:
+    """Every committed checkpoint under a root, oldest first."""
+    storage = _as_storage(where, options)
+    out = []
+    for step in committed_steps(storage):
+        try:
+            out.append(_record(storage, read_manifest(storage, step)))
+        except ObjectNotFound:
+            continue  # deleted by retention between listing and reading
+        except ValueError as e:
+            log.warning("checkpoint: unreadable manifest at step %d skipped: %s", step, e)
+    return out
+
+
+def read_latest(where: str | Storage, options: StorageOptions | None = None) -> CommitRecord | None:
+    """The newest commit from the `latest` pointer (one small read); None before the first."""
+    storage = _as_storage(where, options)
+    try:
+        raw = json.loads(storage.get_bytes(LATEST_KEY))
+    except ObjectNotFound:
+        return None
+    return CommitRecord(**raw)
+
+
+@contextmanager
+def lease(storage: Storage, step: int, holder: str = "reader") -> Iterator[None]:
+    """Hold a step against retention while reading it (a crashed holder expires after a TTL)."""
+    key = f"{step_dir(step)}/lease-{uuid.uuid4().hex[:12]}.json"
+    storage.put_bytes(key, json.dumps({"holder": holder, "time": time.time()}).encode())
+    try:
+        yield
+    finally:
+        try:
+            storage.delete([key])
+        except Exception as e:  # noqa: BLE001 - an orphan lease only delays retention by the TTL
+            log.warning("checkpoint: could not drop lease %s: %s", key, e)
+
+
+@dataclass
+class RetentionResult:
+    deleted_steps: list[int]
+    orphaned_steps: list[int]
+    kept_steps: list[int]
+
+
+def apply_retention(storage: Storage, keep_last: int, protect: set[int] = frozenset(),
+                    now: float | None = None) -> RetentionResult:
+    """Keep the newest `keep_last` commits; drop older ones and orphaned shards.
+
+    Never deleted: the newest commit, any step in `protect` (being loaded or in flight)
+    and any step holding a lease younger than LEASE_TTL_S. Orphans are step directories
+    without a manifest that are older than the newest commit: shards of a persist that
+    crashed or was abandoned (a newer one may still be in flight, so those stay).
+    """
+    keep_last = max(1, keep_last)
+    now = time.time() if now is None else now
+    listing = {o.key: o for o in storage.list("step-")}
+    by_step: dict[int, list[str]] = {}
+    for key in listing:
+        m = _STEP_DIR.match(key)
+        if m:
+            by_step.setdefault(int(m.group(1)), []).append(key)
+    committed = sorted(s for s, keys in by_step.items() if manifest_key(s) in keys)
+    if not committed:
+        return RetentionResult([], [], [])
+    newest = committed[-1]
+
+    def leased(step: int) -> bool:
+        return any("/lease-" in k and now - listing[k].mtime < LEASE_TTL_S for k in by_step[step])
+
+    keep = set(committed[-keep_last:]) | {newest} | (set(protect) & set(by_step))
+    deleted, orphaned, doomed = [], [], []
+    for step, keys in sorted(by_step.items()):
+        if step in keep or leased(step):
+            continue
+        if step in committed:
+            # Manifest first: the step stops being a checkpoint before its shards go.
+            doomed.append([manifest_key(step)] + [k for k in keys if k != manifest_key(step)])
+            deleted.append(step)
+        elif step < newest:
+            doomed.append(keys)
+            orphaned.append(step)
+    for keys in doomed:
+        storage.delete(keys[:1])
+        storage.delete(keys[1:])
+    if deleted or orphaned:
+        log.info("checkpoint retention: deleted steps %s, orphaned shards of steps %s", deleted, orphaned)
+    return RetentionResult(deleted, orphaned, sorted(keep & set(committed)))

@@ -1,0 +1,304 @@
+"""A rank's checkpoint shard: host snapshot buffers and the self-describing shard format.
+
+Snapshot: a rank's state (nested dicts/lists/tuples of tensors and plain Python
+objects: model, optimizer, RNG, data position) is split into its tensors and a
+small "skeleton" (the structure with each tensor replaced by a reference). The
+tensors are copied into `HostBuffers`: one flat host buffer per dtype, sized on
+first use and reused by every later checkpoint, so host memory does not grow and
+the copy is one pass of memcpy-speed copies (pinned memory on a GPU node, so the
+device-to-host copies run asynchronously at full PCIe speed).
+
+Shard file (all integers little-endian):
+
+    b"FFSHARD1" | u64 header length | header (JSON) | zero pad to 64
+    | region of dtype 0 | pad to 64 | region of dtype 1 | pad ... | skeleton (pickle)
+
+The JSON header lists each tensor (dtype, shape, byte offset in the data area),
+each region, and the skeleton's offset, so a shard is readable on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+SHARD_MAGIC = b"FFSHARD1"
+SHARD_FORMAT = "forgeflow-shard/1"
+_ALIGN = 64
+
+
+class ShardFormatError(ValueError):
+    """The bytes are not a readable forgeflow shard (truncated, corrupt or foreign)."""
+
+
+class _TensorRef:
+    """Stands in for a tensor inside the pickled skeleton."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+    def __reduce__(self):
+        return (_TensorRef, (self.index,))
+
+
+def split_state(state: Any) -> tuple[Any, list[torch.Tensor]]:
+    """(skeleton, tensors): the structure with tensors replaced by `_TensorRef`s."""
+    tensors: list[torch.Tensor] = []
+    by_id: dict[int, _TensorRef] = {}  # a tensor reachable twice is stored once
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            ref = by_id.get(id(node))
+            if ref is None:
+                ref = by_id[id(node)] = _TensorRef(len(tensors))
+                tensors.append(node.detach())
+            return ref
+        if isinstance(node, dict):
+            return type(node)((k, walk(v)) for k, v in node.items()) if type(node) is not dict else {
+                k: walk(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, tuple) and not hasattr(node, "_fields"):
+            return tuple(walk(v) for v in node)
+        return node
+
+    return walk(state), tensors
+
+
+def join_state(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    def walk(node: Any) -> Any:
+        if isinstance(node, _TensorRef):
+            return tensors[node.index]
+        if isinstance(node, dict):
+            return {k: walk(v) for k, v in node.items()} if type(node) is dict else type(node)(
+                (k, walk(v)) for k, v in node.items())
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        if isinstance(node, tuple) and not hasattr(node, "_fields"):
+            return tuple(walk(v) for v in node)
+        return node
+
+    return walk(skeleton)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ShardFormatError(f"unknown dtype {name!r} in shard header")
+    return dtype
+
+
+def _pad(n: int) -> int:
+    return (-n) % _ALIGN
+
+
+class HostBuffers:
+    """One flat host byte buffer per dtype, allocated on first use and then reused.
+
+    `shared=True` puts each buffer in POSIX shared memory so a writer *process* can read
+    it without a copy; `pin=True` page-locks it for fast asynchronous device-to-host copies.
+    A buffer is only reallocated when a later state needs more bytes of that dtype.
+    """
+
+    def __init__(self, *, shared: bool = False, pin: bool | None = None):
+        self.shared = shared
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._bytes: dict[str, torch.Tensor] = {}  # dtype name -> uint8 tensor
+        self._shm: dict[str, Any] = {}  # dtype name -> SharedMemory
+        self.allocations = 0
+
+    def ensure(self, nbytes_by_dtype: dict[str, int]) -> None:
+        for name, nbytes in nbytes_by_dtype.items():
+            have = self._bytes.get(name)
+            if have is not None and have.numel() >= nbytes:
+                continue
+            self._release(name)
+            self._bytes[name] = self._allocate(name, max(nbytes, 1))
+            self.allocations += 1
+
+    def _allocate(self, name: str, nbytes: int) -> torch.Tensor:
+        if self.shared:
+            from multiprocessing import shared_memory
+
+            shm = shared_memory.SharedMemory(create=True, size=nbytes)
+            self._shm[name] = shm
+            buf = torch.frombuffer(shm.buf, dtype=torch.uint8, count=nbytes)
+            if self.pin:
+                # Page-lock the shared pages so device-to-host copies into them are async.
+                torch.cuda.cudart().cudaHostRegister(buf.data_ptr(), nbytes, 0)
+            return buf
+        return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pin)
+
+    def _release(self, name: str) -> None:
+        buf = self._bytes.pop(name, None)
+        shm = self._shm.pop(name, None)
+        if shm is not None:
+            if self.pin and buf is not None:
+                torch.cuda.cudart().cudaHostUnregister(buf.data_ptr())
+            del buf
+            try:
+                shm.close()
+            except BufferError:
+                pass  # a view is still alive somewhere; unlinking below still frees the name
+            shm.unlink()
+
+    def typed(self, name: str, numel: int) -> torch.Tensor:
+        return self._bytes[name][: numel * _dtype(name).itemsize].view(_dtype(name))
+
+    def view(self, name: str, nbytes: int) -> memoryview:
+        if self.shared:
+            return self._shm[name].buf[:nbytes]
+        return memoryview(self._bytes[name][:nbytes].numpy())
+
+    def shm_name(self, name: str) -> str:
+        return self._shm[name].name
+
+    def total_bytes(self) -> int:
+        return sum(b.numel() for b in self._bytes.values())
+
+    def close(self) -> None:
+        for name in list(self._bytes):
+            self._release(name)
+
+
+@dataclass
+class Snapshot:
+    """A state copied into host buffers, laid out as one shard file; ready to persist."""
+
+    step: int
+    header: bytes  # magic + length + JSON header + pad
+    regions: list[tuple[str, int, int]]  # (dtype name, region bytes, pad after)
+    skeleton: bytes
+    buffers: HostBuffers
+    tensor_bytes: int = 0
+    copy_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.header) + sum(n + p for _, n, p in self.regions) + len(self.skeleton)
+
+    def chunks(self) -> list[memoryview | bytes]:
+        """The shard's bytes in order, as views of the host buffers (no copy)."""
+        out: list[memoryview | bytes] = [self.header]
+        for name, nbytes, pad in self.regions:
+            if nbytes:
+                out.append(self.buffers.view(name, nbytes))
+            if pad:
+                out.append(bytes(pad))
+        out.append(self.skeleton)
+        return out
+
+    def pieces(self) -> list[dict[str, Any]]:
+        """The same sequence for a writer process: inline bytes or shared-memory spans."""
+        out: list[dict[str, Any]] = [{"inline": self.header}]
+        for name, nbytes, pad in self.regions:
+            if nbytes:
+                out.append({"shm": self.buffers.shm_name(name), "nbytes": nbytes})
+            if pad:
+                out.append({"inline": bytes(pad)})
+        out.append({"inline": self.skeleton})
+        return out
+
+
+def take_snapshot(step: int, state: Any, buffers: HostBuffers) -> Snapshot:
+    """Copy `state`'s tensors into `buffers` and describe the shard they form.
+
+    Returns once every tensor is in host memory (device copies are synchronised), so
+    the caller may modify its state as soon as this returns.
+    """
+    import time
+
+    start = time.perf_counter()
+    skeleton, tensors = split_state(state)
+    entries: list[dict[str, Any]] = []
+    used: dict[str, int] = {}
+    for t in tensors:
+        name = _dtype_name(t.dtype)
+        offset = used.get(name, 0)
+        nbytes = t.numel() * t.element_size()
+        entries.append({"dtype": name, "shape": list(t.shape), "region": name, "offset": offset,
+                        "nbytes": nbytes})
+        used[name] = offset + nbytes
+    buffers.ensure(used)
+    on_device = False
+    for t, entry in zip(tensors, entries):
+        if entry["nbytes"] == 0:
+            continue
+        dst = buffers.typed(entry["dtype"], (entry["offset"] + entry["nbytes"]) // t.element_size())
+        dst = dst[entry["offset"] // t.element_size():].view(t.shape)
+        on_device |= t.device.type != "cpu"
+        dst.copy_(t, non_blocking=t.device.type != "cpu")
+    if on_device and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    skeleton_bytes = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+
+    regions: list[tuple[str, int, int]] = []
+    region_meta: list[dict[str, Any]] = []
+    data_offset = 0
+    for name in sorted(used):
+        nbytes = used[name]
+        regions.append((name, nbytes, _pad(nbytes)))
+        region_meta.append({"dtype": name, "offset": data_offset, "nbytes": nbytes})
+        data_offset += nbytes + _pad(nbytes)
+    region_start = {r["dtype"]: r["offset"] for r in region_meta}
+    for entry in entries:
+        entry["offset"] += region_start[entry["region"]]
+        del entry["region"]
+    header_json = json.dumps({
+        "format": SHARD_FORMAT, "step": step, "tensors": entries, "regions": region_meta,
+        "skeleton": {"offset": data_offset, "nbytes": len(skeleton_bytes)},
+    }, separators=(",", ":")).encode()
+    prefix = SHARD_MAGIC + struct.pack("<Q", len(header_json)) + header_json
+    header = prefix + bytes(_pad(len(prefix)))
+    return Snapshot(step=step, header=header, regions=regions, skeleton=skeleton_bytes,
+                    buffers=buffers, tensor_bytes=sum(used.values()),
+                    copy_s=time.perf_counter() - start)
+
+
+def read_shard(data: bytes | bytearray | memoryview, map_location: str | torch.device = "cpu") -> tuple[
+        int, Any]:
+    """(step, state) from a shard's bytes. Raises ShardFormatError on anything malformed."""
+    view = memoryview(data)
+    if len(view) < 16 or bytes(view[:8]) != SHARD_MAGIC:
+        raise ShardFormatError("not a forgeflow shard (bad magic)")
+    (header_len,) = struct.unpack("<Q", view[8:16])
+    if 16 + header_len > len(view):
+        raise ShardFormatError("truncated shard header")
+    try:
+        header = json.loads(bytes(view[16:16 + header_len]))
+    except ValueError as e:
+        raise ShardFormatError(f"unreadable shard header: {e}") from None
+    if header.get("format") != SHARD_FORMAT:
+        raise ShardFormatError(f"unsupported shard format {header.get('format')!r}")
+    start = 16 + header_len + _pad(16 + header_len)
+    skel = header["skeleton"]
+    if start + skel["offset"] + skel["nbytes"] != len(view):
+        raise ShardFormatError(
+            f"shard size {len(view)} does not match its header ({start + skel['offset'] + skel['nbytes']})")
+    tensors: list[torch.Tensor] = []
+    for entry in header["tensors"]:
+        dtype = _dtype(entry["dtype"])
+        count = entry["nbytes"] // dtype.itemsize
+        if count == 0:
+            t = torch.empty(entry["shape"], dtype=dtype)
+        else:
+            with warnings.catch_warnings():  # read-only bytes: fine, the tensor is cloned at once
+                warnings.simplefilter("ignore", UserWarning)
+                t = torch.frombuffer(view, dtype=dtype, count=count, offset=start + entry["offset"])
+            t = t.view(entry["shape"]).clone()  # own the memory: `data` may be freed after this
+        tensors.append(t.to(map_location) if str(map_location) != "cpu" else t)
+    skeleton = pickle.loads(view[start + skel["offset"]: start + skel["offset"] + skel["nbytes"]])
+    return int(header["step"]), join_state(skeleton, tensors)
