@@ -1,0 +1,273 @@
+"""`forgeflow export`: a megatron-core checkpoint -> a Hugging Face `LlamaForCausalLM` folder.
+
+The folder (config.json, model.safetensors, generation_config.json, the job's
+tokenizer files, forgeflow.json with provenance) loads offline with
+`transformers.AutoModelForCausalLM.from_pretrained(path)` and with vLLM.
+
+Weight mapping, megatron GPTModel (local or Transformer-Engine layer spec) -> HF Llama:
+
+    embedding.word_embeddings.weight             model.embed_tokens.weight
+    decoder.layers.i.input_layernorm.weight      model.layers.i.input_layernorm.weight
+      (TE spec: ...linear_qkv.layer_norm_weight)
+    decoder.layers.i.self_attention.linear_qkv   q_proj, k_proj, v_proj — megatron stores the
+                                                 rows grouped by KV group: for each of the G
+                                                 groups, its H/G query heads, then its key
+                                                 head, then its value head (head_dim rows each)
+    decoder.layers.i.self_attention.linear_proj  o_proj
+    decoder.layers.i.pre_mlp_layernorm.weight    post_attention_layernorm
+      (TE spec: ...mlp.linear_fc1.layer_norm_weight)
+    decoder.layers.i.mlp.linear_fc1              [gate_proj; up_proj] — megatron's gated
+                                                 unit computes silu(first half) * second half
+    decoder.layers.i.mlp.linear_fc2              down_proj
+    decoder.final_layernorm.weight               model.norm.weight
+    output_layer.weight                          lm_head.weight (absent when tied)
+
+No RoPE permutation is needed: megatron's default (non-interleaved) rotary embedding
+rotates halves (rotate_half) exactly like HF Llama, with the same inverse frequencies
+1/theta^(2i/d). RMSNorm (x / sqrt(mean(x^2) + eps) * w) is the same in both.
+
+A checkpoint is read by building the job's GPTModel with tensor_parallel=1 in this
+process (a world of one) and loading it through `dist_checkpointing`, which reshards
+on load: a tensor-parallel checkpoint merges into whole matrices the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+from training.config import JobSpec, ModelConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+class ExportError(RuntimeError):
+    """A checkpoint could not be exported (missing, wrong shape, tokenizer absent)."""
+
+
+# --- the weight mapping -----------------------------------------------------------------------
+
+def _first(state_dict: dict, *names: str) -> torch.Tensor:
+    for name in names:
+        if name in state_dict:
+            return state_dict[name]
+    raise ExportError(f"megatron state dict has none of {names}; is it a GPTModel's state dict?")
+
+
+def split_qkv(qkv: torch.Tensor, cfg: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Megatron's fused QKV weight [G*(H/G+2)*d, hidden] -> (q [H*d], k [G*d], v [G*d])."""
+    groups, heads, d = cfg.kv_heads, cfg.num_attention_heads, cfg.head_dim
+    per_group = heads // groups
+    grouped = qkv.reshape(groups, per_group + 2, d, qkv.shape[-1])
+    q = grouped[:, :per_group].reshape(heads * d, -1)
+    k = grouped[:, per_group].reshape(groups * d, -1)
+    v = grouped[:, per_group + 1].reshape(groups * d, -1)
+    return q, k, v
+
+
+def megatron_state_dict_to_llama(state_dict: dict, model_cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A (tensor-parallel-1) megatron GPTModel state dict as HF LlamaForCausalLM weights."""
+    sd = {k.removeprefix("module."): v for k, v in state_dict.items()
+          if isinstance(v, torch.Tensor) and not k.endswith("_extra_state")}
+    f = model_cfg.ffn_size
+    out = {"model.embed_tokens.weight": sd["embedding.word_embeddings.weight"]}
+    for i in range(model_cfg.num_layers):
+        src, dst = f"decoder.layers.{i}.", f"model.layers.{i}."
+        qkv = sd[src + "self_attention.linear_qkv.weight"]
+        q, k, v = split_qkv(qkv, model_cfg)
+        fc1 = sd[src + "mlp.linear_fc1.weight"]
+        if fc1.shape[0] != 2 * f:
+            raise ExportError(f"{src}mlp.linear_fc1 has {fc1.shape[0]} rows, expected 2 x "
+                              f"ffn_hidden_size ({f}) for SwiGLU; does the spec match the model?")
+        out.update({
+            dst + "input_layernorm.weight": _first(
+                sd, src + "input_layernorm.weight", src + "self_attention.linear_qkv.layer_norm_weight"),
+            dst + "self_attn.q_proj.weight": q,
+            dst + "self_attn.k_proj.weight": k,
+            dst + "self_attn.v_proj.weight": v,
+            dst + "self_attn.o_proj.weight": sd[src + "self_attention.linear_proj.weight"],
+            dst + "post_attention_layernorm.weight": _first(
+                sd, src + "pre_mlp_layernorm.weight", src + "mlp.linear_fc1.layer_norm_weight"),
+            dst + "mlp.gate_proj.weight": fc1[:f],
+            dst + "mlp.up_proj.weight": fc1[f:],
+            dst + "mlp.down_proj.weight": sd[src + "mlp.linear_fc2.weight"],
+        })
+    out["model.norm.weight"] = sd["decoder.final_layernorm.weight"]
+    if model_cfg.untie_embeddings_and_output_weights:
+        out["lm_head.weight"] = sd["output_layer.weight"]
+    # Own, contiguous storage: safetensors refuses views and shared memory.
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in out.items()}
+
+
+def llama_config(model_cfg: ModelConfig, *, bos_token_id: int | None = None,
+                 eos_token_id: int | None = None, pad_token_id: int | None = None,
+                 dtype: str = "float32"):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=model_cfg.vocab_size,
+        hidden_size=model_cfg.hidden_size,
+        intermediate_size=model_cfg.ffn_size,
+        num_hidden_layers=model_cfg.num_layers,
+        num_attention_heads=model_cfg.num_attention_heads,
+        num_key_value_heads=model_cfg.kv_heads,
+        head_dim=model_cfg.head_dim,
+        max_position_embeddings=model_cfg.seq_length,
+        rms_norm_eps=model_cfg.norm_epsilon,
+        rope_theta=model_cfg.rope_theta,
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
+        tie_word_embeddings=not model_cfg.untie_embeddings_and_output_weights,
+        initializer_range=model_cfg.init_method_std,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        dtype=dtype,
+    )
+
+
+# --- reading a checkpoint ---------------------------------------------------------------------
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A complete `step_N` directory, or the newest one under a checkpoint root."""
+    from training.checkpointing import complete_steps, local_root, step_dir_name
+
+    path = local_root(str(path))
+    if (path / "common.pt").is_file():
+        return path
+    steps = complete_steps(path)
+    if not steps:
+        raise ExportError(f"{path}: neither a checkpoint (no common.pt) nor a directory holding "
+                          "complete step_NNNNNNNN checkpoints; give a checkpoint directory")
+    return path / step_dir_name(steps[-1])
+
+
+def load_megatron_state_dict(checkpoint_dir: Path, spec: JobSpec) -> dict[str, torch.Tensor]:
+    """The full (TP-merged) model state dict of a checkpoint, loaded in a world of one."""
+    from megatron.core import dist_checkpointing
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from training.model import build_model, init_distributed, shutdown_distributed
+
+    owns_world = not torch.distributed.is_initialized()
+    if not owns_world and torch.distributed.get_world_size() != 1:
+        raise ExportError("export runs in a single process; call it outside a multi-rank job")
+    # The layout on disk is TP-independent; build whole matrices and let it reshard.
+    training_cfg = spec.training.model_copy(update={
+        "tensor_parallel": 1, "pipeline_parallel": 1, "precision": "fp32",
+        "use_distributed_optimizer": False, "recompute": "none"})
+    try:
+        init_distributed(1)
+        model = build_model(spec.model, training_cfg)
+        try:
+            loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
+        # Shape/key mismatches surface as assorted megatron errors, or as torch's
+        # CheckpointException, which derives from BaseException.
+        except (Exception, CheckpointException) as e:
+            raise ExportError(f"{checkpoint_dir}: cannot load it into the model of job spec "
+                              f"{spec.name!r} ({type(e).__name__}: {e}); export with the job "
+                              "spec the checkpoint was trained with") from e
+        model.load_state_dict(loaded["model"])
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()
+                if isinstance(v, torch.Tensor)}
+    finally:
+        if owns_world:
+            shutdown_distributed()
+
+
+# --- writing the folder -----------------------------------------------------------------------
+
+def _tokenizer_ids(tokenizer_dir: Path) -> dict[str, int | None]:
+    from tokenizers import Tokenizer
+
+    config = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    tok = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+
+    def token_id(name: str) -> int | None:
+        token = config.get(name)
+        if isinstance(token, dict):  # AddedToken serialisation
+            token = token.get("content")
+        return tok.token_to_id(token) if token else None
+
+    return {"bos_token_id": token_id("bos_token"), "eos_token_id": token_id("eos_token"),
+            "pad_token_id": token_id("pad_token")}
+
+
+def write_hf_folder(llama_state_dict: dict[str, torch.Tensor], model_cfg: ModelConfig,
+                    out_dir: str | Path, tokenizer_dir: str | Path, dtype: str = "float32",
+                    provenance: dict | None = None) -> Path:
+    """Write a LlamaForCausalLM folder atomically (temp folder, then rename)."""
+    from safetensors.torch import save_file
+    from transformers import GenerationConfig, LlamaForCausalLM
+
+    if dtype not in _DTYPES:
+        raise ExportError(f"dtype {dtype!r}: use one of {', '.join(_DTYPES)}")
+    out_dir, tokenizer_dir = Path(out_dir), Path(tokenizer_dir)
+    missing = [n for n in _TOKENIZER_FILES[:2] if not (tokenizer_dir / n).is_file()]
+    if missing:
+        raise ExportError(f"{tokenizer_dir}: no {', '.join(missing)}; run `forgeflow prepare "
+                          "CONFIG` for this job or pass the tokenizer directory")
+    ids = _tokenizer_ids(tokenizer_dir)
+    config = llama_config(model_cfg, dtype=dtype, **ids)
+
+    # Check names and shapes against the real HF class before writing anything.
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in LlamaForCausalLM(config).state_dict().items()}
+    if config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    got = {k: v.shape for k, v in llama_state_dict.items()}
+    if got != expected:
+        wrong = sorted(set(got) ^ set(expected)) or sorted(k for k in got if got[k] != expected[k])
+        raise ExportError(f"converted weights do not fit LlamaForCausalLM: {wrong[:5]}")
+
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    weights = {k: v.to(_DTYPES[dtype]) for k, v in llama_state_dict.items()}
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    config.save_pretrained(tmp)
+    # transformers 5 writes rope_theta under rope_parameters only; older readers (vLLM's
+    # pinned transformers 4.x) look for the top-level key and would silently use 10000.
+    config_json = json.loads((tmp / "config.json").read_text())
+    config_json.setdefault("rope_theta", model_cfg.rope_theta)
+    (tmp / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
+    GenerationConfig(**ids).save_pretrained(tmp)
+    for name in _TOKENIZER_FILES:
+        if (tokenizer_dir / name).is_file():
+            shutil.copy2(tokenizer_dir / name, tmp / name)
+    (tmp / "forgeflow.json").write_text(json.dumps(provenance or {}, indent=2) + "\n")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, spec: JobSpec,
+              tokenizer_dir: str | Path | None = None, dtype: str = "float32") -> Path:
+    """Convert a checkpoint written by training.checkpointing into a LlamaForCausalLM folder.
+
+    `checkpoint_dir` is a complete `step_N` directory or the checkpoint root (newest
+    complete step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
+    """
+    from training.checkpointing import read_trainer_state
+
+    checkpoint = resolve_checkpoint(checkpoint_dir)
+    tokenizer_dir = Path(tokenizer_dir or Path(spec.data.data_dir) / "tokenizer")
+    trainer_state = read_trainer_state(checkpoint)
+    megatron_sd = load_megatron_state_dict(checkpoint, spec)
+    llama_sd = megatron_state_dict_to_llama(megatron_sd, spec.model)
+    provenance = {
+        "job": spec.name,
+        "checkpoint": str(checkpoint.resolve()),
+        "step": trainer_state.get("step"),
+        "config_hash": spec.config_hash(),
+        "checkpoint_config_hash": trainer_state.get("config_hash"),
+        "dtype": dtype,
+    }
+    return write_hf_folder(llama_sd, spec.model, out_dir, tokenizer_dir, dtype, provenance)
