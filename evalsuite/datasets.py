@@ -241,6 +241,23 @@ def get_dataset(name: str, options: dict[str, Any] | None = None) -> EvalDataset
         raise EvalConfigError(f"dataset {name!r}: bad options ({problems})") from None
 
 
+class DatasetRef(BaseModel):
+    """A serialisable pointer to a dataset: what a trial or metric job carries to a worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+    task_file: str | None = Field(default=None, description="the YAML a user task came from")
+
+    def resolve(self) -> EvalDataset:
+        # A worker in another process (or machine) has only the built-in datasets
+        # registered: re-register the user's task file the trial names.
+        if self.task_file and self.name not in _REGISTRY:
+            register_task_file(self.task_file)
+        return get_dataset(self.name, self.options)
+
+
 def _parse(model: type[_Options], options: dict[str, Any]) -> Any:
     return model.model_validate(options)
 
