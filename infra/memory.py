@@ -1,0 +1,482 @@
+"""MARP: per-GPU peak memory of one training plan, itemised.
+
+    plan = ParallelPlan(global_batch_size=512, micro_batch_size=1, dp=8, tp=4, pp=2,
+                        recompute="selective", distributed_optimizer=True, precision="bf16")
+    breakdown = estimate_memory(model_cfg, plan)          # MemoryBreakdown, bytes
+    breakdown.total, breakdown.gib("activations"), breakdown.peak_event
+
+What is counted, for the busiest GPU (the first pipeline stage unless the last
+stage's logits are larger):
+
+* **Static state** under the sharding used. megatron-core's mixed precision
+  keeps bf16/fp16 weights, fp32 gradient buffers (`grad_reduce_in_fp32`), fp32
+  master weights and Adam's m and v: 2 + 4 + 4 + 8 = 18 bytes per parameter; the
+  distributed optimizer shards the 12 bytes of fp32 optimizer state over dp.
+  fp32 training keeps fp32 weights, fp32 grads and m, v: 16 bytes/parameter
+  (the distributed optimizer shards m, v). Parameters are split over tp (all
+  but norms) and pp (layers; embedding on the first stage, output layer on
+  the last).
+* **Activations** that autograd saves, per transformer layer and microbatch,
+  derived op by op from the megatron-core GPTModel forgeflow trains
+  (training/model.py: local spec, RMSNorm, SwiGLU, GQA, RoPE, no dropout) and
+  checked tensor by tensor against MemTracker (benchmarks/memory_accuracy.py).
+  Korthikanti et al.'s 34·s·b·h + 5·a·s²·b bytes per layer is the GPT-3-block
+  form of the same bookkeeping; the Llama block differs (no dropout masks, a
+  gated MLP of width f, GQA's K = kv·head_dim, RMSNorm saving its normalised
+  input). See `layer_activation_terms` for the itemised terms. Tensor
+  parallelism divides the attention and MLP terms by t; sequence parallelism
+  also divides the norm/residual terms; selective recompute drops the
+  attention-score terms (a·s² per token); full recompute keeps only each
+  layer's input. Under 1F1B the first stage holds min(pp, microbatches)
+  microbatches in flight.
+* **Logits**: the fp32 softmax megatron's vocab-parallel cross entropy saves
+  for backward (s·b·V/t·4 bytes, fp32 whatever the training precision).
+* **Transient**: what exists only around the peak moment. The estimator
+  evaluates the candidate moments — the cross-entropy forward (a second copy
+  of the logits), the output layer's backward (its weight gradient and the
+  input gradient), the last layer's attention backward (gradients of the
+  score matrix), the optimizer step (Adam temporaries) — and reports the
+  largest as `peak_event`.
+* **Persistent buffers**: megatron's global memory buffer for attention
+  scores (b·a/t·s² elements, allocated once, kept).
+* **Overhead**: the runtime's own memory — CUDA context, NCCL buffers,
+  allocator fragmentation — a fixed term plus a fraction of the dynamic part,
+  zero in the CPU measurement profile (MemTracker counts tensors only).
+
+How the stack stores things differs between the CPU measurement setting and
+a GPU run (precision, softmax in fp32, optimizer kernels, runtime overhead);
+`RuntimeProfile` names those choices. `CPU_MEASURED` is what the benchmark
+measures; `MEGATRON_GPU` is the default for GPUs (bf16, same model code).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from training.config import ModelConfig, Precision, Recompute, TrainingConfig
+
+GIB = 1024**3
+
+AttentionKernel = Literal["unfused", "flash"]
+
+
+class MemoryModelError(ValueError):
+    """A plan that cannot exist for this model (indivisible sizes, bad degrees)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeProfile:
+    """How the training stack stores tensors, and what it uses beyond them."""
+
+    name: str
+    attention: AttentionKernel = "unfused"
+    # megatron's local MLP computes act(x_glu) * (x_linear + glu_linear_offset): the add
+    # produces (and the multiply saves) one more f-wide tensor.
+    glu_offset_copy: bool = True
+    # torch's composite RMSNorm saves the normalised input (x·rstd) besides its output;
+    # for half precision it also keeps the fp32 upcast of its input.
+    rmsnorm_composite: bool = True
+    # With half-precision activations, megatron's unfused softmax runs in fp32 and keeps
+    # the fp32 probabilities as well as the half copy the next matmul saves.
+    softmax_in_fp32: bool = True
+    # Adam temporaries at the step, in units of the largest parameter tensor
+    # (torch's single-tensor AdamW on CPU: sqrt(v) and its quotient -> 2);
+    # fused GPU Adam (TE/apex) allocates none.
+    adam_temporaries_largest_params: float = 2.0
+    fixed_overhead_bytes: int = 0
+    dynamic_overhead_fraction: float = 0.0
+
+
+CPU_MEASURED = RuntimeProfile(name="megatron-local-cpu")
+"""What MemTracker measures on CPU: tensors only, no allocator or context."""
+
+MEGATRON_GPU = RuntimeProfile(
+    name="megatron-local-gpu",
+    adam_temporaries_largest_params=0.0,
+    # CUDA context + cuBLAS workspace + NCCL communicators ~ 1.5 GiB on A100/H100 class GPUs.
+    fixed_overhead_bytes=int(1.5 * GIB),
+    # The caching allocator's fragmentation on transformer training is typically 5-10 % of
+    # the dynamically allocated memory; 8 % is the planning margin.
+    dynamic_overhead_fraction=0.08,
+)
+"""A GPU run of the same model code: fused Adam, CUDA context/NCCL and fragmentation."""
+
+MEGATRON_TE_FLASH_GPU = replace(
+    MEGATRON_GPU, name="megatron-te-flash-gpu", attention="flash", glu_offset_copy=False,
+    rmsnorm_composite=False, softmax_in_fp32=False,
+)
+"""Transformer Engine layers: flash attention (no s² terms), fused norms and SwiGLU."""
+
+
+def profile_for_device(gpu_type: str) -> RuntimeProfile:
+    """The profile a plan on this device type should be sized with."""
+    return CPU_MEASURED if gpu_type == "cpu" else MEGATRON_GPU
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan:
+    """One way to run a job: parallel degrees, batch split, recompute, sharding, precision."""
+
+    global_batch_size: int
+    micro_batch_size: int = 1
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    recompute: Recompute = "none"
+    distributed_optimizer: bool = False
+    sequence_parallel: bool = False
+    precision: Precision = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "micro_batch_size", "dp", "tp", "pp"):
+            if getattr(self, name) < 1:
+                raise MemoryModelError(f"{name} must be >= 1 (got {getattr(self, name)})")
+        if self.global_batch_size % (self.micro_batch_size * self.dp):
+            raise MemoryModelError(
+                f"global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"micro_batch_size × dp ({self.micro_batch_size} × {self.dp})"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise MemoryModelError("sequence_parallel needs tp > 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.global_batch_size // (self.micro_batch_size * self.dp)
+
+    @classmethod
+    def from_training(cls, training: TrainingConfig, dp: int = 1) -> "ParallelPlan":
+        return cls(
+            global_batch_size=training.global_batch_size,
+            micro_batch_size=training.micro_batch_size,
+            dp=dp,
+            tp=training.tensor_parallel,
+            pp=training.pipeline_parallel,
+            recompute=training.recompute,
+            distributed_optimizer=training.use_distributed_optimizer,
+            precision=training.precision,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryBreakdown:
+    """Per-GPU bytes at the peak moment, by category; `total` is their sum."""
+
+    weights: int
+    gradients: int
+    optimizer_states: int
+    activations: int
+    logits: int
+    transient: int
+    persistent_buffers: int
+    overhead: int
+    peak_event: str = ""
+    stage: int = 0
+    notes: tuple[str, ...] = field(default=())
+
+    CATEGORIES = (
+        "weights", "gradients", "optimizer_states", "activations", "logits",
+        "transient", "persistent_buffers", "overhead",
+    )
+
+    @property
+    def static(self) -> int:
+        return self.weights + self.gradients + self.optimizer_states
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, c) for c in self.CATEGORIES)
+
+    def gib(self, category: str = "total") -> float:
+        return getattr(self, category) / GIB
+
+    def as_dict(self) -> dict[str, object]:
+        out: dict[str, object] = {c: getattr(self, c) for c in self.CATEGORIES}
+        out.update(total=self.total, peak_event=self.peak_event, stage=self.stage)
+        return out
+
+    def fits(self, capacity_bytes: float, safety_margin: float = 0.0) -> bool:
+        """True if total × (1 + margin) fits into the capacity."""
+        return self.total * (1.0 + safety_margin) <= capacity_bytes
+
+
+# --- parameters ---------------------------------------------------------------
+
+
+def _bytes_per_element(precision: Precision) -> int:
+    return 4 if precision == "fp32" else 2
+
+
+def _layer_params(m: ModelConfig) -> tuple[int, int]:
+    """(parameters split by tp, parameters replicated over tp) of one transformer layer."""
+    h, f, k = m.hidden_size, m.ffn_size, m.kv_heads * m.head_dim
+    split = h * (h + 2 * k) + h * h + 2 * h * f + f * h  # qkv, proj, fc1 (gate+up), fc2
+    replicated = 2 * h  # two RMSNorm weights
+    return split, replicated
+
+
+def stage_layers(num_layers: int, pp: int, stage: int) -> int:
+    """Layers on a pipeline stage: an even split, the first stages taking any remainder."""
+    base, extra = divmod(num_layers, pp)
+    return base + (1 if stage < extra else 0)
+
+
+def stage_parameters(m: ModelConfig, tp: int, pp: int, stage: int) -> tuple[int, int]:
+    """(parameters held by one GPU of this stage, its largest single parameter tensor)."""
+    split, replicated = _layer_params(m)
+    layers = stage_layers(m.num_layers, pp, stage)
+    h, v, f, k = m.hidden_size, m.vocab_size, m.ffn_size, m.kv_heads * m.head_dim
+    params = layers * (split // tp + replicated)
+    largest = max(2 * h * f, h * (h + 2 * k)) // tp if layers else 0
+    vocab_shard = -(-v // tp) * h  # megatron pads the vocabulary to a multiple of tp
+    if stage == 0:
+        params += vocab_shard
+        largest = max(largest, vocab_shard)
+    if stage == pp - 1:
+        params += h  # final norm
+        if m.untie_embeddings_and_output_weights or pp > 1:
+            # untied output layer; with tied weights and pp > 1 megatron keeps a copy too
+            params += vocab_shard
+            largest = max(largest, vocab_shard)
+    return params, largest
+
+
+def static_bytes(params: int, plan: ParallelPlan) -> tuple[int, int, int]:
+    """(weights, gradients, optimizer states) in bytes for `params` parameters on one GPU."""
+    if plan.precision == "fp32":
+        weights = 4 * params
+        grads = 4 * params
+        opt_state = 8 * params  # Adam m, v; fp32 weights are their own master copy
+    else:
+        weights = 2 * params
+        grads = 4 * params  # fp32 main_grad buffer (grad_reduce_in_fp32)
+        opt_state = 12 * params  # fp32 master weights + m + v
+    if plan.distributed_optimizer:
+        opt_state = -(-opt_state // plan.dp)
+    return weights, grads, opt_state
+
+
+# --- activations -------------------------------------------------------------
+
+
+def layer_activation_terms(
+    m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, recompute: Recompute | None = None
+) -> dict[str, int]:
+    """Bytes autograd saves in one transformer layer for one microbatch, itemised.
+
+    Derived from the forward of megatron-core's TransformerLayer with the local
+    spec (see the module docstring); names say which tensor each term is.
+    """
+    recompute = plan.recompute if recompute is None else recompute
+    s, b, t = m.seq_length, plan.micro_batch_size, plan.tp
+    h, f, a = m.hidden_size, m.ffn_size, m.num_attention_heads
+    k = m.kv_heads * m.head_dim
+    e = _bytes_per_element(plan.precision)
+    tokens = s * b
+    sp = t if plan.sequence_parallel else 1  # norms/residuals are split by SP only
+    if recompute == "full":
+        return {"layer_output": tokens * h * e // sp}
+    terms: dict[str, int] = {}
+
+    def norm(prefix: str) -> None:
+        terms[f"{prefix}_rstd"] = tokens * 4 // sp
+        terms[f"{prefix}_out"] = tokens * h * e // sp  # saved by the next linear
+        if profile.rmsnorm_composite:
+            terms[f"{prefix}_normalized"] = tokens * h * e // sp
+            if e < 4:
+                terms[f"{prefix}_fp32_input"] = tokens * h * 4 // sp
+
+    norm("input_norm")
+    gqa = m.kv_heads < m.num_attention_heads
+    scores = b * (a // t) * s * s
+    if profile.attention == "flash" or recompute == "selective":
+        # q after RoPE, k after RoPE, the fused qkv output (v is a view of it), context
+        terms["qkv_out"] = tokens * (h + 2 * k) * e // t
+        terms["q_rope"] = tokens * h * e // t
+        terms["k_rope"] = tokens * k * e // t
+        terms["context"] = tokens * h * e // t
+        if profile.attention == "flash" and recompute != "selective":
+            terms["softmax_lse"] = b * (a // t) * s * 4
+    else:
+        if gqa:  # GQA repeats k and v to all heads; the repeats are what the matmuls save
+            terms["q_rope"] = tokens * h * e // t
+            terms["k_repeated"] = tokens * h * e // t
+            terms["v_repeated"] = tokens * h * e // t
+        else:  # v stays a view of the qkv output, so all of it is kept
+            terms["qkv_out"] = tokens * (h + 2 * k) * e // t
+            terms["q_rope"] = tokens * h * e // t
+            terms["k_rope"] = tokens * k * e // t
+        terms["attention_probs"] = scores * e
+        if profile.softmax_in_fp32 and e < 4:
+            terms["attention_probs_fp32"] = scores * 4
+        terms["context"] = tokens * h * e // t
+    terms["rope_cos_sin"] = 4 * s * m.head_dim * 4
+    terms["attention_residual"] = tokens * h * e // sp
+    norm("mlp_norm")
+    terms["fc1_out"] = tokens * 2 * f * e // t
+    terms["swiglu_act"] = tokens * f * e // t
+    if profile.glu_offset_copy:
+        terms["swiglu_linear"] = tokens * f * e // t
+    terms["swiglu_out"] = tokens * f * e // t
+    terms["layer_output"] = tokens * h * e // sp
+    return terms
+
+
+def _score_bytes(m: ModelConfig, plan: ParallelPlan) -> int:
+    return plan.micro_batch_size * (m.num_attention_heads // plan.tp) * m.seq_length**2 * (
+        _bytes_per_element(plan.precision)
+    )
+
+
+def _check(m: ModelConfig, plan: ParallelPlan) -> None:
+    if m.num_attention_heads % plan.tp or m.kv_heads % plan.tp:
+        raise MemoryModelError(
+            f"tp={plan.tp} must divide num_attention_heads ({m.num_attention_heads}) and "
+            f"the key/value heads ({m.kv_heads})"
+        )
+    if m.ffn_size % plan.tp:
+        raise MemoryModelError(f"tp={plan.tp} must divide ffn_hidden_size ({m.ffn_size})")
+    if plan.pp > m.num_layers:
+        raise MemoryModelError(f"pp={plan.pp} exceeds num_layers ({m.num_layers})")
+    if plan.sequence_parallel and m.seq_length % plan.tp:
+        raise MemoryModelError(f"sequence_parallel needs tp={plan.tp} to divide seq_length")
+
+
+def estimate_memory(
+    model: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile = MEGATRON_GPU
+) -> MemoryBreakdown:
+    """Peak bytes on the busiest GPU of the plan, itemised (see the module docstring)."""
+    _check(model, plan)
+    stages = {0, plan.pp - 1}
+    candidates = [_estimate_stage(model, plan, profile, st) for st in sorted(stages)]
+    return max(candidates, key=lambda bd: bd.total)
+
+
+def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, stage: int) -> MemoryBreakdown:
+    s, b, t = m.seq_length, plan.micro_batch_size, plan.tp
+    h, v = m.hidden_size, m.vocab_size
+    e = _bytes_per_element(plan.precision)
+    tokens = s * b
+    sp = t if plan.sequence_parallel else 1
+    first, last = stage == 0, stage == plan.pp - 1
+    layers = stage_layers(m.num_layers, plan.pp, stage)
+    params, largest_param = stage_parameters(m, t, plan.pp, stage)
+    weights, grads, opt_state = static_bytes(params, plan)
+
+    # 1F1B: stage i holds (pp - i) microbatches in flight, at most the microbatch count.
+    in_flight = min(plan.pp - stage, plan.num_microbatches)
+    layer_terms = layer_activation_terms(m, plan, profile)
+    per_layer = sum(layer_terms.values())
+    # Layer inputs arriving from the previous stage (or the embedding) are kept too.
+    stage_input = tokens * h * e // sp
+    per_microbatch = layers * per_layer + stage_input
+    final_norm = 0
+    if last:
+        final_norm = tokens * 4 // sp + tokens * h * e // sp * (2 if profile.rmsnorm_composite else 1)
+        if profile.rmsnorm_composite and e < 4:
+            final_norm += tokens * h * 4 // sp
+    stored_activations = in_flight * per_microbatch + final_norm
+    vocab_shard = -(-v // t)
+    logits = tokens * vocab_shard * 4 if last else 0
+    uses_score_buffer = profile.attention == "unfused" and layers > 0
+    persistent = _score_bytes(m, plan) if uses_score_buffer else 0
+
+    events: dict[str, tuple[int, int, int]] = {}  # name -> (activations, logits, transient)
+    if last:
+        # Cross-entropy forward: megatron shifts and exponentiates the fp32 logits in place,
+        # so only half-precision training has a second copy (the bf16/fp16 logits
+        # alongside their fp32 upcast).
+        half_logits = tokens * vocab_shard * e if e < 4 else 0
+        events["cross-entropy forward"] = (stored_activations, logits, half_logits)
+        # Output layer backward: weight gradient (training precision) + input gradient.
+        events["output-layer backward"] = (
+            stored_activations, logits, vocab_shard * h * e + tokens * h * e,
+        )
+    # Backward of the stage's last layer (attention part): the logits and the MLP half are
+    # gone, gradients of the score matrix appear.
+    if layers:
+        mlp_half = sum(val for key, val in layer_terms.items()
+                       if key.startswith(("mlp_norm", "fc1", "swiglu", "layer_output", "attention_residual")))
+        base = stored_activations - final_norm - mlp_half
+        grads_flowing = 2 * tokens * h * e
+        if plan.recompute == "full":
+            # The layer's forward is replayed: its full activations exist again.
+            replay = sum(layer_activation_terms(m, plan, profile, recompute="none").values())
+            attn_bwd = replay - mlp_half_of(m, plan, profile) + _attention_bwd_transient(m, plan, profile, "none")
+            events["recomputed layer backward"] = (base, 0, attn_bwd + grads_flowing)
+        else:
+            transient = _attention_bwd_transient(m, plan, profile, plan.recompute)
+            events["attention backward"] = (base, 0, transient + grads_flowing)
+        if not last:
+            # Middle/first stages: the backward starts with the incoming output gradient.
+            events["stage backward start"] = (stored_activations, 0, tokens * h * e // sp)
+    events["optimizer step"] = (0, 0, int(profile.adam_temporaries_largest_params * largest_param * 4))
+
+    name, (acts, logit_bytes, transient) = max(events.items(), key=lambda kv: sum(kv[1]))
+    dynamic = acts + logit_bytes + transient + persistent
+    overhead = profile.fixed_overhead_bytes + int(profile.dynamic_overhead_fraction * dynamic)
+    return MemoryBreakdown(
+        weights=weights, gradients=grads, optimizer_states=opt_state, activations=acts,
+        logits=logit_bytes, transient=transient, persistent_buffers=persistent,
+        overhead=overhead, peak_event=name, stage=stage,
+    )
+
+
+def mlp_half_of(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile) -> int:
+    terms = layer_activation_terms(m, plan, profile, recompute="none")
+    return sum(v for k, v in terms.items()
+               if k.startswith(("mlp_norm", "fc1", "swiglu", "layer_output", "attention_residual")))
+
+
+def _attention_bwd_transient(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, recompute: Recompute) -> int:
+    if profile.attention == "flash":
+        return 0
+    scores = _score_bytes(m, plan)
+    if recompute == "selective":
+        # core attention is replayed: repeated k/v, probabilities, then their gradients.
+        h = m.hidden_size
+        tokens = m.seq_length * plan.micro_batch_size
+        replay = scores + 2 * tokens * h * _bytes_per_element(plan.precision) // plan.tp
+        return replay + 2 * scores
+    return 2 * scores  # gradient of the probabilities and of the scores
+
+
+# --- Frenzy's published formula (the baseline) ------------------------------
+
+
+def frenzy_parameters(m: ModelConfig) -> int:
+    """Frenzy's parameter count W ≈ V·h + l·(12h² + 13h) (GPT-style block)."""
+    h = m.hidden_size
+    return m.vocab_size * h + m.num_layers * (12 * h * h + 13 * h)
+
+
+def frenzy_estimate(m: ModelConfig, global_batch: int, dp: int = 1, tp: int = 1) -> int:
+    """Frenzy's MARP: 20W/t + s·B·h·l·(10/d + 24/(d·t) + 5·a·s/(d·h·t)) bytes per GPU.
+
+    B is the global batch split over d data-parallel ranks with no gradient
+    accumulation (Frenzy's setting), so pass the sequences resident at once
+    (micro batch × dp) to compare with a run that accumulates gradients.
+    """
+    s, h, l, a = m.seq_length, m.hidden_size, m.num_layers, m.num_attention_heads
+    w = frenzy_parameters(m)
+    act = s * global_batch * h * l * (10 / dp + 24 / (dp * tp) + 5 * a * s / (dp * h * tp))
+    return int(20 * w / tp + act)
+
+
+def breakdown_table(bd: MemoryBreakdown) -> list[tuple[str, float]]:
+    """(category, GiB) rows plus the total, for printing."""
+    rows = [(c, bd.gib(c)) for c in MemoryBreakdown.CATEGORIES]
+    rows.append(("total", bd.gib()))
+    return rows
+
+
+__all__ = [
+    "CPU_MEASURED", "MEGATRON_GPU", "MEGATRON_TE_FLASH_GPU", "MemoryBreakdown", "MemoryModelError",
+    "ParallelPlan", "RuntimeProfile", "breakdown_table", "estimate_memory", "frenzy_estimate",
+    "frenzy_parameters", "layer_activation_terms", "profile_for_device", "stage_layers",
+    "stage_parameters", "static_bytes",
+]
