@@ -8,6 +8,7 @@ raises one `ConfigError` naming the file, the field and how to fix it.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from pathlib import Path
@@ -56,7 +57,7 @@ class ModelConfig(_Section):
         if self.num_attention_heads % kv:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
-                f"num_query_groups ({kv})"
+                f"num_query_groups ({kv}); pick num_query_groups that divides it"
             )
         return self
 
@@ -111,7 +112,9 @@ class TrainingConfig(_Section):
     @model_validator(mode="after")
     def _lr(self) -> "TrainingConfig":
         if self.min_lr > self.lr:
-            raise ValueError(f"min_lr ({self.min_lr}) must not exceed lr ({self.lr})")
+            raise ValueError(
+                f"min_lr ({self.min_lr}) must not exceed lr ({self.lr}); lower min_lr or raise lr"
+            )
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -204,10 +207,36 @@ _FIX_HINTS = {
     "extra_forbidden": "remove it or check its spelling",
     "int_parsing": "use a whole number",
     "int_type": "use a whole number",
+    "int_from_float": "use a whole number",
     "float_parsing": "use a number",
+    "float_type": "use a number",
+    "bool_parsing": "use true or false",
+    "bool_type": "use true or false",
+    "string_type": "use text (quote it)",
+    "string_pattern_mismatch": "use letters, digits, '.', '_' or '-'",
+    "string_too_short": "give a non-empty value",
     "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than": "use a smaller value",
+    "less_than_equal": "use a smaller value",
     "literal_error": "use one of the allowed values",
+    "model_type": "write it as a mapping (indented `key: value` lines)",
+    "model_attributes_type": "write it as a mapping (indented `key: value` lines)",
+    "dict_type": "write it as a mapping (indented `key: value` lines)",
+    "list_type": "write it as a list (`[a, b]` or `- item` lines)",
 }
+
+
+def _sibling_fields(loc: tuple) -> list[str]:
+    """The field names allowed next to the one at `loc` (for "did you mean" hints)."""
+    model: type[BaseModel] = JobSpec
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return []
+        model = annotation
+    return list(model.model_fields)
 
 
 def _format_validation_error(source: str, err: ValidationError) -> str:
@@ -215,8 +244,16 @@ def _format_validation_error(source: str, err: ValidationError) -> str:
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         hint = _FIX_HINTS.get(e["type"])
+        if e["type"] == "extra_forbidden" and e["loc"]:
+            close = difflib.get_close_matches(str(e["loc"][-1]), _sibling_fields(e["loc"]), n=1)
+            if close:
+                hint += f" (did you mean {close[0]!r}?)"
         msg = e["msg"].removeprefix("Value error, ")
-        got = "" if e["type"] == "missing" else f" (got {e.get('input')!r})"
+        # A cross-field check names its fields in the message, and a misspelt section is
+        # named by its key; echoing a whole section back would bury the point.
+        quiet = e["type"] == "missing" or (
+            e["type"] in ("value_error", "extra_forbidden") and isinstance(e.get("input"), dict))
+        got = "" if quiet else f" (got {e.get('input')!r})"
         lines.append(f"  - {where}: {msg}{got}" + (f"; fix: {hint}" if hint else ""))
     return "\n".join(lines)
 
@@ -233,9 +270,12 @@ def _merge(base: dict, override: dict) -> dict:
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not path.is_file():
-        raise ConfigError(f"{path}: no such job spec file; check the path")
+        named_by = f" (named by 'base:' in {seen[-1]})" if seen else ""
+        raise ConfigError(f"{path}: no such job spec file{named_by}; check the path")
     if path.resolve() in seen:
-        raise ConfigError(f"{path}: 'base:' chain loops back to itself")
+        chain = " -> ".join(str(p) for p in seen + (path.resolve(),))
+        raise ConfigError(f"{path}: 'base:' chain loops back to itself ({chain}); "
+                          "remove one of the 'base:' lines")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:

@@ -149,7 +149,8 @@ def split_documents(documents: list[Document], val_fraction: float
                     ) -> tuple[list[Document], list[Document]]:
     """(train, val) by document; val holds about `val_fraction` of the bytes, >= 1 doc."""
     if len(documents) < 2:
-        documents = _split_single(documents[0], val_fraction)
+        train_part, val_part = _split_single(documents[0], val_fraction)
+        return [train_part], [val_part]
     sizes = np.array([len(d.text) for d in documents], dtype=np.int64)
     order = np.random.Generator(np.random.PCG64(_SPLIT_SEED)).permutation(len(documents))
     target = val_fraction * sizes.sum()
