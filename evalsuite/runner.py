@@ -1,0 +1,93 @@
+"""Evaluate one exported checkpoint with a suite: preload → plan → trials → metrics → results.
+
+This is the whole pipeline in one call for the command line and plain Python;
+the Prefect flow (flows/evaluate.py) runs the same steps as separate tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from evalsuite.coordinator import (Plan, Policy, RunReport, assign, decompose, estimate_costs, execute,
+                                   format_plan, slot_names)
+from evalsuite.history import RuntimeHistory, model_size_key
+from evalsuite.preload import preloaded
+from evalsuite.sandbox import Sandbox
+from evalsuite.suite import SuiteConfig
+
+
+def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, history: RuntimeHistory,
+               policy: Policy | None = None, model_source: str = "", preloaded_path: str = "") -> Plan:
+    """Trials for `suite`, balanced over its slots with predicted times from `history`."""
+    policy = policy or Policy()
+    model_key = model_size_key(model_path)
+    datasets = [(ref, ref.resolve()) for ref in suite.refs()]
+    costs = estimate_costs(datasets, history, suite.backend, model_key)
+    trials = decompose(costs, slots=suite.slots, backend=suite.backend, output_dir=str(output_dir),
+                       load_s=history.load_s(suite.backend, model_key), policy=policy,
+                       target_trial_s=suite.target_trial_s, backend_options=suite.backend_options)
+    slots = slot_names(suite.slots, suite.devices)
+    plan = assign(trials, slots, policy)
+    device_of = dict(zip(slots, suite.devices or [None] * len(slots)))
+    slot_of = {tid: s for s, ids in plan.assignment.items() for tid in ids}
+    for t in plan.trials:
+        t.model_path = preloaded_path if policy.preload else ""
+        t.model_source = model_source
+        t.device = device_of[slot_of[t.trial_id]]
+    return plan
+
+
+def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, policy: Policy | None = None,
+             history: RuntimeHistory | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+             echo: Callable[[str], None] = print) -> RunReport:
+    """Evaluate the Hugging Face folder at `model_source` (a path, file:// or s3:// URL)."""
+    policy = policy or Policy()
+    history = history or RuntimeHistory()
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    preload_ctx = preloaded(model_source, suite.preload_root) if policy.preload else nullcontext(None)
+    t0 = time.perf_counter()
+    with preload_ctx as local:
+        preload_s = time.perf_counter() - t0
+        model_path = str(local) if local else _local_path(model_source)
+        plan = build_plan(suite, model_path=model_path, output_dir=output_dir, history=history, policy=policy,
+                          model_source=model_source, preloaded_path=str(local or ""))
+        echo(format_plan(plan))
+        sandbox = Sandbox(suite.sandbox, cores=_metric_cores(suite.metric_workers))
+        report = execute(plan, history=history, model_key=model_size_key(model_path), isolation=suite.isolation,
+                         metric_workers=suite.metric_workers, sandbox=sandbox, on_event=on_event)
+    echo(report.format())
+    write_results(output_dir / "results.json", report, suite, model_source, preload_s)
+    return report
+
+
+def _local_path(source: str) -> str:
+    return source[len("file://"):] if source.startswith("file://") else source
+
+
+def _metric_cores(workers: int | None) -> list[int] | None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if workers is None:
+        return None
+    # More workers than cores would make programs share a core; reuse cores round-robin then.
+    return [cores[i % len(cores)] for i in range(workers)]
+
+
+def results_payload(report: RunReport, suite: SuiteConfig, model_source: str, preload_s: float = 0.0) -> dict:
+    return {"model": model_source, "suite": suite.name, "backend": suite.backend, "time": time.time(),
+            "results": report.results, "failed": report.failed_datasets, "makespan_s": report.makespan_s,
+            "predicted_makespan_s": report.predicted_makespan_s, "preload_s": preload_s}
+
+
+def write_results(path: str | Path, report: RunReport, suite: SuiteConfig, model_source: str,
+                  preload_s: float = 0.0) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(results_payload(report, suite, model_source, preload_s), indent=2, sort_keys=True))
+    return path
