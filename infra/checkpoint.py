@@ -120,6 +120,7 @@ class CheckpointEngine:
         storage_options: StorageOptions | None = None,
         group_timeout_s: float = 600.0,
         on_commit: Callable[[CommitRecord], None] | None = None,
+        after_shard_written: Callable[[int], None] | None = None,
         preflight: bool = True,
     ):
         if on_busy not in ("wait", "skip"):
@@ -130,6 +131,9 @@ class CheckpointEngine:
         self.config_hash = config_hash
         self.keep_last, self.on_busy, self.async_save = keep_last, on_busy, async_save
         self.on_commit = on_commit
+        # Fault-injection hook (tests): runs in the persist thread once this rank's shard is
+        # persisted and before the commit, i.e. while the checkpoint is still uncommitted.
+        self.after_shard_written = after_shard_written
         self.options = storage_options or StorageOptions()
         self.storage = open_storage(url, self.options)
         if preflight:
@@ -230,6 +234,8 @@ class CheckpointEngine:
         try:
             written = self._writer.write(snapshot, shard_key(step, self.rank, self.world_size))
             mine.update(ok=True, key=written.key, size=written.size, checksum=written.checksum)
+            if self.after_shard_written is not None:
+                self.after_shard_written(step)
         except Exception as e:  # noqa: BLE001 - reported; the step is simply not committed
             mine.update(ok=False, error=f"{type(e).__name__}: {e}")
         report = PersistReport(step, committed=False, bytes=snapshot.nbytes)
@@ -270,8 +276,8 @@ class CheckpointEngine:
 
     def _after_commit(self, record: CommitRecord | None) -> None:
         try:
-            protect = {s for s in (self._loaded_step,) if s is not None}
-            apply_retention(self.storage, self.keep_last, protect=protect)
+            # Readers (a resume in progress, an evaluation) hold leases that retention honours.
+            apply_retention(self.storage, self.keep_last)
         except Exception as e:  # noqa: BLE001 - retention is housekeeping; never fail a commit
             log.warning("checkpoint: retention failed (will retry after the next commit): %s", e)
         if self.on_commit is not None and record is not None:

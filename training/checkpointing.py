@@ -49,7 +49,7 @@ class CheckpointError(RuntimeError):
 
 
 class Checkpointer(Protocol):
-    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> None: ...
+    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> dict[str, Any] | None: ...
     def latest(self) -> int | None: ...
     def load(self, step: int, model, optimizer) -> dict[str, Any]: ...
     def close(self) -> None: ...
@@ -209,7 +209,16 @@ class LocalCheckpointer:
 
 def open_checkpointer(checkpoint_cfg, env: DistEnv,
                       after_shards_written: Callable[[int], None] | None = None) -> Checkpointer:
-    """The checkpointer for a job spec's `checkpoint:` section (synchronous, local for now)."""
+    """The checkpointer for a job spec's `checkpoint:` section.
+
+    `async_save: true` (the default) or an s3:// URL: the async engine (infra.checkpoint,
+    via training.async_checkpointer). `async_save: false` on a local path: this module's
+    synchronous dist_checkpointing writer (reshardable, what `forgeflow export` reads).
+    """
+    if checkpoint_cfg.async_save or checkpoint_cfg.url.startswith("s3://"):
+        from training.async_checkpointer import AsyncCheckpointer
+
+        return AsyncCheckpointer(checkpoint_cfg, env, after_shards_written)
     return LocalCheckpointer(local_root(checkpoint_cfg.url), env, checkpoint_cfg.keep_last,
                              after_shards_written)
 

@@ -135,8 +135,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
 
         if step % spec.checkpoint.interval == 0 or step == cfg.steps:
             heartbeat.beat(step, phase="checkpoint")
-            checkpointer.save(step, model, optimizer, trainer_state())
-            log.event("checkpoint_saved", step=step)
+            save_info = checkpointer.save(step, model, optimizer, trainer_state())
+            log.event("checkpoint_saved", step=step, **(save_info or {}))
 
         faults.after_step(step)
 
@@ -178,8 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    from infra.storage import StorageError
+
     try:
         return train(spec, resume_from_step=args.resume_from_step)
+    except StorageError as e:  # e.g. the preflight: bad credentials, missing bucket, full disk
+        print(f"error: checkpoint storage ({type(e).__name__}): {e}", file=sys.stderr)
+        return 2
     finally:
         from training.model import shutdown_distributed
 

@@ -1,0 +1,81 @@
+"""The training loop's `Checkpointer` over the async engine (infra.checkpoint).
+
+Same four methods as `training.checkpointing.LocalCheckpointer` — save / latest /
+load / close — so the loop does not know which writer it has. What a rank saves is
+its own local state, exactly what it needs to continue bit-for-bit:
+
+    model      this rank's model.state_dict() (its tensor-parallel shard)
+    optimizer  optimizer.state_dict() (Adam moments, step counts, param groups), plus
+               the local parameter-state shard when the distributed optimizer is used
+    rng        python / numpy / torch (CPU, CUDA) / megatron tracker states of this rank
+    trainer    step, data position, skipped batches, spike-detector state, ...
+
+Resuming needs the same world size and parallel layout as the run that wrote it
+(resharding is what the dist_checkpointing writer is for).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from training.checkpointing import capture_rng_states, restore_rng_states
+
+log = logging.getLogger(__name__)
+
+
+class AsyncCheckpointer:
+    def __init__(self, checkpoint_cfg, env, after_shards_written: Callable[[int], None] | None = None,
+                 writer: str | None = None):
+        from infra.checkpoint import CheckpointEngine
+        from infra.storage import storage_options_from_config
+
+        self.env = env
+        self.engine = CheckpointEngine(
+            checkpoint_cfg.url, rank=env.rank, world_size=env.world_size,
+            layout={"dp": env.dp_size, "tp": env.tp_size, "pp": 1},
+            keep_last=checkpoint_cfg.keep_last, on_busy=checkpoint_cfg.on_busy,
+            async_save=checkpoint_cfg.async_save, writer=writer,
+            storage_options=storage_options_from_config(checkpoint_cfg),
+            after_shard_written=after_shards_written)
+        self._found = None  # what latest() verified, kept for the load() that follows
+
+    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> dict[str, Any]:
+        state: dict[str, Any] = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "rng": capture_rng_states(),
+            "trainer": dict(trainer_state, step=step),
+        }
+        if hasattr(optimizer, "get_parameter_state_dp_reshardable"):  # distributed optimizer
+            state["optimizer_param_state"] = optimizer.get_parameter_state_dp_reshardable()
+        self.engine.config_hash = str(trainer_state.get("config_hash", ""))
+        outcome = self.engine.save(step, state)
+        return {"stall_s": round(outcome.stall_s, 4), "wait_s": round(outcome.wait_s, 4),
+                "skipped": outcome.skipped, "async": self.engine.async_save}
+
+    def latest(self) -> int | None:
+        """The newest committed step whose shards verify on every rank (collective)."""
+        self._found = self.engine.load()
+        if self._found is not None and self._found.skipped_steps:
+            log.warning("checkpoint: newer steps %s failed verification; resuming from %d",
+                        self._found.skipped_steps, self._found.step)
+        return None if self._found is None else self._found.step
+
+    def load(self, step: int, model, optimizer) -> dict[str, Any]:
+        found = self._found if self._found is not None and self._found.step == step else None
+        if found is None:
+            found = self.engine.load(step)
+        self._found = None
+        state = found.state
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        if "optimizer_param_state" in state:
+            optimizer.load_parameter_state_from_dp_reshardable(state["optimizer_param_state"])
+        restore_rng_states(state["rng"])
+        return state["trainer"]
+
+    def close(self) -> None:
+        """Waits for the in-flight persist, so the last checkpoint is committed on exit."""
+        self.engine.close()
