@@ -21,8 +21,9 @@ diagnosis rules separately.
 
 from __future__ import annotations
 
-# Optional launcher prefixes: srun --label ("12: ") and torchrun ("[rank3]:"/"[default3]:").
-P = r"^(?:\d+: )?(?:\[(?:rank|default)\d+\]:)?"
+# Optional prefixes: a log collector's timestamp (kubectl logs --timestamps), srun --label
+# ("12: ") and torchrun ("[rank3]:"/"[default3]:").
+P = r"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:\d+: )?(?:\[(?:rank|default)\d+\]:)?"
 # NCCL's prefix: host:pid:tid [gpu]
 NCCL = P + r"\s*[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO "
 # A leading "[2026-11-22 07:41:02,123] " style stamp, optional.

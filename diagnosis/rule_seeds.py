@@ -22,7 +22,8 @@ heartbeat watcher appends ``FORGEFLOW_HANG last_step=N stale_s=S`` (or an
 
 from __future__ import annotations
 
-# Optional launcher prefix, then optional module path before an exception name.
+# An exception line: the name (after an optional prefix and module path) followed by
+# ":" or the end of the line, so code lines such as "raise RuntimeError(" do not count.
 X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
 XID = r"\bXid \([^)]*\): "
 
@@ -102,33 +103,33 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "The command line is wrong: fix the arguments in the job spec / launch command.", False),
     ("called-process", r"CalledProcessError|returned non-zero exit status \d+", "CalledProcessError", False,
      "A subprocess the script runs failed: check that command and its environment.", False),
-    ("permission", X + r"PermissionError\b|\[Errno 13\] Permission denied", "PermissionError", False,
+    ("permission", X + r"PermissionError(?::|\s*$)|\[Errno 13\] Permission denied", "PermissionError", False,
      "Permission denied: fix ownership/permissions of the path, or write elsewhere.", False),
-    ("file-not-found", X + r"FileNotFoundError\b|\[Errno 2\] No such file or directory", "FileNotFoundError", False,
+    ("file-not-found", X + r"FileNotFoundError(?::|\s*$)|\[Errno 2\] No such file or directory", "FileNotFoundError", False,
      "A file is missing: check the path in the job spec and that the data/checkpoint exists on every node.", False),
-    ("import", X + r"(?:ImportError|ModuleNotFoundError)\b|No module named ", "ImportError", False,
+    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named ", "ImportError", False,
      "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
-    ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)\b", "SyntaxError", False,
+    ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)(?::|\s*$)", "SyntaxError", False,
      "The script does not parse: fix the syntax error.", False),
-    ("name", X + r"(?:NameError|UnboundLocalError)\b", "NameError", False,
+    ("name", X + r"(?:NameError|UnboundLocalError)(?::|\s*$)", "NameError", False,
      "A name is undefined: fix the script.", False),
-    ("key", X + r"KeyError\b", "KeyError", False,
+    ("key", X + r"KeyError(?::|\s*$)", "KeyError", False,
      "A key is missing (config, state dict or batch): fix the script or config.", False),
-    ("index", X + r"IndexError\b", "IndexError", False,
+    ("index", X + r"IndexError(?::|\s*$)", "IndexError", False,
      "An index is out of range: fix the script or data.", False),
-    ("type", X + r"TypeError\b", "TypeError", False,
+    ("type", X + r"TypeError(?::|\s*$)", "TypeError", False,
      "Wrong argument types: fix the script.", False),
-    ("os", X + r"(?:OSError|IOError)\b|\[Errno (?:5|28|30|122)\]", "OSError", False,
+    ("os", X + r"(?:OSError|IOError)(?::|\s*$)|\[Errno (?:5|28|30|122)\]", "OSError", False,
      "An OS-level error (disk full, I/O error, read-only file system): check the node's file systems.", False),
     # ------------------------------------------------------------- Python exceptions (framework)
-    ("attribute", X + r"AttributeError\b", "AttributeError", False,
+    ("attribute", X + r"AttributeError(?::|\s*$)", "AttributeError", False,
      "An attribute is missing (version mismatch or bug): fix the code or pin versions.", False),
-    ("assertion", X + r"AssertionError\b", "AssertionError", False,
+    ("assertion", X + r"AssertionError(?::|\s*$)", "AssertionError", False,
      "An assertion failed (usually an inconsistent config): fix the config.", False),
-    ("zero-division", X + r"ZeroDivisionError\b", "ZeroDivisionError", False,
+    ("zero-division", X + r"ZeroDivisionError(?::|\s*$)", "ZeroDivisionError", False,
      "Division by zero: check the config values that feed it (batch sizes, intervals).", False),
-    ("value", X + r"ValueError\b", "ValueError", False,
+    ("value", X + r"ValueError(?::|\s*$)", "ValueError", False,
      "A bad value (config or data): fix the value named in the message.", False),
-    ("runtime", X + r"(?:RuntimeError|DistBackendError|DistError)\b", "RuntimeError", False,
+    ("runtime", X + r"(?:RuntimeError|DistBackendError|DistError)(?::|\s*$)", "RuntimeError", False,
      "A runtime error in the framework: read the message; restart will not help until it is fixed.", False),
 )

@@ -14,7 +14,8 @@ Choosing the root cause among all matched lines (``diagnose_compressed``):
 2. precedence: hardware (NodeFailure, ECC, NVLink, CUDA) > interconnect and services
    (network, NCCL, connections, S3) > framework > script > training signals (a loss
    spike or a hang explained by an error is that error);
-3. the earliest timestamp across ranks, then the earliest line.
+3. the earliest timestamp across ranks, then the more specific rule, then the earliest
+   line.
 
 The culprit lines are the matched lines of the chosen root cause, earliest first;
 suspects are the hosts, ranks and GPUs those lines name (ranks are mapped to hosts
@@ -205,9 +206,11 @@ class RuleMatch:
     entry: LogEntry
 
     @property
-    def sort_key(self) -> tuple[float, float, int]:
+    def sort_key(self) -> tuple[float, float, float, int]:
+        # precedence tier, then the earliest timestamp across ranks, then the more
+        # specific rule (generic "XError:" rules have lower confidence), then file order.
         ts = self.entry.earliest_ts if self.entry.earliest_ts is not None else math.inf
-        return (precedence_tier(self.rule.root_cause), ts, self.entry.first_line)
+        return (precedence_tier(self.rule.root_cause), ts, -self.rule.confidence, self.entry.first_line)
 
 
 @dataclass

@@ -57,7 +57,10 @@ def has_error_keyword(line: str) -> bool:
 
 # Prefixes launchers put in front of each rank's output: torchrun --tee/--redirects
 # ("[default3]:", "[rank3]:"), srun --label ("3: ").
-_RANK_PREFIX = re.compile(r"^(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?")
+# A log collector's timestamp (kubectl logs --timestamps) may come first.
+_RANK_PREFIX = re.compile(
+    r"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?"
+)
 # NCCL's own prefix: host:pid:tid [local GPU]
 _NCCL_PREFIX = re.compile(r"^([A-Za-z][\w.-]*):(\d+):(\d+) \[(\d+)\]")
 _RANK_IN_TEXT = re.compile(
@@ -65,9 +68,10 @@ _RANK_IN_TEXT = re.compile(
     r"\bon rank (\d+)\b",
     re.IGNORECASE,
 )
+_HOST = r"([A-Za-z][\w-]*\d[\w-]*(?:\.[\w-]+)*)"
 _HOST_IN_TEXT = re.compile(
-    r"(?:\bhost(?:name)?\s*[:=]\s*|\bon host\s+|srun: error: |\bnode\s*[:=]\s*)"
-    r"([A-Za-z][\w-]*\d[\w-]*(?:\.[\w-]+)*)",
+    r"(?:\bhost(?:name)?\s*[:=]\s*|\bon host\s+|Node failure on |srun: error: |\bnode\s*[:=]\s*)"
+    + _HOST + r"|\b" + _HOST + r" kernel:",
     re.IGNORECASE,
 )
 _GPU_IN_TEXT = re.compile(
@@ -144,7 +148,8 @@ def line_facts(line: str) -> LineFacts:
     rank: int | None = None
     prefix = _RANK_PREFIX.match(rest)
     if prefix and prefix.group(0):
-        rank = int(prefix.group(2) or prefix.group(1))
+        found = prefix.group(2) or prefix.group(1)
+        rank = int(found) if found is not None else None
         rest = rest[prefix.end():]
     host = gpu = None
     nccl = _NCCL_PREFIX.match(rest.lstrip())
