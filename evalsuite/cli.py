@@ -1,0 +1,103 @@
+"""`forgeflow eval CHECKPOINT --suite SUITE`: evaluate a checkpoint without Prefect."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "eval", help="evaluate a checkpoint with a suite (HumanEval, perplexity, JSONL tasks)",
+        description="Preload the model once, run balanced inference trials over slots, score on CPU "
+                    "workers, print the plan before and predicted-vs-actual after.")
+    p.add_argument("checkpoint", help="exported Hugging Face folder (path, file:// or s3:// URL) "
+                                      "or a training checkpoint directory (needs --config)")
+    p.add_argument("--suite", required=True,
+                   help="suite YAML, a name in configs/eval/, or dataset names: humaneval,arith-em")
+    p.add_argument("--config", help="the job spec (perplexity data, export of training checkpoints)")
+    p.add_argument("--slots", type=int, help="inference slots (default: the suite's)")
+    p.add_argument("--metric-workers", type=int, help="CPU workers for metric jobs (default: one per core)")
+    p.add_argument("--output", help="where generations, scores and results.json go (default runs/eval/...)")
+    p.add_argument("--naive", action="store_true",
+                   help="baseline: one trial per dataset, load per trial, metrics in the slot, FIFO")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
+    p.set_defaults(func=_run_eval)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    import sys
+    from pathlib import Path
+
+    from evalsuite.checkpoints import model_source_for
+    from evalsuite.coordinator import Policy
+    from evalsuite.errors import EvalError
+    from evalsuite.runner import evaluate
+    from evalsuite.suite import load_suite
+
+    try:
+        job_spec = None
+        if args.config:
+            from training.config import ConfigError, load_job_spec
+            try:
+                job_spec = load_job_spec(args.config)
+            except ConfigError as e:
+                print(f"error: {e}", file=sys.stderr)
+                return 2
+        overrides: dict[str, Any] = {}
+        if args.slots:
+            overrides["slots"] = args.slots
+        if args.metric_workers:
+            overrides["metric_workers"] = args.metric_workers
+        suite = load_suite(args.suite, job_spec, overrides)
+        name = Path(args.checkpoint.rstrip("/")).name or "checkpoint"
+        output = Path(args.output or Path("runs") / "eval" / f"{name}-{suite.name}")
+        source = model_source_for(args.checkpoint, job_spec, output)
+        policy = Policy.naive() if args.naive else Policy()
+        if args.no_progress:
+            report = evaluate(source, suite, output, policy=policy)
+        else:
+            with _Progress() as progress:
+                report = evaluate(source, suite, output, policy=policy, on_event=progress.on_event,
+                                  echo=progress.print)
+    except EvalError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"results: {output / 'results.json'}")
+    return 1 if report.failed_datasets else 0
+
+
+class _Progress:
+    """Rich progress bars fed by the coordinator's events (thread-safe: rich locks internally)."""
+
+    def __enter__(self) -> "_Progress":
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+        self.console = Console(stderr=True)
+        self.bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                             MofNCompleteColumn(), TimeElapsedColumn(), console=self.console)
+        self.bars.__enter__()
+        self.trials = self.bars.add_task("inference trials", total=None)
+        self.metrics = self.bars.add_task("metric jobs", total=None)
+        self.per_trial: dict[str, Any] = {}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bars.__exit__(*exc)
+
+    def print(self, text: str) -> None:
+        self.console.print(text, markup=False, highlight=False)
+
+    def on_event(self, kind: str, info: dict[str, Any]) -> None:
+        trial = info.get("trial", "")
+        if kind == "trial_started":
+            self.per_trial[trial] = self.bars.add_task(f"  {trial} ({info['slot']})", total=None)
+        elif kind == "progress" and trial in self.per_trial:
+            self.bars.advance(self.per_trial[trial], info["n"])
+        elif kind in ("trial_done", "trial_failed"):
+            if trial in self.per_trial:
+                self.bars.remove_task(self.per_trial.pop(trial))
+            self.bars.advance(self.trials)
+        elif kind in ("metric_done", "metric_failed"):
+            self.bars.advance(self.metrics)
