@@ -1,0 +1,173 @@
+"""The checkpoint engine on a local directory: commit protocol, busy policy, fallback, retention."""
+
+from __future__ import annotations
+
+import errno
+import json
+import threading
+
+import pytest
+import torch
+
+from infra.checkpoint import CheckpointEngine, CheckpointError
+from infra.checkpoint_manifest import (
+    apply_retention,
+    committed_steps,
+    list_committed,
+    manifest_key,
+    read_latest,
+    shard_key,
+)
+from infra.storage import (
+    AccessDenied,
+    InvalidCredentials,
+    NoSuchBucket,
+    StorageFull,
+    classify_error,
+    open_storage,
+)
+
+
+def _state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {"model": {"w": torch.randn(128, 64, generator=g)}, "rng": torch.get_rng_state(),
+            "trainer": {"step": step, "position": step * 8}}
+
+
+@pytest.fixture(params=["thread", "process"])
+def writer(request) -> str:
+    return request.param
+
+
+def test_async_saves_commit_in_order_and_load_newest(tmp_path, writer):
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer=writer, keep_last=2) as engine:
+        for step in (10, 20, 30):
+            outcome = engine.save(step, _state(step))
+            assert outcome.started and not outcome.skipped
+        report = engine.wait()
+        assert report.committed and report.step == 30, report
+        assert [r.step for r in list_committed(url)] == [20, 30]  # keep_last=2
+        assert read_latest(url).step == 30
+        loaded = engine.load()
+    assert loaded.step == 30
+    assert torch.equal(loaded.state["model"]["w"], _state(30)["model"]["w"])
+    assert loaded.state["trainer"] == {"step": 30, "position": 240}
+
+
+def test_shards_without_manifest_are_not_checkpoints_and_get_cleaned(tmp_path):
+    url = str(tmp_path / "ckpt")
+    storage = open_storage(url)
+    with CheckpointEngine(url, writer="thread") as engine:
+        engine.save(10, _state(10), blocking=True)
+        storage.put_bytes(shard_key(15, 0, 1), b"half a shard from a crashed persist")
+        assert committed_steps(storage) == [10]
+        assert engine.load().step == 10
+        engine.save(20, _state(20), blocking=True)  # retention runs after this commit
+    assert not storage.exists(shard_key(15, 0, 1))
+    assert committed_steps(storage) == [10, 20]
+
+
+def test_busy_skip_and_wait(tmp_path):
+    gate = threading.Event()
+    reached = threading.Event()
+
+    def hold(step: int) -> None:  # keeps step 10's persist in flight until released
+        if step == 10:
+            reached.set()
+            assert gate.wait(60)
+
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="thread", on_busy="skip", after_shard_written=hold) as engine:
+        engine.save(10, _state(10))
+        assert reached.wait(60) and engine.busy
+        skipped = engine.save(20, _state(20))
+        assert skipped.skipped and not skipped.started
+        gate.set()
+        assert engine.wait().committed
+        assert engine.save(30, _state(30)).started
+        engine.wait()
+    assert committed_steps(open_storage(url)) == [10, 30]
+
+    gate.clear()
+    reached.clear()
+    url = str(tmp_path / "ckpt-wait")
+    with CheckpointEngine(url, writer="thread", on_busy="wait", after_shard_written=hold) as engine:
+        engine.save(10, _state(10))
+        assert reached.wait(60)
+        threading.Timer(0.3, gate.set).start()
+        waited = engine.save(20, _state(20))  # blocks until step 10 is committed
+        assert waited.started and waited.wait_s > 0
+        assert engine.reports[0].step == 10 and engine.reports[0].committed
+        assert engine.wait().committed
+    assert committed_steps(open_storage(url)) == [10, 20]
+
+
+def test_corrupt_newest_falls_back_and_is_set_aside(tmp_path, caplog):
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="thread", keep_last=5) as engine:
+        engine.save(10, _state(10), blocking=True)
+        engine.save(20, _state(20), blocking=True)
+    shard = tmp_path / "ckpt" / shard_key(20, 0, 1)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one flipped bit in the tensor bytes
+    shard.write_bytes(bytes(data))
+    with CheckpointEngine(url, writer="thread") as engine:
+        with caplog.at_level("WARNING"):
+            loaded = engine.load()
+        assert loaded.step == 10 and loaded.skipped_steps == [20]
+        assert torch.equal(loaded.state["model"]["w"], _state(10)["model"]["w"])
+        assert "checksum" in caplog.text and "falling back" in caplog.text
+        assert committed_steps(engine.storage) == [10]  # step 20 no longer counts as committed
+        assert read_latest(url).step == 10
+        with pytest.raises(CheckpointError, match="not a committed checkpoint"):
+            engine.load(step=20)
+
+
+def test_retention_never_deletes_newest_protected_or_leased(tmp_path):
+    storage = open_storage(str(tmp_path / "r"))
+    for step in (10, 20, 30, 40):
+        storage.put_bytes(shard_key(step, 0, 1), b"x")
+        storage.put_bytes(manifest_key(step), b"{}")
+    storage.put_bytes(shard_key(25, 0, 1), b"orphan")  # crashed persist, older than newest
+    storage.put_bytes(shard_key(50, 0, 1), b"in flight")  # newer than newest: may be running
+    storage.put_bytes("step-00000020/lease-abc.json", json.dumps({"holder": "eval"}).encode())
+    result = apply_retention(storage, keep_last=1, protect={10})
+    assert result.deleted_steps == [30]
+    assert result.orphaned_steps == [25]
+    assert committed_steps(storage) == [10, 20, 40]
+    assert storage.exists(shard_key(50, 0, 1))
+
+
+def test_errors_are_classified_into_clear_types():
+    from botocore.exceptions import ClientError, EndpointConnectionError
+
+    def client_error(code: str, status: int) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    assert isinstance(classify_error(client_error("NoSuchBucket", 404), "s3://b"), NoSuchBucket)
+    assert isinstance(classify_error(client_error("AccessDenied", 403), "s3://b"), AccessDenied)
+    assert isinstance(classify_error(client_error("SignatureDoesNotMatch", 403), "s3://b"), InvalidCredentials)
+    for transient in (client_error("SlowDown", 503), client_error("InternalError", 500),
+                      client_error("Whatever", 502), EndpointConnectionError(endpoint_url="http://x"),
+                      ConnectionResetError(errno.ECONNRESET, "reset")):
+        assert classify_error(transient, "s3://b") is None, transient
+    wrapped = PermissionError("denied")
+    wrapped.__cause__ = client_error("InvalidAccessKeyId", 403)  # how s3fs re-raises
+    assert isinstance(classify_error(wrapped, "s3://b"), InvalidCredentials)
+    full = classify_error(OSError(errno.ENOSPC, "No space left on device"), "/ckpt")
+    assert isinstance(full, StorageFull) and "keep_last" in str(full)
+
+
+def test_layout_mismatch_is_refused(tmp_path):
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="thread") as engine:
+        engine.save(10, _state(10), blocking=True)
+    storage = open_storage(url)
+    manifest = json.loads(storage.get_bytes(manifest_key(10)))
+    manifest["world_size"] = 4
+    storage.put_bytes(manifest_key(10), json.dumps(manifest).encode())
+    with CheckpointEngine(url, writer="thread") as engine:
+        with pytest.raises(CheckpointError, match="written by 4 ranks"):
+            engine.load()
