@@ -1,0 +1,553 @@
+"""Event-driven replay of a job trace on a cluster inventory under a scheduling policy.
+
+Events are job arrivals and job completions; after each batch of events at one
+instant the policy makes a scheduling pass over the queue.
+Every started job holds its GPUs on the `Cluster` object (allocate/release),
+so over-allocation is impossible by construction and checked again by the
+accounting.
+
+Policies
+--------
+``fcfs``  FCFS-opportunistic, the Frenzy baseline: each job gets exactly the
+          GPUs it asked for, on the fastest GPU type that has that many free
+          (and whose memory holds it), first-fit over nodes in inventory order.
+          Jobs behind a waiting job may start (opportunistic).
+``has``   Frenzy: MARP sizing + HAS placement. Per GPU type one plan: the
+          requested count, or — where that does not fit the type's memory —
+          the smallest count that does (MARP); ranked by predicted run time;
+          the job takes the first plan the free GPUs satisfy, placed best-fit
+          (`infra.placement.has_select`). (Letting HAS also shrink a job to
+          whatever count is free was tried and is worse on the Acme-like
+          trace: a long job shrunk at start stays slow for its whole run.)
+``ect``   Ours: expected completion time, HRRN order, conservative backfilling.
+          The queue is walked by highest response ratio ((wait + run) / run:
+          short jobs first, long ones gain priority as they wait). Each job
+          weighs every MARP-sized plan (every feasible count up to its request,
+          on every type) by expected completion = expected start + predicted
+          run time, with the expected start read off a per-type profile of
+          free GPUs over time (running jobs' predicted ends, minus the slots
+          reserved by the first `reservation_depth` = 8 waiting jobs). A plan
+          that can start now is placed with HAS; otherwise the job waits and
+          (within the depth) reserves its slot, so later jobs only backfill
+          around it. Big jobs are neither starved by small ones nor rushed onto
+          slow GPUs when fast ones free up shortly.
+
+Run time: a training job runs steps × the plan's step time predicted for the
+placement it got (`infra.cost_model`); its steps come from the trace or from
+its duration on the reference GPU divided by the reference plan's step time.
+A demand-only job runs its trace duration × reference TFLOP/s / GPU TFLOP/s.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+from infra.cluster import Cluster, Node
+from infra.gpus import gpu_spec
+from infra.placement import (
+    GpuRequest,
+    Placement,
+    allocate_placement,
+    build_placement,
+    first_fit_select,
+    has_select,
+    placed_step_time,
+    release_placement,
+)
+from infra.planner import (
+    Plan,
+    PlannerConfig,
+    PlanRequest,
+    catalogue_pool,
+    gpu_pools,
+    plan_on_pools,
+)
+from infra.traces import TraceError, TraceJob
+
+Policy = Literal["fcfs", "has", "ect"]
+POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")
+POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + reservation (ours)"}
+
+
+class SimulationError(TraceError):
+    """The simulation cannot run as asked (unknown policy, bad trace for this cluster)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way a job can run: GPU type and count, the plan (training jobs) and its run time."""
+
+    gpu_type: str
+    num_gpus: int
+    unit: int  # tensor-parallel group: GPUs that must share a node
+    min_memory_bytes: int
+    run_s: float  # predicted, when packed as densely as the planner assumed
+    plan: Plan | None = None
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def request(self) -> GpuRequest:
+        return GpuRequest(count=self.num_gpus, min_memory_bytes=self.min_memory_bytes,
+                          gpu_type=self.gpu_type, unit=self.unit)
+
+
+@dataclass
+class JobRecord:
+    job_id: str
+    category: str
+    arrival_s: float
+    requested_gpus: int
+    start_s: float | None = None
+    end_s: float | None = None
+    gpu_type: str | None = None
+    num_gpus: int = 0
+    nodes: tuple[str, ...] = ()
+    rejected: str | None = None  # why the job can never run on this cluster
+
+    @property
+    def jct_s(self) -> float:
+        return self.end_s - self.arrival_s
+
+    @property
+    def queue_s(self) -> float:
+        return self.start_s - self.arrival_s
+
+
+@dataclass
+class SimResult:
+    policy: str
+    records: list[JobRecord]
+    total_gpus: int
+    busy_gpu_seconds: float  # integral of busy GPUs over time
+    timeline: list[tuple[float, int]]  # (time, busy GPUs) after each event batch
+    decisions: int
+    decision_seconds: float
+    passes: int
+
+    @property
+    def finished(self) -> list[JobRecord]:
+        return [r for r in self.records if r.end_s is not None]
+
+    @property
+    def makespan_s(self) -> float:
+        done = self.finished
+        return max(r.end_s for r in done) - min(r.arrival_s for r in done) if done else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        done = self.finished
+        n = len(done) or 1
+        by_cat: dict[str, list[float]] = {}
+        for r in done:
+            by_cat.setdefault(r.category, []).append(r.jct_s)
+        makespan = self.makespan_s
+        return {
+            "policy": self.policy,
+            "jobs": len(self.records),
+            "finished": len(done),
+            "rejected": sum(1 for r in self.records if r.rejected),
+            "avg_jct_s": sum(r.jct_s for r in done) / n,
+            "avg_queue_s": sum(r.queue_s for r in done) / n,
+            "p50_jct_s": _percentile([r.jct_s for r in done], 50),
+            "p99_jct_s": _percentile([r.jct_s for r in done], 99),
+            "makespan_s": makespan,
+            "utilisation": self.busy_gpu_seconds / (self.total_gpus * makespan) if makespan else 0.0,
+            "decisions": self.decisions,
+            "us_per_decision": 1e6 * self.decision_seconds / max(1, self.decisions),
+            "avg_jct_s_by_category": {c: sum(v) / len(v) for c, v in sorted(by_cat.items())},
+        }
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, math.ceil(q / 100 * len(ordered)) - 1))
+    return ordered[k]
+
+
+# --- turning trace jobs into options ------------------------------------------------
+
+
+class JobCatalogue:
+    """Per-job options for each policy, computed once per (trace, cluster) and shared by policies.
+
+    Plans are cached per (model, batch, counts) since traces repeat a few model shapes.
+    """
+
+    def __init__(self, cluster: Cluster, planner: PlannerConfig | None = None):
+        self.cluster = cluster
+        self.planner = planner or PlannerConfig()
+        self.pools = gpu_pools(cluster)
+        if not self.pools:
+            raise SimulationError(f"cluster {cluster.name!r} has no schedulable GPUs")
+        self._plans: dict[tuple, list[Plan]] = {}
+        self.steps: dict[str, float] = {}
+        self.requested: dict[str, int] = {}
+
+    def _plans_for(self, job: TraceJob, counts: tuple[int, ...], pools) -> list[Plan]:
+        key = (id(job.model), job.global_batch, job.precision, counts, tuple(p.gpu_type for p in pools))
+        if key not in self._plans:
+            request = PlanRequest(model=job.model, global_batch=job.global_batch, precision=job.precision,
+                                  name=job.job_id)
+            config = self.planner.model_copy(update={"gpu_counts": counts, "max_gpus": None})
+            self._plans[key] = plan_on_pools(request, list(pools), config)
+        return self._plans[key]
+
+    def _reference(self, job: TraceJob) -> tuple[int, float]:
+        """(GPU count, step time) of the job on its reference GPU; raises the count if too small."""
+        try:
+            pool = catalogue_pool(job.reference_gpu, inter_node_gbps=self.cluster.inter_node_bandwidth_gbps)
+        except KeyError as e:
+            raise SimulationError(f"job {job.job_id}: {e.args[0]}") from None
+        n = job.num_gpus
+        while n <= 1 << 14:
+            plans = self._plans_for(job, (n,), (pool,))
+            if plans:
+                return n, plans[0].predicted_step_time_s
+            n *= 2
+        raise SimulationError(f"job {job.job_id}: its model fits on no count of {job.reference_gpu}")
+
+    def _by_type_and_count(self, plans: list[Plan]) -> list[Plan]:
+        seen, out = set(), []
+        for p in plans:
+            key = (p.gpu_type, p.num_gpus)
+            if key not in seen:
+                seen.add(key)
+                out.append(p)
+        return out
+
+    def options(self, job: TraceJob) -> dict[str, list[Option]]:
+        """{policy: options in the policy's preference order} (empty lists: never runnable)."""
+        fastest_first = sorted(self.pools, key=lambda p: -p.peak_tflops)
+        if not job.is_training:
+            self.requested[job.job_id] = job.num_gpus
+            try:
+                ref_tflops = gpu_spec(job.reference_gpu).peak_tflops
+            except KeyError as e:
+                raise SimulationError(f"job {job.job_id}: {e.args[0]}") from None
+            need = int(job.min_gpu_memory_gib * 2**30)
+            opts = [
+                Option(gpu_type=p.gpu_type, num_gpus=job.num_gpus, unit=1, min_memory_bytes=need,
+                       run_s=job.duration_s * ref_tflops / p.peak_tflops, dp=job.num_gpus)
+                for p in fastest_first
+                if p.memory_bytes >= need and p.total_gpus >= job.num_gpus
+            ]
+            return {"fcfs": opts, "has": opts, "ect": opts}
+
+        n_ref, ref_step = self._reference(job)
+        self.requested[job.job_id] = n_ref
+        steps = job.steps or max(1.0, job.duration_s / ref_step)
+        self.steps[job.job_id] = steps
+
+        def option(p: Plan) -> Option:
+            return Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
+                          min_memory_bytes=p.required_memory_bytes, run_s=steps * p.predicted_step_time_s,
+                          plan=p, dp=p.dp, tp=p.tp, pp=p.pp)
+
+        # Baseline: exactly the requested count, fastest type first.
+        fcfs = []
+        for pool in fastest_first:
+            plans = self._plans_for(job, (n_ref,), (pool,))
+            if plans:
+                fcfs.append(option(plans[0]))
+        # MARP sizing, per GPU type: every count (powers of two and the request) that holds
+        # the job, up to the request; where the request has no fitting layout on a type, the
+        # smallest count above it that does (up to 4x).
+        counts = tuple(sorted({1 << k for k in range((4 * n_ref).bit_length())} | {n_ref}))
+        counts = tuple(c for c in counts if c <= 4 * n_ref)
+        by_type: dict[str, list[Option]] = {}
+        for p in self._by_type_and_count(self._plans_for(job, counts, tuple(self.pools))):
+            by_type.setdefault(p.gpu_type, []).append(option(p))
+        sized: list[Option] = []
+        for opts in by_type.values():
+            opts.sort(key=lambda o: o.num_gpus)
+            within = [o for o in opts if o.num_gpus <= n_ref]
+            above = [o for o in opts if o.num_gpus > n_ref]
+            sized.extend(within)
+            if (not within or within[-1].num_gpus != n_ref) and above:
+                sized.append(above[0])
+        # HAS: one plan per type — the request, or MARP's raised count — fastest first.
+        largest = {}
+        for o in sized:
+            if o.gpu_type not in largest or o.num_gpus > largest[o.gpu_type].num_gpus:
+                largest[o.gpu_type] = o
+        has = sorted(largest.values(), key=lambda o: (o.run_s, o.num_gpus))
+        # ECT weighs every sized plan by expected completion time.
+        ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
+        return {"fcfs": fcfs, "has": has, "ect": ect}
+
+
+# --- the event loop ----------------------------------------------------------------------
+
+
+@dataclass
+class _Running:
+    record: JobRecord
+    placement: Placement
+    end_s: float
+
+
+class Simulator:
+    """Replays `jobs` on a private copy of `cluster` under `policy`."""
+
+    def __init__(self, cluster: Cluster, jobs: Iterable[TraceJob], policy: str,
+                 catalogue: JobCatalogue | None = None, options: dict[str, dict[str, list[Option]]] | None = None,
+                 reservation_depth: int = 8):
+        if policy not in POLICIES:
+            raise SimulationError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+        self.policy = policy
+        self.cluster = cluster.copy_state()
+        self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
+        if not self.jobs:
+            raise SimulationError("the trace has no jobs")
+        self.catalogue = catalogue or JobCatalogue(cluster)
+        self.options = options if options is not None else {j.job_id: self.catalogue.options(j) for j in self.jobs}
+        self.total_gpus = sum(n.gpu_count for n in self.cluster.schedulable_nodes())
+        self.nodes_by_type: dict[str, list[Node]] = {}
+        for n in self.cluster.schedulable_nodes():
+            self.nodes_by_type.setdefault(n.gpu_type, []).append(n)
+        self.free_by_type = self.cluster.free_gpus_by_type()
+        self.reservation_depth = reservation_depth
+        self.shortest_run = {
+            j: min((o.run_s for o in opts["ect"]), default=math.inf) for j, opts in self.options.items()
+        }
+
+    # -- helpers
+    def _try_place(self, job: TraceJob, opt: Option, select) -> Placement | None:
+        if self.free_by_type.get(opt.gpu_type, 0) < opt.num_gpus:
+            return None
+        chosen = select(self.cluster, opt.request(), self.nodes_by_type.get(opt.gpu_type, ()))
+        if chosen is None:
+            return None
+        placement = build_placement(self.cluster, chosen, job=job.job_id, gpu_type=opt.gpu_type,
+                                    dp=opt.dp, tp=opt.tp, pp=opt.pp)
+        allocate_placement(self.cluster, placement)
+        self.free_by_type[opt.gpu_type] -= opt.num_gpus
+        return placement
+
+    def _run_seconds(self, job: TraceJob, opt: Option, placement: Placement) -> float:
+        if opt.plan is None:
+            return opt.run_s
+        return self.catalogue.steps[job.job_id] * placed_step_time(opt.plan, placement, self.cluster)
+
+    def _earliest_start(self, opt: Option, now: float, releases: dict[str, list[tuple[float, int]]]) -> float:
+        free = self.free_by_type.get(opt.gpu_type, 0)
+        if free >= opt.num_gpus:
+            return now
+        for end_s, gpus in releases.get(opt.gpu_type, ()):
+            free += gpus
+            if free >= opt.num_gpus:
+                return end_s
+        return math.inf
+
+    # -- the loop
+    def run(self) -> SimResult:
+        records = {j.job_id: JobRecord(j.job_id, j.category, j.arrival_s, j.num_gpus) for j in self.jobs}
+        events: list[tuple[float, int, int, str]] = []  # (time, kind 0=finish 1=arrival, seq, job id)
+        by_id = {j.job_id: j for j in self.jobs}
+        seq = 0
+        for j in self.jobs:
+            heapq.heappush(events, (j.arrival_s, 1, seq, j.job_id))
+            seq += 1
+        queue: list[TraceJob] = []
+        running: dict[str, _Running] = {}
+        timeline: list[tuple[float, int]] = []
+        busy = 0
+        busy_integral = 0.0
+        last_t = self.jobs[0].arrival_s
+        decisions = passes = 0
+        decision_seconds = 0.0
+
+        while events:
+            now = events[0][0]
+            busy_integral += busy * (now - last_t)
+            last_t = now
+            while events and events[0][0] == now:
+                _, kind, _, job_id = heapq.heappop(events)
+                if kind == 0:
+                    done = running.pop(job_id)
+                    release_placement(self.cluster, done.placement)
+                    self.free_by_type[done.placement.gpu_type] += done.placement.world_size
+                    busy -= done.placement.world_size
+                    done.record.end_s = now
+                else:
+                    job = by_id[job_id]
+                    if not self.options[job_id][self.policy]:
+                        records[job_id].rejected = "no GPU type of the cluster can hold it"
+                    else:
+                        queue.append(job)
+            t0 = time.perf_counter()
+            started, considered = self._schedule(now, queue, running)
+            decision_seconds += time.perf_counter() - t0
+            decisions += considered
+            passes += 1
+            for job, opt, placement in started:
+                rec = records[job.job_id]
+                rec.start_s, rec.gpu_type, rec.num_gpus = now, opt.gpu_type, placement.world_size
+                rec.nodes = tuple(placement.nodes)
+                end = now + self._run_seconds(job, opt, placement)
+                running[job.job_id] = _Running(rec, placement, end)
+                busy += placement.world_size
+                heapq.heappush(events, (end, 0, seq, job.job_id))
+                seq += 1
+            if started:
+                started_ids = {j.job_id for j, _, _ in started}
+                queue = [j for j in queue if j.job_id not in started_ids]
+            if busy > self.total_gpus:
+                raise AssertionError(f"over-allocation at t={now}: {busy} > {self.total_gpus}")
+            timeline.append((now, busy))
+        if queue:  # cannot happen: a job with options eventually fits an empty cluster
+            raise SimulationError(f"{len(queue)} job(s) never started, e.g. {queue[0].job_id}")
+        return SimResult(self.policy, list(records.values()), self.total_gpus, busy_integral, timeline,
+                         decisions, decision_seconds, passes)
+
+    def _schedule(self, now: float, queue: list[TraceJob], running: dict[str, _Running]):
+        started: list[tuple[TraceJob, Option, Placement]] = []
+        considered = 0
+        if self.policy in ("fcfs", "has"):
+            select = first_fit_select if self.policy == "fcfs" else has_select
+            for job in queue:
+                if not any(self.free_by_type.values()):
+                    break
+                considered += 1
+                for opt in self.options[job.job_id][self.policy]:
+                    placement = self._try_place(job, opt, select)
+                    if placement is not None:
+                        started.append((job, opt, placement))
+                        break
+            return started, considered
+
+        # ect: expected completion time over a free-GPU profile per type, where every job
+        # that waits reserves its future slot (conservative backfilling).
+        profiles: dict[str, _FreeProfile] = {
+            t: _FreeProfile(now, free) for t, free in self.free_by_type.items()
+        }
+        for r in running.values():
+            profiles[r.placement.gpu_type].add(r.end_s, math.inf, r.placement.world_size)
+        # Highest response ratio next: (wait + run) / run favours short jobs without starving
+        # long ones, whose ratio grows while they wait.
+        def response_ratio(job: TraceJob) -> float:
+            run = self.shortest_run[job.job_id]
+            return (now - job.arrival_s + run) / run
+
+        order = sorted(queue, key=response_ratio, reverse=True)
+        reserved = 0
+        depth_limit = self.reservation_depth
+        for depth, job in enumerate(order):
+            if reserved >= depth_limit and not any(self.free_by_type.values()):
+                break
+            considered += 1
+            best: tuple[float, float, Option] | None = None
+            for opt in self.options[job.job_id]["ect"]:
+                start = profiles[opt.gpu_type].earliest(opt.num_gpus, opt.run_s)
+                if best is None or start + opt.run_s < best[0]:
+                    best = (start + opt.run_s, start, opt)
+            if best is None or best[1] == math.inf:
+                continue
+            _, start, opt = best
+            if start == now:
+                placement = self._try_place(job, opt, has_select)
+                if placement is not None:
+                    started.append((job, opt, placement))
+                    profiles[opt.gpu_type].add(now, now + opt.run_s, -opt.num_gpus)
+                    continue
+                # Enough GPUs of the type, but not in whole tp groups per node: wait for the
+                # next release rather than hold a reservation we cannot honour.
+                continue
+            if reserved < depth_limit:
+                reserved += 1
+                profiles[opt.gpu_type].add(start, start + opt.run_s, -opt.num_gpus)
+        return started, considered
+
+
+class _FreeProfile:
+    """Free GPUs of one type over future time: a step function built from breakpoints.
+
+    `add(t0, t1, delta)` changes the free count on [t0, t1); `earliest(n, d)` is the
+    first time from now at which n GPUs stay free for d seconds.
+    """
+
+    def __init__(self, now: float, free_now: int):
+        self.now = now
+        self.base = free_now
+        self.deltas: list[tuple[float, int]] = []  # (time, change), unsorted until needed
+        self._sorted = True
+
+    def add(self, t0: float, t1: float, delta: int) -> None:
+        self.deltas.append((t0, delta))
+        if t1 != math.inf:
+            self.deltas.append((t1, -delta))
+        self._sorted = False
+
+    def earliest(self, need: int, duration: float) -> float:
+        if not self._sorted:
+            self.deltas.sort()
+            self._sorted = True
+        # Walk the breakpoints; a candidate start holds while the free count stays >= need.
+        free = self.base
+        events = self.deltas
+        i = 0
+        while i < len(events) and events[i][0] <= self.now:
+            free += events[i][1]
+            i += 1
+        candidate = self.now if free >= need else None
+        while i < len(events):
+            t = events[i][0]
+            if candidate is not None and t >= candidate + duration:
+                return candidate
+            while i < len(events) and events[i][0] == t:
+                free += events[i][1]
+                i += 1
+            if free >= need:
+                if candidate is None:
+                    candidate = t
+            else:
+                candidate = None
+        return candidate if candidate is not None else math.inf
+
+
+def simulate(cluster: Cluster, jobs: list[TraceJob], policies: Iterable[str] = POLICIES,
+             planner: PlannerConfig | None = None) -> dict[str, SimResult]:
+    """Run every policy on the same trace and cluster; options are computed once and shared."""
+    policies = list(policies)
+    for p in policies:
+        if p not in POLICIES:
+            raise SimulationError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+    catalogue = JobCatalogue(cluster, planner)
+    options = {j.job_id: catalogue.options(j) for j in jobs}
+    return {p: Simulator(cluster, jobs, p, catalogue, options).run() for p in policies}
+
+
+def plot_jct_cdf(results: dict[str, SimResult], path: str | Path, title: str = "JCT CDF") -> Path:
+    """One JCT CDF line per policy, log-scaled time axis, saved as PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for policy, result in results.items():
+        jcts = sorted(r.jct_s / 3600 for r in result.finished)
+        if not jcts:
+            continue
+        ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
+        avg = sum(jcts) / len(jcts)
+        ax.step(jcts, ys, where="post", label=f"{POLICY_LABELS.get(policy, policy)} (avg {avg:.2f} h)")
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (hours, log scale)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
