@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,11 +54,13 @@ def stdlib_root() -> Path:
 
 
 def stdlib_files() -> list[Path]:
-    root = stdlib_root()
-    return sorted(
-        p for p in root.rglob("*.py")
-        if not (_STDLIB_SKIP_DIRS & set(p.relative_to(root).parts[:-1])) and p.is_file()
-    )
+    """The standard library's .py files, sorted; skipped folders are never walked into
+    (site-packages can hold far more files than the stdlib itself)."""
+    files = []
+    for folder, subdirs, names in os.walk(stdlib_root()):
+        subdirs[:] = [d for d in subdirs if d not in _STDLIB_SKIP_DIRS]
+        files.extend(Path(folder, n) for n in names if n.endswith(".py"))
+    return sorted(files)
 
 
 def _read_text(path: Path) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -130,3 +131,37 @@ def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp
     with pytest.raises(ExportError, match="forgeflow prepare"):
         export_hf(tmp_path / "ck", tmp_path / "hf", spec, tokenizer_dir=tmp_path / "no-tokenizer")
     assert not (tmp_path / "hf").exists()  # nothing half-written
+
+
+def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepared, tmp_path,
+                                                      repo_root):
+    """TP=2 (two gloo processes) checkpoint -> one HF model with the TP model's logits."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+    from transformers import AutoModelForCausalLM
+
+    from training.export import export_hf
+
+    job = copy.deepcopy(tiny_job_dict)
+    job["training"].update(tensor_parallel=2, global_batch_size=2, micro_batch_size=1)
+    job["checkpoint"]["url"] = str(tmp_path / "ck")
+    job_file = tmp_path / "tp2.yaml"
+    job_file.write_text(yaml.safe_dump(job))
+    env = dict(os.environ, PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(Path(__file__).with_name("tp_export_worker.py")), str(job_file), str(tmp_path)],
+        env=env, cwd=repo_root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tp_logits = torch.load(tmp_path / "logits.pt")
+    tokens = torch.load(tmp_path / "tokens.pt")
+
+    spec = parse_job_spec(job)  # still says tensor_parallel=2: export merges regardless
+    hf = AutoModelForCausalLM.from_pretrained(export_hf(tmp_path / "ck", tmp_path / "hf", spec)).eval()
+    with torch.no_grad():
+        diff = (hf(tokens).logits - tp_logits).abs().max().item()
+    assert tp_logits.shape[-1] == spec.model.vocab_size
+    assert diff < TOLERANCE, f"max |logit diff| {diff:.3g}"
