@@ -108,6 +108,7 @@ class JobRecord:
     gpu_type: str | None = None
     num_gpus: int = 0
     nodes: tuple[str, ...] = ()
+    gpus: tuple[tuple[str, int], ...] = ()  # (node, GPU index) held while running
     rejected: str | None = None  # why the job can never run on this cluster
 
     @property
@@ -391,6 +392,7 @@ class Simulator:
                 rec = records[job.job_id]
                 rec.start_s, rec.gpu_type, rec.num_gpus = now, opt.gpu_type, placement.world_size
                 rec.nodes = tuple(placement.nodes)
+                rec.gpus = tuple((a.node, g) for a in placement.assignments for g in a.gpus)
                 end = now + self._run_seconds(job, opt, placement)
                 running[job.job_id] = _Running(rec, placement, end)
                 busy += placement.world_size
