@@ -115,6 +115,22 @@ class SeaweedS3:
                 self.proc.wait()
         self.proc = None
 
+    def kill(self) -> None:
+        """Stop abruptly (SIGKILL), as a crashed or unplugged server would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc = None
+
+    def bucket_exists(self, name: str) -> bool:
+        return name in {b["Name"] for b in self._client().list_buckets().get("Buckets", [])}
+
+    def _client(self):
+        import boto3
+
+        return boto3.client("s3", endpoint_url=self.endpoint, aws_access_key_id=ACCESS_KEY,
+                            aws_secret_access_key=SECRET_KEY, region_name="us-east-1")
+
     def make_bucket(self, name: str | None = None) -> str:
         import boto3
 
