@@ -23,29 +23,20 @@ from typing import Protocol
 
 import psutil
 
+from infra.placement import NodeLaunch
 from infra.reaper import kill_tree
-
-
-@dataclass(frozen=True)
-class NodeLaunchSpec:
-    """What one node runs: its share of the ranks and the GPUs it may see."""
-
-    node: str
-    node_rank: int
-    nnodes: int
-    nproc_per_node: int
-    devices: tuple[int, ...] | None = None  # CUDA_VISIBLE_DEVICES; None = leave as is
 
 
 @dataclass
 class LaunchRequest:
+    """A job's launch: one `infra.placement.NodeLaunch` per node plus what every rank runs."""
+
     job_name: str
-    nodes: list[NodeLaunchSpec]
+    nodes: list[NodeLaunch]
     worker_args: list[str]  # e.g. ["-m", "training.train", "job.yaml", "--set", "k=v"]
-    rdzv_endpoint: str  # host:port of the c10d rendezvous (node rank 0's host)
     run_dir: Path
     env: dict[str, str] = field(default_factory=dict)
-    attempt: int = 0  # part of the rendezvous id, so a restart never joins a stale round
+    attempt: int = 0  # names this attempt's log files; restarts never overwrite a failed attempt's
 
     def __post_init__(self) -> None:
         if not self.nodes:
@@ -60,16 +51,18 @@ class LaunchRequest:
         return sum(n.nproc_per_node for n in self.nodes)
 
 
-def torchrun_command(spec: NodeLaunchSpec, request: LaunchRequest) -> list[str]:
-    """The torchrun command line for one node (c10d rendezvous, no in-torchrun restarts:
-    restarts are the flow's decision, made after diagnosis)."""
+def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
+    """The torchrun command line for one node.
+
+    Static rendezvous (master address/port + node rank), not c10d: the placement
+    fixes which global rank runs on which GPU (pipeline stages are cross-mapped
+    over PCIe root complexes), and only a static node rank keeps that map; c10d
+    hands out node ranks in arrival order. No in-torchrun restarts either: a
+    restart is the flow's decision, made after diagnosis.
+    """
     return [
         sys.executable, "-m", "torch.distributed.run",
-        f"--nnodes={spec.nnodes}",
-        f"--nproc-per-node={spec.nproc_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={request.rdzv_endpoint}",
-        f"--rdzv-id={request.job_name}-{request.attempt}",
+        *spec.torchrun_args(),
         "--max-restarts=0",
         "--monitor-interval=1",
         # Prefix each rank's console lines ("[default0]:...") so logs say who spoke.
@@ -79,14 +72,24 @@ def torchrun_command(spec: NodeLaunchSpec, request: LaunchRequest) -> list[str]:
     ]
 
 
-def node_env(spec: NodeLaunchSpec, request: LaunchRequest) -> dict[str, str]:
+def node_env(spec: NodeLaunch, request: LaunchRequest) -> dict[str, str]:
     env = dict(os.environ)
     env.update(request.env)
     env["PYTHONUNBUFFERED"] = "1"
     env["FORGEFLOW_NODE_NAME"] = spec.node
-    if spec.devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in spec.devices)
+    if spec.cuda_visible_devices:  # empty: leave device visibility as the node has it
+        env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices
     return env
+
+
+def local_node_launches(names: list[str], nproc_per_node: int, master_port: int) -> list[NodeLaunch]:
+    """Launch specs for 'nodes' that are all this machine (tests, node checks, CPU runs)."""
+    return [
+        NodeLaunch(node=name, address="127.0.0.1", node_rank=i, nnodes=len(names),
+                   nproc_per_node=nproc_per_node, cuda_visible_devices="", master_addr="127.0.0.1",
+                   master_port=master_port, first_global_rank=i * nproc_per_node)
+        for i, name in enumerate(names)
+    ]
 
 
 class LaunchedJob(Protocol):

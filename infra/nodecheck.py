@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from infra.launch import LaunchRequest, Launcher, NodeLaunchSpec
+from infra.launch import LaunchRequest, Launcher, local_node_launches
 
 
 @dataclass(frozen=True)
@@ -153,6 +153,11 @@ class LauncherWorldRunner:
         self.env = env or {}
         self._count = 0
 
+    def _launches(self, world: tuple[str, ...]):
+        launches = local_node_launches(list(world), self.nproc_per_node, self.free_port())
+        host = self.rendezvous_host(world[0])
+        return [replace(l, address=self.rendezvous_host(l.node), master_addr=host) for l in launches]
+
     def __call__(self, worlds: list[tuple[str, ...]]) -> list[WorldResult]:
         jobs = []
         for world in worlds:
@@ -161,7 +166,7 @@ class LauncherWorldRunner:
             result_path = world_dir / "result.json"
             request = LaunchRequest(
                 job_name=f"nodecheck-{self._count}",
-                nodes=[NodeLaunchSpec(n, i, len(world), self.nproc_per_node) for i, n in enumerate(world)],
+                nodes=self._launches(world),
                 worker_args=[
                     "-m", "infra.nodecheck_worker",
                     f"--result={result_path}",
@@ -169,7 +174,6 @@ class LauncherWorldRunner:
                     f"--iterations={self.iterations}",
                     f"--timeout-s={self.timeout_s}",
                 ],
-                rdzv_endpoint=f"{self.rendezvous_host(world[0])}:{self.free_port()}",
                 run_dir=world_dir,
                 env=self.env,
             )

@@ -13,18 +13,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from infra.launch import LaunchRequest, LocalLauncher, NodeLaunchSpec, torchrun_command
+from infra.launch import LaunchRequest, LocalLauncher, local_node_launches, torchrun_command
 
 WORKER = str(Path(__file__).with_name("rank_worker.py"))
 
 
 def _request(tmp_path: Path, port: int, env: dict[str, str] | None = None) -> LaunchRequest:
-    nodes = [NodeLaunchSpec(node=f"node-{c}", node_rank=i, nnodes=2, nproc_per_node=1) for i, c in enumerate("ab")]
     return LaunchRequest(
         job_name="launch-test",
-        nodes=nodes,
+        nodes=local_node_launches(["node-a", "node-b"], 1, port),
         worker_args=[WORKER],
-        rdzv_endpoint=f"127.0.0.1:{port}",
         run_dir=tmp_path / "run",
         env={"FORGEFLOW_TEST_PID_DIR": str(tmp_path / "pids"), **(env or {})},
     )
@@ -54,13 +52,14 @@ def test_command_has_rendezvous_and_node_shape(tmp_path):
     request = _request(tmp_path, 29400)
     cmd = torchrun_command(request.nodes[1], request)
     assert "--nnodes=2" in cmd and "--nproc-per-node=1" in cmd
-    assert "--rdzv-backend=c10d" in cmd and "--rdzv-endpoint=127.0.0.1:29400" in cmd
+    assert "--node-rank=1" in cmd and "--master-addr=127.0.0.1" in cmd and "--master-port=29400" in cmd
     assert cmd[-1] == WORKER
 
 
 def test_bad_node_ranks_are_refused(tmp_path):
     with pytest.raises(ValueError, match="node ranks"):
-        LaunchRequest("j", [NodeLaunchSpec("a", 1, 1, 1)], [WORKER], "127.0.0.1:1", tmp_path)
+        bad = local_node_launches(["a", "b"], 1, 1)[1:]  # node rank 1 of 2, alone
+        LaunchRequest("j", bad, [WORKER], tmp_path)
 
 
 def test_terminate_kills_every_rank(tmp_path, free_port):
