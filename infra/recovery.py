@@ -1,0 +1,122 @@
+"""What to do after a failed attempt: the on-call engineer's decision table.
+
+| what happened                                          | action                          |
+|--------------------------------------------------------|---------------------------------|
+| restart budget spent                                   | stop                            |
+| same root cause at the same step `breaker_count` times | stop (circuit breaker)          |
+| loss spike (marker or LossSpike diagnosis)             | roll back before the onset, skip the spike's batches |
+| hang (stale heartbeats)                                | node check, then restart        |
+| transient infrastructure fault (connection, S3, NCCL   | restart in place after backoff  |
+|   timeout) with no suspect node                        |                                 |
+| any other infrastructure fault                         | node check, cordon, re-place, restart |
+| out of memory                                          | stop; suggest the next plan     |
+| script / framework error that a restart cannot fix     | stop                            |
+| framework error the diagnosis says a restart fixes     | restart in place after backoff  |
+| unknown                                                | restart in place after backoff (the breaker stops a repeat) |
+
+`decide` is a pure function of the diagnosis, the attempt and the history, so the
+table is unit-tested without launching anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from diagnosis.vocabulary import Diagnosis
+
+TRANSIENT_ROOT_CAUSES = frozenset({"ConnectionError", "S3StorageError", "NCCLTimeoutError"})
+
+
+class Action(str, Enum):
+    RESTART = "restart in place"
+    NODE_CHECK_RESTART = "node check, cordon faulty nodes, re-place and restart"
+    ROLLBACK = "roll back before the spike and skip its batches"
+    STOP = "stop"
+
+
+@dataclass(frozen=True)
+class RecoveryPolicy:
+    max_restarts: int = 5
+    breaker_count: int = 3  # the same failure at the same step this many times → stop
+    backoff_s: float = 5.0  # first backoff of a restart in place; doubles per repeat
+    max_backoff_s: float = 300.0
+    skip_batches: int = 10  # batches skipped after a spike rollback (PaLM skipped ~200-500)
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    root_cause: str
+    step: int
+
+
+@dataclass
+class Decision:
+    action: Action
+    reason: str
+    backoff_s: float = 0.0
+    suggestion: str = ""  # for a stop: what a person should change
+
+
+@dataclass
+class RecoveryHistory:
+    failures: list[FailureRecord] = field(default_factory=list)
+    restarts: int = 0
+
+    def repeats(self, record: FailureRecord) -> int:
+        return sum(1 for f in self.failures if f == record)
+
+
+def decide(
+    diagnosis: Diagnosis,
+    failed_step: int,
+    history: RecoveryHistory,
+    policy: RecoveryPolicy,
+    oom_suggestion: str = "",
+) -> Decision:
+    """Choose the action for this failure. `history` must already include it."""
+    record = FailureRecord(diagnosis.root_cause, failed_step)
+    if history.restarts >= policy.max_restarts:
+        return Decision(Action.STOP, f"restart budget spent ({history.restarts}/{policy.max_restarts})")
+    if history.repeats(record) >= policy.breaker_count:
+        return Decision(
+            Action.STOP,
+            f"circuit breaker: {diagnosis.root_cause} at step {failed_step} happened "
+            f"{history.repeats(record)} times; restarting again would repeat it",
+        )
+    root = diagnosis.root_cause
+    if root == "LossSpike":
+        return Decision(Action.ROLLBACK, "the loss spiked and did not recover")
+    if root == "Hang":
+        return Decision(Action.NODE_CHECK_RESTART, "no progress from some ranks: a node or link may be stuck")
+    if root == "OutOfMemoryError":
+        return Decision(
+            Action.STOP,
+            "out of memory: the same plan would fail again",
+            suggestion=oom_suggestion or "use more GPUs, recompute activations or a smaller micro batch",
+        )
+    if diagnosis.kind == "infrastructure":
+        if root in TRANSIENT_ROOT_CAUSES and not diagnosis.suspect_nodes:
+            return Decision(Action.RESTART, f"transient {root} with no faulty node named", _backoff(history, record, policy))
+        return Decision(Action.NODE_CHECK_RESTART, f"{root} points at hardware or interconnect")
+    if diagnosis.kind == "unknown":
+        return Decision(Action.RESTART, "unknown failure: one restart is cheap; the breaker stops a repeat",
+                        _backoff(history, record, policy))
+    if diagnosis.restart_helps:
+        return Decision(Action.RESTART, f"{root} is expected to pass on a retry", _backoff(history, record, policy))
+    return Decision(
+        Action.STOP,
+        f"{root} ({diagnosis.kind} error) is deterministic: a restart would fail the same way",
+        suggestion=diagnosis.mitigation,
+    )
+
+
+def _backoff(history: RecoveryHistory, record: FailureRecord, policy: RecoveryPolicy) -> float:
+    earlier = max(0, history.repeats(record) - 1)
+    return min(policy.max_backoff_s, policy.backoff_s * (2**earlier))
+
+
+def rollback_step(committed_steps: list[int], spike_onset_step: int) -> int | None:
+    """The newest committed checkpoint taken strictly before the spike began."""
+    before = [s for s in committed_steps if s < spike_onset_step]
+    return max(before) if before else None
