@@ -6,9 +6,10 @@ Two jobs, both done on large buffers of complete lines (never line by line in Py
   filter regexes. Three engines are selectable (``ENGINE_NAMES``):
 
   - ``re2`` (default): all rules are folded into one RE2 pattern that matches a *run*
-    of consecutive covered lines, ``(?m)(?:^(?:r1|r2|...)[^\\n]*\\n)+``. RE2's DFA
-    scans the buffer in C and Python only sees one match per run, so the Python cost
-    is proportional to the number of *kept* lines, not of all lines.
+    of consecutive covered lines, ``(?:(?:r1|r2|...)[^\\n]*\\n)+``, matched anchored
+    at each uncovered position. RE2's forward DFA skips whole runs in C and Python only
+    sees one match per run, so the Python cost is proportional to the number of *kept*
+    lines, not of all lines.
   - ``hyperscan``: every rule is compiled into one Hyperscan database; Hyperscan
     reports one match per covered line, and numpy maps match offsets to lines. Fast
     scanning, but one Python callback per covered line caps its throughput.
@@ -185,12 +186,21 @@ def _run_alternative(pattern: str) -> str:
 
 
 def _run_pattern(patterns: Sequence[str]) -> str:
+    # Matched *anchored* at a line start (see RunScanFilter), so no leading "^" and
+    # RE2 runs only its forward DFA: an unanchored finditer would also run the reverse
+    # DFA over every run to find where it starts, halving throughput.
     alternation = "|".join(_run_alternative(p) for p in patterns)
-    return f"(?m)(?:^(?:{alternation})\\n)+"
+    return f"(?m)(?:(?:{alternation})\\n)+"
 
 
 class RunScanFilter:
-    """RE2 or Python ``re`` over one pattern that matches runs of covered lines."""
+    """RE2 or Python ``re``: one pattern matching a run of covered lines.
+
+    At each uncovered position the run pattern is matched anchored; a match skips the
+    whole run of covered lines in C, a miss means the line at that position is
+    uncovered. Python therefore iterates once per run and once per kept line, never
+    per routine line.
+    """
 
     def __init__(self, patterns: Sequence[str], engine: str):
         self.engine = engine
@@ -215,14 +225,21 @@ class RunScanFilter:
         if self._empty:
             _split_gap(buf, 0, len(buf), out)
             return out
-        last = 0
-        for match in self._regex.finditer(buf):
-            start, end = match.span()
-            if start > last:
-                _split_gap(buf, last, start, out)
-            last = end
-        if last < len(buf):
-            _split_gap(buf, last, len(buf), out)
+        match = self._regex.match
+        find = buf.find
+        pos, size = 0, len(buf)
+        while pos < size:
+            found = match(buf, pos)
+            if found is not None:
+                end = found.end()
+                if end > pos:
+                    pos = end
+                    continue
+            newline = find(b"\n", pos)
+            if newline < 0:
+                newline = size
+            out.append((pos, newline))
+            pos = newline + 1
         return out
 
 
@@ -237,14 +254,23 @@ class HyperscanFilter:
         self._db = None
         if patterns:
             self._db = hyperscan.Database()
-            # Matching up to the newline makes every covered line report exactly once
-            # per rule (Hyperscan de-duplicates equal end offsets of one pattern).
-            expressions = [f"(?:{p})[^\\n]*\\n".encode("utf-8") for p in patterns]
             self._db.compile(
-                expressions=expressions,
-                ids=list(range(len(expressions))),
+                expressions=[self._expression(p) for p in patterns],
+                ids=list(range(len(patterns))),
                 flags=hyperscan.HS_FLAG_MULTILINE,
             )
+
+    @staticmethod
+    def _expression(pattern: str) -> bytes:
+        # Matching on to the newline makes a covered line report once per rule
+        # (Hyperscan reports each end offset of a pattern once). Hyperscan refuses that
+        # form for patterns with an embedded "$"; those end at the line end anyway.
+        wrapped = f"(?:{pattern})[^\\n]*\\n".encode("utf-8")
+        try:
+            hyperscan.Database().compile(expressions=[wrapped], ids=[0], flags=hyperscan.HS_FLAG_MULTILINE)
+            return wrapped
+        except hyperscan.error:
+            return pattern.encode("utf-8")
 
     def uncovered_lines(self, buf: bytes) -> list[tuple[int, int]]:
         arr = np.frombuffer(buf, dtype=np.uint8)
@@ -255,11 +281,13 @@ class HyperscanFilter:
             append = ends.append
 
             def on_match(_id, _from, to, _flags, _ctx):
-                append(to - 1)  # offset of the newline that ends the covered line
+                append(to)
 
             self._db.scan(buf, match_event_handler=on_match)
             if ends:
-                covered[np.searchsorted(newlines, np.asarray(ends, dtype=np.int64))] = True
+                # The last matched byte (to - 1) lies in the covered line, or is its newline.
+                last_bytes = np.asarray(ends, dtype=np.int64) - 1
+                covered[np.searchsorted(newlines, last_bytes)] = True
         starts = np.concatenate(([0], newlines[:-1] + 1)) if len(newlines) else newlines
         keep = np.flatnonzero(~covered)
         return [(int(starts[i]), int(newlines[i])) for i in keep]

@@ -381,6 +381,9 @@ class LogCompressor:
                 chunk = handle.read(self.chunk_bytes)
                 if not chunk:
                     break
+                if not chunk.endswith(b"\n"):
+                    # Finish the line here so feed() need not split and copy the chunk.
+                    chunk += handle.readline(self.max_line_bytes)
                 self.feed(chunk)
                 read += len(chunk)
         self._file_offsets[key] = offset + read
@@ -419,9 +422,10 @@ class LogCompressor:
             if found:
                 self.rank_hosts.setdefault(int(found.group(2)), found.group(1))
         first_line = self._line_no
-        self._line_no += buf.count(b"\n")
-        self.stats.lines_in += self._line_no - first_line
         if not uncovered and not signals:
+            lines = buf.count(b"\n")
+            self._line_no += lines
+            self.stats.lines_in += lines
             return
         kept: dict[int, list] = {}
         for start, end in uncovered:
@@ -449,6 +453,10 @@ class LogCompressor:
                 self.stats.lines_truncated += 1
                 text += f" ...[truncated: line of {end - start} bytes]"
             self._keep(text, signal, covered, truncated, line_no + 1)
+        # One counting pass over the buffer in all: up to each kept line, then the rest.
+        lines = line_no - first_line + buf.count(b"\n", cursor)
+        self._line_no = first_line + lines
+        self.stats.lines_in += lines
 
     def _keep(self, text: str, signal: bool, covered: bool, truncated: bool, line_no: int | None = None) -> None:
         line_no = self._line_no if line_no is None else line_no

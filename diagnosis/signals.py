@@ -26,8 +26,10 @@ ERROR_KEYWORDS: tuple[tuple[str, str, bool], ...] = (
     ("fatal", r"fatal", True),
     ("killed", r"killed", True),
     ("timeout", r"time(?:d)?[ _-]?out", True),
-    ("nan", r"\bnan\b", True),
-    ("inf", r"\binf\b", True),
+    # "loss=nan", "lm loss: nan", "Loss is NaN", "NaN or Inf found" — but not megatron's
+    # routine "number of nan iterations: 0".
+    ("nan", r"[:=]\s*-?nan\b|\bnan (?:or|and|/) ?inf\b|\b(?:is|got|detected|found|encountered|produced) nan\b|\bnan (?:detected|found|encountered|loss|value|gradient)", True),
+    ("inf", r"[:=]\s*-?inf\b", True),
     ("oom", r"\boom\b|out of memory", True),
     ("segfault", r"segfault|segmentation fault|core dumped", True),
     ("abort", r"abort", True),
@@ -92,14 +94,16 @@ _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1
 )}
 
-_NORMALISE = (
-    (_TIMESTAMP_ISO, "<ts>"),
-    (_TIMESTAMP_GLOG, "<ts>"),
-    (_TIMESTAMP_SYSLOG, "<ts>"),
-    (re.compile(r"0x[0-9a-fA-F]+"), "0x#"),
-    (re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "#"),
-    (re.compile(r"\s+"), " "),
+# One pass: timestamps first (so they become one token), then hex, then numbers.
+_NORMALISE = re.compile(
+    r"(?P<ts>\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?Z?|\b[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+)"
+    r"|(?P<hex>0x[0-9a-fA-F]+)|(?P<num>\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
 )
+_REPLACEMENT = {"ts": "<ts>", "hex": "0x#", "num": "#"}
+
+
+def _normalise(match: re.Match) -> str:
+    return _REPLACEMENT[match.lastgroup]
 
 
 @dataclass(frozen=True)
@@ -155,17 +159,21 @@ def line_facts(line: str) -> LineFacts:
     nccl = _NCCL_PREFIX.match(rest.lstrip())
     if nccl:
         host, gpu = nccl.group(1), nccl.group(4)
-    if rank is None:
+    # The substring checks skip the (slow, alternation-heavy) searches on the many lines
+    # that cannot match them.
+    if rank is None and ("ank" in rest):
         found = _first_group(_RANK_IN_TEXT.search(rest))
         rank = int(found) if found is not None else None
-    if host is None:
+    if host is None and any(k in rest for k in _HOST_HINTS):
         host = _first_group(_HOST_IN_TEXT.search(rest))
-    if gpu is None:
+    if gpu is None and any(k in rest for k in _GPU_HINTS):
         gpu = _first_group(_GPU_IN_TEXT.search(rest))
-    template = rest
-    for pattern, replacement in _NORMALISE:
-        template = pattern.sub(replacement, template)
-    return LineFacts(template.strip(), rank, host, gpu, parse_timestamp(line))
+    template = " ".join(_NORMALISE.sub(_normalise, rest).split())
+    return LineFacts(template, rank, host, gpu, parse_timestamp(line))
+
+
+_HOST_HINTS = ("ost", "ode", "srun", "kernel:", "ON ")
+_GPU_HINTS = ("GPU", "cuda", "device", "Xid")
 
 
 def format_ranks(ranks: list[int] | set[int]) -> str:
