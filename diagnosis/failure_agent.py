@@ -193,9 +193,7 @@ class FailureAgent:
                 culprit_lines=_likely_culprits(lines, neighbours),
                 max_confidence=self.config.retrieval_confidence,
             )
-            result.diagnosis = voted or _unknown()
-            if voted is not None:
-                result.diagnosis.suspect_nodes = _suspects(result.diagnosis.culprit_lines)
+            result.diagnosis = _with_suspects(voted) if voted is not None else _unknown()
             return result
 
         result.diagnosis = diagnosis
@@ -231,15 +229,16 @@ class FailureAgent:
                 logger.info("failure agent: attempt %d named culprit lines not in the log", attempt)
                 continue
             confidence = min(reply.confidence if reply.confidence is not None else 0.7, self.config.max_confidence)
-            return Diagnosis(
-                root_cause=reply.root_cause,
-                kind=kind_of(reply.root_cause),
-                restart_helps=reply.restart_helps,
-                confidence=round(confidence, 3),
-                culprit_lines=culprits,
-                suspect_nodes=_suspects(culprits),
-                mitigation=reply.mitigation,
-                source="agent",
+            return _with_suspects(
+                Diagnosis(
+                    root_cause=reply.root_cause,
+                    kind=kind_of(reply.root_cause),
+                    restart_helps=reply.restart_helps,
+                    confidence=round(confidence, 3),
+                    culprit_lines=culprits,
+                    mitigation=reply.mitigation,
+                    source="agent",
+                )
             )
         return None
 
@@ -254,7 +253,9 @@ class FailureAgent:
                 temperature=0.0,
             )
         return _with_retries(
-            lambda: str(self._query_engine().query(_query_bundle(question, excerpt))),
+            lambda: str(
+                self._query_engine().query(_query_bundle(question, excerpt, self.memory.embedding(excerpt)))
+            ),
             self.llm_config,
             self.chat,
         )
@@ -368,11 +369,12 @@ def _unknown() -> Diagnosis:
     )
 
 
-def _query_bundle(question: str, excerpt: str) -> Any:
+def _query_bundle(question: str, excerpt: str, embedding: list[float]) -> Any:
     from llama_index.core.schema import QueryBundle
 
-    # Retrieval embeds only the log excerpt; the LLM sees the whole question.
-    return QueryBundle(query_str=question, custom_embedding_strs=[excerpt])
+    # Retrieval uses the log excerpt's embedding (already computed); the LLM sees the
+    # whole question.
+    return QueryBundle(query_str=question, custom_embedding_strs=[excerpt], embedding=embedding)
 
 
 def _with_retries(call: Callable[[], str], config: LLMConfig | None, chat: ChatLLM | None) -> str:
@@ -427,14 +429,23 @@ def _likely_culprits(lines: Sequence[str], neighbours: Sequence[PastFailure]) ->
     return scored[:3]
 
 
-def _suspects(culprit_lines: Sequence[str]) -> list[str]:
-    suspects: list[str] = []
-    for line in culprit_lines:
+def _with_suspects(diagnosis: Diagnosis) -> Diagnosis:
+    """Fill the hosts, ranks and GPUs the culprit lines name."""
+    hosts: set[str] = set()
+    ranks: set[int] = set()
+    gpus: set[str] = set()
+    for line in diagnosis.culprit_lines:
         facts = line_facts(line)
-        for item in (facts.host, f"rank {facts.rank}" if facts.rank is not None else None, f"GPU {facts.gpu}" if facts.gpu else None):
-            if item and item not in suspects:
-                suspects.append(item)
-    return suspects
+        if facts.host:
+            hosts.add(facts.host)
+        if facts.rank is not None:
+            ranks.add(facts.rank)
+        if facts.gpu:
+            gpus.add(facts.gpu)
+    diagnosis.suspect_nodes = sorted(hosts)
+    diagnosis.suspect_ranks = sorted(ranks)
+    diagnosis.suspect_gpus = sorted(gpus)
+    return diagnosis
 
 
 _GENERALISE = re.compile(r"(0x[0-9a-fA-F]+)|(\d+(?:\.\d+)?)")

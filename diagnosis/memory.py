@@ -87,6 +87,8 @@ class MemoryConfig(BaseModel):
 class Embedder:
     """all-MiniLM-L6-v2 from the local package, normalised 384-d vectors."""
 
+    _CACHE_SIZE = 512
+
     def __init__(self, device: str = "cpu"):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -101,17 +103,24 @@ class Embedder:
             )
         self._model = SentenceTransformer(str(model_path), device=device, local_files_only=True)
         self._lock = threading.Lock()  # the tokenizer is not safe across threads
+        self._cache: dict[str, list[float]] = {}
         dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dimension = int(dimension() or 384)
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if not texts:
-            return []
+        """Vectors for `texts`; recently embedded texts come from a small cache (an
+        excerpt is embedded to retrieve, then again to be stored)."""
         with self._lock:
-            vectors = self._model.encode(
-                list(texts), normalize_embeddings=True, convert_to_numpy=True, batch_size=32
-            )
-        return [vector.tolist() for vector in vectors]
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+            if missing:
+                vectors = self._model.encode(
+                    missing, normalize_embeddings=True, convert_to_numpy=True, batch_size=32
+                )
+                for text, vector in zip(missing, vectors):
+                    if len(self._cache) >= self._CACHE_SIZE:
+                        self._cache.pop(next(iter(self._cache)))
+                    self._cache[text] = vector.tolist()
+            return [list(self._cache[t]) for t in texts]
 
 
 @functools.lru_cache(maxsize=1)
@@ -281,6 +290,14 @@ class FailureMemory:
         self.collection.delete(ids=[failure_id])
         self.vector_store().add([node])
         return failure_id
+
+    def add_many(self, failures: Sequence[tuple[str, Diagnosis]], *, job_family: str | None = None) -> list[str]:
+        """Store several diagnosed failures at once (one embedding batch)."""
+        self.embedder.embed([excerpt for excerpt, _ in failures])  # warms the cache in one batch
+        return [self.add(excerpt, diagnosis, job_family=job_family) for excerpt, diagnosis in failures]
+
+    def embedding(self, text: str) -> list[float]:
+        return self.embedder.embed([text])[0]
 
     def nearest(self, text: str, k: int | None = None) -> list[PastFailure]:
         count = len(self)

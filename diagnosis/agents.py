@@ -1,0 +1,223 @@
+"""The LLM agents of diagnosis, wired into `diagnose_log`'s agent hook.
+
+`DiagnosisAgents` is the callable `diagnose_log(..., agent=...)` runs when no rule
+named a root cause. In order:
+
+1. the **log agent** (`log_agent.py`, only with an LLM configured) reads the log's
+   segments no filter covers, adopts vetted filter regexes into the job family's
+   rule set, and returns the error lines it spotted, which join the lines diagnosed;
+2. the **failure agent** (`failure_agent.py`) retrieves the nearest past failures
+   from the memory (`memory.py`, Chroma + all-MiniLM-L6-v2) and asks the LLM for a
+   diagnosis, then learns a diagnosis rule from it; without an LLM it answers with
+   a low-confidence retrieval vote.
+
+Configuration comes from `AgentsConfig` (or the environment: FORGEFLOW_LLM_MODEL,
+FORGEFLOW_LLM_BASE_URL, OPENAI_API_KEY, FORGEFLOW_CHROMA_URL). Nothing heavy is
+imported or loaded until the hook actually runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from diagnosis.failure_agent import FailureAgent, FailureAgentConfig, FailureAgentResult
+from diagnosis.llm import LLMConfig
+from diagnosis.log_agent import ErrorSignals, LogAgent, LogAgentConfig, LogAgentResult
+from diagnosis.memory import Embedder, FailureMemory, MemoryConfig, make_excerpt
+from diagnosis.vocabulary import Diagnosis
+
+if TYPE_CHECKING:
+    from diagnosis.api import DiagnosisContext
+    from diagnosis.filters import CompressedLog
+    from diagnosis.rules import DiagnosisLibrary
+
+logger = logging.getLogger(__name__)
+
+
+class AgentsConfig(BaseModel):
+    """Everything the agents need; every part has a working default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm: LLMConfig | None = Field(default=None, description="None: no LLM, retrieval vote only")
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    log_agent: LogAgentConfig = Field(default_factory=LogAgentConfig)
+    failure_agent: FailureAgentConfig = Field(default_factory=FailureAgentConfig)
+    max_segments: int = Field(default=3, ge=0, description="log-agent segments per diagnosis")
+
+    @classmethod
+    def from_env(cls, **overrides) -> "AgentsConfig":
+        values = {"llm": LLMConfig.from_env(), "memory": MemoryConfig.from_env()}
+        values.update(overrides)
+        return cls(**values)
+
+
+class LibraryRules:
+    """The failure agent's view of a `DiagnosisLibrary` (see failure_agent.RuleLibrary).
+
+    Text lines are diagnosed through the same compressor and root-cause choice as a
+    real log, so replaying a past failure gives what `diagnose_log` would say.
+    """
+
+    def __init__(self, library: "DiagnosisLibrary"):
+        self.library = library
+
+    def diagnose_lines(self, lines: Sequence[str]) -> Diagnosis | None:
+        from diagnosis.filters import FilterRuleSet, LogCompressor
+        from diagnosis.rules import diagnose_compressed
+
+        compressor = LogCompressor(
+            FilterRuleSet(include_seeds=False), diagnosis_patterns=self.library.patterns
+        )
+        compressor.feed(("\n".join(lines) + "\n").encode("utf-8", "replace"))
+        return diagnose_compressed(compressor.finish(), self.library).diagnosis
+
+    def with_candidate(self, name: str, pattern: str, diagnosis: Diagnosis) -> "LibraryRules":
+        from diagnosis.rules import DiagnosisLibrary
+
+        trial = DiagnosisLibrary(list(self.library.learned), path=None)
+        self._add(trial, name, pattern, diagnosis, persist=False)
+        return LibraryRules(trial)
+
+    def learn(self, name: str, pattern: str, diagnosis: Diagnosis) -> str:
+        return self._add(self.library, name, pattern, diagnosis, persist=True)
+
+    @staticmethod
+    def _add(library: "DiagnosisLibrary", name: str, pattern: str, diagnosis: Diagnosis, persist: bool) -> str:
+        rule = library.add_rule(
+            pattern,
+            diagnosis.root_cause,
+            diagnosis.restart_helps,
+            mitigation=diagnosis.mitigation,
+            name=name,
+            source="agent",
+            confidence=min(max(diagnosis.confidence, 0.5), 0.9),
+            must_match=list(diagnosis.culprit_lines),
+            persist=persist,
+        )
+        return rule.name
+
+
+@dataclass
+class AgentReport:
+    """What the agents did during the last hook call (for the CLI, flows and tests)."""
+
+    log_agent: list[LogAgentResult] = field(default_factory=list)
+    failure_agent: FailureAgentResult | None = None
+    forwarded_error_lines: list[str] = field(default_factory=list)
+
+
+class DiagnosisAgents:
+    """The `diagnose_log` agent hook: log agent, then failure agent."""
+
+    def __init__(
+        self,
+        config: AgentsConfig | None = None,
+        *,
+        memory: FailureMemory | None = None,
+        embedder: Embedder | None = None,
+    ):
+        self.config = config or AgentsConfig.from_env()
+        self._memory = memory
+        self._memories: dict[Path, FailureMemory] = {}
+        self._embedder = embedder
+        self.last_report = AgentReport()
+
+    # ------------------------------------------------------------------ memory
+    def memory_for(self, state_dir: Path | None) -> FailureMemory:
+        """The failure memory: the one given, the configured one, or <state dir>/failure-memory."""
+        if self._memory is not None:
+            return self._memory
+        config = self.config.memory
+        if config.path is None and config.server_url is None and state_dir is not None:
+            config = config.model_copy(update={"path": Path(state_dir) / "failure-memory"})
+        key = Path(config.server_url or config.resolved_path())
+        if key not in self._memories:
+            self._memories[key] = FailureMemory(config, self._embedder)
+        return self._memories[key]
+
+    def remember(
+        self,
+        compressed: "CompressedLog",
+        diagnosis: Diagnosis,
+        *,
+        state_dir: Path | None = None,
+        job_family: str | None = None,
+    ) -> str:
+        """Store a diagnosed failure (e.g. one a person confirmed) for future retrieval."""
+        return self.memory_for(state_dir).add(
+            make_excerpt(compressed_lines(compressed)), diagnosis, job_family=job_family
+        )
+
+    # ------------------------------------------------------------------ the hook
+    def __call__(self, context: "DiagnosisContext") -> Diagnosis | None:
+        report = AgentReport()
+        self.last_report = report
+        signal_lines = [entry.render() for entry in context.compressed.signal_entries()]
+        uncovered = [entry.render() for entry in context.compressed.uncovered_entries()]
+
+        if self.config.llm is not None and self.config.max_segments > 0:
+            from diagnosis.llm import ChatLLM
+
+            log_agent = LogAgent(
+                ChatLLM(self.config.llm),
+                is_error_line=ErrorSignals(context.library.patterns),
+                config=self.config.log_agent,
+            )
+            segments = context.compressed.uncovered_segments()[: self.config.max_segments]
+            for segment in segments:
+                result = log_agent.learn_filters(segment, context.filter_rules)
+                report.log_agent.append(result)
+                for line in result.error_lines:
+                    if line not in report.forwarded_error_lines:
+                        report.forwarded_error_lines.append(line)
+                if result.runs_answered == 0 and result.failures:
+                    break  # the LLM is down: do not wait on it once per segment
+
+        # Error lines the log agent found are diagnosed with the signal lines.
+        forwarded = [line for line in report.forwarded_error_lines if line not in signal_lines]
+        lines = signal_lines + forwarded + [line for line in uncovered if line not in forwarded]
+        if not any(line.strip() for line in lines):
+            return None
+        # Uncovered lines without an error signal may still hold an unknown failure's
+        # culprit; a learned rule may match only the culprit among them.
+        other = [line for line in uncovered if line not in forwarded]
+        agent = FailureAgent(
+            self.memory_for(context.state_dir),
+            LibraryRules(context.library),
+            self.config.llm,
+            self.config.failure_agent,
+        )
+        result = agent.diagnose(lines, other_lines=other, job_family=context.job_family)
+        report.failure_agent = result
+        if result.diagnosis.source == "none":
+            return None
+        return result.diagnosis
+
+
+def compressed_lines(compressed: "CompressedLog") -> list[str]:
+    """The lines of a compressed log that describe its failure: error signals first,
+    then lines no filter covers (as the hook sees them)."""
+    return [entry.render() for entry in compressed.signal_entries()] + [
+        entry.render() for entry in compressed.uncovered_entries()
+    ]
+
+
+def build_default_agent(state_dir: str | os.PathLike | None = None, job_family: str | None = None) -> DiagnosisAgents:
+    """The agent hook configured from the environment (used by `forgeflow diagnose`).
+
+    Cheap: the embedding model and Chroma are opened only when the hook runs, i.e.
+    only for logs no rule explains.
+    """
+    config = AgentsConfig.from_env()
+    if state_dir is not None and config.memory.path is None and config.memory.server_url is None:
+        from diagnosis.state import state_dir as resolve
+
+        config.memory = config.memory.model_copy(update={"path": resolve(state_dir) / "failure-memory"})
+    return DiagnosisAgents(config)

@@ -1,0 +1,212 @@
+"""The failure agent end to end: real Chroma, the real embedding model, a scripted
+OpenAI-compatible server, and `diagnose_log`'s agent hook.
+
+The scripted LLM answers like a careful model would: it reads the log excerpt in the
+prompt and copies the culprit line from it; the test never hands it the answer key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from diagnosis.agents import AgentsConfig, DiagnosisAgents, LibraryRules
+from diagnosis.api import diagnose_log
+from diagnosis.failure_agent import FailureAgent, FailureAgentConfig
+from diagnosis.memory import MemoryConfig
+from diagnosis.rules import DiagnosisLibrary
+from diagnosis.vocabulary import Diagnosis
+from scripted_llm_server import Reply
+
+NOVEL = "tokenizer vocabulary mismatch: checkpoint has 32000 tokens, data has 50257; aborting run"
+RULE_REGEX = r"tokenizer vocabulary mismatch: checkpoint has \d+ tokens, data has \d+"
+
+
+def write_log(path, culprit: str = NOVEL, ranks: int = 4, symptoms: bool = False):
+    lines = []
+    for step in range(1, 30):
+        for rank in range(ranks):
+            lines.append(f"[2026-11-22 07:{step:02d}:00,123] [rank{rank}] step={step} loss={3.2 - step * 0.01:.3f} lr=1.0e-04 grad_norm=0.51 tokens_per_s=12000 elapsed_s=1.0")
+    lines.append(f"[rank2]: [2026-11-22 07:31:00,001] {culprit}")
+    lines.append("[rank1]: data loader: shard 17 of 64 opened from /data/tokenized (2 workers)")
+    if symptoms:
+        lines.append("[rank0]:[E1122 07:41:02.123456 2381 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=4121, OpType=ALLREDUCE) ran for 600012 milliseconds before timing out.")
+        lines.append("torch.distributed.elastic.multiprocessing.errors.ChildFailedError:")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def past(root_cause: str, kind: str, restart: bool, line: str) -> tuple[str, Diagnosis]:
+    return line, Diagnosis(root_cause=root_cause, kind=kind, restart_helps=restart, culprit_lines=[line], mitigation=f"fix {root_cause}")
+
+
+PAST_FAILURES = [
+    past("CUDAError", "infrastructure", True, "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered"),
+    past("OutOfMemoryError", "framework", False, "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    past("S3StorageError", "infrastructure", True, "botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the PutObject operation"),
+    past("ValueError", "framework", False, "[rank0]: tokenizer vocab size 32000 does not match the embedding table of the checkpoint (50304 rows); aborting"),
+]
+
+
+def careful_llm(diagnosis_cause="ValueError", restart=False, rule_regex=RULE_REGEX):
+    """A scripted model: diagnoses from the excerpt in the prompt, proposes a rule."""
+
+    def respond(request):
+        text = request.text
+        if "You maintain filter rules" in text:
+            return json.dumps({"filters": [], "error_lines": []})
+        if "Write one regular expression" in text:
+            return "```json\n" + json.dumps({"regex": rule_regex, "name": "tokenizer vocab mismatch"}) + "\n```"
+        if "You diagnose failed distributed" in text:
+            new_log = text.split("Compressed log of the failed job")[1]
+            culprit = next(line for line in new_log.splitlines() if "mismatch" in line)
+            return json.dumps({
+                "root_cause": diagnosis_cause, "kind": "framework", "restart_helps": restart,
+                "culprit_lines": [culprit], "mitigation": "Use the tokenizer the checkpoint was trained with.",
+                "confidence": 0.8,
+            })
+        return Reply(status=400, content="unexpected prompt")
+
+    return respond
+
+
+def agents_for(tmp_path, llm_config, embedder, **failure_agent):
+    config = AgentsConfig(
+        llm=llm_config,
+        memory=MemoryConfig(path=tmp_path / "memory"),
+        failure_agent=FailureAgentConfig(**failure_agent),
+    )
+    agents = DiagnosisAgents(config, embedder=embedder)
+    agents.memory_for(None).add_many(PAST_FAILURES)
+    return agents
+
+
+def test_unknown_failure_is_diagnosed_learned_and_then_known_by_rule(tmp_path, llm_server, llm_config, embedder):
+    log = write_log(tmp_path / "job.log")
+    state = tmp_path / "state"
+    assert diagnose_log(log, state_dir=state).source == "none"  # precondition: no rule knows it
+
+    llm_server.respond_with(careful_llm())
+    agents = agents_for(tmp_path, llm_config, embedder)
+    first = diagnose_log(log, job_family="llama-test", state_dir=state, agent=agents)
+
+    assert (first.root_cause, first.kind, first.restart_helps, first.source) == ("ValueError", "framework", False, "agent")
+    assert any(NOVEL in line for line in first.culprit_lines)
+    assert first.suspect_ranks == [2]
+    report = agents.last_report.failure_agent
+    assert report.learned_pattern == RULE_REGEX and report.remembered_id
+    # the LLM was shown the nearest past failures, the similar one among them
+    (diagnosis_request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
+    assert "does not match the embedding table" in diagnosis_request.text
+    assert len(agents.memory_for(None)) == len(PAST_FAILURES) + 1
+
+    # the rule is persisted: a fresh run with no LLM at all diagnoses by rule
+    llm_server.reset()
+    second = diagnose_log(log, job_family="llama-test", state_dir=state, agent=None)
+    assert (second.root_cause, second.source, second.rule_name) == ("ValueError", "rule", report.learned_rule)
+    assert DiagnosisLibrary.load(state).learned[0].source == "agent"
+    assert llm_server.requests == []
+
+
+def test_rule_that_would_change_a_past_diagnosis_is_refused(tmp_path, llm_server, llm_config, embedder):
+    log = write_log(tmp_path / "job.log")
+    state = tmp_path / "state"
+    # "mismatch" alone would also fire on a stored RuntimeError failure
+    llm_server.respond_with(careful_llm(rule_regex="mismatch"))
+    agents = agents_for(tmp_path, llm_config, embedder)
+    agents.memory_for(None).add(
+        "[rank2]: RuntimeError: shape mismatch: value tensor of shape [8] cannot be broadcast",
+        Diagnosis(root_cause="RuntimeError", kind="framework", restart_helps=False),
+    )
+    diagnosis = diagnose_log(log, state_dir=state, agent=agents)
+    report = agents.last_report.failure_agent
+    assert diagnosis.source == "agent"
+    refused = {r.regex: r.reason for r in report.rule_rejections}
+    assert "would change the diagnosis of past failure" in refused["mismatch"]
+    assert "from RuntimeError to ValueError" in refused["mismatch"]
+    # the fallback candidate, the culprit line generalised, is specific enough
+    assert report.learned_pattern and report.learned_pattern != "mismatch"
+    assert re.search(r"\\d\+", report.learned_pattern)
+    learned = DiagnosisLibrary.load(state).learned
+    assert [r.pattern for r in learned] == [report.learned_pattern]
+
+
+def test_catch_all_rule_proposal_is_refused(tmp_path, llm_server, llm_config, embedder):
+    log = write_log(tmp_path / "job.log")
+    llm_server.respond_with(careful_llm(rule_regex=".*"))
+    agents = agents_for(tmp_path, llm_config, embedder, rule_attempts=1)
+    diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    report = agents.last_report.failure_agent
+    assert report.rule_rejections[0].regex == ".*"
+    assert report.rule_rejections[0].reason.startswith("catch-all")
+
+
+@pytest.mark.parametrize(
+    "bad_reply",
+    [
+        '{"root_cause": "GPUMeltdown", "kind": "infrastructure", "restart_helps": true, "culprit_lines": []}',
+        '{"root_cause": "ValueError", "kind": "infrastructure", "restart_helps": false, "culprit_lines": []}',
+        '{"root_cause": "ValueError", "kind": "framework", "restart_helps": "maybe"}',
+        "I think it is a tokenizer problem.",
+    ],
+    ids=["outside-vocabulary", "wrong-kind", "non-boolean-restart", "no-json"],
+)
+def test_invalid_llm_diagnosis_falls_back_to_retrieval(tmp_path, llm_server, llm_config, embedder, bad_reply):
+    log = write_log(tmp_path / "job.log")
+    state = tmp_path / "state"
+    llm_server.respond_with(lambda request: bad_reply if "You diagnose" in request.text else json.dumps({"filters": []}))
+    agents = agents_for(tmp_path, llm_config, embedder)
+    diagnosis = diagnose_log(log, state_dir=state, agent=agents)
+    report = agents.last_report.failure_agent
+    assert diagnosis.source == "retrieval" and diagnosis.confidence <= 0.5
+    assert diagnosis.root_cause == "ValueError"  # the nearest past failure
+    assert len(report.failures) == 2  # both attempts refused, with the reason
+    assert report.learned_rule is None and DiagnosisLibrary.load(state).learned == []
+
+
+def test_without_llm_the_retrieval_vote_answers_with_low_confidence(tmp_path, embedder):
+    log = write_log(tmp_path / "job.log")
+    agents = agents_for(tmp_path, None, embedder)
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    assert (diagnosis.root_cause, diagnosis.restart_helps, diagnosis.source) == ("ValueError", False, "retrieval")
+    assert 0 < diagnosis.confidence <= 0.5
+    assert any(NOVEL in line for line in diagnosis.culprit_lines)
+    assert DiagnosisLibrary.load(tmp_path / "state").learned == []  # guesses teach no rules
+
+
+def test_llm_timeout_falls_back_to_retrieval_without_hanging(tmp_path, llm_server, llm_config, embedder):
+    log = write_log(tmp_path / "job.log")
+    llm_server.respond_with(lambda request: Reply(content="{}", delay_s=30))
+    config = llm_config.model_copy(update={"timeout_s": 0.5, "max_retries": 1})
+    agents = agents_for(tmp_path, config, embedder)
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    assert diagnosis.source == "retrieval"
+    assert agents.last_report.log_agent[0].runs_answered == 0
+    # one log-agent run (try + retry), then one failure-agent query (try + retry)
+    assert len(llm_server.requests) == 4
+
+
+def test_empty_memory_asks_the_llm_directly(tmp_path, llm_server, llm_config, embedder):
+    log = write_log(tmp_path / "job.log")
+    llm_server.respond_with(careful_llm())
+    config = AgentsConfig(llm=llm_config, memory=MemoryConfig(path=tmp_path / "empty-memory"))
+    agents = DiagnosisAgents(config, embedder=embedder)
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    assert diagnosis.source == "agent" and diagnosis.root_cause == "ValueError"
+    (request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
+    assert "(none recorded yet)" in request.text
+
+
+def test_library_rules_replay_matches_diagnose_log(tmp_path):
+    library = LibraryRules(DiagnosisLibrary(path=None))
+    lines = [
+        "[rank0]:[E1122 07:41:02.123456 2381 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout",
+        "[2026-11-22 07:31:00,001] [rank3] RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
+    assert library.diagnose_lines(lines).root_cause == "CUDAError"
+    # learned rules are checked before the seeds
+    candidate = library.with_candidate("t", r"illegal memory access", Diagnosis("ECCError", "infrastructure", True, culprit_lines=[lines[1]]))
+    assert candidate.diagnose_lines(lines).root_cause == "ECCError"
+    assert library.library.learned == []  # the trial did not touch the real library
