@@ -80,10 +80,10 @@ class StepTime:
         return self.compute_s + self.bubble_s + self.tp_comm_s + self.dp_comm_s + self.pp_comm_s
 
 
-def step_flops(model: ModelConfig, global_batch: int, recompute: str) -> float:
+def step_flops(model: ModelConfig, global_batch: int, recompute: str, num_parameters: int | None = None) -> float:
     """Training FLOPs of one optimizer step (see module docstring)."""
     tokens = global_batch * model.seq_length
-    dense = 6.0 * model.num_parameters() * tokens
+    dense = 6.0 * (num_parameters or model.num_parameters()) * tokens
     attention = 12.0 * model.num_layers * model.hidden_size * model.seq_length * tokens
     if recompute == "full":
         return (dense + attention) * 4.0 / 3.0
@@ -112,6 +112,7 @@ def predict_step_time(
     links: LinkSpeeds,
     gpus_per_node_used: int,
     cfg: CostModelConfig = CostModelConfig(),
+    num_parameters: int | None = None,
 ) -> StepTime:
     """Predict one step of a (dp, tp, pp, micro batch, recompute) plan.
 
@@ -120,11 +121,12 @@ def predict_step_time(
     stays inside a node and how many GPUs share a node's network link.
     """
     gpus = dp * tp * pp
+    params = num_parameters or model.num_parameters()
     elem = BYTES_PER_ELEMENT.get(precision, 2)
     s, h = model.seq_length, model.hidden_size
     microbatches = max(1, global_batch // (dp * micro_batch))
 
-    flops = step_flops(model, global_batch, recompute)
+    flops = step_flops(model, global_batch, recompute, params)
     rows = micro_batch * s
     efficiency = cfg.compute_efficiency * rows / (rows + cfg.gemm_rows_half_efficiency)
     compute = flops / (gpus * peak_tflops * 1e12 * efficiency)
@@ -141,7 +143,7 @@ def predict_step_time(
 
     dp_comm = 0.0
     if dp > 1:
-        grad_bytes = model.num_parameters() / (tp * pp) * elem
+        grad_bytes = params / (tp * pp) * elem
         volume = 2.0 * (dp - 1) / dp * grad_bytes
         if dp * tp <= gpus_per_node_used and gpus <= gpus_per_node_used:
             bandwidth, hop = links.intra_node_gbps, cfg.intra_node_hop_latency_s

@@ -73,6 +73,7 @@ class PlannerConfig(BaseModel):
     max_gpus: int | None = Field(default=None, gt=0)
     gpu_types: tuple[str, ...] | None = Field(default=None, description="restrict to these types")
     rank_by: Literal["step_time", "gpu_seconds"] = "step_time"
+    plans_per_layout: int = Field(default=1, ge=1, description="fitting (micro batch, recompute) variants kept per dp/tp/pp")
     compute_efficiency: float = Field(default=0.45, gt=0, le=1)
     comm_efficiency: float = Field(default=0.7, gt=0, le=1)
 
@@ -296,12 +297,9 @@ class _Search:
     def __post_init__(self) -> None:
         self.model_key = _model_key(self.request.model)
         m = self.request.model
-        self.variants: list[tuple[str, bool]] = []
-        for rc in ("none", "selective", "full"):
-            if rc in self.config.recompute:
-                self.variants.append((rc, False))
-                if self.config.distributed_optimizer:
-                    self.variants.append((rc, True))
+        self.recompute_order = [rc for rc in ("none", "selective", "full") if rc in self.config.recompute]
+        self.cost = self.config.cost
+        self.num_parameters = m.num_parameters()
         self.tp_choices = {t for t in _powers_of_two(m.num_attention_heads)
                            if m.num_attention_heads % t == 0 and m.kv_heads % t == 0 and m.ffn_size % t == 0}
         self.profile = marp.MEGATRON_GPU
@@ -328,51 +326,68 @@ class _Search:
         """Cheap lower bound: does the most frugal layout of n GPUs fit?"""
         self.profile = marp.profile_for_device(pool.gpu_type)
         best = None
+        frugal = self.recompute_order[-1]
         for dp, tp, pp in self.layouts(pool, n):
-            frugal = self.variants[-1]
-            mem = memory_total_bytes(self.estimate(dp, tp, pp, 1, *frugal))
+            mem = self.estimate(dp, tp, pp, 1, frugal, self.config.distributed_optimizer and dp > 1).total
             best = mem if best is None else min(best, mem)
             if best <= usable:
                 return True
         return False
 
     def plans_for(self, pool: GpuPool, n: int) -> list[Plan]:
+        """The best `plans_per_layout` plans of each (dp, tp, pp) split of n GPUs of the pool.
+
+        Best-first: (micro batch, recompute) candidates are priced by the cost model
+        (cheap), then memory is estimated in order of predicted step time until one fits.
+        A candidate that does not fit rules out every candidate with a larger micro batch
+        and less recompute without estimating it.
+        """
         r, cfg = self.request, self.config
         usable = int(pool.memory_bytes * (1 - cfg.memory_margin))
         self.profile = marp.profile_for_device(pool.gpu_type)
+        per_node = min(n, pool.gpus_per_node)
         out: list[Plan] = []
         for dp, tp, pp in self.layouts(pool, n):
             per_rank = r.global_batch // dp
+            candidates = []
             for mb in cfg.micro_batch_sizes:
                 if per_rank % mb:
                     continue
                 m = per_rank // mb
                 if pp > 1 and m < pp:
                     break  # fewer microbatches than stages: the pipeline never fills
-                chosen = None
-                for rc, do in self.variants:
-                    if do and dp == 1:
-                        continue
-                    mem = self.estimate(dp, tp, pp, mb, rc, do)
-                    if memory_total_bytes(mem) <= usable:
-                        chosen = (rc, do, mem)
-                        break
-                if chosen is None:
-                    break  # larger micro batches only need more memory
-                rc, do, mem = chosen
-                step = predict_step_time(
-                    r.model, global_batch=r.global_batch, dp=dp, tp=tp, pp=pp, micro_batch=mb,
-                    recompute=rc, precision=r.precision, peak_tflops=pool.peak_tflops,
-                    links=pool.links, gpus_per_node_used=min(n, pool.gpus_per_node), cfg=cfg.cost,
-                )
+                for saving, rc in enumerate(self.recompute_order):
+                    step = predict_step_time(
+                        r.model, global_batch=r.global_batch, dp=dp, tp=tp, pp=pp, micro_batch=mb,
+                        recompute=rc, precision=r.precision, peak_tflops=pool.peak_tflops,
+                        links=pool.links, gpus_per_node_used=per_node, cfg=self.cost,
+                        num_parameters=self.num_parameters,
+                    )
+                    candidates.append((step.total_s, mb, saving, rc, m, step))
+            candidates.sort(key=lambda c: c[:3])
+            ruled_out: list[tuple[int, int]] = []
+            kept = 0
+            # The distributed optimizer costs no step time here (reduce-scatter + all-gather
+            # move what the all-reduce moves) and only saves memory: use it whenever dp > 1.
+            dist_opt = cfg.distributed_optimizer and dp > 1
+            for _, mb, saving, rc, m, step in candidates:
+                if any(mb >= bad_mb and saving <= bad_saving for bad_mb, bad_saving in ruled_out):
+                    continue
+                mem = self.estimate(dp, tp, pp, mb, rc, dist_opt)
+                if mem.total > usable:
+                    ruled_out.append((mb, saving))
+                    continue
                 out.append(Plan(
                     cell=Cell(pool.gpu_type, n, pp), dp=dp, tp=tp, pp=pp, micro_batch_size=mb,
-                    num_microbatches=m, recompute=rc, distributed_optimizer=do,
-                    precision=r.precision, memory=mem, peak_memory_bytes=memory_total_bytes(mem),
+                    num_microbatches=m, recompute=rc, distributed_optimizer=dist_opt,
+                    precision=r.precision, memory=mem, peak_memory_bytes=mem.total,
                     gpu_memory_bytes=pool.memory_bytes, memory_margin=cfg.memory_margin,
                     step=step, tokens_per_step=r.global_batch * r.model.seq_length,
-                    request=r, cost=cfg.cost,
+                    request=r, cost=self.cost,
                 ))
+                kept += 1
+                if kept >= cfg.plans_per_layout:
+                    break
         return out
 
     def counts_for(self, pool: GpuPool) -> list[int]:

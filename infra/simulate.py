@@ -71,7 +71,7 @@ from infra.traces import TraceError, TraceJob
 
 Policy = Literal["fcfs", "has", "ect"]
 POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")
-POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + reservation (ours)"}
+POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + HRRN + backfill (ours)"}
 
 
 class SimulationError(TraceError):
@@ -548,7 +548,7 @@ def plot_jct_cdf(results: dict[str, SimResult], path: str | Path, title: str = "
     ax.set_ylabel("fraction of jobs")
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
