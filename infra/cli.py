@@ -127,7 +127,7 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
                   f"global batch {job.training.global_batch_size}, {job.training.precision} — "
                   f"{len(plans)} feasible plan(s) on cluster [bold]{cluster.name}[/]")
 
-    mem = Table(title=f"Per-GPU peak memory of the chosen plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout()})")
+    mem = Table(title=f"Per-GPU peak memory of the chosen plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout})")
     mem.add_column("part")
     mem.add_column("GiB", justify="right")
     for part, gib in memory_breakdown_dict(chosen.memory).items():
@@ -145,7 +145,7 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
         s = p.step
         mark = " *" if p is chosen else ""
         table.add_row(
-            f"{i}{mark}", p.gpu_type, str(p.num_gpus), p.layout(),
+            f"{i}{mark}", p.gpu_type, str(p.num_gpus), p.layout,
             f"{p.peak_memory_bytes / GIB:.2f} / {p.gpu_memory_bytes / GIB:.0f}",
             _secs(p.predicted_step_time_s),
             " / ".join(_secs(x) for x in (s.compute_s, s.bubble_s, s.tp_comm_s, s.dp_comm_s)),
@@ -170,8 +170,9 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
     if placement.predicted_step_time_s is not None:
         console.print(f"predicted step time as placed: {_secs(placement.predicted_step_time_s)}")
     for spec in specs:
-        console.print(f"[dim]{spec.node}:[/] CUDA_VISIBLE_DEVICES={spec.cuda_visible_devices} torchrun "
-                      + " ".join(spec.torchrun_args()), soft_wrap=True)
+        env = " ".join(f"{k}={v}" for k, v in spec.env().items())
+        console.print(f"[dim]{spec.node}:[/] {env + ' ' if env else ''}torchrun " + " ".join(spec.torchrun_args()),
+                      soft_wrap=True)
 
 
 def _secs(value: float) -> str:

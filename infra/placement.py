@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Literal
 
 from infra.cluster import Cluster, ClusterError, Node
+from infra.gpus import CPU_DEVICE
 from infra.cost_model import LinkSpeeds
 
 DEFAULT_MASTER_PORT = 29500
@@ -159,7 +160,7 @@ class NodeLaunch:
         ]
 
     def env(self) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices}
+        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.cuda_visible_devices else {}
 
 
 @dataclass
@@ -194,9 +195,11 @@ class Placement:
         """One torchrun per node: nnodes, node_rank, nproc_per_node, CUDA_VISIBLE_DEVICES."""
         out, first = [], 0
         for rank, a in enumerate(self.assignments):
+            # CPU "devices" are worker processes: there is no device visibility to set.
+            devices = "" if self.gpu_type == CPU_DEVICE else ",".join(str(g) for g in a.gpus)
             out.append(NodeLaunch(
                 node=a.node, address=a.address, node_rank=rank, nnodes=len(self.assignments),
-                nproc_per_node=a.nproc, cuda_visible_devices=",".join(str(g) for g in a.gpus),
+                nproc_per_node=a.nproc, cuda_visible_devices=devices,
                 master_addr=self.master_addr, master_port=self.master_port, first_global_rank=first,
             ))
             first += a.nproc

@@ -181,7 +181,9 @@ class Plan:
         """The smallest GPU that holds this layout with the safety margin (HAS's 'GPU size')."""
         return int(self.peak_memory_bytes / (1.0 - self.memory_margin)) + 1
 
+    @property
     def layout(self) -> str:
+        """e.g. 'dp4 tp2 pp1 mb2 recompute=selective dist-opt'."""
         extras = []
         if self.recompute != "none":
             extras.append(f"recompute={self.recompute}")

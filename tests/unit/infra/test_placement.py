@@ -140,3 +140,10 @@ def test_place_plans_falls_back_to_the_next_plan_and_returns_none_when_nothing_i
     used = [(a.node, g) for p in taken for a in p.assignments for g in a.gpus]
     assert len(used) == len(set(used)) == 2 * len(taken)
     assert len(taken) >= 4 and len({p.plan.gpu_type for p in taken}) >= 2
+
+
+def test_cpu_devices_get_no_cuda_visible_devices():
+    cluster = cluster_of(node("box", 2, "cpu", gpu_memory_gib=4, peak_tflops=0.1))
+    placement = build_placement(cluster, {"box": 2}, job="j", gpu_type="cpu", dp=2, tp=1, pp=1)
+    spec = placement.launch_specs()[0]
+    assert spec.cuda_visible_devices == "" and spec.env() == {} and spec.nproc_per_node == 2

@@ -46,7 +46,7 @@ def test_every_plan_fits_its_gpu_with_the_margin_and_is_a_valid_layout(crius):
     capacity = {t: crius.gpu_memory_gib(t) * GIB for t in crius.gpu_types()}
     m = request.model
     for p in plans:
-        assert p.peak_memory_bytes <= capacity[p.gpu_type] * 0.90, p.layout()
+        assert p.peak_memory_bytes <= capacity[p.gpu_type] * 0.90, p.layout
         assert p.dp * p.tp * p.pp == p.num_gpus
         assert p.tp <= per_node[p.gpu_type]
         assert m.num_attention_heads % p.tp == 0 and m.kv_heads % p.tp == 0
