@@ -26,9 +26,9 @@ No RoPE permutation is needed: megatron's default (non-interleaved) rotary embed
 rotates halves (rotate_half) exactly like HF Llama, with the same inverse frequencies
 1/theta^(2i/d). RMSNorm (x / sqrt(mean(x^2) + eps) * w) is the same in both.
 
-A checkpoint is read by building the job's GPTModel with tensor_parallel=1 in this
-process (a world of one) and loading it through `dist_checkpointing`, which reshards
-on load: a tensor-parallel checkpoint merges into whole matrices the same way.
+Checkpoints of both formats the worker writes (megatron dist_checkpointing, and the
+async engine's shards, local or s3://) are read by training.checkpoint_reader, which
+also merges tensor-parallel shards into whole matrices.
 """
 
 from __future__ import annotations
@@ -132,53 +132,19 @@ def llama_config(model_cfg: ModelConfig, *, bos_token_id: int | None = None,
     )
 
 
-# --- reading a checkpoint ---------------------------------------------------------------------
+# --- reading a checkpoint (either format: training.checkpoint_reader) ------------------------
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A complete `step_N` directory, or the newest one under a checkpoint root."""
-    from training.checkpointing import complete_steps, local_root, step_dir_name
+    """The local step directory `path` names (itself, or the newest under a root)."""
+    from training.checkpoint_reader import CheckpointReadError, locate_checkpoint
 
-    path = local_root(str(path))
-    if (path / "common.pt").is_file():
-        return path
-    steps = complete_steps(path)
-    if not steps:
-        raise ExportError(f"{path}: neither a checkpoint (no common.pt) nor a directory holding "
-                          "complete step_NNNNNNNN checkpoints; give a checkpoint directory")
-    return path / step_dir_name(steps[-1])
-
-
-def load_megatron_state_dict(checkpoint_dir: Path, spec: JobSpec) -> dict[str, torch.Tensor]:
-    """The full (TP-merged) model state dict of a checkpoint, loaded in a world of one."""
-    from megatron.core import dist_checkpointing
-    from torch.distributed.checkpoint.api import CheckpointException
-
-    from training.model import build_model, init_distributed, shutdown_distributed
-
-    owns_world = not torch.distributed.is_initialized()
-    if not owns_world and torch.distributed.get_world_size() != 1:
-        raise ExportError("export runs in a single process; call it outside a multi-rank job")
-    # The layout on disk is TP-independent; build whole matrices and let it reshard.
-    training_cfg = spec.training.model_copy(update={
-        "tensor_parallel": 1, "pipeline_parallel": 1, "precision": "fp32",
-        "use_distributed_optimizer": False, "recompute": "none"})
+    if str(path).startswith("s3://"):
+        raise ExportError(f"{path}: resolve_checkpoint is for local checkpoints; pass the s3:// "
+                          "URL to export_hf directly")
     try:
-        init_distributed(1)
-        model = build_model(spec.model, training_cfg)
-        try:
-            loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(checkpoint_dir))
-        # Shape/key mismatches surface as assorted megatron errors, or as torch's
-        # CheckpointException, which derives from BaseException.
-        except (Exception, CheckpointException) as e:
-            raise ExportError(f"{checkpoint_dir}: cannot load it into the model of job spec "
-                              f"{spec.name!r} ({type(e).__name__}: {e}); export with the job "
-                              "spec the checkpoint was trained with") from e
-        model.load_state_dict(loaded["model"])
-        return {k: v.detach().cpu() for k, v in model.state_dict().items()
-                if isinstance(v, torch.Tensor)}
-    finally:
-        if owns_world:
-            shutdown_distributed()
+        return Path(locate_checkpoint(path).step_url)
+    except CheckpointReadError as e:
+        raise ExportError(str(e)) from None
 
 
 # --- writing the folder -----------------------------------------------------------------------
@@ -250,22 +216,26 @@ def write_hf_folder(llama_state_dict: dict[str, torch.Tensor], model_cfg: ModelC
 
 def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, spec: JobSpec,
               tokenizer_dir: str | Path | None = None, dtype: str = "float32") -> Path:
-    """Convert a checkpoint written by training.checkpointing into a LlamaForCausalLM folder.
+    """Convert a checkpoint the worker wrote into a LlamaForCausalLM folder.
 
-    `checkpoint_dir` is a complete `step_N` directory or the checkpoint root (newest
-    complete step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
+    `checkpoint_dir` is a step directory of either checkpoint format (dist_checkpointing
+    `step_N/`, or the async engine's `step-N/`, local or s3://) or a checkpoint root
+    (its newest committed step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
     """
-    from training.checkpointing import read_trainer_state
+    from training.checkpoint_reader import CheckpointReadError, locate_checkpoint, read_model_state_dict
 
-    checkpoint = resolve_checkpoint(checkpoint_dir)
     tokenizer_dir = Path(tokenizer_dir or Path(spec.data.data_dir) / "tokenizer")
-    trainer_state = read_trainer_state(checkpoint)
-    megatron_sd = load_megatron_state_dict(checkpoint, spec)
+    try:
+        location = locate_checkpoint(checkpoint_dir, spec)
+        megatron_sd, trainer_state = read_model_state_dict(location, spec)
+    except CheckpointReadError as e:
+        raise ExportError(str(e)) from e
     llama_sd = megatron_state_dict_to_llama(megatron_sd, spec.model)
     provenance = {
         "job": spec.name,
-        "checkpoint": str(checkpoint.resolve()),
-        "step": trainer_state.get("step"),
+        "checkpoint": location.step_url,
+        "checkpoint_format": location.kind,
+        "step": trainer_state.get("step", location.step),
         "config_hash": spec.config_hash(),
         "checkpoint_config_hash": trainer_state.get("config_hash"),
         "dtype": dtype,

@@ -45,10 +45,25 @@ def _sample_tokens(prepared, n: int, seq: int) -> torch.Tensor:
     return torch.from_numpy(np.array(tokens[: n * seq], dtype=np.int64)).reshape(n, seq)
 
 
-def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_prepared, tmp_path):
+def _save_checkpoint(writer: str, spec, env, root: Path, step: int, model, optimizer) -> None:
+    """A checkpoint written by the worker's own checkpointer of the given format."""
+    from training.async_checkpointer import AsyncCheckpointer
+    from training.checkpointing import open_checkpointer
+
+    cfg = spec.checkpoint.model_copy(update={"url": str(root), "async_save": False})
+    # The engine format, written inline (no writer process to start: faster test).
+    checkpointer = (AsyncCheckpointer(cfg, env, writer="thread") if writer == "engine"
+                    else open_checkpointer(cfg, env))
+    checkpointer.save(step, model, optimizer, {"world_size": env.world_size,
+                                               "config_hash": spec.config_hash()})
+    checkpointer.close()
+
+
+@pytest.mark.parametrize("writer", ["dist", "engine"])
+def test_checkpoint_export_matches_megatron_logits(world, writer, tiny_job_dict, tiny_prepared,
+                                                   tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.checkpointing import LocalCheckpointer
     from training.export import export_hf
     from training.model import build_model, build_optimizer, wrap_data_parallel
 
@@ -59,8 +74,7 @@ def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_pr
     _randomise(model)
     optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
     root = tmp_path / "checkpoints"
-    LocalCheckpointer(root, world).save(7, model, optimizer, {"world_size": 1,
-                                                              "config_hash": spec.config_hash()})
+    _save_checkpoint(writer, spec, world, root, 7, model, optimizer)
 
     tokens = _sample_tokens(tiny_prepared, 2, spec.model.seq_length)
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
@@ -72,7 +86,8 @@ def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_pr
     assert sorted(p.name for p in out.iterdir()) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "forgeflow.json",
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"])
-    assert json.loads((out / "forgeflow.json").read_text())["step"] == 7
+    provenance = json.loads((out / "forgeflow.json").read_text())
+    assert provenance["step"] == 7 and provenance["checkpoint_format"] == writer
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
     with torch.no_grad():
@@ -126,16 +141,17 @@ def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp
     LocalCheckpointer(tmp_path / "ck", world).save(1, model, optimizer, {"world_size": 1})
     other = copy.deepcopy(tiny_job_dict)
     other["model"]["hidden_size"] = 128  # not the shape the checkpoint holds
-    with pytest.raises(ExportError, match="export with the job spec the checkpoint was trained with"):
+    with pytest.raises(ExportError, match="use the job spec the checkpoint was trained with"):
         export_hf(tmp_path / "ck", tmp_path / "hf", parse_job_spec(other))
     with pytest.raises(ExportError, match="forgeflow prepare"):
         export_hf(tmp_path / "ck", tmp_path / "hf", spec, tokenizer_dir=tmp_path / "no-tokenizer")
     assert not (tmp_path / "hf").exists()  # nothing half-written
 
 
+@pytest.mark.slow  # two torchrun ranks: ~12 s of CPU
 def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepared, tmp_path,
                                                       repo_root):
-    """TP=2 (two gloo processes) checkpoint -> one HF model with the TP model's logits."""
+    """TP=2 (two gloo processes) checkpoints of both formats -> HF models with the TP logits."""
     import os
     import subprocess
     import sys
@@ -147,7 +163,6 @@ def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepare
 
     job = copy.deepcopy(tiny_job_dict)
     job["training"].update(tensor_parallel=2, global_batch_size=2, micro_batch_size=1)
-    job["checkpoint"]["url"] = str(tmp_path / "ck")
     job_file = tmp_path / "tp2.yaml"
     job_file.write_text(yaml.safe_dump(job))
     env = dict(os.environ, PYTHONPATH=str(repo_root), OMP_NUM_THREADS="1")
@@ -160,8 +175,10 @@ def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepare
     tokens = torch.load(tmp_path / "tokens.pt")
 
     spec = parse_job_spec(job)  # still says tensor_parallel=2: export merges regardless
-    hf = AutoModelForCausalLM.from_pretrained(export_hf(tmp_path / "ck", tmp_path / "hf", spec)).eval()
-    with torch.no_grad():
-        diff = (hf(tokens).logits - tp_logits).abs().max().item()
     assert tp_logits.shape[-1] == spec.model.vocab_size
-    assert diff < TOLERANCE, f"max |logit diff| {diff:.3g}"
+    for writer in ("dist", "engine"):
+        out = export_hf(tmp_path / f"ck-{writer}", tmp_path / f"hf-{writer}", spec)
+        hf = AutoModelForCausalLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            diff = (hf(tokens).logits - tp_logits).abs().max().item()
+        assert diff < TOLERANCE, f"{writer}: max |logit diff| {diff:.3g}"
