@@ -15,7 +15,7 @@ from infra.checkpoint import CheckpointEngine
 from infra.checkpoint_manifest import committed_steps, list_committed, read_latest, shard_key
 from infra.storage import InvalidCredentials, NoSuchBucket, open_storage
 
-from conftest import ACCESS_KEY, SECRET_KEY
+from infra.local_s3 import ACCESS_KEY, SECRET_KEY
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
@@ -61,7 +61,12 @@ def test_killed_while_persist_in_flight_resumes_from_previous(seaweed, when):
     assert committed_steps(storage) == [10]  # the partial step 20 is not a checkpoint
     if when == "after_shard":
         assert storage.exists(shard_key(20, 0, 1))  # its shard was fully uploaded, yet ignored
-    from persist_then_die import state
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("persist_then_die", HERE / "persist_then_die.py")
+    child = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(child)
+    state = child.state
 
     with CheckpointEngine(url, storage_options=options, writer="thread") as engine:
         loaded = engine.load()
