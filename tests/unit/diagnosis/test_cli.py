@@ -1,0 +1,59 @@
+"""`forgeflow diagnose` and `forgeflow rules`, through diagnosis.cli.register."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from diagnosis import cli
+
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "failures"
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="forgeflow")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_diagnose_json(state, capsys):
+    assert run(["diagnose", str(CORPUS / "oom_under_timeouts.log"), "--json", "--no-agent"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("root_cause", "kind", "restart_helps", "confidence", "culprit_lines", "suspect_nodes", "mitigation", "source"):
+        assert key in out
+    assert (out["root_cause"], out["kind"], out["restart_helps"], out["source"]) == ("OutOfMemoryError", "framework", False, "rule")
+    assert any("CUDA out of memory" in line for line in out["culprit_lines"])
+
+
+def test_diagnose_text_and_missing_file(state, capsys, tmp_path):
+    assert run(["diagnose", str(CORPUS / "node_fell_off_bus.log"), "--no-agent"]) == 0
+    assert "NodeFailure (infrastructure)" in capsys.readouterr().out
+    assert run(["diagnose", str(tmp_path / "missing.log"), "--no-agent"]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_rules_add_list_and_refusals(state, capsys):
+    assert run(["rules", "add", "--type", "filter", "--pattern", r"^custom banner \d+$", "--job-family", "llama", "--name", "banner"]) == 0
+    assert run(["rules", "add", "--type", "filter", "--pattern", "(a)\\1", "--job-family", "llama"]) == 2
+    assert "RE2" in capsys.readouterr().err
+    assert run(["rules", "add", "--type", "diagnosis", "--pattern", ".*", "--root-cause", "KeyError", "--restart-helps", "no"]) == 2
+    assert "catch-all" in capsys.readouterr().err
+    assert run(["rules", "add", "--type", "diagnosis", "--pattern", "flux capacitor", "--root-cause", "NVLinkError", "--restart-helps", "yes"]) == 0
+    capsys.readouterr()
+    assert run(["rules", "list", "--type", "filter", "--job-family", "llama", "--learned", "--json"]) == 0
+    assert [r["name"] for r in json.loads(capsys.readouterr().out)] == ["banner"]
+    assert run(["rules", "list", "--type", "diagnosis", "--json"]) == 0
+    rules = json.loads(capsys.readouterr().out)
+    assert rules[0]["pattern"] == "flux capacitor" and len(rules) > 40
+
+
+def test_rules_test_shows_matches_and_flags_error_lines(state, capsys):
+    log = str(CORPUS / "cuda_illegal_address.log")
+    assert run(["rules", "test", log]) == 0
+    assert "[cuda-error -> CUDAError, cause]" in capsys.readouterr().out
+    assert run(["rules", "test", log, "--pattern", "illegal memory"]) == 1  # would hide an error line
+    assert run(["rules", "test", log, "--pattern", "make: (?:Entering|Leaving) directory"]) == 0

@@ -1,0 +1,92 @@
+"""The linear-time engines: validation, catch-alls, the backtracking ban, engine agreement."""
+
+from __future__ import annotations
+
+import pytest
+
+from diagnosis.engine import (
+    ENGINE_NAMES,
+    RegexError,
+    UnsafeEngineError,
+    build_line_filter,
+    compile_linear,
+    is_catch_all,
+    validate_regex,
+)
+from diagnosis.filter_seeds import SEED_FILTER_RULES
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"foo(?=bar)", r"(?<=x)y", r"(", ""])
+def test_validate_regex_refuses_what_linear_engines_cannot_run(pattern):
+    with pytest.raises(RegexError):
+        validate_regex(pattern)
+
+
+def test_validate_regex_names_the_reason():
+    with pytest.raises(RegexError, match="backreferences"):
+        validate_regex(r"(a)\1")
+
+
+@pytest.mark.timeout(30)
+def test_catastrophic_backtracking_pattern_runs_in_linear_time():
+    # (a+)+$ takes exponential time in a backtracking engine on this input; in RE2 and
+    # Hyperscan it is linear, so it is acceptable (the test would time out otherwise).
+    validate_regex(r"(a+)+$")
+    regex = compile_linear(r"(a+)+$")
+    assert regex.search("a" * 200_000 + "b") is None
+    assert regex.search("xaaaa") is not None
+    lines = build_line_filter([r"(a+)+$"], engine="hyperscan")
+    buf = b"a" * 50_000 + b"b\n" + b"aaaa\n"
+    assert lines.uncovered_lines(buf) == [(0, 50_001)]
+
+
+@pytest.mark.parametrize("pattern", [".*", ".", r"\S*", "^", r"[\s\S]*", ".+", r"\w", "(?s).*"])
+def test_catch_alls_are_recognised(pattern):
+    assert is_catch_all(pattern)
+
+
+@pytest.mark.parametrize("pattern", [r"NCCL INFO Channel \d+", r"^\s+warnings\.warn\($", r"step=\d+ loss="])
+def test_specific_patterns_are_not_catch_alls(pattern):
+    assert not is_catch_all(pattern)
+
+
+def test_python_engine_refuses_untrusted_rules():
+    with pytest.raises(UnsafeEngineError):
+        build_line_filter([r"(a+)+$"], engine="python")
+    build_line_filter([r"^foo"], engine="python", trusted=True)
+
+
+def test_unknown_engine_is_a_clear_error():
+    with pytest.raises(RegexError, match="unknown engine"):
+        build_line_filter(["x"], engine="pcre")
+
+
+SAMPLE = (
+    b"2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21 lr=1.000e-04 grad_norm=0.52 tokens_per_s=12.0 elapsed_s=1.0\n"
+    b"node-a01:2281:2401 [3] NCCL INFO Channel 00/0 : 3[3] -> 4[4] via P2P/CUMEM/read\n"
+    b"something nobody has a rule for\n"
+    b"\n"
+    b"[rank3]:  warnings.warn(\n"
+    b"[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered\n"
+    b"  micro_batch_size ................................ 2\n"
+    b"\xff\xfe binary \x00 garbage\n"
+)
+
+
+@pytest.mark.parametrize("engine", ENGINE_NAMES)
+def test_engines_agree_on_uncovered_lines(engine):
+    patterns = [p for _, p in SEED_FILTER_RULES]
+    uncovered = build_line_filter(patterns, engine=engine, trusted=True).uncovered_lines(SAMPLE)
+    texts = [SAMPLE[s:e] for s, e in uncovered]
+    assert texts == [
+        b"something nobody has a rule for",
+        b"",
+        b"[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        b"\xff\xfe binary \x00 garbage",
+    ]
+
+
+def test_compiled_filters_are_reused_until_rules_change():
+    a = build_line_filter(["^foo", "bar$"])
+    assert build_line_filter(["^foo", "bar$"]) is a
+    assert build_line_filter(["^foo", "bar$", "baz"]) is not a

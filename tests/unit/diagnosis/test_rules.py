@@ -1,0 +1,176 @@
+"""Rule-based diagnosis: the corpus, root-cause choice, suspects, learned rules, the agent hook."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from diagnosis.api import DiagnosisContext, diagnose_log
+from diagnosis.engine import RegexError
+from diagnosis.rules import DiagnosisLibrary
+from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis
+
+from pathlib import Path
+
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "failures"
+
+
+def write(tmp_path, lines, name="job.log"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_every_root_cause_has_a_seeded_rule():
+    named = {r.root_cause for r in DiagnosisLibrary().rules}
+    assert set(ROOT_CAUSES) - {"Unknown"} <= named
+
+
+def test_corpus_is_large_and_covers_every_root_cause(corpus_labels):
+    assert len(corpus_labels) >= 40
+    assert {lab["root_cause"] for lab in corpus_labels.values()} == set(ROOT_CAUSES) - {"Unknown"}
+    for name in corpus_labels:
+        assert (CORPUS / name).stat().st_size > 2000
+
+
+def test_rules_diagnose_the_corpus(corpus_labels, state):
+    wrong = []
+    for name, label in corpus_labels.items():
+        d = diagnose_log(CORPUS / name)
+        got = (d.root_cause, d.kind, d.restart_helps)
+        if got != (label["root_cause"], label["kind"], label["restart_helps"]):
+            wrong.append((name, got))
+        if not set(label["suspect_nodes"]) <= set(d.suspect_nodes):
+            wrong.append((name, "suspects", d.suspect_nodes, label["suspect_nodes"]))
+        assert d.source == "rule" and d.culprit_lines
+    assert wrong == []
+
+
+def test_root_cause_is_often_not_the_last_error(corpus_labels):
+    # The corpus must exercise the choice: in most logs the last line any rule matches
+    # names something other than the root cause (a symptom or a consequence).
+    library = DiagnosisLibrary()
+    last_is_not_root = 0
+    for name, label in corpus_labels.items():
+        last = None
+        for line in reversed((CORPUS / name).read_text().splitlines()):
+            last = library.first_match(line)
+            if last is not None:
+                break
+        if last is None or last.root_cause != label["root_cause"]:
+            last_is_not_root += 1
+    assert last_is_not_root >= len(corpus_labels) // 2
+
+
+def test_hardware_error_wins_over_later_and_earlier_framework_errors(tmp_path, state):
+    path = write(tmp_path, [
+        "[rank2]: ValueError: bad config value",
+        "[rank1]: RuntimeError: CUDA error: uncorrectable ECC error encountered",
+        "[rank5]: KeyError: 'x'",
+    ])
+    d = diagnose_log(path)
+    assert (d.root_cause, d.kind, d.restart_helps) == ("ECCError", "infrastructure", True)
+    assert d.suspect_ranks == [1]
+
+
+def test_symptoms_give_way_to_the_real_error(tmp_path, state):
+    timeout = ("[rank{r}]:[E1122 08:1{r}:00.000000 1 ProcessGroupNCCL.cpp:616] [Rank {r}] Watchdog caught collective "
+               "operation timeout: WorkNCCL(SeqNum=9, OpType=ALLREDUCE) ran for 600010 milliseconds before timing out.")
+    path = write(tmp_path, [timeout.format(r=r) for r in range(4)] + [
+        "[rank4]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+        "  traceback : Signal 6 (SIGABRT) received by PID 12",
+    ])
+    d = diagnose_log(path)
+    assert (d.root_cause, d.restart_helps) == ("OutOfMemoryError", False)
+    assert d.culprit_lines == ["[rank4]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
+
+
+def test_only_symptoms_name_the_symptom_with_lower_confidence(tmp_path, state):
+    path = write(tmp_path, [
+        "[rank0]:[E1122 08:10:00.000000 1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: x",
+        "  traceback : Signal 6 (SIGABRT) received by PID 12",
+    ])
+    d = diagnose_log(path)
+    assert d.root_cause == "NCCLTimeoutError" and d.confidence < 0.7
+
+
+def test_earliest_timestamp_across_ranks_wins_within_a_tier(tmp_path, state):
+    path = write(tmp_path, [
+        "2026-11-22T08:20:00.000000Z [rank3]: AttributeError: 'Config' object has no attribute 'x'",
+        "2026-11-22T08:10:00.000000Z [rank9]: ValueError: num_layers must be positive",
+    ])
+    d = diagnose_log(path)
+    assert d.root_cause == "ValueError" and d.suspect_ranks == [9]
+
+
+def test_suspects_map_ranks_to_hosts_and_gpus(tmp_path, state):
+    path = write(tmp_path, [
+        "node-b07:2281:2401 [3] NCCL INFO comm 0x55d1c2a0 rank 11 nranks 16 cudaDev 3 nvmlDev 3 busId 4f000 - Init COMPLETE",
+        "[rank11]: RuntimeError: CUDA error: an illegal memory access was encountered",
+        "Root Cause (first observed failure):",
+        "  host      : node-b09",
+        "  rank      : 12 (local_rank: 4)",
+        "Nov 22 08:00:01 node-c01 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus.",
+    ])
+    d = diagnose_log(path)
+    assert d.root_cause == "NodeFailure" and d.suspect_nodes == ["node-c01"] and d.suspect_gpus == ["0000:3b:00"]
+    path = write(tmp_path, [l for l in path.read_text().splitlines() if "Xid" not in l])
+    d = diagnose_log(path)
+    assert d.root_cause == "CUDAError" and d.suspect_nodes == ["node-b07"] and d.suspect_ranks == [11]
+    path = write(tmp_path, ["  host      : node-b09", "  rank      : 12 (local_rank: 4)", "[rank12]: IndexError: list index out of range"])
+    assert diagnose_log(path).suspect_nodes == ["node-b09"]
+
+
+def test_learned_rules_persist_and_take_precedence(tmp_path, state):
+    line = "[rank3]: RuntimeError: flux capacitor desynchronised on stage 2"
+    path = write(tmp_path, [line])
+    assert diagnose_log(path).root_cause == "RuntimeError"
+    library = DiagnosisLibrary.load()
+    library.add_rule(r"flux capacitor desynchronised", "NVLinkError", True, mitigation="swap it", must_match=[line])
+    assert json.loads((state / "diagnosis_rules.json").read_text())["rules"][0]["root_cause"] == "NVLinkError"
+    d = diagnose_log(path)
+    assert (d.root_cause, d.source, d.mitigation) == ("NVLinkError", "rule", "swap it")
+
+
+@pytest.mark.parametrize("pattern, root_cause, reason", [
+    (r"(a)\1", "KeyError", "RE2"),
+    (r".*", "KeyError", "catch-all"),
+    (r"\S", "KeyError", "catch-all"),
+    (r"flux", "FluxError", "unknown root_cause"),
+    (r"nothing like it", "KeyError", "none of the culprit lines"),
+])
+def test_add_rule_refuses_bad_rules(state, pattern, root_cause, reason):
+    with pytest.raises(RegexError, match=reason):
+        DiagnosisLibrary.load().add_rule(pattern, root_cause, False, must_match=["flux capacitor"])
+    assert not (state / "diagnosis_rules.json").exists()
+
+
+def test_stale_heartbeat_without_errors_is_a_hang(tmp_path, state):
+    path = write(tmp_path, ["2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.2 lr=1.0e-04 grad_norm=0.5 tokens_per_s=1.0 elapsed_s=1.0"])
+    assert diagnose_log(path, hang_suspected=True).root_cause == "Hang"
+    assert diagnose_log(path).root_cause == "Unknown"
+
+
+def test_agent_is_called_only_when_no_rule_names_a_cause(tmp_path, state):
+    seen: list[DiagnosisContext] = []
+
+    def agent(context: DiagnosisContext):
+        seen.append(context)
+        return Diagnosis("PermissionError", "script", False, confidence=0.6, source="agent")
+
+    unknown = write(tmp_path, ["[rank0]: flux capacitor desynchronised", "  traceback : Signal 6 (SIGABRT) received by PID 1"], "u.log")
+    d = diagnose_log(unknown, agent=agent)
+    assert d.source == "agent" and d.root_cause == "PermissionError"
+    [context] = seen
+    assert "flux capacitor" in context.excerpt() and context.rule_outcome.matches
+    assert context.library.rules and context.filter_rules.job_family == "default"
+    known = write(tmp_path, ["[rank0]: KeyError: 'x'"], "k.log")
+    assert diagnose_log(known, agent=agent).source == "rule" and len(seen) == 1
+    assert diagnose_log(unknown, agent=lambda c: None).confidence <= 0.1
+
+
+def test_missing_log_is_a_clear_error(tmp_path, state):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        diagnose_log(tmp_path / "nope.log")
