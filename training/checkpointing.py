@@ -132,6 +132,42 @@ def sharded_state(model, optimizer, env: DistEnv, trainer_state: dict[str, Any] 
     return state
 
 
+# --- process hygiene ---------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Runs in megatron's queue-manager process: SIGKILL it when its parent dies (Linux)."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the manager then lingers after a SIGKILLed worker, as upstream
+
+
+def install_write_results_queue() -> None:
+    """Give dist_checkpointing a results queue whose manager process dies with this worker.
+
+    megatron-core's FileSystemWriterAsync (dist_checkpointing/strategies/filesystem_async.py:51-56,
+    used by synchronous saves too, :185) lazily starts a spawn-context multiprocessing
+    Manager to collect write results. If the worker is SIGKILLed (OOM killer, a fault) or
+    `os._exit`s, that Manager is orphaned and lives on, holding the worker's stdout/stderr
+    open, so the launcher waiting for EOF hangs. The same Manager started with a
+    parent-death signal disappears with the worker.
+    """
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+    from torch import multiprocessing as mp
+    from multiprocessing.managers import SyncManager
+
+    if filesystem_async._results_queue is not None:
+        return
+    manager = SyncManager(ctx=mp.get_context("spawn"))
+    manager.start(initializer=_die_with_parent)
+    filesystem_async._results_queue = manager.Queue()
+    filesystem_async._forgeflow_manager = manager  # keep it referenced for the process lifetime
+
+
 # --- the synchronous local writer -------------------------------------------------------------
 
 class LocalCheckpointer:
@@ -148,6 +184,7 @@ class LocalCheckpointer:
         self.env = env
         self.keep_last = keep_last
         self.after_shards_written = after_shards_written
+        install_write_results_queue()
         if env.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
         torch.distributed.barrier()
