@@ -349,15 +349,27 @@ class _Search:
         self.profile = marp.profile_for_device(pool.gpu_type)
         per_node = min(n, pool.gpus_per_node)
         out: list[Plan] = []
+        # The distributed optimizer costs no step time here (reduce-scatter + all-gather
+        # move what the all-reduce moves) and only saves memory: use it whenever dp > 1.
+        frugal_rc = self.recompute_order[-1]
         for dp, tp, pp in self.layouts(pool, n):
             per_rank = r.global_batch // dp
-            candidates = []
+            dist_opt = cfg.distributed_optimizer and dp > 1
+            micro_batches = []
             for mb in cfg.micro_batch_sizes:
                 if per_rank % mb:
                     continue
-                m = per_rank // mb
-                if pp > 1 and m < pp:
+                if pp > 1 and per_rank // mb < pp:
                     break  # fewer microbatches than stages: the pipeline never fills
+                micro_batches.append(mb)
+            if not micro_batches:
+                continue
+            # Most layouts of a small count hold nothing: one estimate of the most frugal
+            # candidate (smallest micro batch, most recompute) settles that before pricing.
+            if self.estimate(dp, tp, pp, micro_batches[0], frugal_rc, dist_opt).total > usable:
+                continue
+            candidates = []
+            for mb in micro_batches:
                 for saving, rc in enumerate(self.recompute_order):
                     step = predict_step_time(
                         r.model, global_batch=r.global_batch, dp=dp, tp=tp, pp=pp, micro_batch=mb,
@@ -365,13 +377,10 @@ class _Search:
                         links=pool.links, gpus_per_node_used=per_node, cfg=self.cost,
                         num_parameters=self.num_parameters,
                     )
-                    candidates.append((step.total_s, mb, saving, rc, m, step))
+                    candidates.append((step.total_s, mb, saving, rc, per_rank // mb, step))
             candidates.sort(key=lambda c: c[:3])
             ruled_out: list[tuple[int, int]] = []
             kept = 0
-            # The distributed optimizer costs no step time here (reduce-scatter + all-gather
-            # move what the all-reduce moves) and only saves memory: use it whenever dp > 1.
-            dist_opt = cfg.distributed_optimizer and dp > 1
             for _, mb, saving, rc, m, step in candidates:
                 if any(mb >= bad_mb and saving <= bad_saving for bad_mb, bad_saving in ruled_out):
                     continue
