@@ -1,0 +1,138 @@
+"""`forgeflow prepare | train | export` — the training library's subcommands.
+
+Heavy imports (torch, megatron, tokenizers) happen inside the command functions so
+`forgeflow --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("prepare", help="train the tokenizer and pack the corpus into token files")
+    p.add_argument("config", help="job spec YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec field, e.g. data.max_corpus_mb=4 (repeatable)")
+    p.set_defaults(func=cmd_prepare)
+
+    p = subparsers.add_parser("train", help="train a job spec locally under torchrun")
+    p.add_argument("config", help="job spec YAML")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="worker processes (default: GPUs if any, else min(2, CPU cores))")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a spec field, e.g. training.steps=50 (repeatable)")
+    p.add_argument("--resume-from-step", type=int, default=None,
+                   help="resume from this checkpoint step instead of the newest")
+    p.set_defaults(func=cmd_train)
+
+    p = subparsers.add_parser("export", help="convert a checkpoint to a Hugging Face Llama folder")
+    p.add_argument("checkpoint_dir", help="a checkpoint step directory or a checkpoint root")
+    p.add_argument("out_dir", help="where to write config.json, safetensors and the tokenizer")
+    p.add_argument("--config", required=True, help="the job spec the checkpoint was trained with")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.set_defaults(func=cmd_export)
+
+
+def _load_spec(args: argparse.Namespace):
+    from training.config import dotted_overrides, load_job_spec
+
+    return load_job_spec(args.config, dotted_overrides(getattr(args, "set", []) or []))
+
+
+def _missing(module: str, what: str) -> int:
+    print(f"error: {what} is not available in this build ({module} is missing)", file=sys.stderr)
+    return 2
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from training.config import ConfigError
+
+    try:
+        from training.data import prepare_data
+    except ImportError:
+        return _missing("training.data", "forgeflow prepare")
+    try:
+        spec = _load_spec(args)
+        prepared = prepare_data(spec, progress=True)
+    except ConfigError as e:  # DataError is a ConfigError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    state = "reused" if prepared.reused else "prepared"
+    print(f"{state} {prepared.data_dir}: {prepared.train_tokens:,} train / "
+          f"{prepared.val_tokens:,} val tokens, vocab {prepared.tokenizer_vocab_size}")
+    return 0
+
+
+def default_nproc(tensor_parallel: int = 1) -> int:
+    import torch
+
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+    else:
+        n = min(2, os.cpu_count() or 1)
+    return max(tensor_parallel, n - n % tensor_parallel)
+
+
+def torchrun_command(config: str, nproc: int, overrides: list[str],
+                     resume_from_step: int | None = None) -> list[str]:
+    """The single-node torchrun command line that starts the worker on `nproc` ranks."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           "--nproc-per-node", str(nproc), "-m", "training.train", config]
+    for item in overrides:
+        cmd += ["--set", item]
+    if resume_from_step is not None:
+        cmd += ["--resume-from-step", str(resume_from_step)]
+    return cmd
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from training.config import ConfigError
+
+    try:
+        spec = _load_spec(args)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # Prepare first: it returns at once when the data is already there, and the workers
+    # then never race each other to create it.
+    try:
+        from training.data import prepare_data
+    except ImportError:
+        return _missing("training.data", "forgeflow train")
+    try:
+        prepare_data(spec, progress=True)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    nproc = args.nproc or default_nproc(spec.training.tensor_parallel)
+    if nproc % spec.training.tensor_parallel:
+        print(f"error: --nproc {nproc} is not a multiple of training.tensor_parallel="
+              f"{spec.training.tensor_parallel}", file=sys.stderr)
+        return 2
+    cmd = torchrun_command(args.config, nproc, args.set, args.resume_from_step)
+    print(f"run dir: {spec.resolved_run_dir}  (logs/, heartbeat/, markers/)", flush=True)
+    try:
+        return subprocess.call(cmd, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from training.config import ConfigError
+
+    try:
+        from training.export import ExportError, export_hf
+    except ImportError:
+        return _missing("training.export", "forgeflow export")
+    try:
+        spec = _load_spec(args)
+        out = export_hf(args.checkpoint_dir, args.out_dir, spec, dtype=args.dtype)
+    except (ConfigError, ExportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"exported {args.checkpoint_dir} -> {out}")
+    return 0
