@@ -1,0 +1,224 @@
+"""Prefect tasks of the pretrain flow: thin, typed wrappers over infra/, training/, diagnosis/.
+
+Each task is one step of the on-call runbook; the logic lives in the libraries so
+it can be tested and used without Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+from prefect.artifacts import create_markdown_artifact, create_table_artifact, update_progress_artifact
+
+from diagnosis.vocabulary import Diagnosis
+from infra.cluster import Cluster
+from infra.launch import LaunchRequest, LocalLauncher
+from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
+from infra.notify import Alert, Notifier
+from infra.placement import Placement
+from infra.watch import AttemptOutcome, watch
+from training.config import JobSpec
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_cluster(cluster: str) -> Cluster:
+    from infra.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
+
+    return detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
+
+
+@task(name="plan-and-place", cache_policy=NO_CACHE)
+def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
+    """MARP sizing + HAS placement; the ranked plans and the placement become artifacts."""
+    from infra.placement import place_plans
+    from infra.planner import plan_job
+
+    plans = plan_job(spec, cluster, worker_planner_config(cluster))
+    placement = place_plans(plans, cluster, job=spec.name, allocate=True)
+    if placement is None:
+        raise RuntimeError(
+            f"no plan for {spec.name} fits the free GPUs of {cluster.name} now "
+            f"(best plan needs {plans[0].num_gpus}x {plans[0].gpu_type}); free GPUs or wait"
+        )
+    create_table_artifact(
+        key="pretrain-plans",
+        table=[
+            {"rank": i + 1, "gpu_type": p.gpu_type, "gpus": p.num_gpus, "layout": p.layout,
+             "peak_gib": round(p.required_memory_bytes / 2**30, 2),
+             "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
+            for i, p in enumerate(plans[:10])
+        ],
+        description=f"Ranked plans for {spec.name} on {cluster.name} (MARP memory, cost-model step time)",
+    )
+    create_markdown_artifact(
+        key="pretrain-placement",
+        markdown="## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```",
+        description=f"HAS placement of {spec.name}",
+    )
+    return placement
+
+
+def worker_planner_config(cluster: Cluster):
+    """Only plans the training worker can run: no pipeline stages yet, and on CPU
+    neither megatron's distributed optimizer nor full recompute (both need CUDA)."""
+    from infra.planner import PlannerConfig
+
+    cpu_only = all(t == "cpu" for t in cluster.gpu_types())
+    return PlannerConfig(
+        max_pipeline_stages=1,
+        distributed_optimizer=not cpu_only,
+        recompute=("none", "selective") if cpu_only else ("none", "selective", "full"),
+    )
+
+
+def plan_overrides(placement: Placement) -> list[str]:
+    """The plan's layout as worker `--set` overrides (the user did not choose it)."""
+    plan = placement.plan
+    out = [f"training.tensor_parallel={placement.tp}"]
+    if plan is not None:
+        out += [
+            f"training.micro_batch_size={plan.micro_batch_size}",
+            f"training.recompute={plan.recompute}",
+            f"training.use_distributed_optimizer={str(plan.distributed_optimizer).lower()}",
+        ]
+    return out
+
+
+@task(name="prepare-data", cache_policy=NO_CACHE)
+def prepare_data(spec: JobSpec) -> str:
+    from training.data import prepare_data as prepare
+
+    prepared = prepare(spec, progress=False)
+    return str(getattr(prepared, "data_dir", spec.data.data_dir))
+
+
+@task(name="preflight-storage", cache_policy=NO_CACHE)
+def preflight_storage(spec: JobSpec) -> None:
+    """Wrong credentials or a missing bucket fail here, before any GPU time is spent."""
+    from infra.storage import open_storage, storage_options_from_config
+
+    open_storage(spec.checkpoint.url, storage_options_from_config(spec.checkpoint)).check_writable()
+
+
+@task(name="run-attempt", cache_policy=NO_CACHE)
+def run_attempt(
+    spec_path: str,
+    spec: JobSpec,
+    placement: Placement,
+    attempt: int,
+    extra_sets: list[str],
+    resume_from_step: int | None,
+    hang_timeout_s: float,
+    env: dict[str, str],
+    progress_artifact_id=None,
+) -> AttemptOutcome:
+    """Launch one torchrun per node, then watch until done, failure, hang or spike."""
+    logger = get_run_logger()
+    port = free_port()  # a fresh rendezvous port per attempt: the last one may linger in TIME_WAIT
+    launches = [replace(l, master_port=port) for l in placement.launch_specs()]
+    args = ["-m", "training.train", spec_path]
+    for item in plan_overrides(placement) + extra_sets:
+        args += ["--set", item]
+    if resume_from_step is not None:
+        args += ["--resume-from-step", str(resume_from_step)]
+    request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
+    logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
+    job = LocalLauncher().start(request)
+
+    def progress(step: int) -> None:
+        if progress_artifact_id is not None:
+            update_progress_artifact(progress_artifact_id, progress=100.0 * step / spec.training.steps)
+
+    try:
+        return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s, on_progress=progress)
+    finally:
+        job.terminate(grace_s=5.0)  # no-op when already gone; never leave ranks behind
+
+
+@task(name="diagnose-attempt", cache_policy=NO_CACHE)
+def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Diagnosis:
+    """Spike and hang come from the watcher; everything else from the logs."""
+    from diagnosis.api import diagnose_log
+
+    if outcome.status == "spike" and outcome.spike:
+        return Diagnosis(
+            "LossSpike", "training", True, confidence=1.0,
+            culprit_lines=[json.dumps(outcome.spike)],
+            mitigation="roll back to a checkpoint before the spike and skip the spike's batches",
+            source="rule",
+        )
+    combined = spec.resolved_run_dir / "diagnosis" / f"attempt-{attempt}.log"
+    combined.parent.mkdir(parents=True, exist_ok=True)
+    with open(combined, "wb") as out:
+        for node, path in sorted(outcome.log_paths.items()):
+            if Path(path).exists():
+                out.write(Path(path).read_bytes())
+    return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang")
+
+
+@task(name="node-check", cache_policy=NO_CACHE)
+def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str]) -> NodeCheckReport:
+    runner = LauncherWorldRunner(
+        LocalLauncher(grace_s=2.0), Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
+    )
+    return two_round_check(placement.nodes, runner)
+
+
+@task(name="alert", cache_policy=NO_CACHE)
+def send_alert(notifier: Notifier, alert: Alert) -> bool:
+    delivery = notifier.send(alert)
+    if not delivery.ok:
+        get_run_logger().warning("alert not delivered: %s", delivery.detail)
+    return delivery.ok
+
+
+@task(name="loss-curve", cache_policy=NO_CACHE)
+def loss_curve(spec: JobSpec) -> Path | None:
+    """Plot rank 0's loss over steps (all attempts: restarts overwrite replayed steps)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from training import runfiles
+    from training.runlog import read_steps
+
+    path = runfiles.log_path(spec.resolved_run_dir, 0)
+    if not path.exists():
+        return None
+    records = read_steps(path, latest_only=True)
+    if not records:
+        return None
+    out = spec.resolved_run_dir / "loss_curve.png"
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    ax.plot([r.step for r in records], [r.loss for r in records], lw=1.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(f"{spec.name}: training loss")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    create_markdown_artifact(
+        key="pretrain-loss-curve",
+        markdown=f"## Loss curve\n![loss curve]({out.resolve().as_uri()})\n\nFile: `{out.resolve()}`\n\n"
+        f"Last logged step {records[-1].step}: loss {records[-1].loss:.4f}",
+        description=f"Loss curve of {spec.name}",
+    )
+    return out
+
+
+def wait(seconds: float) -> None:
+    if seconds > 0:
+        time.sleep(seconds)
