@@ -78,6 +78,11 @@ class Backend(ABC):
     def close(self) -> None:
         """Release the model (GPU memory) before the next trial loads one."""
 
+    @classmethod
+    def import_dependencies(cls) -> None:
+        """Import heavy modules once, from the main thread, before slot threads start:
+        transformers' lazy module is not safe to import from two threads at once."""
+
     @property
     def chunk_size(self) -> int:
         return self.options.batch_size
@@ -134,10 +139,14 @@ def parse_backend_options(options: dict[str, Any] | BackendOptions | None) -> Ba
         raise EvalConfigError(f"backend options: {problems}") from None
 
 
-def load_backend(name: str, model_path: str | Path, options: dict[str, Any] | BackendOptions | None = None) -> Backend:
+def backend_class(name: str) -> type[Backend]:
     if name not in _BACKENDS:
         raise UnknownBackendError(f"unknown backend {name!r}; known: {', '.join(available_backends())}")
-    return _BACKENDS[name](model_path, parse_backend_options(options))
+    return _BACKENDS[name]
+
+
+def load_backend(name: str, model_path: str | Path, options: dict[str, Any] | BackendOptions | None = None) -> Backend:
+    return backend_class(name)(model_path, parse_backend_options(options))
 
 
 # ----------------------------------------------------------------------------- transformers
@@ -145,6 +154,11 @@ def load_backend(name: str, model_path: str | Path, options: dict[str, Any] | Ba
 @register_backend("transformers")
 class TransformersBackend(Backend):
     """Hugging Face transformers on CPU or one GPU; batched, left-padded generation."""
+
+    @classmethod
+    def import_dependencies(cls) -> None:
+        import torch  # noqa: F401
+        from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria  # noqa: F401
 
     def __init__(self, model_path: str | Path, options: BackendOptions) -> None:
         super().__init__(model_path, options)

@@ -91,7 +91,10 @@ class _Progress:
 
     def on_event(self, kind: str, info: dict[str, Any]) -> None:
         trial = info.get("trial", "")
-        if kind == "trial_started":
+        if kind == "plan":
+            self.bars.update(self.trials, total=info["trials"])
+            self.bars.update(self.metrics, total=info["shards"])
+        elif kind == "trial_started":
             self.per_trial[trial] = self.bars.add_task(f"  {trial} ({info['slot']})", total=None)
         elif kind == "progress" and trial in self.per_trial:
             self.bars.advance(self.per_trial[trial], info["n"])

@@ -254,6 +254,15 @@ def execute(plan: Plan, *, history: RuntimeHistory | None = None, model_key: str
                 history.record_metric(shard.dataset.name, trial.backend, model_key, shard.samples, result.elapsed_s)
         emit("metric_done", {"trial": trial.trial_id, "dataset": shard.dataset.name, "shard": shard.shard})
 
+    if isolation == "thread":
+        from evalsuite.backends import backend_class
+
+        for name in {t.backend for t in plan.trials}:
+            try:
+                backend_class(name).import_dependencies()
+            except ImportError:
+                pass  # reported per trial, where it fails
+    emit("plan", {"trials": len(plan.trials), "shards": sum(len(t.shards) for t in plan.trials)})
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="metric")
     pending: list[Future] = []
 
