@@ -60,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _load_cluster(arg: str | None, default_name: str | None = None):
     from infra.cluster import detect_local_cluster, load_cluster
 
-    if arg in (None, "local") and default_name is None:
+    if arg == "local" or (arg is None and default_name is None):
         return detect_local_cluster()
     if arg is None:
         return load_cluster(CLUSTER_DIR / default_name)

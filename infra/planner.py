@@ -2,25 +2,31 @@
 
 The unit that is estimated is a Crius-style **cell**: a GPU type, a GPU count
 and a number of pipeline stages. Inside a cell only the data × tensor split
-varies (tp inside one node, dividing the attention and key/value heads; dp
-dividing the global batch), together with the micro-batch size, the
-recompute mode and the distributed optimizer. A layout is kept only when its
-predicted per-GPU peak memory (`infra.memory`, MARP) fits the GPU with a
-safety margin; the survivors are ranked by the predicted step time of
-`infra.cost_model`.
+varies (tp inside one node, dividing the attention and key/value heads and
+the MLP width; dp dividing the global batch into whole micro batches),
+together with the micro-batch size and the recompute mode. A layout is kept
+only when its predicted per-GPU peak memory (`infra.memory`, MARP) fits the
+GPU with a safety margin (`memory_margin`, the fraction of GPU memory kept
+free; default 10%); the survivors are ranked by the predicted step time of
+`infra.cost_model`. The distributed optimizer is used whenever dp > 1: its
+reduce-scatter + all-gather move what the plain all-reduce moves, so it only
+saves memory.
 
 Which GPU counts are tried: for each type, the smallest power-of-two count
 that can hold the job (MARP's sizing), and by default 2× and 4× that (Crius
 compares N, 2N cells), bounded by the type's schedulable GPUs and `max_gpus`.
 Explicit `gpu_counts` replace this.
 
-Pruning keeps planning a 1,280-GPU cluster well under 50 ms: memory estimates
-are cached per (model, layout) and shared by GPU types; a count is skipped
-when even its most frugal layout does not fit; for each (dp, tp, pp, micro
-batch) only the cheapest fitting memory-saving variant is kept (recompute
-costs time, the distributed optimizer does not, so the order is
-none → none+distributed optimizer → selective → … → full+distributed optimizer);
-and micro batches stop growing once nothing fits.
+Pruning keeps planning a 1,280-GPU cluster around 20 ms of CPU time
+(benchmarks/placement_latency.py): memory estimates are cached per (model,
+layout) and shared by GPU types; a count is skipped when even its most frugal
+layout does not fit; a layout is dropped after one estimate when its most
+frugal candidate (smallest micro batch, most recompute) does not fit; the
+others are searched best-first — every (micro batch, recompute) candidate is
+priced by the cost model, memory is estimated in order of predicted step time
+until `plans_per_layout` (default 1) fit, and a candidate that does not fit
+rules out, unestimated, every candidate with a larger micro batch and less
+recompute.
 
 Jobs that fit nowhere raise `InfeasibleJobError`, whose message names the
 smallest feasible alternative: more GPUs than the cluster has, a recompute
@@ -268,10 +274,6 @@ def _cached_estimate(model_key: tuple, global_batch: int, precision: str, dp: in
         recompute=recompute, distributed_optimizer=distributed_optimizer, precision=precision,
     )
     return marp.estimate_memory(_model_from_key(model_key), plan, profile)
-
-
-def memory_total_bytes(breakdown: marp.MemoryBreakdown) -> int:
-    return int(breakdown.total)
 
 
 def memory_breakdown_dict(breakdown: marp.MemoryBreakdown) -> dict[str, float]:

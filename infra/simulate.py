@@ -189,7 +189,6 @@ class JobCatalogue:
             raise SimulationError(f"cluster {cluster.name!r} has no schedulable GPUs")
         self._plans: dict[tuple, list[Plan]] = {}
         self.steps: dict[str, float] = {}
-        self.requested: dict[str, int] = {}
 
     def _plans_for(self, job: TraceJob, counts: tuple[int, ...], pools) -> list[Plan]:
         key = (id(job.model), job.global_batch, job.precision, counts, tuple(p.gpu_type for p in pools))
@@ -227,7 +226,6 @@ class JobCatalogue:
         """{policy: options in the policy's preference order} (empty lists: never runnable)."""
         fastest_first = sorted(self.pools, key=lambda p: -p.peak_tflops)
         if not job.is_training:
-            self.requested[job.job_id] = job.num_gpus
             try:
                 ref_tflops = gpu_spec(job.reference_gpu).peak_tflops
             except KeyError as e:
@@ -242,7 +240,6 @@ class JobCatalogue:
             return {"fcfs": opts, "has": opts, "ect": opts}
 
         n_ref, ref_step = self._reference(job)
-        self.requested[job.job_id] = n_ref
         steps = job.steps or max(1.0, job.duration_s / ref_step)
         self.steps[job.job_id] = steps
 
