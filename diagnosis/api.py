@@ -27,9 +27,9 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence, Union
 
 from diagnosis.engine import DEFAULT_ENGINE
 from diagnosis.filters import CompressedLog, FilterRuleSet, LogCompressor
@@ -51,6 +51,7 @@ class DiagnosisContext:
     library: DiagnosisLibrary
     filter_rules: FilterRuleSet
     state_dir: Path
+    log_paths: list[str] = field(default_factory=list)  # all files when several were given
 
     def excerpt(self, max_chars: int = 6000) -> str:
         signal = [e.render() for e in self.compressed.signal_entries()]
@@ -63,44 +64,71 @@ class FailureAgent(Protocol):
     def __call__(self, context: DiagnosisContext) -> Diagnosis | None: ...
 
 
+LogPaths = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
+
+
+def _as_paths(path: LogPaths) -> list[str]:
+    paths = [os.fspath(path)] if isinstance(path, (str, os.PathLike)) else [os.fspath(p) for p in path]
+    if not paths:
+        raise ValueError("no log file given; pass the job's log path(s)")
+    for p in paths:
+        if not Path(p).is_file():
+            raise FileNotFoundError(f"log file {p!r} does not exist; pass the job's log path")
+    return paths
+
+
 def compress_log(
-    path: str | os.PathLike,
+    path: LogPaths,
     job_family: str | None = None,
     state_dir: str | os.PathLike | None = None,
     engine: str = DEFAULT_ENGINE,
 ) -> tuple[CompressedLog, FilterRuleSet, DiagnosisLibrary]:
-    """Compress ``path`` with the family's filter rules; also returns the loaded rule sets."""
+    """Compress ``path`` (or several files of one job, e.g. torchrun's output and the
+    per-rank logs) with the family's filter rules; also returns the loaded rule sets."""
+    paths = _as_paths(path)
     rules = FilterRuleSet.load(job_family, state_dir)
     library = DiagnosisLibrary.load(state_dir)
     compressor = LogCompressor(rules, library.patterns, engine=engine)
-    compressor.feed_file(path)
+    for p in paths:
+        compressor.feed_file(p)
+        compressor.end_of_file()
     compressed = compressor.finish()
-    compressed.source = os.fspath(path)
+    compressed.source = ", ".join(paths)
     return compressed, rules, library
 
 
 def diagnose_log(
-    path: str | os.PathLike,
+    path: LogPaths,
     job_family: str | None = None,
     state_dir: str | os.PathLike | None = None,
     agent: FailureAgent | Callable[[DiagnosisContext], Diagnosis | None] | None = None,
     hang_suspected: bool = False,
     engine: str = DEFAULT_ENGINE,
+    spike_suspected: bool = False,
 ) -> Diagnosis:
-    """Diagnose one failed job's log.
+    """Diagnose one failed job's log (or the several log files of one job).
 
     ``hang_suspected``: the caller saw the heartbeat go stale (no error may be printed
-    at all); when no rule names a cause the result is ``Hang``.
+    at all); ``spike_suspected``: the worker left its loss-spike marker. When no rule
+    names a cause, the result is then ``Hang`` / ``LossSpike`` instead of asking the
+    agent. An error a rule names always wins (an ECC error explains a NaN spike).
     """
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"log file {os.fspath(path)!r} does not exist; pass the job's log path")
-    compressed, rules, library = compress_log(path, job_family, state_dir, engine)
+    paths = _as_paths(path)
+    compressed, rules, library = compress_log(paths, job_family, state_dir, engine)
     outcome = diagnose_compressed(compressed, library)
     if outcome.diagnosis is not None:
         return outcome.diagnosis
     culprit_entries = [m.entry for m in outcome.matches]
     hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
     evidence = [e.render() for e in culprit_entries[:10]]
+    if spike_suspected:
+        return Diagnosis(
+            root_cause="LossSpike", kind="training", restart_helps=True, confidence=0.8,
+            culprit_lines=evidence or [e.render() for e in compressed.entries[-5:]],
+            suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+            mitigation="Roll back to the last healthy checkpoint before the spike onset and skip the batches that followed.",
+            source="rule", rule_name="spike-marker",
+        )
     if hang_suspected:
         return Diagnosis(
             root_cause="Hang", kind="training", restart_helps=True, confidence=0.7,
@@ -112,9 +140,9 @@ def diagnose_log(
         )
     if agent is not None:
         context = DiagnosisContext(
-            log_path=os.fspath(path), job_family=rules.job_family, compressed=compressed,
+            log_path=paths[0], job_family=rules.job_family, compressed=compressed,
             rule_outcome=outcome, library=library, filter_rules=rules,
-            state_dir=resolve_state_dir(state_dir),
+            state_dir=resolve_state_dir(state_dir), log_paths=paths,
         )
         found = agent(context)
         if found is not None:

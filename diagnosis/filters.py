@@ -389,13 +389,18 @@ class LogCompressor:
         self._file_offsets[key] = offset + read
         return read
 
-    def finish(self) -> CompressedLog:
-        """Flush the last line (even without a trailing newline) and return the result."""
+    def end_of_file(self) -> None:
+        """The current file is complete: its last line ends even without a newline
+        (call between files when compressing several logs of one job)."""
         if self._overlong is not None:
             self._finish_overlong()
         if self._pending:
             pending, self._pending = self._pending, b""
             self._process(pending + b"\n")
+
+    def finish(self) -> CompressedLog:
+        """Flush the last line (even without a trailing newline) and return the result."""
+        self.end_of_file()
         return self.result()
 
     def result(self) -> CompressedLog:

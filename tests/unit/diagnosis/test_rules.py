@@ -174,3 +174,15 @@ def test_agent_is_called_only_when_no_rule_names_a_cause(tmp_path, state):
 def test_missing_log_is_a_clear_error(tmp_path, state):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         diagnose_log(tmp_path / "nope.log")
+
+
+def test_several_files_of_one_job_and_the_spike_hint(tmp_path, state):
+    torchrun = write(tmp_path, ["  traceback : Signal 15 (SIGTERM) received by PID 7"], "torchrun.log")
+    rank_log = tmp_path / "rank0.log"
+    rank_log.write_text("2026-11-22T08:00:00.123Z rank=0 step=12 loss=9.7 lr=1.0e-04 grad_norm=5.1 tokens_per_s=1.0 elapsed_s=1.0")
+    d = diagnose_log([torchrun, rank_log], spike_suspected=True)
+    assert (d.root_cause, d.kind, d.restart_helps) == ("LossSpike", "training", True)
+    crash = write(tmp_path, ["[rank0]: RuntimeError: CUDA error: uncorrectable ECC error encountered"], "crash.log")
+    assert diagnose_log([rank_log, crash], spike_suspected=True).root_cause == "ECCError"
+    with pytest.raises(FileNotFoundError):
+        diagnose_log([torchrun, tmp_path / "missing.log"])
