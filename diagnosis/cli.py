@@ -21,11 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compress LOGFILE with the job family's filter rules, name the root cause "
                     "with the diagnosis rules, and fall back to the failure agent.",
     )
-    diagnose.add_argument("logfile", metavar="LOGFILE")
+    diagnose.add_argument("logfile", metavar="LOGFILE", nargs="+", help="the job's log (or several files of one job)")
     diagnose.add_argument("--job-family", default=None, help="rule set to use/learn (e.g. the job's config name)")
     diagnose.add_argument("--json", action="store_true", help="print the diagnosis as JSON")
     diagnose.add_argument("--state-dir", default=None, help="default: $FORGEFLOW_STATE_DIR or ~/.forgeflow/state")
     diagnose.add_argument("--hang", action="store_true", help="the heartbeat went stale (a hang is suspected)")
+    diagnose.add_argument("--spike", action="store_true", help="the worker left its loss-spike marker")
     diagnose.add_argument("--no-agent", action="store_true", help="rules only, never call the failure agent")
     diagnose.add_argument("--engine", default=None, help="filter engine: re2 (default), hyperscan, python")
     diagnose.set_defaults(func=_cmd_diagnose)
@@ -83,7 +84,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     try:
         diagnosis = diagnose_log(
             args.logfile, job_family=args.job_family, state_dir=args.state_dir, agent=agent,
-            hang_suspected=args.hang, engine=args.engine or DEFAULT_ENGINE,
+            hang_suspected=args.hang, spike_suspected=args.spike, engine=args.engine or DEFAULT_ENGINE,
         )
     except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError, RegexError) as exc:
         return _fail(str(exc))
