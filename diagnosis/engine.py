@@ -340,19 +340,23 @@ class SignalScanner:
         if not patterns:
             return
         if hyperscan is not None:
-            self._db = hyperscan.Database()
             flags = [
                 hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if c else 0)
                 for c in caseless
             ]
-            self._db.compile(
-                expressions=[_as_bytes(p) for p in patterns],
-                ids=list(range(len(patterns))),
-                flags=flags,
-            )
-        else:  # pragma: no cover - platform without hyperscan
+            try:
+                self._db = hyperscan.Database()
+                self._db.compile(
+                    expressions=[_as_bytes(p) for p in patterns],
+                    ids=list(range(len(patterns))),
+                    flags=flags,
+                )
+            except hyperscan.error:
+                # e.g. a learned pattern Hyperscan cannot take: RE2 is slower, still linear.
+                self._db = None
+        if self._db is None:
             alternation = "|".join(
-                f"(?:{'(?i)' if c else ''}{p})" for p, c in zip(patterns, caseless)
+                f"(?i:{p})" if c else f"(?:{p})" for p, c in zip(patterns, caseless)
             )
             self._regex = re2.compile(f"(?m){alternation}".encode(), _re2_options(False))
 

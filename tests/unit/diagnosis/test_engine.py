@@ -90,3 +90,18 @@ def test_compiled_filters_are_reused_until_rules_change():
     a = build_line_filter(["^foo", "bar$"])
     assert build_line_filter(["^foo", "bar$"]) is a
     assert build_line_filter(["^foo", "bar$", "baz"]) is not a
+
+
+def test_signal_scanner_finds_the_same_lines_with_hyperscan_and_re2(monkeypatch):
+    from diagnosis import engine
+    from diagnosis.filters import signal_patterns
+    from diagnosis.rules import DiagnosisLibrary
+
+    patterns, caseless = signal_patterns(DiagnosisLibrary().patterns)
+    with_hyperscan = engine.SignalScanner(patterns, caseless).signal_lines(SAMPLE)
+    monkeypatch.setattr(engine, "hyperscan", None)
+    with_re2 = engine.SignalScanner(patterns, caseless).signal_lines(SAMPLE)
+    assert with_hyperscan == with_re2
+    assert [SAMPLE[s:e] for s, e in with_re2] == [
+        b"[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
