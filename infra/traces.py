@@ -242,13 +242,13 @@ def generate_frenzy_queue(num_jobs: int = 60, *, seed: int = 0, span_s: float = 
 # --- CSV readers ---------------------------------------------------------------
 
 _ALIASES = {
-    "job_id": ("job_id", "jobid", "id", "job"),
+    "job_id": ("job_id", "jobid", "id", "job", "name", "jobname"),
     "gpus": ("num_gpus", "gpu_num", "num_gpu", "gpus", "gpu_count", "gpu"),
-    "submit": ("arrival_s", "submit_time", "submitted_time", "arrival", "arrival_time", "submit"),
+    "submit": ("arrival_s", "submit_time", "submitted_time", "arrival", "arrival_time", "submit", "time"),
     "duration": ("duration_s", "duration", "run_time", "runtime", "elapsed"),
     "start": ("start_time", "start"),
     "end": ("end_time", "end"),
-    "model": ("model", "model_name"),
+    "model": ("model", "model_name", "application"),
     "global_batch": ("global_batch", "global_batch_size", "batch_size"),
     "steps": ("steps", "iterations", "num_steps"),
     "category": ("category", "type", "job_type"),
@@ -276,7 +276,9 @@ def read_trace_csv(path: str | Path, *, reference_gpu: str = REFERENCE_GPU,
     Recognised columns (first alias found wins): job id; GPU count
     (`gpu_num`, `num_gpus`, ...); submit time (seconds or ISO date-time);
     duration (`duration`, or `end_time` − `start_time`); optionally `model`
-    (a preset name), `global_batch`, `steps`, `category`, `state`. Rows with
+    (a `MODEL_PRESETS` name makes it a training job with `global_batch`; other
+    names, e.g. Philly/Sia's "resnet50", are replayed as demand-only), `steps`,
+    `category`, `state`. Rows with
     zero GPUs (CPU jobs in Helios) are skipped; arrivals are shifted to start
     at 0 and the rows sorted by arrival.
     """
@@ -309,14 +311,17 @@ def read_trace_csv(path: str | Path, *, reference_gpu: str = REFERENCE_GPU,
                 if duration <= 0:
                     continue
                 model = row.get(col["model"]) if col["model"] else None
+                batch = row.get(col["global_batch"]) if col["global_batch"] else None
+                if model not in MODEL_PRESETS or not batch:
+                    model = None  # e.g. Sia's "resnet50", or no batch size: replay it as demand-only
                 jobs.append(TraceJob(
                     job_id=row.get(col["job_id"]) if col["job_id"] else f"job-{lineno}",
                     arrival_s=_time_value(row[col["submit"]]),
                     num_gpus=gpus,
                     category=(row.get(col["category"]) if col["category"] else None) or "other",
                     model_name=model or None,
-                    global_batch=int(row[col["global_batch"]]) if col["global_batch"] and row.get(col["global_batch"]) else None,
-                    steps=int(row[col["steps"]]) if col["steps"] and row.get(col["steps"]) else None,
+                    global_batch=int(float(batch)) if model else None,
+                    steps=int(float(row[col["steps"]])) if model and col["steps"] and row.get(col["steps"]) else None,
                     duration_s=duration,
                     min_gpu_memory_gib=float(row[col["min_mem"]]) if col["min_mem"] and row.get(col["min_mem"]) else 0.0,
                     reference_gpu=reference_gpu,

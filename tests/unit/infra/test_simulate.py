@@ -153,6 +153,12 @@ def test_helios_style_csv_is_read_and_bad_files_are_named(tmp_path):
     round_trip = read_trace_csv(write_trace_csv(generate_frenzy_queue(5, seed=2), tmp_path / "own.csv"))
     assert len(round_trip) == 5 and all(j.is_training for j in round_trip)
 
+    sia = tmp_path / "sia.csv"
+    sia.write_text("name,time,application,num_gpus,duration\nj0,0,resnet50,4,600\nj1,30,llama-7b,64,7200\n")
+    sia_jobs = read_trace_csv(sia)
+    assert [j.is_training for j in sia_jobs] == [False, False]  # no global_batch: demand-only
+    assert sia_jobs[1].num_gpus == 64 and sia_jobs[1].arrival_s == 30
+
     bad = tmp_path / "bad.csv"
     bad.write_text("id,submit_time\n1,0\n")
     with pytest.raises(TraceError, match="missing column"):
