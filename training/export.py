@@ -207,6 +207,10 @@ def write_hf_folder(llama_state_dict: dict[str, torch.Tensor], model_cfg: ModelC
     for name in _TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copy2(tokenizer_dir / name, tmp / name)
+    # The model's context, whatever sequence length the data was first prepared for.
+    tokenizer_config = json.loads((tmp / "tokenizer_config.json").read_text())
+    tokenizer_config["model_max_length"] = model_cfg.seq_length
+    (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
     (tmp / "forgeflow.json").write_text(json.dumps(provenance or {}, indent=2) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
