@@ -24,8 +24,9 @@ global batch B sequences (T = B·s tokens per step):
   overlapped: it sits on the critical path.
 * **Data parallel**: one ring all-reduce of the gradients, 2(dp−1)/dp × N/(tp·pp)
   × bytes per element (the distributed optimizer's reduce-scatter + all-gather
-  moves the same volume), over the intra-node link when the whole data-parallel
-  group sits in one node, else over the node's network link shared by the
+  moves the same volume), over the intra-node link when the data-parallel
+  group sits in one node (a stage's dp×tp ranks are contiguous and whole
+  blocks fit the node), else over the node's network link shared by the
   job's GPUs on that node. Not overlapped (conservative).
 * **Pipeline sends**: per micro-batch and stage boundary one activation forward
   and one gradient backward (b·s·h elements each), over the link between stages.
@@ -145,7 +146,9 @@ def predict_step_time(
     if dp > 1:
         grad_bytes = params / (tp * pp) * elem
         volume = 2.0 * (dp - 1) / dp * grad_bytes
-        if dp * tp <= gpus_per_node_used and gpus <= gpus_per_node_used:
+        # Megatron's rank order (tp fastest, then dp, then pp) makes each stage's dp×tp ranks a
+        # contiguous block: it stays inside a node when whole blocks fit the node.
+        if dp * tp <= gpus_per_node_used and gpus_per_node_used % (dp * tp) == 0:
             bandwidth, hop = links.intra_node_gbps, cfg.intra_node_hop_latency_s
         else:
             # Every GPU of the job on a node runs its own ring at once: they share the NIC.
