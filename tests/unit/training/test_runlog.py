@@ -1,0 +1,102 @@
+"""The run-log line format, its parser, and heartbeat files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from training import runfiles
+from training.runlog import (
+    Heartbeat,
+    LogFormatError,
+    RankLog,
+    format_event_line,
+    format_step_line,
+    parse_line,
+    parse_step_line,
+    read_heartbeat,
+    read_steps,
+)
+
+T0 = 1_795_000_000.123  # a fixed instant, so the timestamp text is known
+
+
+def test_step_line_has_the_documented_shape():
+    line = format_step_line(0, 12, 3.2123451232, 1e-4, 0.52131, 12345.64, 10.123, now=T0)
+    assert line == (
+        "2026-11-18T11:06:40.123Z rank=0 step=12 loss=3.21234512 lr=1.000e-04 "
+        "grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12"
+    )
+
+
+def test_step_line_round_trips_through_the_parser():
+    loss = float(np.float32(2.7182817))  # a float32 loss survives its 9 printed digits exactly
+    record = parse_step_line(format_step_line(3, 7, loss, 2.5e-3, 1.25, 99.0, 1.5, now=T0))
+    assert (record.rank, record.step, record.lr) == (3, 7, 2.5e-3)
+    assert np.float32(record.loss) == np.float32(loss)
+    assert (record.grad_norm, record.tokens_per_s, record.elapsed_s) == (1.25, 99.0, 1.5)
+    assert record.time == "2026-11-18T11:06:40.123Z"
+
+
+def test_nan_loss_and_missing_grad_norm_stay_parseable():
+    record = parse_step_line(format_step_line(0, 1, float("nan"), 1e-3, None, 1.0, 1.0))
+    assert math.isnan(record.loss) and math.isnan(record.grad_norm)
+
+
+def test_event_lines_parse_but_are_not_steps():
+    line = format_event_line(1, "checkpoint_saved", now=T0, step=20, async_=False)
+    parsed = parse_line(line)
+    assert parsed.rank == 1 and parsed.event == "checkpoint_saved"
+    assert parsed.fields["step"] == "20"
+    assert parse_step_line(line) is None
+
+
+def test_event_fields_with_spaces_are_refused():
+    with pytest.raises(ValueError, match="without spaces"):
+        format_event_line(0, "note", text="two words")
+
+
+@pytest.mark.parametrize("bad", [
+    "",
+    "hello world",
+    "2026-11-18T11:06:40.123Z step=1 loss=2",       # no rank
+    "2026-11-18T11:06:40.123Z rank=0 step=1 loss",  # field without '='
+])
+def test_malformed_lines_raise_a_format_error(bad):
+    with pytest.raises(LogFormatError):
+        parse_line(bad)
+
+
+def test_step_line_missing_a_metric_names_it():
+    with pytest.raises(LogFormatError, match="grad_norm"):
+        parse_step_line("2026-11-18T11:06:40.123Z rank=0 step=1 loss=2 lr=1 tokens_per_s=1 elapsed_s=1")
+
+
+def test_read_steps_skips_foreign_lines_and_keeps_the_latest_of_a_restarted_step(tmp_path):
+    log = RankLog(tmp_path, rank=0)
+    log.step(1, 5.0, 1e-3, 1.0, 10.0, 1.0)
+    log.step(2, 4.0, 1e-3, 1.0, 10.0, 2.0)
+    log.event("resumed", step=1)
+    log.step(2, 3.5, 1e-3, 1.0, 10.0, 0.5)  # re-run after a restart from step 1
+    log.close()
+    path = runfiles.log_path(tmp_path, 0)
+    with open(path, "a") as f:
+        f.write("Traceback (most recent call last):\n")
+    assert [r.loss for r in read_steps(path)] == [5.0, 3.5]
+    assert [r.loss for r in read_steps(path, latest_only=False)] == [5.0, 4.0, 3.5]
+
+
+def test_heartbeat_is_replaced_atomically_and_readable(tmp_path):
+    beat = Heartbeat(tmp_path, rank=1)
+    assert read_heartbeat(beat.path) is None
+    beat.beat(3)
+    beat.beat(4, phase="checkpoint")
+    data = read_heartbeat(runfiles.heartbeat_path(tmp_path, 1))
+    assert data["step"] == 4 and data["rank"] == 1 and data["phase"] == "checkpoint"
+    assert {"time", "pid", "host"} <= set(data)
+    # nothing but the heartbeat itself is left in the folder (the temp file was renamed)
+    assert [p.name for p in beat.path.parent.iterdir()] == ["rank1.json"]
+    json.loads(beat.path.read_text())
