@@ -225,6 +225,7 @@ class CompressionStats:
     bytes_in: int = 0
     lines_in: int = 0
     lines_kept: int = 0  # before collapsing
+    bytes_kept: int = 0  # text of the kept lines, before collapsing
     lines_signal: int = 0
     lines_uncovered: int = 0
     lines_truncated: int = 0
@@ -466,6 +467,7 @@ class LogCompressor:
     def _keep(self, text: str, signal: bool, covered: bool, truncated: bool, line_no: int | None = None) -> None:
         line_no = self._line_no if line_no is None else line_no
         self.stats.lines_kept += 1
+        self.stats.bytes_kept += len(text) + 1
         if signal:
             self.stats.lines_signal += 1
         elif not covered:
