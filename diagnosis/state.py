@@ -23,14 +23,14 @@ def state_dir(explicit: str | os.PathLike | None = None) -> Path:
     return Path.home() / ".forgeflow" / "state"
 
 
-_FAMILY_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_FAMILY_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 
 
 def safe_family_name(job_family: str) -> str:
     """Job family names become file names; refuse anything that could escape the dir."""
     if not _FAMILY_OK.match(job_family or ""):
         raise ValueError(
-            f"job family {job_family!r} is not a valid name: use 1-128 letters, digits, "
+            f"job family {job_family!r} is not a valid name: use 1-200 letters, digits, "
             "'.', '_' or '-', starting with a letter or digit (e.g. the job's config name)"
         )
     return job_family
