@@ -160,3 +160,23 @@ def test_corpus_too_small_for_vocab_or_sequence(tiny_job_dict, tmp_path):
     job["model"].update(vocab_size=258, seq_length=4096)
     with pytest.raises(DataError, match="fewer than one sample of model.seq_length 4096"):
         prepare_data(parse_job_spec(job), progress=False)
+
+
+def _run_cli(argv: list[str]) -> int:
+    import argparse
+
+    from training import cli
+
+    parser = argparse.ArgumentParser(prog="forgeflow")
+    cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+def test_forgeflow_prepare_command(tiny_job_file, tmp_path, capsys):
+    assert _run_cli(["prepare", str(tiny_job_file)]) == 0
+    assert "reused" in capsys.readouterr().out  # the session's data, found complete
+
+    code = _run_cli(["prepare", str(tiny_job_file), "--set", f"data.corpus=[{tmp_path}/nope.txt]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "nope.txt' does not exist" in err and "Traceback" not in err
