@@ -200,8 +200,10 @@ def write_hf_folder(llama_state_dict: dict[str, torch.Tensor], model_cfg: ModelC
     config.save_pretrained(tmp)
     # transformers 5 writes rope_theta under rope_parameters only; older readers (vLLM's
     # pinned transformers 4.x) look for the top-level key and would silently use 10000.
+    # Likewise they read the weights' dtype from "torch_dtype".
     config_json = json.loads((tmp / "config.json").read_text())
     config_json.setdefault("rope_theta", model_cfg.rope_theta)
+    config_json.setdefault("torch_dtype", dtype)  # the 4.x name of "dtype"
     (tmp / "config.json").write_text(json.dumps(config_json, indent=2, sort_keys=True) + "\n")
     GenerationConfig(**ids).save_pretrained(tmp)
     for name in _TOKENIZER_FILES:
