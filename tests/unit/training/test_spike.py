@@ -131,7 +131,7 @@ def test_log_line_format_and_parse(tmp_path):
     curve[200:] += 3.0
     event = run(curve)
     line = format_spike_line(event)
-    assert line.startswith(f"FORGEFLOW_LOSS_SPIKE onset_step=200 last_healthy_step=199 loss=")
+    assert line.startswith("FORGEFLOW_LOSS_SPIKE onset_step=200 last_healthy_step=199 loss=")
     parsed = parse_spike_line("[rank0] " + line)
     assert parsed["onset_step"] == 200 and parsed["loss"] == pytest.approx(event.loss, rel=1e-5)
     nan_line = format_spike_line(run([3.0] * 12 + [math.nan]))
