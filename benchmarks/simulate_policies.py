@@ -13,7 +13,7 @@ Ratios are ours / FCFS (lower is better). The headline `jct_ratio_*` keys are th
 mean of the two workloads' ratios; per-workload figures follow them. JCT CDF plots
 (one per workload, first seed) are written to --out.
 
-Run:  .venv/bin/python benchmarks/simulate_policies.py [--acme-jobs 2000] [--seeds 3] [--out runs/benchmarks]
+Run:  .venv/bin/python benchmarks/simulate_policies.py [--acme-jobs 2000] [--seeds 5] [--out runs/benchmarks]
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--acme-jobs", type=int, default=2000)
     ap.add_argument("--frenzy-jobs", type=int, default=60)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--load", type=float, default=0.8)
     ap.add_argument("--out", default="runs/benchmarks")
     args = ap.parse_args()
@@ -99,7 +99,7 @@ def main() -> int:
     print(f"\nFrenzy-like queue ({args.frenzy_jobs} GPT-2/BERT jobs) on {testbed.name} ({testbed.total_gpus} GPUs)")
     frenzy = run_workload(
         "frenzy", testbed, lambda s: generate_frenzy_queue(args.frenzy_jobs, seed=s),
-        list(range(max(args.seeds, 5))), out,
+        seeds, out,
     )
 
     def both(policy: str) -> float:
