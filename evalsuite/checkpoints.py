@@ -4,9 +4,10 @@ A checkpoint given to `forgeflow eval` / the evaluate-checkpoint flow is either
 
 - an exported Hugging Face folder (has config.json) — a path, file:// or s3:// URL;
   used as it is; or
-- a training checkpoint (a `step_N` directory or the checkpoint root) — exported
-  once with `training.export.export_hf` (needs the job spec) into the
-  evaluation's output folder, which then is what trials preload.
+- a training checkpoint of either format (dist_checkpointing `step_N/` or the
+  async engine's `step-N/`, local or s3://, or a checkpoint root: its newest
+  committed step) — exported once with `training.export.export_hf` (needs the
+  job spec) into the evaluation's work folder, which then is what trials preload.
 """
 
 from __future__ import annotations
@@ -31,16 +32,17 @@ def model_source_for(checkpoint: str, job_spec: Any | None, work_dir: str | Path
     """The HF folder (path or URL) to evaluate for `checkpoint`, exporting it if needed."""
     if is_hf_folder(checkpoint):
         return checkpoint
-    if checkpoint.startswith("s3://"):
-        raise EvalConfigError(f"{checkpoint}: not an exported model folder (no config.json); export it "
-                              "first with `forgeflow export` and evaluate the exported folder")
     if job_spec is None:
         raise EvalConfigError(f"{checkpoint}: a training checkpoint needs its job spec to be exported; "
                               "pass --config JOB.yaml (or give an exported Hugging Face folder)")
-    from training.export import export_hf, resolve_checkpoint
+    from training.checkpoint_reader import CheckpointReadError, locate_checkpoint
+    from training.export import ExportError, export_hf
 
-    step_dir = resolve_checkpoint(checkpoint)
-    out = Path(work_dir) / f"hf-{step_dir.name}"
-    if not (out / "config.json").is_file():
-        export_hf(step_dir, out, job_spec)
+    try:
+        location = locate_checkpoint(checkpoint, job_spec)
+        out = Path(work_dir) / f"hf-{location.name}"
+        if not (out / "config.json").is_file():  # exported once per step, reused by later runs
+            export_hf(location.step_url, out, job_spec)
+    except (CheckpointReadError, ExportError) as e:
+        raise EvalConfigError(f"{checkpoint}: cannot export it for evaluation: {e}") from e
     return str(out)

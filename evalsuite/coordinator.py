@@ -235,10 +235,7 @@ def execute(plan: Plan, *, history: RuntimeHistory | None = None, model_key: str
     last_done = [started]
 
     def score(trial: Trial, shard: ShardSpec) -> None:
-        job = MetricJob(dataset=shard.dataset, shard=shard.shard,
-                        output_path=str(shard.output_path(trial.output_dir)),
-                        score_path=str(score_path_for(trial.output_dir, shard.dataset.name, shard.shard)),
-                        sandbox=sandbox.limits)
+        job = metric_job_for(trial, shard, sandbox.limits)
         try:
             result = run_metric_job(job, sandbox)
         except Exception as e:
@@ -311,18 +308,32 @@ def execute(plan: Plan, *, history: RuntimeHistory | None = None, model_key: str
             f.result()
     finally:
         pool.shutdown(wait=True)
-    results = {}
-    for name, shard_scores in scores.items():
-        if name in failures:
-            continue
-        ref = next(s.dataset for t in plan.trials for s in t.shards if s.dataset.name == name)
-        expected = sum(1 for t in plan.trials for s in t.shards if s.dataset.name == name)
-        if len(shard_scores) == expected:
-            results[name] = aggregate_dataset(ref.resolve(), shard_scores)
+    results = aggregate_results(plan, scores, failures)
     if history:
         history.save()
     return RunReport(makespan_s=last_done[0] - started, predicted_makespan_s=plan.predicted_makespan,
                      outcomes=list(outcomes.values()), results=results, failed_datasets=failures)
+
+
+def metric_job_for(trial: Trial, shard: ShardSpec, limits: SandboxLimits | None = None) -> MetricJob:
+    return MetricJob(dataset=shard.dataset, shard=shard.shard, output_path=str(shard.output_path(trial.output_dir)),
+                     score_path=str(score_path_for(trial.output_dir, shard.dataset.name, shard.shard)),
+                     sandbox=limits or SandboxLimits())
+
+
+def aggregate_results(plan: Plan, scores: dict[str, list[ShardScore]],
+                      failures: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Dataset-level metrics from shard scores; a dataset with a failed or missing shard has none."""
+    results = {}
+    for name, shard_scores in scores.items():
+        if name in failures:
+            continue
+        shards = [s for t in plan.trials for s in t.shards if s.dataset.name == name]
+        if len({sc.shard for sc in shard_scores}) == len(shards):
+            results[name] = aggregate_dataset(shards[0].dataset.resolve(), shard_scores)
+        else:
+            failures[name] = f"only {len(shard_scores)} of {len(shards)} shard(s) scored"
+    return results
 
 
 def slot_names(count: int, devices: list[str] | None = None) -> list[str]:
