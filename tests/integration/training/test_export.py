@@ -182,3 +182,48 @@ def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepare
         with torch.no_grad():
             diff = (hf(tokens).logits - tp_logits).abs().max().item()
         assert diff < TOLERANCE, f"{writer}: max |logit diff| {diff:.3g}"
+
+
+def test_engine_checkpoint_on_s3_exports(world, tiny_job_dict, tiny_prepared, tmp_path, monkeypatch):
+    """The async engine's checkpoint in a real S3 endpoint (moto on 127.0.0.1) -> HF folder."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+    from transformers import AutoModelForCausalLM
+
+    from infra.local_s3 import free_ports
+    from training.async_checkpointer import AsyncCheckpointer
+    from training.export import export_hf
+    from training.model import build_model, build_optimizer, wrap_data_parallel
+
+    port = free_ports(1)[0]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        for name, value in (("AWS_ACCESS_KEY_ID", "moto"), ("AWS_SECRET_ACCESS_KEY", "moto"),
+                            ("AWS_DEFAULT_REGION", "us-east-1")):
+            monkeypatch.setenv(name, value)
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="exports")
+        job = copy.deepcopy(tiny_job_dict)
+        job["checkpoint"].update(url="s3://exports/tiny/ck", endpoint_url=endpoint,
+                                 region="us-east-1", async_save=False)
+        spec = parse_job_spec(job)
+        model = build_model(spec.model, spec.training)
+        _randomise(model, seed=2)
+        optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
+        checkpointer = AsyncCheckpointer(spec.checkpoint, world, writer="thread")
+        checkpointer.save(3, model, optimizer, {"world_size": 1})
+        checkpointer.close()
+
+        tokens = _sample_tokens(tiny_prepared, 1, spec.model.seq_length)
+        model.eval()
+        with torch.no_grad():
+            reference = model(tokens, torch.arange(tokens.shape[1]).unsqueeze(0), None)
+        out = export_hf("s3://exports/tiny/ck", tmp_path / "hf", spec)  # the root: newest step
+        assert json.loads((out / "forgeflow.json").read_text())["checkpoint"] == \
+            "s3://exports/tiny/ck/step-00000003"
+        hf = AutoModelForCausalLM.from_pretrained(out).eval()
+        with torch.no_grad():
+            assert (hf(tokens).logits - reference).abs().max() < TOLERANCE
+    finally:
+        server.stop()
