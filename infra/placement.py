@@ -27,7 +27,7 @@ lists are updated by `allocate_placement` / `release_placement`.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
 from infra.cluster import Cluster, ClusterError, Node
