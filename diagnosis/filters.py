@@ -56,6 +56,10 @@ RuleSource = Literal["seed", "agent", "user"]
 DEFAULT_FAMILY = "default"
 CHUNK_BYTES = 16 << 20
 MAX_LINE_BYTES = 64 << 10
+# Bounds on distinct (collapsed) entries, so memory stays bounded even for a log whose
+# lines no rule knows. Signal entries get a far larger budget than uncovered ones.
+MAX_UNCOVERED_ENTRIES = 20_000
+MAX_SIGNAL_ENTRIES = 200_000
 
 
 class FilterRule(BaseModel):
@@ -229,6 +233,9 @@ class CompressionStats:
     lines_signal: int = 0
     lines_uncovered: int = 0
     lines_truncated: int = 0
+    # distinct messages beyond the entry budgets: counted, not kept
+    uncovered_overflow: int = 0
+    signal_overflow: int = 0
     seconds: float = 0.0
 
 
@@ -241,7 +248,11 @@ class CompressedLog:
     rank_hosts: dict[int, str] = field(default_factory=dict)
 
     def render(self) -> str:
-        return "\n".join(e.render() for e in self.entries) + ("\n" if self.entries else "")
+        lines = [e.render() for e in self.entries]
+        if self.stats.signal_overflow or self.stats.uncovered_overflow:
+            lines.append(f"[compression budget exceeded: {self.stats.signal_overflow} error-signal and "
+                         f"{self.stats.uncovered_overflow} uncovered lines of new kinds not kept]")
+        return "\n".join(lines) + ("\n" if lines else "")
 
     @property
     def compressed_bytes(self) -> int:
@@ -301,6 +312,8 @@ class LogCompressor:
         engine: str = DEFAULT_ENGINE,
         max_line_bytes: int = MAX_LINE_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
+        max_uncovered_entries: int = MAX_UNCOVERED_ENTRIES,
+        max_signal_entries: int = MAX_SIGNAL_ENTRIES,
     ):
         self.rules = rules or FilterRuleSet()
         if diagnosis_patterns is None:
@@ -311,6 +324,8 @@ class LogCompressor:
         self._signals = _cached_scanner(tuple(diagnosis_patterns))
         self.max_line_bytes = max_line_bytes
         self.chunk_bytes = chunk_bytes
+        self.max_entries = {True: max_signal_entries, False: max_uncovered_entries}
+        self._entry_counts = {True: 0, False: 0}
         self.stats = CompressionStats()
         self._entries: dict[str, LogEntry] = {}
         self._pending = b""
@@ -477,6 +492,13 @@ class LogCompressor:
         key = ("S|" if signal else "U|") + facts.template
         entry = self._entries.get(key)
         if entry is None:
+            if self._entry_counts[signal] >= self.max_entries[signal]:
+                if signal:
+                    self.stats.signal_overflow += 1
+                else:
+                    self.stats.uncovered_overflow += 1
+                return
+            self._entry_counts[signal] += 1
             entry = LogEntry(text=text, template=facts.template, first_line=line_no,
                              last_line=line_no, signal=signal, covered=covered, truncated=truncated)
             self._entries[key] = entry

@@ -174,3 +174,12 @@ def test_invalid_job_family_name(state):
 def test_error_keywords():
     assert has_error_keyword("lm loss: NaN |")
     assert not has_error_keyword(" number of skipped iterations:   0 | number of nan iterations:   0 |")
+
+
+def test_entries_are_bounded_for_logs_no_rule_knows():
+    lines = [f"unheard-of message {chr(65 + i % 26)}{'x' * (i % 97)}" for i in range(2000)]
+    lines += [f"fatal error kind {'y' * i}" for i in range(50)]
+    result = compress_lines(lines, max_uncovered_entries=100, max_signal_entries=10)
+    assert len(result.uncovered_entries()) == 100 and len(result.signal_entries()) == 10
+    assert result.stats.uncovered_overflow > 0 and result.stats.signal_overflow == 40
+    assert "compression budget exceeded: 40 error-signal" in result.render()
