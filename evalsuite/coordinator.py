@@ -78,25 +78,27 @@ def estimate_costs(datasets: list[tuple[DatasetRef, EvalDataset]], history: Runt
 
 def decompose(costs: list[DatasetCost], *, slots: int, backend: str, output_dir: str, load_s: float,
               policy: Policy | None = None, target_trial_s: float | None = None,
-              backend_options: dict | None = None) -> list[Trial]:
+              backend_options: dict | None = None, trials_per_slot: int = 3) -> list[Trial]:
     """Datasets → trials: split the long, batch the short (each as the policy allows)."""
     policy = policy or Policy()
     total = sum(c.gpu_s for c in costs)
-    # Two trials per slot leaves the balancer room to even slots out; never aim below the
+    # A few trials per slot leave the balancer room to even slots out; never aim below the
     # load time, or loads would dominate.
-    target = target_trial_s or max(total / (2 * slots), load_s, 1e-9)
+    target = target_trial_s or max(total / (trials_per_slot * slots), load_s, 1e-9)
     pieces: list[list[ShardSpec]] = []
     small: list[ShardSpec] = []
     for c in costs:
         k = 1
-        if policy.split_large and c.gpu_s > target:
-            k = min(c.samples, math.ceil(c.gpu_s / target))
+        # A long metric phase is split too: its shards are scored in parallel on the CPU pool.
+        longest = max(c.gpu_s, c.metric_s)
+        if policy.split_large and longest > target:
+            k = min(c.samples, math.ceil(longest / target))
         bounds = [round(i * c.samples / k) for i in range(k + 1)]
         shards = [ShardSpec(dataset=c.ref, shard=i, start=bounds[i], stop=bounds[i + 1],
                             predicted_gpu_s=c.gpu_s * (bounds[i + 1] - bounds[i]) / max(1, c.samples),
                             predicted_metric_s=c.metric_s * (bounds[i + 1] - bounds[i]) / max(1, c.samples))
                   for i in range(k)]
-        if policy.batch_small and k == 1 and c.gpu_s < target / 2:
+        if policy.batch_small and k == 1 and longest < target / 2:
             small.extend(shards)
         else:
             pieces.extend([s] for s in shards)
