@@ -149,8 +149,24 @@ def main() -> int:
         fs.put_file(str(local_shard), f"{bucket}/raw/shard.bin")
         out["raw_s3fs_mb_s"] = nbytes / (time.perf_counter() - start) / 1e6
 
-        # ---- plain memcpy of the same bytes ----------------------------------------------------
-        out["memcpy_gb_s"] = memcpy_gbps(nbytes)
+        # ---- snapshot copy vs a plain memcpy of the same bytes, interleaved, best of 3 ---------
+        # (single copies on a shared 2-core machine vary 2-3x run to run; best-of-n on both
+        # sides compares what each path can do rather than what a neighbour left it)
+        from infra.checkpoint_shard import HostBuffers, take_snapshot
+
+        snap_best = memcpy_best = 0.0
+        for shared in (True, False):  # the process writer's shared buffers, the thread writer's
+            buffers = HostBuffers(shared=shared)
+            current = state(3)
+            take_snapshot(3, current, buffers)  # first use: allocation and page faults
+            for _ in range(3):
+                snap = take_snapshot(3, current, buffers)
+                snap_best = max(snap_best, snap.tensor_bytes / snap.copy_s / 1e9)
+                memcpy_best = max(memcpy_best, memcpy_gbps(snap.tensor_bytes, repeats=1))
+            del snap, current
+            buffers.close()
+        out["memcpy_gb_s"] = memcpy_best
+        out["snapshot_gb_s"] = snap_best
 
         # ---- async saves: stall, snapshot bandwidth, persist throughput, step slowdown ---------
         for writer in ("process", "thread"):
@@ -191,7 +207,7 @@ def main() -> int:
     out["stall_s_async"] = out[f"stall_s_async_{best}_s3"]
     out["stall_ratio_sync_over_async"] = out["stall_s_sync"] / out["stall_s_async"]
     out["stall_ratio_sync_over_async_local"] = out["stall_s_sync_local"] / out["stall_s_async_process_local"]
-    out["snapshot_bw_fraction_of_memcpy"] = (out[f"snapshot_gb_s_{best}_s3"]) / out["memcpy_gb_s"]
+    out["snapshot_bw_fraction_of_memcpy"] = out["snapshot_gb_s"] / out["memcpy_gb_s"]
     out["step_slowdown_during_persist"] = out.get(f"step_slowdown_{best}_s3", float("nan"))
     out["persist_mb_s"] = out[f"persist_mb_s_{best}_s3"]
     out["persist_mb_s_local"] = out["persist_mb_s_process_local"]
@@ -200,9 +216,11 @@ def main() -> int:
     print(f"async ({best} writer) stall: {out['stall_s_async'] * 1e3:.1f} ms "
           f"-> {out['stall_ratio_sync_over_async']:.0f}x less than sync (S3), "
           f"{out['stall_ratio_sync_over_async_local']:.0f}x (local disk)")
-    print(f"snapshot copy {out[f'snapshot_gb_s_{best}_s3']:.2f} GB/s vs memcpy {out['memcpy_gb_s']:.2f} GB/s "
+    print(f"snapshot copy {out['snapshot_gb_s']:.2f} GB/s vs memcpy {out['memcpy_gb_s']:.2f} GB/s "
           f"({out['snapshot_bw_fraction_of_memcpy']:.0%})")
-    print(f"persist {out['persist_mb_s']:.0f} MB/s end to end vs raw s3fs upload {out['raw_s3fs_mb_s']:.0f} MB/s")
+    print(f"persist {out['persist_mb_s']:.0f} MB/s end to end while training (one core left), "
+          f"{out['sync_persist_mb_s']:.0f} MB/s with training paused (sync save), vs raw s3fs "
+          f"upload {out['raw_s3fs_mb_s']:.0f} MB/s (training paused)")
     print(f"step slowdown during a background persist: {out['step_slowdown_during_persist']:+.1%} "
           f"(process writer {out.get('step_slowdown_process_s3', float('nan')):+.1%}, "
           f"thread writer {out.get('step_slowdown_thread_s3', float('nan')):+.1%})")
