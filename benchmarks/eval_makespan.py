@@ -282,6 +282,9 @@ def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
     from evalsuite.preload import copy_from_storage, preload, remove_preload
     from infra.storage import open_storage
 
+    import logging
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log lines
     model = make_tiny_checkpoint(work / "big", hidden=512, layers=8, vocab_size=2048)
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)

@@ -1,0 +1,38 @@
+"""`forgeflow eval` end to end in a subprocess, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_forgeflow_eval_cli(tiny_model, tmp_path):
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(f"""
+name: cli
+slots: 2
+backend_options: {{batch_size: 8, device: cpu}}
+preload_root: {tmp_path / 'shm'}
+datasets:
+  - name: capitals-mc
+    options: {{limit: 4}}
+  - name: perplexity
+    options: {{data_dir: {tiny_model / 'data'}, max_windows: 4, seq_len: 32}}
+""")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(tiny_model), "--suite", str(suite),
+                           "--output", str(tmp_path / "out"), "--no-progress"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "evaluation plan:" in proc.stdout and "predicted" in proc.stdout
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert set(results["results"]) == {"capitals-mc", "perplexity"} and results["failed"] == {}
+
+    bad = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(tiny_model), "--suite", "no-such-ds"],
+                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    assert bad.returncode == 2 and "unknown dataset(s) ['no-such-ds']" in bad.stderr
