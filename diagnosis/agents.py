@@ -147,20 +147,21 @@ class DiagnosisAgents:
         compressed: "CompressedLog",
         diagnosis: Diagnosis,
         *,
+        library: "DiagnosisLibrary | None" = None,
         state_dir: Path | None = None,
         job_family: str | None = None,
     ) -> str:
         """Store a diagnosed failure (e.g. one a person confirmed) for future retrieval."""
         return self.memory_for(state_dir).add(
-            make_excerpt(compressed_lines(compressed)), diagnosis, job_family=job_family
+            make_excerpt(compressed_lines(compressed, library)), diagnosis, job_family=job_family
         )
 
     # ------------------------------------------------------------------ the hook
     def __call__(self, context: "DiagnosisContext") -> Diagnosis | None:
         report = AgentReport()
         self.last_report = report
-        signal_lines = [entry.render() for entry in context.compressed.signal_entries()]
         uncovered = [entry.render() for entry in context.compressed.uncovered_entries()]
+        signal_lines = [line for line in compressed_lines(context.compressed, context.library) if line not in uncovered]
 
         if self.config.llm is not None and self.config.max_segments > 0:
             from diagnosis.llm import ChatLLM
@@ -182,7 +183,7 @@ class DiagnosisAgents:
 
         # Error lines the log agent found are diagnosed with the signal lines.
         forwarded = [line for line in report.forwarded_error_lines if line not in signal_lines]
-        lines = signal_lines + forwarded + [line for line in uncovered if line not in forwarded]
+        lines = forwarded + signal_lines + [line for line in uncovered if line not in forwarded]
         if not any(line.strip() for line in lines):
             return None
         # Uncovered lines without an error signal may still hold an unknown failure's
@@ -201,12 +202,33 @@ class DiagnosisAgents:
         return result.diagnosis
 
 
-def compressed_lines(compressed: "CompressedLog") -> list[str]:
-    """The lines of a compressed log that describe its failure: error signals first,
-    then lines no filter covers (as the hook sees them)."""
-    return [entry.render() for entry in compressed.signal_entries()] + [
-        entry.render() for entry in compressed.uncovered_entries()
-    ]
+def compressed_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None" = None) -> list[str]:
+    """The lines of a compressed log that describe its failure, most telling first.
+
+    The embedding model reads only the first ~256 word pieces, and an LLM reads the
+    top first, so the order matters: error-signal lines no rule calls a symptom;
+    then symptom lines (watchdog timeouts, SIGABRT, ChildFailedError); then lines kept
+    only for a keyword although a filter rule covers them ("NCCL_IB_TIMEOUT set by
+    environment"); then lines no filter covers.
+    """
+    if library is None:
+        from diagnosis.rules import DiagnosisLibrary
+
+        library = DiagnosisLibrary(path=None)
+    telling: list[str] = []
+    symptoms: list[str] = []
+    routine_signal: list[str] = []
+    for entry in compressed.signal_entries():
+        if entry.covered:
+            routine_signal.append(entry.render())
+            continue
+        rule = library.first_match(entry.text)
+        if rule is not None and (rule.symptom or rule.root_cause == "Unknown"):
+            symptoms.append(entry.render())
+        else:
+            telling.append(entry.render())
+    uncovered = [entry.render() for entry in compressed.uncovered_entries()]
+    return telling + symptoms + routine_signal + uncovered
 
 
 def build_default_agent(state_dir: str | os.PathLike | None = None, job_family: str | None = None) -> DiagnosisAgents:

@@ -124,6 +124,18 @@ QA_TEMPLATE = """Past failures with their diagnoses, most similar first:
 ---------------------
 {query_str}"""
 
+# Used by llama-index only when the past failures do not fit one prompt: the answer
+# must stay the same JSON object, revised with the further context.
+REFINE_TEMPLATE = """{query_str}
+
+Your answer so far: {existing_answer}
+
+More past failures with their diagnoses:
+---------------------
+{context_msg}
+---------------------
+Revise the answer only if these change it. Answer with the JSON object only."""
+
 RULE_INSTRUCTIONS = """Write one regular expression (RE2 syntax: no backreferences, no \
 lookaround) that recognises this failure in future logs: it must match the culprit \
 line below, keep the distinctive words literal and generalise numbers, ranks, hosts, \
@@ -280,13 +292,15 @@ class FailureAgent:
         index = VectorStoreIndex.from_vector_store(
             self.memory.vector_store(), embed_model=llama_index_embedding(self.memory.embedder)
         )
-        # simple_summarize: one LLM call whatever the context size (a refine chain
-        # would ask the LLM to rewrite its JSON several times).
+        # compact: one LLM call when the past failures fit the context window, a
+        # JSON-preserving refine otherwise. (simple_summarize in llama-index-core
+        # 0.14.25 passes the context as a Python list repr.)
         return index.as_query_engine(
             llm=llm,
             similarity_top_k=self.config.top_k,
-            response_mode="simple_summarize",
+            response_mode="compact",
             text_qa_template=PromptTemplate(QA_TEMPLATE),
+            refine_template=PromptTemplate(REFINE_TEMPLATE),
         )
 
     # ------------------------------------------------------------------ learning

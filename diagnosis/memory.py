@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import logging
 import os
 import threading
@@ -331,35 +332,38 @@ def retrieval_vote(
     *,
     culprit_lines: Sequence[str] = (),
     max_confidence: float = 0.5,
+    temperature: float = 0.05,
 ) -> Diagnosis | None:
-    """The root cause most of the nearest past failures had, weighted by similarity.
+    """The root cause the nearest past failures point to, by a softmax-weighted vote.
 
-    Used when no LLM is configured. It is a guess by analogy, so its confidence is
-    capped low (default 0.5) and it is marked source="retrieval".
+    Used when no LLM is configured. Weights are exp((similarity - best) / temperature):
+    with a small temperature the nearest failure decides unless others are nearly as
+    close, so a cause that merely has more stored examples does not outvote a much
+    closer match. It is a guess by analogy: confidence is capped low (default 0.5)
+    and the result is marked source="retrieval".
     """
-    weights: dict[str, float] = {}
-    for past in neighbours:
-        weights[past.diagnosis.root_cause] = weights.get(past.diagnosis.root_cause, 0.0) + max(
-            past.similarity or 0.0, 0.0
-        )
-    total = sum(weights.values())
-    if not weights or total <= 0:
+    scored = [p for p in neighbours if p.similarity is not None]
+    if not scored:
         return None
-    # Ties go to the nearer neighbour: neighbours come nearest first.
-    order = {past.diagnosis.root_cause: i for i, past in reversed(list(enumerate(neighbours)))}
-    winner = max(weights, key=lambda cause: (weights[cause], -order[cause]))
-    backers = [p for p in neighbours if p.diagnosis.root_cause == winner]
-    restart_weight = sum(max(p.similarity or 0.0, 0.0) * (1 if p.diagnosis.restart_helps else -1) for p in backers)
-    nearest_similarity = max(max(p.similarity or 0.0, 0.0) for p in backers)
-    share = weights[winner] / total
+    best_similarity = max(p.similarity for p in scored)
+    weights: dict[str, float] = {}
+    for past in scored:
+        weight = math.exp((past.similarity - best_similarity) / temperature)
+        weights[past.diagnosis.root_cause] = weights.get(past.diagnosis.root_cause, 0.0) + weight
+    winner = max(weights, key=weights.__getitem__)
+    backers = [p for p in scored if p.diagnosis.root_cause == winner]  # nearest first
+    restart_vote = sum(
+        math.exp((p.similarity - best_similarity) / temperature) * (1 if p.diagnosis.restart_helps else -1)
+        for p in backers
+    )
+    share = weights[winner] / sum(weights.values())
+    closeness = min(max(backers[0].similarity, 0.0), 1.0)
     return Diagnosis(
         root_cause=winner,
         kind=backers[0].diagnosis.kind,
-        restart_helps=restart_weight > 0,
-        confidence=round(max_confidence * share * min(nearest_similarity, 1.0), 3),
+        restart_helps=restart_vote > 0,
+        confidence=round(max_confidence * share * closeness, 3),
         culprit_lines=list(culprit_lines),
-        suspect_nodes=[],
         mitigation=backers[0].diagnosis.mitigation,
         source="retrieval",
-        rule_name=None,
     )
