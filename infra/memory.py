@@ -80,10 +80,9 @@ class RuntimeProfile:
     # With half-precision activations, megatron's unfused softmax runs in fp32 and keeps
     # the fp32 probabilities as well as the half copy the next matmul saves.
     softmax_in_fp32: bool = True
-    # Adam temporaries at the step, in units of the largest parameter tensor
-    # (torch's single-tensor AdamW on CPU: sqrt(v) and its quotient -> 2);
-    # fused GPU Adam (TE/apex) allocates none.
-    adam_temporaries_largest_params: float = 2.0
+    # torch's single-tensor AdamW (megatron's fallback without TE/apex, the CPU case)
+    # allocates parameter-sized temporaries per step; fused Adam (TE/apex) none.
+    adam_kernel: Literal["single-tensor", "fused"] = "single-tensor"
     fixed_overhead_bytes: int = 0
     dynamic_overhead_fraction: float = 0.0
 
@@ -93,7 +92,7 @@ CPU_MEASURED = RuntimeProfile(name="megatron-local-cpu")
 
 MEGATRON_GPU = RuntimeProfile(
     name="megatron-local-gpu",
-    adam_temporaries_largest_params=0.0,
+    adam_kernel="fused",
     # CUDA context + cuBLAS workspace + NCCL communicators ~ 1.5 GiB on A100/H100 class GPUs.
     fixed_overhead_bytes=int(1.5 * GIB),
     # The caching allocator's fragmentation on transformer training is typically 5-10 % of
@@ -362,59 +361,49 @@ def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile,
     e = _bytes_per_element(plan.precision)
     tokens = s * b
     sp = t if plan.sequence_parallel else 1
-    first, last = stage == 0, stage == plan.pp - 1
+    last = stage == plan.pp - 1
     layers = stage_layers(m.num_layers, plan.pp, stage)
-    params, largest_param = stage_parameters(m, t, plan.pp, stage)
+    params, _ = stage_parameters(m, t, plan.pp, stage)
     weights, grads, opt_state = static_bytes(params, plan)
 
     # 1F1B: stage i holds (pp - i) microbatches in flight, at most the microbatch count.
     in_flight = min(plan.pp - stage, plan.num_microbatches)
     layer_terms = layer_activation_terms(m, plan, profile)
-    per_layer = sum(layer_terms.values())
-    # Layer inputs arriving from the previous stage (or the embedding) are kept too.
-    stage_input = tokens * h * e // sp
-    per_microbatch = layers * per_layer + stage_input
+    # Each microbatch also keeps the stage's input (the embedding output on stage 0).
+    per_microbatch = layers * sum(layer_terms.values()) + tokens * h * e // sp
     final_norm = 0
     if last:
         final_norm = tokens * 4 // sp + tokens * h * e // sp * (2 if profile.rmsnorm_composite else 1)
         if profile.rmsnorm_composite and e < 4:
             final_norm += tokens * h * 4 // sp
-    stored_activations = in_flight * per_microbatch + final_norm
+    stored = in_flight * per_microbatch + final_norm
     vocab_shard = -(-v // t)
     logits = tokens * vocab_shard * 4 if last else 0
-    uses_score_buffer = profile.attention == "unfused" and layers > 0
-    persistent = _score_bytes(m, plan) if uses_score_buffer else 0
+    persistent = _score_bytes(m, plan) if profile.attention == "unfused" and layers else 0
 
-    events: dict[str, tuple[int, int, int]] = {}  # name -> (activations, logits, transient)
+    events: dict[str, tuple[int, int, int]] = {}  # moment -> (activations, logits, transient)
     if last:
-        # Cross-entropy forward: megatron shifts and exponentiates the fp32 logits in place,
-        # so only half-precision training has a second copy (the bf16/fp16 logits
-        # alongside their fp32 upcast).
-        half_logits = tokens * vocab_shard * e if e < 4 else 0
-        events["cross-entropy forward"] = (stored_activations, logits, half_logits)
-        # Output layer backward: weight gradient (training precision) + input gradient.
-        events["output-layer backward"] = (
-            stored_activations, logits, vocab_shard * h * e + tokens * h * e,
-        )
-    # Backward of the stage's last layer (attention part): the logits and the MLP half are
-    # gone, gradients of the score matrix appear.
+        # Cross entropy shifts and exponentiates fp32 logits in place; half-precision
+        # training briefly holds the half logits next to their fp32 upcast.
+        events["cross-entropy forward"] = (stored, logits, tokens * vocab_shard * e if e < 4 else 0)
+        # Output layer backward: its weight gradient (before DDP's hook moves it into the
+        # grad buffer) and the gradient of its input.
+        events["output-layer backward"] = (stored, logits, vocab_shard * h * e + tokens * h * e)
+    else:
+        # Inner stages start their backward with the gradient received from the next stage.
+        events["stage backward start"] = (stored, 0, tokens * h * e // sp)
     if layers:
-        mlp_half = sum(val for key, val in layer_terms.items()
-                       if key.startswith(("mlp_norm", "fc1", "swiglu", "layer_output", "attention_residual")))
-        base = stored_activations - final_norm - mlp_half
-        grads_flowing = 2 * tokens * h * e
+        # Backward of the stage's last layer: the logits and final norm are gone; with
+        # full recompute the layer's forward has just been replayed.
+        base = stored - final_norm
+        replayed = layer_terms
         if plan.recompute == "full":
-            # The layer's forward is replayed: its full activations exist again.
-            replay = sum(layer_activation_terms(m, plan, profile, recompute="none").values())
-            attn_bwd = replay - mlp_half_of(m, plan, profile) + _attention_bwd_transient(m, plan, profile, "none")
-            events["recomputed layer backward"] = (base, 0, attn_bwd + grads_flowing)
-        else:
-            transient = _attention_bwd_transient(m, plan, profile, plan.recompute)
-            events["attention backward"] = (base, 0, transient + grads_flowing)
-        if not last:
-            # Middle/first stages: the backward starts with the incoming output gradient.
-            events["stage backward start"] = (stored_activations, 0, tokens * h * e // sp)
-    events["optimizer step"] = (0, 0, int(profile.adam_temporaries_largest_params * largest_param * 4))
+            replayed = layer_activation_terms(m, plan, profile, recompute="none")
+            base += sum(replayed.values())
+        events["MLP backward"] = (base - _mlp_freed_early(replayed), 0, _mlp_backward_transient(m, plan))
+        attn_acts, attn_transient = _attention_backward(m, plan, profile, replayed, base)
+        events["attention backward"] = (attn_acts, 0, attn_transient)
+    events["optimizer step"] = (0, 0, _adam_temporaries(m, plan, profile, stage))
 
     name, (acts, logit_bytes, transient) = max(events.items(), key=lambda kv: sum(kv[1]))
     dynamic = acts + logit_bytes + transient + persistent
@@ -426,23 +415,83 @@ def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile,
     )
 
 
-def mlp_half_of(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile) -> int:
-    terms = layer_activation_terms(m, plan, profile, recompute="none")
-    return sum(v for k, v in terms.items()
-               if k.startswith(("mlp_norm", "fc1", "swiglu", "layer_output", "attention_residual")))
+def _mlp_freed_early(terms: dict[str, int]) -> int:
+    # By the SwiGLU multiply's backward the layer output and the fc2 input are freed.
+    return terms.get("layer_output", 0) + terms.get("swiglu_out", 0)
 
 
-def _attention_bwd_transient(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, recompute: Recompute) -> int:
+def _mlp_backward_transient(m: ModelConfig, plan: ParallelPlan) -> int:
+    """Gradients alive at the SwiGLU multiply's backward: the incoming h-wide gradient,
+    the fc2 input gradient (f) and the multiply's two f-wide input gradients."""
+    tokens = m.seq_length * plan.micro_batch_size
+    e = _bytes_per_element(plan.precision)
+    sp = plan.tp if plan.sequence_parallel else 1
+    return tokens * m.hidden_size * e // sp + 3 * tokens * m.ffn_size * e // plan.tp
+
+
+_FREED_BEFORE_ATTENTION_BWD = (
+    "mlp_norm", "fc1_out", "swiglu", "layer_output", "attention_residual", "context",
+    "v_repeated", "attention_probs",
+)
+
+
+def _attention_backward(
+    m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, terms: dict[str, int], base: int
+) -> tuple[int, int]:
+    """(activations alive, transient) at the worst moment of the last layer's attention backward.
+
+    Unfused attention: the masked_fill_ megatron applies to a view of its global score
+    buffer makes autograd materialise, at the peak, four score-sized tensors (softmax
+    gradient, a zero-filled copy of the buffer, its clone and the masked result)
+    besides a few h-wide gradients; by then the MLP half, the context, the repeated
+    values and the probabilities of that layer are freed. Selective recompute replays
+    the core attention first, with the same peak. Checked against the op timeline.
+    """
+    tokens = m.seq_length * plan.micro_batch_size
+    e = _bytes_per_element(plan.precision)
+    hidden_grads = tokens * m.hidden_size * e // plan.tp
     if profile.attention == "flash":
-        return 0
+        freed = sum(v for k, v in terms.items() if k.startswith(("mlp_norm", "fc1", "swiglu", "layer_output")))
+        return base - freed, 3 * hidden_grads  # q, k, v gradients
     scores = _score_bytes(m, plan)
-    if recompute == "selective":
-        # core attention is replayed: repeated k/v, probabilities, then their gradients.
-        h = m.hidden_size
-        tokens = m.seq_length * plan.micro_batch_size
-        replay = scores + 2 * tokens * h * _bytes_per_element(plan.precision) // plan.tp
-        return replay + 2 * scores
-    return 2 * scores  # gradient of the probabilities and of the scores
+    if e < 4 and profile.softmax_in_fp32:
+        scores_fp32 = scores * 4 // e
+        transient = scores + 3 * scores_fp32  # half grad, then fp32 grad, softmax grad, masked grad
+    else:
+        transient = 4 * scores
+    if plan.recompute == "selective":
+        freed = sum(v for k, v in terms.items() if k.startswith(("mlp_norm", "fc1", "swiglu", "layer_output")))
+        return base - freed, transient + 3 * hidden_grads
+    freed = sum(v for k, v in terms.items() if k.startswith(_FREED_BEFORE_ATTENTION_BWD))
+    return base - freed, transient + 2 * hidden_grads
+
+
+def _adam_temporaries(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, stage: int) -> int:
+    """Bytes of Adam's temporaries at its worst parameter.
+
+    torch's single-tensor AdamW (megatron's fallback without TE/apex) computes
+    sqrt(v) / bias_correction for each parameter: two parameter-sized temporaries,
+    while the previous parameter's quotient is still referenced; parameters are
+    visited in model order (embedding, per layer qkv, proj, fc1, fc2, output layer).
+    Fused Adam kernels allocate nothing.
+    """
+    if profile.adam_kernel == "fused":
+        return 0
+    t = plan.tp
+    h, f, v = m.hidden_size, m.ffn_size, m.vocab_size
+    k = m.kv_heads * m.head_dim
+    vocab_shard = -(-v // t) * h
+    order: list[int] = []
+    if stage == 0:
+        order.append(vocab_shard)
+    for _ in range(stage_layers(m.num_layers, plan.pp, stage)):
+        order += [h * (h + 2 * k) // t, h * h // t, 2 * h * f // t, f * h // t]
+    if stage == plan.pp - 1 and (m.untie_embeddings_and_output_weights or plan.pp > 1):
+        order.append(vocab_shard)
+    worst = max((2 * size + (order[i - 1] if i else 0) for i, size in enumerate(order)), default=0)
+    state_bytes = 4  # Adam runs on fp32 (master) parameters
+    shard = plan.dp if plan.distributed_optimizer else 1
+    return worst * state_bytes // shard
 
 
 # --- Frenzy's published formula (the baseline) ------------------------------

@@ -1,0 +1,234 @@
+"""MARP (infra/memory.py) against hand-computed cases, sharding rules and monotonicity."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.memory import (
+    CPU_MEASURED,
+    MEGATRON_GPU,
+    MEGATRON_TE_FLASH_GPU,
+    MemoryBreakdown,
+    MemoryModelError,
+    ParallelPlan,
+    estimate_memory,
+    frenzy_estimate,
+    frenzy_parameters,
+    layer_activation_terms,
+    profile_for_device,
+    stage_parameters,
+    static_bytes,
+)
+from training.config import ModelConfig, TrainingConfig
+
+# A small Llama block whose numbers are easy to do by hand:
+# h=64, 4 heads of 16, 2 kv heads (K = 32), f=128, V=100, s=8.
+SMALL = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                    ffn_hidden_size=128, vocab_size=100, seq_length=8)
+SMALL_PARAMS = (
+    2 * (64 * (64 + 2 * 32) + 64 * 64 + 2 * 64 * 128 + 128 * 64 + 2 * 64)  # layers: 2 × 36,992
+    + 2 * 100 * 64  # untied embedding + output layer
+    + 64  # final norm
+)  # = 86,848
+
+SEVEN_B = ModelConfig(num_layers=32, hidden_size=4096, num_attention_heads=32, ffn_hidden_size=11008,
+                      vocab_size=32000, seq_length=4096)
+
+
+def test_parameter_count_by_hand():
+    assert SMALL_PARAMS == 86_848
+    assert SMALL.num_parameters() == SMALL_PARAMS
+    params, largest = stage_parameters(SMALL, tp=1, pp=1, stage=0)
+    assert params == SMALL_PARAMS
+    assert largest == 2 * 64 * 128  # fc1 (gate + up) beats the 100 × 64 embedding
+
+
+def test_static_bytes_per_precision_and_sharding():
+    p = 1000
+    fp32 = ParallelPlan(global_batch_size=8, dp=4, precision="fp32")
+    assert static_bytes(p, fp32) == (4000, 4000, 8000)  # 16 bytes/param: w, grad, m, v
+    bf16 = ParallelPlan(global_batch_size=8, dp=4, precision="bf16")
+    assert static_bytes(p, bf16) == (2000, 4000, 12000)  # 18: bf16 w, fp32 grad, fp32 master+m+v
+    bf16_dist = ParallelPlan(global_batch_size=8, dp=4, precision="bf16", distributed_optimizer=True)
+    assert static_bytes(p, bf16_dist) == (2000, 4000, 3000)  # fp32 state / dp: 12000 / 4
+    fp32_dist = ParallelPlan(global_batch_size=8, dp=4, precision="fp32", distributed_optimizer=True)
+    assert static_bytes(p, fp32_dist) == (4000, 4000, 2000)
+
+
+def test_distributed_optimizer_shards_only_the_optimizer_state():
+    plain = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=64, dp=8, tp=4), MEGATRON_GPU)
+    sharded = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=64, dp=8, tp=4,
+                                                    distributed_optimizer=True), MEGATRON_GPU)
+    assert sharded.weights == plain.weights and sharded.gradients == plain.gradients
+    assert sharded.optimizer_states == pytest.approx(plain.optimizer_states / 8, abs=1)
+
+
+def test_layer_activations_by_hand_fp32_no_recompute():
+    # fp32 (4 bytes), tokens = s·b = 16, t = 1. Per token the layer keeps:
+    #   norms: 2 × (normalised h + output h) = 4h;  q, repeated k, repeated v, context: 4h;
+    #   attention residual and layer output: 2h  -> 10h = 640
+    #   SwiGLU: fc1 output 2f, silu f, linear part f, product f -> 5f = 640
+    #   two RMSNorm rstd values: 2
+    # plus softmax probabilities b·a·s² = 2·4·64 = 512 elements and RoPE cos/sin 4·s·d = 512.
+    plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32")
+    terms = layer_activation_terms(SMALL, plan, CPU_MEASURED)
+    assert sum(terms.values()) == 16 * 4 * (640 + 640 + 2) + 512 * 4 + 512 * 4 == 86_144
+    assert terms["attention_probs"] == 2 * 4 * 8 * 8 * 4
+
+
+def test_layer_activations_by_hand_recompute_modes():
+    plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32", recompute="selective")
+    selective = layer_activation_terms(SMALL, plan, CPU_MEASURED)
+    # No probabilities; attention keeps the qkv output (h + 2K = 128), q (64), k (32) and
+    # context (64) = 288 per token instead of 4h = 256 + the probabilities; norms and
+    # residuals 6h, MLP 5f, rstd 2, RoPE 512 elements as before.
+    assert "attention_probs" not in selective
+    assert sum(selective.values()) == 16 * 4 * (6 * 64 + 288 + 640 + 2) + 512 * 4 == 86_144
+    # (at s = 8 the dropped probabilities, 2,048 bytes, equal the extra 32 per token kept;
+    # the a·s² term wins as soon as sequences are longer)
+    longer = SMALL.model_copy(update={"seq_length": 64})
+    none_64 = layer_activation_terms(longer, ParallelPlan(global_batch_size=2, micro_batch_size=2,
+                                                          precision="fp32"), CPU_MEASURED)
+    sel_64 = layer_activation_terms(longer, ParallelPlan(global_batch_size=2, micro_batch_size=2,
+                                                         precision="fp32", recompute="selective"), CPU_MEASURED)
+    assert sum(sel_64.values()) < sum(none_64.values())
+    full = layer_activation_terms(
+        SMALL, ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32", recompute="full"),
+        CPU_MEASURED)
+    assert full == {"layer_output": 16 * 64 * 4}  # only the layer's input/output is kept
+
+
+def test_tensor_and_sequence_parallel_divide_the_right_terms():
+    base = dict(global_batch_size=2, micro_batch_size=2, precision="bf16")
+    t1 = layer_activation_terms(SEVEN_B, ParallelPlan(**base), MEGATRON_GPU)
+    t4 = layer_activation_terms(SEVEN_B, ParallelPlan(**base, tp=4), MEGATRON_GPU)
+    sp = layer_activation_terms(SEVEN_B, ParallelPlan(**base, tp=4, sequence_parallel=True), MEGATRON_GPU)
+    assert t4["fc1_out"] * 4 == t1["fc1_out"] and t4["attention_probs"] * 4 == t1["attention_probs"]
+    assert t4["attention_residual"] == t1["attention_residual"]  # replicated without SP
+    assert sp["attention_residual"] * 4 == t1["attention_residual"]
+    assert sum(sp.values()) < sum(t4.values()) < sum(t1.values())
+
+
+def test_breakdown_sums_to_total_and_reports_its_moment():
+    bd = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=16, micro_batch_size=2, dp=2, tp=2, pp=2),
+                         MEGATRON_GPU)
+    assert isinstance(bd, MemoryBreakdown)
+    parts = (bd.weights + bd.gradients + bd.optimizer_states + bd.activations + bd.logits
+             + bd.transient + bd.persistent_buffers + bd.overhead)
+    assert bd.total == parts
+    assert bd.as_dict()["total"] == bd.total and bd.peak_event
+    assert bd.overhead >= MEGATRON_GPU.fixed_overhead_bytes
+    cpu = estimate_memory(SMALL, ParallelPlan(global_batch_size=2, precision="fp32"), CPU_MEASURED)
+    assert cpu.overhead == 0  # MemTracker counts tensors only
+
+
+def test_whole_step_by_hand_small_model():
+    # fp32, b=2: the peak is the output layer's backward.
+    #   static: 16 bytes × 86,848 params = 1,389,568
+    #   stored: embedding output 16·64·4 = 4,096 + 2 layers × 86,144 + final norm
+    #           (rstd 16·4 + normalised and output 2·16·64·4 = 8,256) = 184,640
+    #   logits (fp32 softmax kept by the loss): 16·100·4 = 6,400
+    #   transient: output-weight gradient 100·64·4 + input gradient 16·64·4 = 29,696
+    #   persistent score buffer b·a·s²·4 = 2,048
+    plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32")
+    bd = estimate_memory(SMALL, plan, CPU_MEASURED)
+    assert bd.peak_event == "output-layer backward"
+    assert bd.static == 16 * 86_848
+    assert bd.activations == 4_096 + 2 * 86_144 + 8_256
+    assert (bd.logits, bd.transient, bd.persistent_buffers) == (6_400, 29_696, 2_048)
+    assert bd.total == 1_389_568 + 184_640 + 6_400 + 29_696 + 2_048
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_more_parallelism_or_recompute_never_needs_more_memory(precision):
+    def total(**kw):
+        args = dict(global_batch_size=64, micro_batch_size=2, precision=precision)
+        args.update(kw)
+        return estimate_memory(SEVEN_B, ParallelPlan(**args), MEGATRON_GPU).total
+
+    assert total(tp=1) > total(tp=2) > total(tp=4) > total(tp=8)
+    assert total(pp=1) > total(pp=2) > total(pp=4)
+    assert total(recompute="none") > total(recompute="selective") > total(recompute="full")
+    assert total(dp=1, distributed_optimizer=True) > total(dp=2, distributed_optimizer=True) > total(
+        dp=8, distributed_optimizer=True)
+    assert total(tp=4) > total(tp=4, sequence_parallel=True)
+    assert total(micro_batch_size=1) < total(micro_batch_size=2) < total(micro_batch_size=4)
+
+
+def test_1f1b_first_stage_holds_pp_microbatches():
+    def stage0_acts(global_batch: int) -> int:
+        return estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=global_batch, pp=4, tp=8),
+                               MEGATRON_GPU).activations
+
+    # 1 microbatch: one in flight; 2: two; >= 4: pp = 4 in flight, no more.
+    one, two, four, many = stage0_acts(1), stage0_acts(2), stage0_acts(4), stage0_acts(64)
+    assert one < two < four == many
+
+
+def test_flash_profile_has_no_quadratic_attention_terms():
+    plan = ParallelPlan(global_batch_size=1, precision="bf16")
+    terms = layer_activation_terms(SEVEN_B, plan, MEGATRON_TE_FLASH_GPU)
+    assert not any("probs" in k for k in terms)
+    flash = estimate_memory(SEVEN_B, plan, MEGATRON_TE_FLASH_GPU)
+    assert flash.persistent_buffers == 0
+    assert flash.total < estimate_memory(SEVEN_B, plan, MEGATRON_GPU).total
+
+
+def test_bf16_keeps_fp32_logits_and_softmax_copies():
+    terms = layer_activation_terms(SEVEN_B, ParallelPlan(global_batch_size=1, precision="bf16"), MEGATRON_GPU)
+    scores = 32 * 4096 * 4096
+    assert terms["attention_probs"] == 2 * scores and terms["attention_probs_fp32"] == 4 * scores
+    short = SEVEN_B.model_copy(update={"seq_length": 256})
+    bd = estimate_memory(short, ParallelPlan(global_batch_size=1, precision="bf16"), MEGATRON_GPU)
+    assert bd.peak_event == "output-layer backward"
+    assert bd.logits == 256 * 32000 * 4  # fp32 whatever the training precision
+
+
+def test_profile_for_device():
+    assert profile_for_device("cpu") is CPU_MEASURED
+    assert profile_for_device("A100-80G") is MEGATRON_GPU
+
+
+def test_plan_from_training_config():
+    training = TrainingConfig(global_batch_size=32, micro_batch_size=4, steps=1, tensor_parallel=2,
+                              recompute="selective", precision="bf16")
+    plan = ParallelPlan.from_training(training, dp=4)
+    assert (plan.dp, plan.tp, plan.num_microbatches, plan.gpus) == (4, 2, 2, 8)
+
+
+@pytest.mark.parametrize(
+    ("plan_kwargs", "message"),
+    [
+        (dict(global_batch_size=10, micro_batch_size=4), "multiple of micro_batch_size"),
+        (dict(global_batch_size=8, dp=0), "dp must be >= 1"),
+        (dict(global_batch_size=8, sequence_parallel=True), "sequence_parallel needs tp > 1"),
+    ],
+)
+def test_impossible_plans_are_refused(plan_kwargs, message):
+    with pytest.raises(MemoryModelError, match=message):
+        ParallelPlan(**plan_kwargs)
+
+
+def test_model_plan_mismatches_are_refused():
+    with pytest.raises(MemoryModelError, match="tp=8 must divide"):
+        estimate_memory(SMALL, ParallelPlan(global_batch_size=8, tp=8))
+    with pytest.raises(MemoryModelError, match="pp=4 exceeds num_layers"):
+        estimate_memory(SMALL, ParallelPlan(global_batch_size=8, pp=4))
+
+
+def test_frenzy_formula_by_hand():
+    # W = V·h + l·(12h² + 13h) = 6,400 + 2·(49,152 + 832) = 106,368
+    assert frenzy_parameters(SMALL) == 106_368
+    # 20W/t + s·B·h·l·(10/d + 24/(d·t) + 5·a·s/(d·h·t)) with s=8, B=4, d=2, t=1:
+    #   2,127,360 + 8·4·64·2·(5 + 12 + 5·4·8/(2·64)) = 2,127,360 + 4,096·(17 + 1.25) = 2,202,112
+    assert frenzy_estimate(SMALL, global_batch=4, dp=2, tp=1) == 2_202_112
+
+
+def test_a_7b_model_does_not_fit_one_80g_gpu_but_fits_sharded():
+    gib = 1024**3
+    one = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=1), MEGATRON_GPU)
+    assert one.static > 80 * gib and not one.fits(80 * gib)  # 18 bytes × 6.7 B parameters
+    sharded = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=8, dp=2, tp=4, recompute="selective",
+                                                    distributed_optimizer=True), MEGATRON_GPU)
+    assert sharded.fits(80 * gib, safety_margin=0.1)
+    assert not sharded.fits(sharded.total - 1)
