@@ -151,20 +151,26 @@ def evaluate_committed(spec: JobSpec, suite: str = "demo") -> list[str]:
     return evaluate_catch_up(spec, suite=suite)
 
 
-def serve_deployments() -> None:
-    """Both deployments from this process (no work pool needed): event-triggered and scheduled."""
-    from prefect import serve
+def build_deployments(job_spec: str = "configs/tiny-cpu.yaml", suite: str = "quick") -> list:
+    """The two deployments: on each checkpoint-committed event, and a catch-up every 15 minutes."""
     from prefect.events import DeploymentEventTrigger
 
     triggered = evaluate_checkpoint.to_deployment(
-        name="on-commit",
+        name="on-commit", parameters={"suite": suite},
         triggers=[DeploymentEventTrigger(
             expect={CHECKPOINT_COMMITTED}, match={"prefect.resource.id": "forgeflow.checkpoint.*"},
             parameters={"checkpoint": "{{ event.resource['forgeflow.checkpoint.url'] }}",
                         "job_spec": "{{ event.resource['forgeflow.job_spec'] }}"})])
     catch_up = evaluate_catch_up.to_deployment(
-        name="catch-up", interval=900, parameters={"job_spec": "configs/tiny-cpu.yaml", "suite": "quick"})
-    serve(triggered, catch_up)
+        name="catch-up", interval=900, parameters={"job_spec": job_spec, "suite": suite})
+    return [triggered, catch_up]
+
+
+def serve_deployments() -> None:
+    """Serve both deployments from this process (no work pool needed)."""
+    from prefect import serve
+
+    serve(*build_deployments())
 
 
 if __name__ == "__main__":
