@@ -6,7 +6,10 @@ Pipeline: compress (the job family's filter rules) → diagnosis rules → optio
 The agent hook
 --------------
 ``agent`` is any callable ``agent(context: DiagnosisContext) -> Diagnosis | None``. It
-runs only when no rule named a root cause (and no hang was reported). It gets the
+runs when no rule named a root cause (and no hang/spike was reported), and also when
+the rules found only symptoms (NCCL timeouts, SIGABRT...) while error lines no rule
+explains remain (``context.rule_outcome.unexplained``); ``context.rule_outcome.diagnosis``
+then holds the symptom-based answer, which stands if the agent returns ``None``. It gets the
 compressed log, the rule matches that were only symptoms, the loaded rule sets and the
 state dir, so it can retrieve similar past failures, ask an LLM, and learn (call
 ``context.library.add_rule(...)`` for a new diagnosis rule or
@@ -116,8 +119,13 @@ def diagnose_log(
     paths = _as_paths(path)
     compressed, rules, library = compress_log(paths, job_family, state_dir, engine)
     outcome = diagnose_compressed(compressed, library)
-    if outcome.diagnosis is not None:
+    if outcome.diagnosis is not None and not (outcome.symptoms_only and outcome.unexplained and agent is not None):
         return outcome.diagnosis
+    if outcome.diagnosis is not None:
+        # Only symptoms matched, yet error lines no rule explains remain: the agent may
+        # find the real cause among them; without an answer the symptom stands.
+        found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
+        return found if found is not None else outcome.diagnosis
     culprit_entries = [m.entry for m in outcome.matches]
     hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
     evidence = [e.render() for e in culprit_entries[:10]]
@@ -139,12 +147,7 @@ def diagnose_log(
             source="rule", rule_name="heartbeat-stale",
         )
     if agent is not None:
-        context = DiagnosisContext(
-            log_path=paths[0], job_family=rules.job_family, compressed=compressed,
-            rule_outcome=outcome, library=library, filter_rules=rules,
-            state_dir=resolve_state_dir(state_dir), log_paths=paths,
-        )
-        found = agent(context)
+        found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
         if found is not None:
             return found
     return Diagnosis(
@@ -154,4 +157,12 @@ def diagnose_log(
         mitigation="No rule knows this failure: a person should read the culprit lines; "
                    "the diagnosis they settle on should become a rule.",
         source="none",
+    )
+
+
+def _context(paths, rules, compressed, outcome, library, state_dir) -> DiagnosisContext:
+    return DiagnosisContext(
+        log_path=paths[0], job_family=rules.job_family, compressed=compressed,
+        rule_outcome=outcome, library=library, filter_rules=rules,
+        state_dir=resolve_state_dir(state_dir), log_paths=paths,
     )

@@ -90,12 +90,16 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)", "DatasetLoadingError", False,
      "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),
     # ------------------------------------------------------------- torchrun summaries and signals (pure symptoms)
-    ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed", "Unknown", True,
+    ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed|\] failed \(exitcode: -?\d+\) local_rank: \d+|^\S*\s*[\w.-]+\.py FAILED\s*$", "Unknown", True,
      "torchrun reports that a worker failed; its own error is the root cause.", True),
     ("signal-abort", r"Signal 6 \(SIGABRT\)|SIGABRT|Fatal Python error: Aborted|terminate called after throwing an instance of|Signal 15 \(SIGTERM\)|Sending process \d+ closing signal SIGTERM", "Unknown", True,
      "A process aborted, usually after another rank failed; look for that rank's error.", True),
     ("signal-kill", r"Signal 9 \(SIGKILL\)|exitcode\s*:\s*-9\b|Killed process \d+|oom-kill", "Unknown", True,
      "A process was SIGKILLed (host OOM killer or the scheduler).", True),
+    ("torchrun-summary", r"^\S*\s*(?:exitcode|error_file)\s*:|Root Cause \(first observed failure\)", "Unknown", True,
+     "torchrun's failure summary; the failed rank's own error is the root cause.", True),
+    ("traceback-header", r"Traceback \(most recent call last\):|^\S*\s*During handling of the above exception|The above exception was the direct cause", "Unknown", True,
+     "A Python traceback starts here; the exception line at its end names the error.", True),
     ("segfault", r"Segmentation fault|SIGSEGV|Signal 11", "Unknown", True,
      "A process crashed with a segmentation fault.", True),
     # ------------------------------------------------------------- Python exceptions (script)

@@ -215,10 +215,18 @@ class RuleMatch:
 
 @dataclass
 class RuleOutcome:
-    """What the rules found: a diagnosis (None when no cause was named) and all matches."""
+    """What the rules found: a diagnosis (None when no cause was named) and all matches.
+
+    ``symptoms_only``: the diagnosis rests on symptom rules alone. ``unexplained``:
+    error-signal entries that no rule matched and no filter rule covers (an exception
+    line the library does not know, say): when both hold, the real cause is probably
+    among them, and ``diagnose_log`` lets the agent look before settling on the symptom.
+    """
 
     diagnosis: Diagnosis | None
     matches: list[RuleMatch] = field(default_factory=list)
+    symptoms_only: bool = False
+    unexplained: list[LogEntry] = field(default_factory=list)
 
     @property
     def symptom_lines(self) -> list[str]:
@@ -252,10 +260,12 @@ def diagnose_compressed(
 ) -> RuleOutcome:
     """Name the root cause of a compressed log with the rules (see module docstring)."""
     matches = match_entries(compressed, library)
+    matched = {id(m.entry) for m in matches}
+    unexplained = [e for e in compressed.signal_entries() if id(e) not in matched and not e.covered]
     causes = [m for m in matches if not m.rule.symptom and m.rule.root_cause != "Unknown"]
     pool = causes or [m for m in matches if m.rule.root_cause != "Unknown"]
     if not pool:
-        return RuleOutcome(None, matches)
+        return RuleOutcome(None, matches, unexplained=unexplained)
     best = min(pool, key=lambda m: m.sort_key)
     culprits = sorted(
         (m for m in pool if m.rule.root_cause == best.rule.root_cause),
@@ -282,4 +292,4 @@ def diagnose_compressed(
         source="rule",
         rule_name=best.rule.name,
     )
-    return RuleOutcome(diagnosis, matches)
+    return RuleOutcome(diagnosis, matches, symptoms_only=not causes, unexplained=unexplained)

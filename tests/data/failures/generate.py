@@ -25,14 +25,19 @@ from logsim import Job  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 CASES: dict[str, tuple[Callable[[], tuple[Job, list[str]]], str, bool, str]] = {}
+# Cases whose messages the seeded diagnosis rules were deliberately NOT written for
+# (they name the wrong cause or none): what the agents and learned rules are for.
+NOVEL: set[str] = set()
 
 PY = "/opt/venv/lib/python3.11/site-packages"
 MEG = "/opt/megatron/megatron"
 
 
-def case(name: str, root_cause: str, restart_helps: bool, note: str):
+def case(name: str, root_cause: str, restart_helps: bool, note: str, novel: bool = False):
     def register(fn):
         CASES[name] = (fn, root_cause, restart_helps, note)
+        if novel:
+            NOVEL.add(name)
         return fn
     return register
 
@@ -683,6 +688,117 @@ def _():
     return job, []
 
 
+# =========================================================================== novel to the seed rules
+
+
+@case("nvswitch_fatal", "NVLinkError", True, "the fabric manager reports an NVSwitch fatal error; the rank then sees a generic CUDA launch failure", novel=True)
+def _():
+    job = Job(170, hosts("gpu-h100-", 2, 21))
+    job.startup(); job.train(26)
+    bad = 12
+    job.emit(f"{job.syslog()} {job.host_of(bad)} nv-fabricmanager[2211]: [ERROR] [tid 2290] detected NVSwitch fatal error 12028 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 port 17")
+    job.emit(f"{job.syslog()} {job.host_of(bad)} nv-fabricmanager[2211]: [ERROR] [tid 2290] NVSwitch fatal error: GPU partition 0 is degraded, reset required")
+    job.tick(1.5)
+    job.python_traceback(bad, train_frames(), ["RuntimeError: CUDA error: unspecified launch failure"])
+    job.tick(600)
+    job.watchdog_timeouts(others(job, bad)[:6])
+    job.child_failed(bad)
+    return job, [job.host_of(bad)]
+
+
+@case("row_remap_failure", "ECCError", True, "the driver cannot remap a failing memory row; the rank dies with 'unknown error'", novel=True)
+def _():
+    job = Job(171, hosts("node-ae", 2, 1), collector_stamps=True)
+    job.startup(); job.train(30)
+    bad = 5
+    job.emit(f"{job.syslog()} {job.host_of(bad)} kernel: NVRM: GPU at PCI:0000:{job.bus[job.local(bad)][:2]}:00: Row Remapper: remapping failure, bank 12 row 0x3f1a has no spare rows left")
+    job.emit(f"{job.syslog()} {job.host_of(bad)} nv-hostengine: DCGM health watch: GPU {job.local(bad)} memory: row remapping failure, GPU must be drained")
+    job.tick(3)
+    job.python_traceback(bad, train_frames(), ["RuntimeError: CUDA error: unknown error"])
+    job.tick(600)
+    job.watchdog_timeouts(others(job, bad)[:6])
+    job.child_failed(bad)
+    return job, [job.host_of(bad)]
+
+
+@case("ipoib_tx_timeout", "NetworkError", True, "the IB interface stalls (transmit timeouts in the kernel log); every rank then times out", novel=True)
+def _():
+    job = Job(172, hosts("cn", 2, 300))
+    job.startup(); job.train(33)
+    bad_host = job.hosts[1]
+    for q in (3, 5):
+        job.emit(f"{job.syslog()} {bad_host} kernel: mlx5_core 0000:5e:00.0 ib0: TX timeout on queue: {q}, SQ: 0x11{q}8, CQ: 0x7{q}1, SQ Cons: 0x1a2 SQ Prod: 0x1c9, usecs since last trans: 10240000")
+    job.emit(f"{job.syslog()} {bad_host} kernel: ib0: transmit timeout: latency 10240 msecs")
+    job.tick(600)
+    job.watchdog_timeouts(range(job.world))
+    job.child_failed(0, exitcode=-6, signal_name="SIGABRT", others=[1, 2])
+    return job, [bad_host]
+
+
+@case("s3_payload_incomplete", "S3StorageError", True, "aiohttp aborts a checkpoint read from S3 mid-body during resume", novel=True)
+def _():
+    job = Job(173, hosts("node-af", 2, 1))
+    job.startup()
+    job.python_traceback(0, [
+        ("/workspace/forgeflow/training/worker.py", 233, "resume", "shard = storage.read_bytes(url)"),
+        (f"{PY}/s3fs/core.py", 1187, "_cat_file", "return await _error_wrapper(_call_and_read, retries=self.retries)"),
+        (f"{PY}/aiohttp/streams.py", 380, "read", "raise self._exception"),
+    ], ["aiohttp.client_exceptions.ClientPayloadError: Response payload is not completed: <ContentLengthError: 400, message='Not enough data for satisfy content length header.'>"])
+    job.tick(600)
+    job.watchdog_timeouts(range(1, 9))
+    job.child_failed(0)
+    return job, []
+
+
+@case("mlflow_unavailable", "ConnectionError", True, "the experiment tracker answers 503 through its proxy; the log call raises", novel=True)
+def _():
+    job = Job(174, hosts("node-ag", 1, 1), prefix_style="default")
+    job.startup(); job.train(15)
+    job.python_traceback(0, [
+        ("/workspace/forgeflow/training/tracking.py", 71, "log_metrics", "mlflow.log_metrics(metrics, step=step)"),
+        (f"{PY}/mlflow/utils/rest_utils.py", 305, "verify_rest_response", "raise MlflowException("),
+    ], ["mlflow.exceptions.MlflowException: API request to endpoint /api/2.0/mlflow/runs/log-batch failed with error code 503 != 200. Response body: 'upstream connect error or disconnect/reset before headers. reset reason: connection failure'"])
+    job.tick(600)
+    job.watchdog_timeouts(range(1, 8))
+    job.child_failed(0)
+    return job, []
+
+
+@case("cudnn_mapping_error", "CUDAError", True, "a cuDNN status the CUDA rule does not list; it reads like a plain RuntimeError", novel=True)
+def _():
+    job = Job(175, hosts("node-ah", 2, 1), collector_stamps=True)
+    job.startup(); job.train(21)
+    bad = 14
+    job.python_traceback(bad, train_frames(), ["RuntimeError: cuDNN error: CUDNN_STATUS_MAPPING_ERROR"])
+    job.tick(600)
+    job.watchdog_timeouts(others(job, bad)[:5])
+    job.child_failed(bad)
+    return job, [job.host_of(bad)]
+
+
+@case("index_bin_mismatch", "DatasetLoadingError", False, "the dataset index and bin file disagree; megatron asserts", novel=True)
+def _():
+    job = Job(176, hosts("node-ai", 1, 1))
+    job.startup()
+    for r in range(job.world):
+        job.python_traceback(r, [(f"{MEG}/core/datasets/indexed_dataset.py", 412, "__init__", "assert self.sequence_lengths.shape[0] == self.document_indices[-1]")],
+                             ["AssertionError: index file /data/pile_text_document.idx holds 88213444 sequences but /data/pile_text_document.bin ends after 88213001"])
+    job.child_failed(0, others=[1, 2])
+    return job, []
+
+
+@case("checkpoint_format_version", "ModelLoadingError", False, "the checkpoint was written by a newer format; raised as a ValueError", novel=True)
+def _():
+    job = Job(177, hosts("node-aj", 2, 1))
+    job.startup()
+    for r in (0, 8):
+        job.python_traceback(r, [("/workspace/forgeflow/training/worker.py", 226, "resume", "manifest = read_manifest(spec.checkpoint.url)")],
+                             ["ValueError: s3://ff-ckpt/llama-7b/step_0012000/manifest.json has format_version 3; this forgeflow reads format_version 2 (upgrade forgeflow or resume from an older checkpoint)"])
+    job.store_lost(range(1, 8))
+    job.child_failed(0)
+    return job, []
+
+
 def kind_of(root_cause: str) -> str:
     from diagnosis.vocabulary import kind_of as vocab_kind
 
@@ -702,6 +818,7 @@ def main() -> None:
             "restart_helps": restart,
             "suspect_nodes": suspect_nodes if kind == "infrastructure" else [],
             "note": note,
+            "novel_to_seed_rules": name in NOVEL,
         }
     (HERE / "labels.json").write_text(json.dumps(labels, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {len(labels)} logs to {HERE}")
