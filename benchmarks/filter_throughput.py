@@ -9,7 +9,7 @@ with a launcher/NCCL/megatron start-up banner at every (simulated) restart, and 
 lines sprinkled in at known places (their number is counted while writing, so "error
 lines dropped" is exact: every sprinkled line must come back, as a line or inside a
 collapsed entry's count). Then compresses it with forgeflow's seeded routine rules
-(57 rules) on one core with each engine, and times ``forgeflow diagnose`` on a 100 MB
+(56 rules) on one core with each engine, and times ``forgeflow diagnose`` on a 100 MB
 log end to end (a fresh process: imports, rule compilation, compression, diagnosis).
 
 Throughput is MB per second of this process's CPU time (one core; robust to other
