@@ -7,8 +7,8 @@ What is watched (the worker's side of the contract is training/runfiles.py):
   root cause is on another rank) before they are stopped;
 - heartbeats (`heartbeat/rank{R}.json`): if some rank has not advanced for
   `hang_timeout_s` the job is a Hang and is killed. Before a rank's first
-  heartbeat of this attempt the attempt's start time counts, so slow start-up
-  (imports, checkpoint load) gets the same allowance;
+  heartbeat of this attempt, `startup_timeout_s` applies instead: start-up
+  (imports, building the model, loading a checkpoint) is slow and silent;
 - the loss-spike marker, written before the worker exits with EXIT_LOSS_SPIKE.
 
 The result carries the console logs of every node for the diagnosis.
@@ -70,6 +70,7 @@ def watch(
     run_dir: Path,
     world_size: int,
     hang_timeout_s: float = 300.0,
+    startup_timeout_s: float = 600.0,
     failure_grace_s: float = 5.0,
     poll_s: float = 0.5,
     on_progress: Callable[[int], None] | None = None,
@@ -110,11 +111,14 @@ def watch(
             return AttemptOutcome(status, codes, last_step, time.monotonic() - started, job.log_paths())
 
         now = time.time()
-        stale = [
-            rank
-            for rank in range(world_size)
-            if now - max(started_wall, float(beats.get(rank, {}).get("time", 0))) > hang_timeout_s
-        ]
+        stale = []
+        for rank in range(world_size):
+            beat_time = float(beats.get(rank, {}).get("time", 0))
+            if beat_time >= started_wall:
+                if now - beat_time > hang_timeout_s:
+                    stale.append(rank)
+            elif now - started_wall > startup_timeout_s:
+                stale.append(rank)
         if stale:
             job.terminate(grace_s=5.0)
             return AttemptOutcome(
