@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,8 +23,6 @@ def _spec(job: dict, **data):
 
 
 def test_tokenizer_loads_offline_in_transformers_and_round_trips(tiny_prepared):
-    import os
-
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     assert os.environ["HF_HUB_OFFLINE"] == "1"
@@ -180,3 +179,21 @@ def test_forgeflow_prepare_command(tiny_job_file, tmp_path, capsys):
     code = _run_cli(["prepare", str(tiny_job_file), "--set", f"data.corpus=[{tmp_path}/nope.txt]"])
     err = capsys.readouterr().err
     assert code == 2 and "nope.txt' does not exist" in err and "Traceback" not in err
+
+
+def test_prepare_is_deterministic_across_processes(tiny_prepared, tiny_job_dict, tmp_path, repo_root):
+    """Same corpus and settings in a fresh interpreter (new hash seeds) -> identical bytes."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    job = copy.deepcopy(tiny_job_dict)
+    job["data"]["data_dir"] = str(tmp_path / "again")
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    code = ("import sys; from training.config import load_job_spec; from training.data import "
+            "prepare_data; prepare_data(load_job_spec(sys.argv[1]), progress=False)")
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "job.yaml")], cwd=repo_root,
+                   check=True, timeout=300, env={**os.environ, "PYTHONHASHSEED": "12345"})
+    for name in ("tokenizer/tokenizer.json", "train.bin", "val.bin"):
+        assert (tmp_path / "again" / name).read_bytes() == (tiny_prepared.data_dir / name).read_bytes(), name
