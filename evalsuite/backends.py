@@ -301,6 +301,8 @@ class VllmBackend(Backend):
         for (ctx, cont), o in zip(pairs, outs, strict=True):
             total, greedy = 0.0, True
             for pos, token in enumerate(cont, start=len(ctx)):
+                if o.prompt_logprobs[pos] is None:
+                    continue  # the first prompt token has no prediction (empty context)
                 entry = o.prompt_logprobs[pos][token]
                 total += entry.logprob
                 greedy = greedy and entry.rank == 1

@@ -288,7 +288,8 @@ def execute(plan: Plan, *, history: RuntimeHistory | None = None, model_key: str
                 last_done[0] = max(last_done[0], time.perf_counter())
             if history:
                 if result.load_s:
-                    history.record_load(trial.backend, model_key, result.load_s)
+                    history.record_load(trial.backend, model_key, result.load_s,
+                                        source="shm" if trial.model_path else "storage")
                 for timing in result.shards:
                     if not timing.skipped:
                         history.record_inference(timing.dataset, trial.backend, model_key,

@@ -67,8 +67,9 @@ class RuntimeHistory:
         rate = entry["metric_s_per_sample"] if entry and "metric_s_per_sample" in entry else dataset.metric_s_per_sample
         return rate * samples
 
-    def load_s(self, backend: str, model_key: str, default: float = 5.0) -> float:
-        return self.data.get(f"load|{backend}|{model_key}", {}).get("load_s", default)
+    def load_s(self, backend: str, model_key: str, default: float = 5.0, source: str = "shm") -> float:
+        """Model load seconds per trial: from the node's preload ("shm") or from storage."""
+        return self.data.get(f"load|{backend}|{model_key}|{source}", {}).get("load_s", default)
 
     def knows(self, dataset: str, backend: str, model_key: str) -> bool:
         return self.key(dataset, backend, model_key) in self.data
@@ -89,9 +90,9 @@ class RuntimeHistory:
             with self._lock:
                 self._blend(self.key(dataset, backend, model_key), "metric_s_per_sample", seconds / samples)
 
-    def record_load(self, backend: str, model_key: str, seconds: float) -> None:
+    def record_load(self, backend: str, model_key: str, seconds: float, source: str = "shm") -> None:
         with self._lock:
-            self._blend(f"load|{backend}|{model_key}", "load_s", seconds)
+            self._blend(f"load|{backend}|{model_key}|{source}", "load_s", seconds)
 
     def save(self) -> None:
         with self._lock:

@@ -29,7 +29,8 @@ def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, h
     datasets = [(ref, ref.resolve()) for ref in suite.refs()]
     costs = estimate_costs(datasets, history, suite.backend, model_key)
     trials = decompose(costs, slots=suite.slots, backend=suite.backend, output_dir=str(output_dir),
-                       load_s=history.load_s(suite.backend, model_key), policy=policy,
+                       load_s=history.load_s(suite.backend, model_key, source="shm" if policy.preload else "storage"),
+                       policy=policy,
                        target_trial_s=suite.target_trial_s, backend_options=suite.backend_options)
     slots = slot_names(suite.slots, suite.devices)
     plan = assign(trials, slots, policy)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evalsuite.datasets import DatasetRef, available_datasets, register_task_file
 from evalsuite.errors import EvalConfigError
@@ -57,6 +57,15 @@ class SuiteConfig(BaseModel):
 
     # Filled by load_suite: dataset name -> the task file that defines it.
     task_file_of: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_process_per_gpu_engine(self) -> "SuiteConfig":
+        if self.backend == "vllm" and self.slots > 1 and self.isolation == "thread":
+            raise ValueError("vLLM runs one engine per GPU, each in its own process: set isolation: process "
+                             "and devices: [cuda:0, ...] (one per slot)")
+        if self.devices is not None and len(self.devices) != self.slots:
+            raise ValueError(f"devices lists {len(self.devices)} device(s) for {self.slots} slot(s); give one per slot")
+        return self
 
     def refs(self) -> list[DatasetRef]:
         return [DatasetRef(name=d.name, options=d.options, task_file=self.task_file_of.get(d.name))
