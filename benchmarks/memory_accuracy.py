@@ -99,12 +99,12 @@ def grid(quick: bool) -> list[Case]:
         Case("h256-l4-s256", _m(256, 4, 8, 4, 256), micro=2, global_batch=4),
         Case("h256-l4-s256-sel", _m(256, 4, 8, 4, 256), micro=2, global_batch=4, recompute="selective"),
         Case("h256-l4-s256-full", _m(256, 4, 8, 4, 256), micro=2, global_batch=4, recompute="full"),
-        Case("h512-l4-s256-mha", _m(512, 4, 8, 8, 256), micro=1, global_batch=2),
+        Case("h512-l4-s256-mha", _m(512, 4, 8, 8, 256), micro=1, global_batch=1),
         Case("h512-l4-s512-gqa", _m(512, 4, 8, 2, 512), micro=1, global_batch=1),
         Case("h512-l4-s512-sel", _m(512, 4, 8, 2, 512), micro=1, global_batch=1, recompute="selective"),
         Case("h512-l4-s512-full", _m(512, 4, 8, 2, 512), micro=1, global_batch=1, recompute="full"),
-        Case("h384-l6-s256-b4", _m(384, 6, 6, 2, 256), micro=4, global_batch=8),
-        Case("h384-l6-s256-b4-sel", _m(384, 6, 6, 2, 256), micro=4, global_batch=8, recompute="selective"),
+        Case("h384-l6-s256-b4", _m(384, 6, 6, 2, 256), micro=4, global_batch=4),
+        Case("h384-l6-s128-b4-accum-sel", _m(384, 6, 6, 2, 128), micro=4, global_batch=8, recompute="selective"),
         Case("h768-l2-s128-b8", _m(768, 2, 12, 4, 128), micro=8, global_batch=8),
         Case("h768-l2-s128-b8-full", _m(768, 2, 12, 4, 128), micro=8, global_batch=8, recompute="full"),
         Case("h256-l8-s1024", _m(256, 8, 4, 1, 1024), micro=1, global_batch=1),
@@ -112,7 +112,7 @@ def grid(quick: bool) -> list[Case]:
         Case("h256-l8-s1024-full", _m(256, 8, 4, 1, 1024), micro=1, global_batch=1, recompute="full"),
         Case("h128-l2-s64-b16-v8k", _m(128, 2, 4, 4, 64, v=8192), micro=16, global_batch=32),
         Case("h1024-l2-s128", _m(1024, 2, 16, 4, 128), micro=1, global_batch=2),
-        Case("h1024-l2-s128-full", _m(1024, 2, 16, 4, 128), micro=1, global_batch=4, recompute="full"),
+        Case("h1024-l2-s128-full", _m(1024, 2, 16, 4, 128), micro=1, global_batch=2, recompute="full"),
         Case("h640-l3-s384-v16k", _m(640, 3, 10, 5, 384, v=16000), micro=2, global_batch=2),
         Case("h640-l3-s384-v16k-sel", _m(640, 3, 10, 5, 384, v=16000), micro=2, global_batch=2, recompute="selective"),
         Case("h256-l2-s256-tied", _m(256, 2, 8, 4, 256, tied=True), micro=2, global_batch=2),
@@ -130,11 +130,17 @@ def grid(quick: bool) -> list[Case]:
 
 
 FAKE_CASES = [
-    # Llama-2-7B / 13B shapes, one 4k sequence; Llama-3-8B-like GQA shape.
+    # Llama-2-7B / 13B shapes with 4k sequences; a Llama-3-8B-like GQA shape (128k vocabulary).
     Case("7B-s4096", _m(4096, 32, 32, 32, 4096, v=32000, f=11008), micro=1, global_batch=1),
-    Case("7B-s4096-sel", _m(4096, 32, 32, 32, 4096, v=32000, f=11008), micro=1, global_batch=1, recompute="selective"),
-    Case("8B-gqa-s2048-full", _m(4096, 32, 32, 8, 2048, v=128256, f=14336), micro=1, global_batch=1, recompute="full"),
+    Case("7B-s4096-b2-sel", _m(4096, 32, 32, 32, 4096, v=32000, f=11008), micro=2, global_batch=2,
+         recompute="selective"),
+    Case("7B-s2048-full-accum", _m(4096, 32, 32, 32, 2048, v=32000, f=11008), micro=4, global_batch=8,
+         recompute="full"),
+    Case("8B-gqa-s8192-sel", _m(4096, 32, 32, 8, 8192, v=128256, f=14336), micro=1, global_batch=1,
+         recompute="selective"),
     Case("13B-s4096", _m(5120, 40, 40, 40, 4096, v=32000, f=13824), micro=1, global_batch=1),
+    Case("13B-s4096-full", _m(5120, 40, 40, 40, 4096, v=32000, f=13824), micro=1, global_batch=1,
+         recompute="full"),
 ]
 
 

@@ -83,6 +83,9 @@ class RuntimeProfile:
     # torch's single-tensor AdamW (megatron's fallback without TE/apex, the CPU case)
     # allocates parameter-sized temporaries per step; fused Adam (TE/apex) none.
     adam_kernel: Literal["single-tensor", "fused"] = "single-tensor"
+    # training/megatron_compat.py caches the s×s boolean causal mask on CPU (upstream
+    # megatron rebuilds it per call on GPU, a short-lived tensor).
+    cached_causal_mask: bool = True
     fixed_overhead_bytes: int = 0
     dynamic_overhead_fraction: float = 0.0
 
@@ -92,7 +95,11 @@ CPU_MEASURED = RuntimeProfile(name="megatron-local-cpu")
 
 MEGATRON_GPU = RuntimeProfile(
     name="megatron-local-gpu",
+    # torch (>= 2.8, here 2.13) sends F.rms_norm on CUDA tensors to `_fused_rms_norm`,
+    # which saves only its input and rstd (checked under FakeTensorMode with CUDA tensors).
+    rmsnorm_composite=False,
     adam_kernel="fused",
+    cached_causal_mask=False,
     # CUDA context + cuBLAS workspace + NCCL communicators ~ 1.5 GiB on A100/H100 class GPUs.
     fixed_overhead_bytes=int(1.5 * GIB),
     # The caching allocator's fragmentation on transformer training is typically 5-10 % of
@@ -379,7 +386,11 @@ def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile,
     stored = in_flight * per_microbatch + final_norm
     vocab_shard = -(-v // t)
     logits = tokens * vocab_shard * 4 if last else 0
-    persistent = _score_bytes(m, plan) if profile.attention == "unfused" and layers else 0
+    persistent = 0
+    if profile.attention == "unfused" and layers:
+        persistent = _score_bytes(m, plan)  # megatron's global buffer for attention scores
+        if profile.cached_causal_mask:
+            persistent += s * s  # one byte per boolean
 
     events: dict[str, tuple[int, int, int]] = {}  # moment -> (activations, logits, transient)
     if last:
@@ -455,8 +466,10 @@ def _attention_backward(
         return base - freed, 3 * hidden_grads  # q, k, v gradients
     scores = _score_bytes(m, plan)
     if e < 4 and profile.softmax_in_fp32:
+        # The mask is applied to a fresh fp32 upcast (not the buffer view), so the chain is
+        # half gradient -> fp32 gradient -> softmax gradient; not measured on a GPU here.
         scores_fp32 = scores * 4 // e
-        transient = scores + 3 * scores_fp32  # half grad, then fp32 grad, softmax grad, masked grad
+        transient = scores + 2 * scores_fp32
     else:
         transient = 4 * scores
     if plan.recompute == "selective":

@@ -129,14 +129,14 @@ def test_whole_step_by_hand_small_model():
     #           (rstd 16·4 + normalised and output 2·16·64·4 = 8,256) = 184,640
     #   logits (fp32 softmax kept by the loss): 16·100·4 = 6,400
     #   transient: output-weight gradient 100·64·4 + input gradient 16·64·4 = 29,696
-    #   persistent score buffer b·a·s²·4 = 2,048
+    #   persistent: score buffer b·a·s²·4 = 2,048 + cached boolean causal mask s² = 64
     plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32")
     bd = estimate_memory(SMALL, plan, CPU_MEASURED)
     assert bd.peak_event == "output-layer backward"
     assert bd.static == 16 * 86_848
     assert bd.activations == 4_096 + 2 * 86_144 + 8_256
-    assert (bd.logits, bd.transient, bd.persistent_buffers) == (6_400, 29_696, 2_048)
-    assert bd.total == 1_389_568 + 184_640 + 6_400 + 29_696 + 2_048
+    assert (bd.logits, bd.transient, bd.persistent_buffers) == (6_400, 29_696, 2_112)
+    assert bd.total == 1_389_568 + 184_640 + 6_400 + 29_696 + 2_112
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])

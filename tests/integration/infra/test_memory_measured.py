@@ -1,0 +1,70 @@
+"""MARP's prediction against the measured peak of real training steps of the real model.
+
+The measurement runs in its own process (torchrun, one gloo rank): it starts
+torch.distributed and megatron's global state, which must not leak into the test
+session. Tensor sizes are deterministic, so the tolerance can be tight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from infra.memory import CPU_MEASURED, ParallelPlan, estimate_memory
+from training.config import ModelConfig, TrainingConfig
+
+REPO = Path(__file__).resolve().parents[3]
+TOLERANCE = 0.03  # MARP must be within 3 % of the measured peak
+
+MODEL = dict(num_layers=2, hidden_size=128, num_attention_heads=4, num_query_groups=2,
+             vocab_size=1024, seq_length=128)
+CONFIGS = [
+    {"id": "none-accum", "model": MODEL,
+     "training": dict(global_batch_size=4, micro_batch_size=2, steps=2, recompute="none")},
+    {"id": "selective-long", "model": {**MODEL, "seq_length": 512},
+     "training": dict(global_batch_size=1, micro_batch_size=1, steps=2, recompute="selective")},
+]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[str, int]:
+    spec = tmp_path_factory.mktemp("probe") / "configs.json"
+    spec.write_text(json.dumps(CONFIGS))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+         "-m", "infra.memory_probe", str(spec)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {row["id"]: row for row in rows}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=[c["id"] for c in CONFIGS])
+def test_prediction_matches_measured_peak(measured, config):
+    row = measured[config["id"]]
+    model = ModelConfig(**config["model"])
+    training = TrainingConfig(**config["training"])
+    predicted = estimate_memory(model, ParallelPlan.from_training(training), CPU_MEASURED)
+    assert abs(predicted.total - row["total"]) <= TOLERANCE * row["total"], (predicted.as_dict(), row)
+    # The static part is exact: fp32 weights, DDP grad buffer and Adam's m, v as measured.
+    categories = row["by_category"]
+    assert predicted.weights == categories["weights"]
+    assert predicted.gradients == categories["grad_buffers"]
+    assert abs(predicted.optimizer_states - categories["optimizer_states"]) <= 1024
+
+
+def test_marp_orders_the_two_configurations_like_the_measurement(measured):
+    rows = [measured[c["id"]]["total"] for c in CONFIGS]
+    preds = [
+        estimate_memory(ModelConfig(**c["model"]), ParallelPlan.from_training(TrainingConfig(**c["training"])),
+                        CPU_MEASURED).total
+        for c in CONFIGS
+    ]
+    assert (rows[0] < rows[1]) == (preds[0] < preds[1])
