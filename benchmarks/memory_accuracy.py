@@ -123,9 +123,29 @@ def grid(quick: bool) -> list[Case]:
         Case("tp2-h768-l2-s512-full", _m(768, 2, 12, 4, 512), micro=1, global_batch=1, tp=2, recompute="full"),
         Case("dp2-h256-l4-s256", _m(256, 4, 8, 4, 256), micro=2, global_batch=8, dp=2),
     ]
+    cases += held_out_cases(8)
     if quick:
         keep = {"tiny-cpu", "h256-l4-s256-sel", "h512-l4-s512-full", "h256-l8-s1024", "tp2-h512-l4-s256"}
         cases = [c for c in cases if c.id in keep]
+    return cases
+
+
+def held_out_cases(count: int, seed: int = 20261122) -> list[Case]:
+    """Random shapes (fixed seed) that played no part in deriving the estimator's terms."""
+    import random
+
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        head_dim = rng.choice([16, 32, 64])
+        heads = rng.choice([2, 4, 6, 8, 12])
+        kv = rng.choice([d for d in range(1, heads + 1) if heads % d == 0])
+        micro = rng.choice([1, 2, 4])
+        model = _m(head_dim * heads, rng.randint(1, 5), heads, kv, rng.choice([64, 128, 192, 256, 384, 512]),
+                   v=rng.choice([1000, 3000, 5000, 8192]), f=rng.choice([None, 256, 1000]),
+                   tied=rng.random() < 0.2)
+        cases.append(Case(f"heldout-{i}", model, micro=micro, global_batch=micro * rng.choice([1, 2]),
+                          recompute=rng.choice(["none", "selective", "full"])))
     return cases
 
 
@@ -245,6 +265,11 @@ def main() -> int:
     for nproc in sorted({c.tp * c.dp for c in todo if c.tp * c.dp > 1}):
         measure_under_torchrun([c for c in todo if c.tp * c.dp == nproc], nproc)
     summary = report(cases, "Real measurement (MemTracker peak per rank, fp32)")
+    held_out = [accuracy(estimate_memory(c.model_cfg, c.plan, CPU_MEASURED).total, c.measured)
+                for c in cases if c.id.startswith("heldout-")]
+    if held_out:
+        print(f"  of which held-out random shapes: mean {sum(held_out) / len(held_out):.2%}  "
+              f"worst {min(held_out):.2%}  over {len(held_out)}")
 
     fake_summary: dict[str, float] = {}
     fake_cases: list[Case] = []
