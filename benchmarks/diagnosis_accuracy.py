@@ -176,11 +176,11 @@ def main() -> None:
     parser.add_argument("--skip-heldout", action="store_true")
     args = parser.parse_args()
 
-    from diagnosis.agents import AgentsConfig, DiagnosisAgents, compressed_lines
+    from diagnosis.agents import AgentsConfig, DiagnosisAgents, failure_lines
     from diagnosis.api import compress_log, diagnose_log
     from diagnosis.failure_agent import FailureAgentConfig
     from diagnosis.llm import LLMConfig
-    from diagnosis.memory import FailureMemory, MemoryConfig, make_excerpt, shared_embedder
+    from diagnosis.memory import FailureMemory, MemoryConfig, make_excerpt, make_key, shared_embedder
     from diagnosis.vocabulary import Diagnosis
     from scripted_llm_server import MODEL_ID, ScriptedLLMServer
 
@@ -193,18 +193,20 @@ def main() -> None:
         embedder = shared_embedder()
         memory = FailureMemory(MemoryConfig(path=tmp / "memory"), embedder)
         # Every case remembered as a diagnosed past failure (compressed with the full rules).
-        excerpts = {}
+        excerpts, keys = {}, {}
         for name in cases:
             compressed, _, library = compress_log(args.corpus / name, state_dir=tmp / "compress-state")
-            excerpts[name] = make_excerpt(compressed_lines(compressed, library))
-        embedder.embed(list(excerpts.values()))
-        for name in cases:
+            grouped = failure_lines(compressed, library)
+            excerpts[name], keys[name] = make_excerpt(grouped.ordered), make_key(grouped.key_lines)
+        embedder.embed(list(keys.values()))
+
+        def remember(name: str) -> None:
             label = labels[name]
-            memory.add(
-                excerpts[name],
-                Diagnosis(label["root_cause"], label["kind"], label["restart_helps"]),
-                failure_id=name,
-            )
+            diagnosis = Diagnosis(label["root_cause"], label["kind"], label["restart_helps"])
+            memory.add(excerpts[name], diagnosis, failure_id=name, key=keys[name])
+
+        for name in cases:
+            remember(name)
         print(f"memory: {len(memory)} past failures embedded in {time.perf_counter() - started:.1f} s")
 
         no_learning = FailureAgentConfig(learn_rules=False, remember=False)  # keeps cases independent
@@ -223,7 +225,6 @@ def main() -> None:
             for name in cases:
                 label = labels[name]
                 # leave-one-out: the case itself is not in memory while it is diagnosed
-                stored = memory.collection.get(ids=[name], include=["documents"])
                 memory.remove(name)
                 with seeds_without(label["root_cause"] if held_out else None):
                     for path in PATHS:
@@ -231,11 +232,7 @@ def main() -> None:
                         diagnosis = diagnose_log(args.corpus / name, state_dir=state, agent=agents[path])
                         results[path].append((label, diagnosis))
                         sources[path][diagnosis.source] += 1
-                memory.add(
-                    stored["documents"][0],
-                    Diagnosis(label["root_cause"], label["kind"], label["restart_helps"]),
-                    failure_id=name,
-                )
+                remember(name)
             table[setting] = {path: score(results[path]) for path in PATHS}
             print(f"\n{setting} rule library ({len(cases)} cases)")
             print(f"{'path':24} {'root cause':>10} {'kind':>8} {'restart':>8}   answered by")
@@ -244,15 +241,14 @@ def main() -> None:
                 label = {"rules": "rules", "retrieval": "rules+retrieval", "agent": "rules+retrieval+agent"}[path]
                 print(f"{label:24} {s['root_cause_accuracy']:10.3f} {s['kind_accuracy']:8.3f} {s['restart_accuracy']:8.3f}   "
                       + ", ".join(f"{k}={v}" for k, v in sorted(sources[path].items())))
-            if held_out:
-                misses = [
-                    f"{name}: {labels[name]['root_cause']} -> {d.root_cause} ({d.source})"
-                    for name, (_, d) in zip(cases, results["agent"])
-                    if d.root_cause != labels[name]["root_cause"]
-                ]
-                print(f"held-out misses of the agent path ({len(misses)}):")
-                for miss in misses:
-                    print(f"  {miss}")
+            hooked = [i for i, name in enumerate(cases) if results["retrieval"][i][1].source != "rule" or results["agent"][i][1].source != "rule"]
+            print(f"cases where the agent hook answered ({len(hooked)}): label | rules | retrieval | agent")
+            for i in hooked:
+                label = labels[cases[i]]["root_cause"]
+                answers = " | ".join(
+                    f"{results[p][i][1].root_cause}{'' if results[p][i][1].root_cause == label else ' x'}" for p in PATHS
+                )
+                print(f"  {cases[i]:34} {label:18} | {answers}")
         print(f"\nLLM requests: {len(server.requests)}; total {time.perf_counter() - started:.1f} s")
 
     full = table["full"]

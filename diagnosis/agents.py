@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagnosis.failure_agent import FailureAgent, FailureAgentConfig, FailureAgentResult
 from diagnosis.llm import LLMConfig
 from diagnosis.log_agent import ErrorSignals, LogAgent, LogAgentConfig, LogAgentResult
-from diagnosis.memory import Embedder, FailureMemory, MemoryConfig, make_excerpt
+from diagnosis.memory import Embedder, FailureMemory, MemoryConfig, make_excerpt, make_key
 from diagnosis.vocabulary import Diagnosis
 
 if TYPE_CHECKING:
@@ -152,16 +152,18 @@ class DiagnosisAgents:
         job_family: str | None = None,
     ) -> str:
         """Store a diagnosed failure (e.g. one a person confirmed) for future retrieval."""
+        grouped = failure_lines(compressed, library)
         return self.memory_for(state_dir).add(
-            make_excerpt(compressed_lines(compressed, library)), diagnosis, job_family=job_family
+            make_excerpt(grouped.ordered), diagnosis, job_family=job_family, key=make_key(grouped.key_lines)
         )
 
     # ------------------------------------------------------------------ the hook
     def __call__(self, context: "DiagnosisContext") -> Diagnosis | None:
         report = AgentReport()
         self.last_report = report
-        uncovered = [entry.render() for entry in context.compressed.uncovered_entries()]
-        signal_lines = [line for line in compressed_lines(context.compressed, context.library) if line not in uncovered]
+        grouped = failure_lines(context.compressed, context.library)
+        uncovered = grouped.uncovered
+        signal_lines = grouped.telling + grouped.symptoms + grouped.routine_signal
 
         if self.config.llm is not None and self.config.max_segments > 0:
             from diagnosis.llm import ChatLLM
@@ -195,40 +197,59 @@ class DiagnosisAgents:
             self.config.llm,
             self.config.failure_agent,
         )
-        result = agent.diagnose(lines, other_lines=other, job_family=context.job_family)
+        result = agent.diagnose(
+            lines,
+            other_lines=other,
+            job_family=context.job_family,
+            key_lines=forwarded + grouped.key_lines,
+        )
         report.failure_agent = result
         if result.diagnosis.source == "none":
             return None
         return result.diagnosis
 
 
-def compressed_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None" = None) -> list[str]:
-    """The lines of a compressed log that describe its failure, most telling first.
+@dataclass
+class FailureLines:
+    """A compressed log's kept lines, grouped by how much they say about the failure."""
 
-    The embedding model reads only the first ~256 word pieces, and an LLM reads the
-    top first, so the order matters: error-signal lines no rule calls a symptom;
-    then symptom lines (watchdog timeouts, SIGABRT, ChildFailedError); then lines kept
-    only for a keyword although a filter rule covers them ("NCCL_IB_TIMEOUT set by
-    environment"); then lines no filter covers.
-    """
+    telling: list[str]  # error signals no rule calls a symptom
+    symptoms: list[str]  # watchdog timeouts, SIGABRT, ChildFailedError, tracebacks' headers
+    routine_signal: list[str]  # kept for a keyword although a filter rule covers them
+    uncovered: list[str]  # no filter rule covers them, no error signal
+
+    @property
+    def ordered(self) -> list[str]:
+        """Most telling first: the embedding model reads ~256 word pieces, an LLM the top."""
+        return self.telling + self.symptoms + self.routine_signal + self.uncovered
+
+    @property
+    def key_lines(self) -> list[str]:
+        """What retrieval embeds: what happened, not the aftermath every failure shares."""
+        return (self.telling + self.uncovered) or self.symptoms or self.routine_signal
+
+
+def failure_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None" = None) -> FailureLines:
     if library is None:
         from diagnosis.rules import DiagnosisLibrary
 
         library = DiagnosisLibrary(path=None)
-    telling: list[str] = []
-    symptoms: list[str] = []
-    routine_signal: list[str] = []
+    lines = FailureLines([], [], [], [entry.render() for entry in compressed.uncovered_entries()])
     for entry in compressed.signal_entries():
         if entry.covered:
-            routine_signal.append(entry.render())
+            lines.routine_signal.append(entry.render())
             continue
         rule = library.first_match(entry.text)
         if rule is not None and (rule.symptom or rule.root_cause == "Unknown"):
-            symptoms.append(entry.render())
+            lines.symptoms.append(entry.render())
         else:
-            telling.append(entry.render())
-    uncovered = [entry.render() for entry in compressed.uncovered_entries()]
-    return telling + symptoms + routine_signal + uncovered
+            lines.telling.append(entry.render())
+    return lines
+
+
+def compressed_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None" = None) -> list[str]:
+    """The kept lines of a compressed log, most telling first (see FailureLines)."""
+    return failure_lines(compressed, library).ordered
 
 
 def build_default_agent(state_dir: str | os.PathLike | None = None, job_family: str | None = None) -> DiagnosisAgents:

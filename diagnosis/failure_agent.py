@@ -31,7 +31,14 @@ from typing import Any, Callable, Protocol, Sequence
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from diagnosis.llm import ChatLLM, LLMConfig, LLMUnavailable, MalformedReply, parse_json_reply
-from diagnosis.memory import FailureMemory, PastFailure, llama_index_embedding, make_excerpt, retrieval_vote
+from diagnosis.memory import (
+    FailureMemory,
+    PastFailure,
+    llama_index_embedding,
+    make_excerpt,
+    make_key,
+    retrieval_vote,
+)
 from diagnosis.proposals import Rejection, diagnosis_rule_problem
 from diagnosis.signals import line_facts
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, kind_of
@@ -184,21 +191,24 @@ class FailureAgent:
         *,
         other_lines: Sequence[str] = (),
         job_family: str | None = None,
+        key_lines: Sequence[str] | None = None,
     ) -> FailureAgentResult:
         """Diagnose a failure no rule matched.
 
         `signal_lines` are the compressed log's error-signal lines (what is embedded
         and shown to the LLM); `other_lines` are kept lines without an error signal
-        (a learned rule must not match them).
+        (a learned rule must not match them); `key_lines` are the lines that say what
+        happened, which retrieval embeds (default: `signal_lines`).
         """
         lines = [line.rstrip("\r\n") for line in signal_lines if line.strip()]
         excerpt = make_excerpt(lines)
-        neighbours = self.memory.nearest(excerpt, self.config.top_k) if excerpt else []
+        key = make_key(key_lines if key_lines is not None else lines) or excerpt
+        neighbours = self.memory.nearest(key, self.config.top_k) if excerpt else []
         result = FailureAgentResult(diagnosis=_unknown(), neighbours=neighbours)
         if not excerpt:
             return result
 
-        diagnosis = self._llm_diagnosis(excerpt, lines, result) if self.llm_config else None
+        diagnosis = self._llm_diagnosis(excerpt, key, lines, result) if self.llm_config else None
         if diagnosis is None:
             voted = retrieval_vote(
                 neighbours,
@@ -212,18 +222,18 @@ class FailureAgent:
         if self.config.learn_rules:
             self._learn_rule(diagnosis, list(other_lines), result)
         if self.config.remember:
-            result.remembered_id = self.memory.add(excerpt, diagnosis, job_family=job_family)
+            result.remembered_id = self.memory.add(excerpt, diagnosis, job_family=job_family, key=key)
         return result
 
     # ------------------------------------------------------------------ diagnosis
-    def _llm_diagnosis(self, excerpt: str, lines: list[str], result: FailureAgentResult) -> Diagnosis | None:
+    def _llm_diagnosis(self, excerpt: str, key: str, lines: list[str], result: FailureAgentResult) -> Diagnosis | None:
         question = (
             DIAGNOSIS_INSTRUCTIONS.format(causes=", ".join(ROOT_CAUSES))
             + f"\n\nCompressed log of the failed job (error-signal lines):\n{excerpt}"
         )
         for attempt in range(1, self.config.diagnosis_attempts + 1):
             try:
-                text = self._ask_with_context(question, excerpt)
+                text = self._ask_with_context(question, key)
                 reply = parse_json_reply(text, DiagnosisReply)
             except LLMUnavailable as exc:
                 result.failures.append(str(exc))
@@ -254,7 +264,7 @@ class FailureAgent:
             )
         return None
 
-    def _ask_with_context(self, question: str, excerpt: str) -> str:
+    def _ask_with_context(self, question: str, key: str) -> str:
         """The LLM's answer to `question` with the nearest past failures as context."""
         if len(self.memory) == 0:
             # Nothing to retrieve: the query engine would answer "Empty Response"
@@ -266,7 +276,7 @@ class FailureAgent:
             )
         return _with_retries(
             lambda: str(
-                self._query_engine().query(_query_bundle(question, excerpt, self.memory.embedding(excerpt)))
+                self._query_engine().query(_query_bundle(question, key, self.memory.embedding(key)))
             ),
             self.llm_config,
             self.chat,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 import logging
 import os
 import threading
@@ -175,6 +176,30 @@ def make_excerpt(lines: Iterable[str]) -> str:
     return "\n".join(kept)
 
 
+KEY_LINES = 6
+_COUNT_PREFIX = re.compile(r"^\[x\d+[^\]]*\] ")
+
+
+def make_key(lines: Iterable[str], max_lines: int = KEY_LINES) -> str:
+    """The text a failure is embedded by: its first few telling lines, normalised.
+
+    Failures of one stack share most of their excerpt (tracebacks, torchrun's summary,
+    launcher banners); embedding all of it makes every script error look alike. The
+    key keeps the lines that say what happened (the caller orders them) with counts,
+    rank prefixes, timestamps and numbers removed.
+    """
+    from diagnosis.signals import line_facts
+
+    kept: list[str] = []
+    for line in lines:
+        template = line_facts(_COUNT_PREFIX.sub("", line.strip())[:1000]).template
+        if template and template not in kept:
+            kept.append(template)
+            if len(kept) >= max_lines:
+                break
+    return "\n".join(kept)
+
+
 @dataclass
 class PastFailure:
     """A stored failure; `similarity` is set when it came from a nearest-neighbour query."""
@@ -184,6 +209,7 @@ class PastFailure:
     diagnosis: Diagnosis
     job_family: str | None = None
     similarity: float | None = None
+    key: str = ""
 
 
 def _diagnosis_metadata(diagnosis: Diagnosis, job_family: str | None) -> dict[str, Any]:
@@ -215,6 +241,7 @@ def _past_failure(failure_id: str, text: str | None, meta: dict[str, Any], dista
         excerpt=text or "",
         diagnosis=diagnosis,
         job_family=meta.get("job_family") or None,
+        key=meta.get("key") or "",
         # cosine distance of normalised vectors -> similarity in [-1, 1]
         similarity=None if distance is None else 1.0 - float(distance),
     )
@@ -227,7 +254,7 @@ class FailureMemory:
     """Past failures in a Chroma collection (persistent folder or server)."""
 
     # Metadata the LLM should not be shown as context (JSON noise, bookkeeping).
-    _HIDDEN_FROM_LLM = ["culprit_lines", "suspect_nodes", "diagnosed_by", "job_family"]
+    _HIDDEN_FROM_LLM = ["culprit_lines", "suspect_nodes", "diagnosed_by", "job_family", "key"]
 
     def __init__(self, config: MemoryConfig | None = None, embedder: Embedder | None = None):
         import chromadb
@@ -272,20 +299,27 @@ class FailureMemory:
         *,
         job_family: str | None = None,
         failure_id: str | None = None,
+        key: str | None = None,
     ) -> str:
-        """Store one diagnosed failure; returns its id."""
+        """Store one diagnosed failure; returns its id.
+
+        `excerpt` is what an LLM is shown; `key` (default: the excerpt) is what it is
+        embedded and found by (see `make_key`).
+        """
         from llama_index.core.schema import TextNode
 
         if not excerpt.strip():
             raise ValueError("cannot remember a failure with an empty log excerpt")
         failure_id = failure_id or uuid.uuid4().hex
+        key = key if key and key.strip() else excerpt
+        metadata = {**_diagnosis_metadata(diagnosis, job_family), "key": key}
         node = TextNode(
             id_=failure_id,
             text=excerpt,
-            metadata=_diagnosis_metadata(diagnosis, job_family),
+            metadata=metadata,
             excluded_llm_metadata_keys=list(self._HIDDEN_FROM_LLM),
-            excluded_embed_metadata_keys=list(_diagnosis_metadata(diagnosis, job_family)),
-            embedding=self.embedder.embed([excerpt])[0],
+            excluded_embed_metadata_keys=list(metadata),
+            embedding=self.embedder.embed([key])[0],
         )
         # Upsert semantics: re-adding an id replaces it.
         self.collection.delete(ids=[failure_id])
@@ -293,7 +327,7 @@ class FailureMemory:
         return failure_id
 
     def add_many(self, failures: Sequence[tuple[str, Diagnosis]], *, job_family: str | None = None) -> list[str]:
-        """Store several diagnosed failures at once (one embedding batch)."""
+        """Store several diagnosed failures at once (one embedding batch; excerpt = key)."""
         self.embedder.embed([excerpt for excerpt, _ in failures])  # warms the cache in one batch
         return [self.add(excerpt, diagnosis, job_family=job_family) for excerpt, diagnosis in failures]
 
