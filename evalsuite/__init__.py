@@ -1,1 +1,13 @@
-"""forgeflow: evalsuite."""
+"""forgeflow: evalsuite — decoupled checkpoint evaluation (Acme's trial coordinator).
+
+    datasets.py     registry of datasets (HumanEval, perplexity, JSONL tasks from YAML), prompt cache
+    backends.py     inference backends (transformers, vLLM) writing one JSONL schema (records.py)
+    trials.py       a trial: one model load, inference over shards; resumable; thread or process
+    preload.py      precursor job: checkpoint from storage into /dev/shm once per node
+    sandbox.py      process-per-program HumanEval execution with limits and isolation
+    metrics.py      metric jobs on CPU workers (exact match, multiple choice, perplexity, pass@k)
+    history.py      runtime history (per dataset, backend, model size) for predictions
+    coordinator.py  decompose (split/batch), assign (LPT over slots), execute (CPU metric pool)
+    runner.py       the whole pipeline in one call; suite.py: suite YAML; reporting.py: results/plots
+    cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
+"""
