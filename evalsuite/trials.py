@@ -89,6 +89,12 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
                            total_s=time.perf_counter() - started)
     scratch = None
     model_path = trial.model_path
+    if model_path and not Path(model_path).is_dir() and trial.model_source:
+        # A worker on another node: its precursor has not run here yet. preload() copies
+        # once per node (locked), so the node's later trials find it in place.
+        from evalsuite.preload import preload
+
+        model_path = str(preload(trial.model_source, Path(model_path).parent))
     if not model_path:
         # No preload on this node: fetch from storage for this trial alone (the naive way).
         from evalsuite.preload import copy_from_storage

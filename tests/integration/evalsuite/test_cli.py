@@ -16,6 +16,7 @@ def test_forgeflow_eval_cli(tiny_model, tmp_path):
     suite.write_text(f"""
 name: cli
 slots: 2
+isolation: process          # each trial in a fresh interpreter, as on GPU nodes
 backend_options: {{batch_size: 8, device: cpu}}
 preload_root: {tmp_path / 'shm'}
 datasets:

@@ -48,3 +48,21 @@ def test_preload_of_an_empty_source_is_a_clear_error(tmp_path):
     with pytest.raises(PreloadError, match="no files there"):
         preload(str(tmp_path / "empty"), tmp_path / "shm")
     assert not [p for p in (tmp_path / "shm").iterdir() if not p.name.endswith(".lock")]
+
+
+def test_a_trial_on_a_node_without_the_preload_makes_it_there(tiny_model, tmp_path):
+    from evalsuite.datasets import DatasetRef
+    from evalsuite.preload import preload_key
+    from evalsuite.records import read_completion
+    from evalsuite.trials import ShardSpec, Trial, run_trial
+
+    source = f"file://{tiny_model}"
+    root = tmp_path / "other-node-shm"
+    trial = Trial(trial_id="remote", backend="transformers", backend_options={"device": "cpu"},
+                  shards=[ShardSpec(dataset=DatasetRef(name="arith-em", options={"limit": 2}), shard=0,
+                                    start=0, stop=2)],
+                  model_path=str(root / preload_key(source)), model_source=source,
+                  output_dir=str(tmp_path / "out"))
+    run_trial(trial)
+    assert (root / preload_key(source) / "config.json").is_file()
+    assert read_completion(trial.shards[0].output_path(trial.output_dir)).records == 2
