@@ -210,3 +210,51 @@ def test_library_rules_replay_matches_diagnose_log(tmp_path):
     candidate = library.with_candidate("t", r"illegal memory access", Diagnosis("ECCError", "infrastructure", True, culprit_lines=[lines[1]]))
     assert candidate.diagnose_lines(lines).root_cause == "ECCError"
     assert library.library.learned == []  # the trial did not touch the real library
+
+
+def test_hook_runs_the_log_agent_first_and_forwards_its_error_lines(tmp_path, llm_server, llm_config, embedder):
+    from diagnosis.filters import FilterRuleSet
+
+    log = write_log(tmp_path / "job.log")
+    state = tmp_path / "state"
+    shard_rule = r"^\[rank\d+\]: data loader: shard \d+ of \d+ opened from "
+    diagnose = careful_llm()
+
+    def respond(request):
+        if "You maintain filter rules" in request.text:
+            shard_line = next(l for l in request.text.splitlines() if "data loader: shard" in l)
+            return json.dumps({"filters": [{"regex": shard_rule}], "error_lines": [shard_line.split("    [x")[0]]})
+        return diagnose(request)
+
+    llm_server.respond_with(respond)
+    agents = agents_for(tmp_path, llm_config, embedder)
+    diagnosis = diagnose_log(log, job_family="llama-test", state_dir=state, agent=agents)
+    assert diagnosis.source == "agent"
+    (segment_result,) = agents.last_report.log_agent
+    # the agent proposed a filter for the very line it called an error: vetting
+    # refuses the filter, and the line goes to the failure agent instead
+    assert segment_result.adopted == []
+    assert "would drop an error line" in segment_result.rejected[0].reason
+    assert agents.last_report.forwarded_error_lines == ["[rank1]: data loader: shard 17 of 64 opened from /data/tokenized (2 workers)"]
+    assert shard_rule not in FilterRuleSet.load("llama-test", state).patterns
+    (diagnosis_request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
+    log_part = diagnosis_request.text.split("Compressed log of the failed job")[1]
+    assert log_part.splitlines()[1].startswith("[rank1]: data loader: shard 17")  # forwarded lines lead
+
+
+def test_hook_adopts_log_agent_filters_for_the_job_family(tmp_path, llm_server, llm_config, embedder):
+    from diagnosis.filters import FilterRuleSet
+
+    log = write_log(tmp_path / "job.log")
+    state = tmp_path / "state"
+    shard_rule = r"^\[rank\d+\]: data loader: shard \d+ of \d+ opened from "
+    diagnose = careful_llm()
+    llm_server.respond_with(
+        lambda request: json.dumps({"filters": [{"regex": shard_rule}]})
+        if "You maintain filter rules" in request.text
+        else diagnose(request)
+    )
+    agents = agents_for(tmp_path, llm_config, embedder)
+    diagnose_log(log, job_family="llama-test", state_dir=state, agent=agents)
+    assert [a.regex for a in agents.last_report.log_agent[0].adopted] == [shard_rule]
+    assert shard_rule in FilterRuleSet.load("llama-test", state).patterns  # the family keeps it
