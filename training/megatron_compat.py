@@ -43,6 +43,13 @@ are relative to site-packages/megatron/core/ of megatron-core==0.16.1.
    context, so code paths that fork the "model-parallel-rng" state (dropout,
    transformer_block.py:707, dot_product_attention.py:217) run on the CPU generator.
    forgeflow's Llama-style models use no dropout, so nothing random happens under it.
+7. Activation recompute: `CheckpointFunction` / `CheckpointWithoutOutput`
+   (tensor_parallel/random.py:514, 552, 656, 681) save and restore "all RNG states" via
+   `_get_all_rng_states` / `_set_all_rng_states` (random.py:444-460), which read the CUDA
+   generator through `_get_cuda_rng_state` (random.py:41-69, `torch.cuda.random.get_rng_state`
+   at :55) and `_set_cuda_rng_state` (:72). Without CUDA there is no CUDA generator: those
+   two become "no state" / no-op, while the CPU generator and the tracker states are still
+   saved and restored around the recomputation — so recompute=selective|full work on CPU.
 
 Not patched because forgeflow does not use it on CPU: fp16/bf16 mixed-precision
 optimizers (optimizer/optimizer.py:473-485, grad_scaler.py), the persistent async
@@ -87,6 +94,11 @@ def apply() -> bool:
 
     fused_softmax.get_default_causal_mask = _causal_mask_cpu
     transformer_utils.get_default_causal_mask = _causal_mask_cpu
+
+    from megatron.core.tensor_parallel import random as tp_random
+
+    tp_random._get_cuda_rng_state = _no_cuda_rng_state
+    tp_random._set_cuda_rng_state = _set_no_cuda_rng_state
     _APPLIED = True
     return True
 
@@ -150,6 +162,15 @@ def _clip_grad_by_total_norm_fp32_cpu(parameters, max_norm, total_norm, use_deco
 def _causal_mask_cpu(sq: int) -> torch.Tensor:
     """transformer/utils.py:get_default_causal_mask on the CPU (True = masked out)."""
     return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
+
+def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
+    """tensor_parallel/random.py:_get_cuda_rng_state when there is no CUDA generator."""
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_no_cuda_rng_state(*args, **kwargs) -> None:
+    """tensor_parallel/random.py:_set_cuda_rng_state when there is no CUDA generator."""
 
 
 def _fp32_optimizer_init_cpu(self, optimizer, config, init_state_fn):

@@ -117,11 +117,6 @@ def _check_cpu_support(training_cfg: TrainingConfig) -> None:
             "only accepts torch.cuda tensors (optimizer/distrib_optimizer.py:361, 420); "
             "set use_distributed_optimizer: false on CPU"
         )
-    if training_cfg.recompute == "full":
-        raise UnsupportedOnCPU(
-            "training.recompute=full needs CUDA: megatron's checkpoint function saves CUDA RNG "
-            "states (tensor_parallel/random.py); use recompute: none or selective on CPU"
-        )
 
 
 def transformer_config(model_cfg: ModelConfig, training_cfg: TrainingConfig):

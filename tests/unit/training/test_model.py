@@ -89,3 +89,24 @@ def test_settings_that_need_cuda_are_refused_clearly(dist_env):
         build_model(MODEL, TRAINING.model_copy(update={"use_distributed_optimizer": True}))
     with pytest.raises(UnsupportedOnCPU, match="precision: fp32"):
         build_model(MODEL, TRAINING.model_copy(update={"precision": "bf16"}))
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_activation_recompute_gives_the_same_loss_and_gradients(dist_env, recompute):
+    from training.model import build_model
+
+    g = torch.Generator().manual_seed(1)
+    batch = torch.randint(0, MODEL.vocab_size, (2, MODEL.seq_length + 1), generator=g)
+    positions = torch.arange(MODEL.seq_length).unsqueeze(0).expand(2, -1)
+
+    def loss_and_grads(cfg):
+        model = build_model(MODEL, cfg)
+        model.train()
+        loss = model(batch[:, :-1], positions, None, labels=batch[:, 1:]).float().mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    ref_loss, ref_grads = loss_and_grads(TRAINING)
+    loss, grads = loss_and_grads(TRAINING.model_copy(update={"recompute": recompute}))
+    assert torch.equal(loss, ref_loss)
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(grads, ref_grads))
