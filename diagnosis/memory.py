@@ -261,7 +261,7 @@ class FailureMemory:
         from chromadb.config import Settings
 
         self.config = config or MemoryConfig.from_env()
-        self.embedder = embedder or shared_embedder()
+        self._embedder = embedder
         settings = Settings(anonymized_telemetry=False)
         try:
             if self.config.server_url:
@@ -283,6 +283,13 @@ class FailureMemory:
         except Exception as exc:  # chromadb raises many types; report one clear error
             where = self.config.server_url or self.config.resolved_path()
             raise MemoryError_(f"cannot open failure memory at {where}: {exc}") from exc
+
+    @property
+    def embedder(self) -> Embedder:
+        # Loaded on first use: an empty memory without an LLM never needs the model.
+        if self._embedder is None:
+            self._embedder = shared_embedder()
+        return self._embedder
 
     def __len__(self) -> int:
         return int(self.collection.count())
