@@ -39,7 +39,7 @@ from diagnosis.memory import (
     make_key,
     retrieval_vote,
 )
-from diagnosis.proposals import Rejection, diagnosis_rule_problem
+from diagnosis.proposals import Rejection, diagnosis_rule_problem, generalise_line
 from diagnosis.signals import line_facts
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, kind_of
 
@@ -470,31 +470,6 @@ def _with_suspects(diagnosis: Diagnosis) -> Diagnosis:
     diagnosis.suspect_ranks = sorted(ranks)
     diagnosis.suspect_gpus = sorted(gpus)
     return diagnosis
-
-
-_GENERALISE = re.compile(r"(0x[0-9a-fA-F]+)|(\d+(?:\.\d+)?)")
-# Launcher rank prefixes, bracketed stamps and glog headers say where, not what.
-_LINE_PREFIX = re.compile(
-    r"^(?:\d+: )?(?:\[(?:rank|default)\d+\]:)?\s*(?:\[[^\]]*\d[^\]]*\]\s*)*"
-    r"(?:[IWEF]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\] *)?"
-)
-_META = re.compile(r"([\\.^$|?*+()\[\]{}])")
-
-
-def generalise_line(line: str, max_chars: int = 160) -> str:
-    """A regex for lines like `line`: prefixes dropped, numbers and addresses generalised.
-
-    The fallback rule candidate when the LLM's own proposals are refused.
-    """
-    body = _LINE_PREFIX.sub("", line.strip())[:max_chars].rstrip()
-    out: list[str] = []
-    pos = 0
-    for match in _GENERALISE.finditer(body):
-        out.append(_META.sub(r"\\\1", body[pos : match.start()]))
-        out.append(r"0x[0-9a-fA-F]+" if match.group(1) else r"\d+(?:\.\d+)?")
-        pos = match.end()
-    out.append(_META.sub(r"\\\1", body[pos:]))
-    return "".join(out)
 
 
 def _slug(name: str) -> str:

@@ -12,11 +12,15 @@ checks, each of which gives a reason when it refuses:
   plus canonical error lines of the stacks we diagnose) and covers at least a minimum
   share of the segment it was written for;
 * a diagnosis rule matches at least one culprit line and no routine line.
+
+`generalise_line` writes the fallback diagnosis-rule candidate from a culprit line
+when every LLM proposal was refused.
 """
 
 from __future__ import annotations
 
 import random
+import re
 import string
 from dataclasses import dataclass
 from typing import Sequence
@@ -167,3 +171,30 @@ def diagnosis_rule_problem(
         if regex.search(line) is not None:
             return f"matches a routine line: {line[:160]!r}"
     return None
+
+
+# ---- a rule candidate written without the LLM
+
+_GENERALISE = re.compile(r"(0x[0-9a-fA-F]+)|(\d+(?:\.\d+)?)")
+# Launcher rank prefixes, bracketed stamps and glog headers say where, not what.
+_LINE_PREFIX = re.compile(
+    r"^(?:\d+: )?(?:\[(?:rank|default)\d+\]:)?\s*(?:\[[^\]]*\d[^\]]*\]\s*)*"
+    r"(?:[IWEF]\d{4} [\d:.]+ +\d+ [\w./-]+:\d+\] *)?"
+)
+_META = re.compile(r"([\\.^$|?*+()\[\]{}])")
+
+
+def generalise_line(line: str, max_chars: int = 160) -> str:
+    """A regex for lines like `line`: prefixes dropped, numbers and addresses generalised.
+
+    The fallback rule candidate when the LLM's own proposals are refused.
+    """
+    body = _LINE_PREFIX.sub("", line.strip())[:max_chars].rstrip()
+    out: list[str] = []
+    pos = 0
+    for match in _GENERALISE.finditer(body):
+        out.append(_META.sub(r"\\\1", body[pos : match.start()]))
+        out.append(r"0x[0-9a-fA-F]+" if match.group(1) else r"\d+(?:\.\d+)?")
+        pos = match.end()
+    out.append(_META.sub(r"\\\1", body[pos:]))
+    return "".join(out)

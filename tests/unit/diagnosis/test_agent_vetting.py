@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.failure_agent import DiagnosisReply, _verified_culprits, generalise_line
+from diagnosis.failure_agent import DiagnosisReply, _verified_culprits
+from diagnosis.proposals import generalise_line
 from diagnosis.llm import MalformedReply, parse_json_reply
 from diagnosis.log_agent import FilterReply, segment_prompt
 from diagnosis.memory import PastFailure, make_key, retrieval_vote
