@@ -104,6 +104,7 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--baseline-steps", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=2, help="alternating process/thread rounds")
     p.add_argument("--workdir", default=None, help="where SeaweedFS and local checkpoints live")
     args = p.parse_args()
 
@@ -169,45 +170,64 @@ def main() -> int:
         out["snapshot_gb_s"] = snap_best
 
         # ---- async saves: stall, snapshot bandwidth, persist throughput, step slowdown ---------
-        for writer in ("process", "thread"):
-            for target, url in (("s3", s3(f"async-{writer}")), ("local", str(workdir / f"async-{writer}"))):
-                if target == "local" and writer == "thread":
-                    continue  # local disk is reported for the default writer only
-                with CheckpointEngine(url, writer=writer, keep_last=1, storage_options=options) as engine:
-                    engine.save(1, state(1))  # first use: allocate and fault in the buffers
-                    engine.wait()
-                    baseline = [step() for _ in range(args.baseline_steps)]
-                    outcome = engine.save(2, state(2))
-                    during = steps_while(lambda: engine.busy, step)
-                    report = engine.wait()
-                    assert report.committed, report
-                    baseline += [step() for _ in range(args.baseline_steps)]
-                key = f"{writer}_{target}"
-                out[f"stall_s_async_{key}"] = outcome.stall_s
-                out[f"snapshot_gb_s_{key}"] = nbytes / outcome.snapshot_s / 1e9
-                out[f"persist_mb_s_{key}"] = nbytes / report.persist_s / 1e6
-                # Medians: the machine is shared, and one step stolen by a neighbour should not
-                # count as checkpoint overhead (nor hide it).
-                base = statistics.median(baseline)
-                if during:
-                    out[f"step_slowdown_{key}"] = statistics.median(during) / base - 1
-                out[f"steps_during_persist_{key}"] = len(during)
-                print(f"async {writer:7s} -> {target:5s}: stall {outcome.stall_s * 1e3:7.1f} ms, snapshot "
-                      f"{out[f'snapshot_gb_s_{key}']:.2f} GB/s, persist {out[f'persist_mb_s_{key}']:.0f} MB/s "
-                      f"in {report.persist_s:.1f}s; step {base:.3f}s idle vs "
-                      f"{statistics.median(during) if during else float('nan'):.3f}s during persist "
-                      f"({len(during)} steps)")
+        # Rounds alternate which writer goes first, and each writer's samples are pooled
+        # over rounds: on a shared machine a neighbour's burst should not decide the winner.
+        phases = [("process", "local", 0)]
+        for r in range(args.rounds):
+            order = ("process", "thread") if r % 2 == 0 else ("thread", "process")
+            phases += [(w, "s3", r) for w in order]
+        samples: dict[str, dict[str, list[float]]] = {}
+        for writer, target, r in phases:
+            url = s3(f"async-{writer}-{r}") if target == "s3" else str(workdir / f"async-{writer}")
+            with CheckpointEngine(url, writer=writer, keep_last=1, storage_options=options) as engine:
+                engine.save(1, state(1))  # first use: allocate and fault in the buffers
+                engine.wait()
+                baseline = [step() for _ in range(args.baseline_steps)]
+                outcome = engine.save(2, state(2))
+                during = steps_while(lambda: engine.busy, step)
+                report = engine.wait()
+                assert report.committed, report
+                baseline += [step() for _ in range(args.baseline_steps)]
+            key = f"{writer}_{target}"
+            pool = samples.setdefault(key, {"baseline": [], "during": [], "stall": [], "persist": []})
+            pool["baseline"] += baseline
+            pool["during"] += during
+            pool["stall"].append(outcome.stall_s)
+            pool["persist"].append(nbytes / report.persist_s / 1e6)
+            print(f"async {writer:7s} -> {target:5s} (round {r}): stall {outcome.stall_s * 1e3:7.1f} ms, "
+                  f"persist {pool['persist'][-1]:.0f} MB/s in {report.persist_s:.1f}s; step "
+                  f"{statistics.median(baseline):.3f}s idle vs "
+                  f"{statistics.median(during) if during else float('nan'):.3f}s during persist "
+                  f"({len(during)} steps)")
+        for key, pool in samples.items():
+            out[f"stall_s_async_{key}"] = statistics.median(pool["stall"])
+            out[f"persist_mb_s_{key}"] = statistics.median(pool["persist"])
+            out[f"steps_during_persist_{key}"] = len(pool["during"])
+            if pool["during"]:
+                # Medians: one step stolen by a neighbour should not count as checkpoint
+                # overhead (nor hide it).
+                out[f"step_slowdown_{key}"] = (statistics.median(pool["during"])
+                                               / statistics.median(pool["baseline"]) - 1)
     finally:
         server.stop()
         from training.model import shutdown_distributed
 
         shutdown_distributed()
 
-    best = min(("process", "thread"), key=lambda w: out.get(f"step_slowdown_{w}_s3", float("inf")))
+    # The better writer blocks training less. Differences under 5 points are within this
+    # machine's run-to-run noise; then the faster persist wins (a shorter window at risk,
+    # fewer busy checkpoint steps).
+    slow = {w: out.get(f"step_slowdown_{w}_s3", float("inf")) for w in ("process", "thread")}
+    if abs(slow["process"] - slow["thread"]) < 0.05:
+        best = max(slow, key=lambda w: out[f"persist_mb_s_{w}_s3"])
+    else:
+        best = min(slow, key=slow.get)
     out["stall_s_async"] = out[f"stall_s_async_{best}_s3"]
     out["stall_ratio_sync_over_async"] = out["stall_s_sync"] / out["stall_s_async"]
     out["stall_ratio_sync_over_async_local"] = out["stall_s_sync_local"] / out["stall_s_async_process_local"]
     out["snapshot_bw_fraction_of_memcpy"] = out["snapshot_gb_s"] / out["memcpy_gb_s"]
+    out["step_slowdown_other_writer"] = out.get(
+        f"step_slowdown_{'thread' if best == 'process' else 'process'}_s3", float("nan"))
     out["step_slowdown_during_persist"] = out.get(f"step_slowdown_{best}_s3", float("nan"))
     out["persist_mb_s"] = out[f"persist_mb_s_{best}_s3"]
     out["persist_mb_s_local"] = out["persist_mb_s_process_local"]

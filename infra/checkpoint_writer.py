@@ -82,7 +82,12 @@ def _error_from_reply(reply: dict[str, Any]) -> StorageError:
 class ProcessWriter:
     kind = "process"
 
-    def __init__(self, url: str, options: StorageOptions, start_timeout_s: float = 120.0):
+    def __init__(self, url: str, options: StorageOptions):
+        self._url, self._options = url, options
+        self._lock = threading.Lock()
+        self._start()
+
+    def _start(self) -> None:
         env = dict(os.environ)
         # One core is the writer's; stop BLAS/OpenMP pools from spreading onto the trainer's.
         env.setdefault("OMP_NUM_THREADS", "1")
@@ -91,9 +96,8 @@ class ProcessWriter:
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "infra.checkpoint_writer"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
-        self._lock = threading.Lock()
-        self._send({"url": url, "options": options.to_dict()})
-        reply = self._recv(start_timeout_s)
+        self._send({"url": self._url, "options": self._options.to_dict()})
+        reply = self._recv()
         if not reply.get("ok"):
             self.close()
             raise _error_from_reply(reply)
@@ -106,7 +110,7 @@ class ProcessWriter:
         except BrokenPipeError:
             raise StorageError(f"checkpoint writer process exited (code {self._proc.poll()})") from None
 
-    def _recv(self, timeout_s: float | None = None) -> dict[str, Any]:
+    def _recv(self) -> dict[str, Any]:
         assert self._proc.stdout is not None
         line = self._proc.stdout.readline()  # blocks without the GIL
         if not line:
@@ -121,6 +125,10 @@ class ProcessWriter:
             else:
                 pieces.append(piece)
         with self._lock:
+            if self._proc.poll() is not None:
+                # The child died (e.g. killed for memory) during an earlier persist, which was
+                # reported then; start a fresh one rather than failing every later checkpoint.
+                self._start()
             self._send({"key": key, "pieces": pieces})
             reply = self._recv()
         if not reply.get("ok"):

@@ -171,3 +171,17 @@ def test_layout_mismatch_is_refused(tmp_path):
     with CheckpointEngine(url, writer="thread") as engine:
         with pytest.raises(CheckpointError, match="written by 4 ranks"):
             engine.load()
+
+
+def test_process_writer_is_restarted_after_its_child_dies(tmp_path):
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="process") as engine:
+        engine.save(10, _state(10))
+        assert engine.wait().committed
+        child = engine._writer._proc  # the writer process this engine started
+        child.kill()
+        child.wait()
+        engine.save(20, _state(20))
+        assert engine.wait().committed
+        assert engine._writer._proc.pid != child.pid
+        assert engine.load().step == 20
