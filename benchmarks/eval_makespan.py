@@ -253,7 +253,7 @@ datasets:
 """
 
 
-def real_run(work: Path, repeats: int = 3) -> dict[str, float]:
+def real_run(work: Path, repeats: int = 5) -> dict[str, float]:
     from evalsuite.coordinator import Policy
     from evalsuite.fixtures import make_tiny_checkpoint
     from evalsuite.history import RuntimeHistory
@@ -374,7 +374,7 @@ def main() -> int:
         os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
         try:
             real = real_run(work)
-            print(f"real (this machine, 2 slots, median of 3): naive {real['naive_s']:.1f}s, coordinator "
+            print(f"real (this machine, 2 slots, median of 5): naive {real['naive_s']:.1f}s, coordinator "
                   f"{real['coordinator_s']:.1f}s, speedup {real['speedup']:.2f}x, same scores: {real['same_scores']}")
             loads = load_times(work)
             print(f"model load ({loads['model_mb']:.0f} MB of weights): from S3 storage "
