@@ -14,10 +14,14 @@ B = micro batch x dp, the sequences resident at once, and its 2-byte mixed
 precision assumptions, exactly as published). A second table runs 7B- and
 13B-class shapes under FakeTensorMode (shapes without memory).
 
-What CPU can and cannot measure: precision is fp32 (megatron's mixed-precision
-and distributed optimizers need CUDA tensors), so bf16 handling and the
-distributed optimizer's sharding are covered by the unit tests' hand-computed
-cases, not by this measurement; sequence parallel needs Transformer Engine.
+What CPU can and cannot measure: full training steps are fp32 (megatron's
+mixed-precision and distributed optimizers need CUDA tensors). bf16/fp16 are
+measured for forward + backward into DDP's fp32 gradient buffers without an
+optimizer (a separate table, predicted with `optimizer=False`); the
+distributed optimizer's sharding and the mixed-precision optimizer's 12
+bytes/parameter are covered by the unit tests' hand-computed cases; sequence
+parallel needs Transformer Engine. Eight seeded random shapes are held out
+(they played no part in deriving the estimator) and reported apart.
 
     .venv/bin/python benchmarks/memory_accuracy.py [--quick] [--no-fake] [--no-torchrun]
 
@@ -64,6 +68,7 @@ class Case:
     recompute: str = "none"
     tp: int = 1
     dp: int = 1
+    precision: str = "fp32"
     measured: int | None = None
     measured_categories: dict[str, int] = field(default_factory=dict)
 
@@ -75,15 +80,24 @@ class Case:
     def training_cfg(self) -> TrainingConfig:
         return TrainingConfig(
             global_batch_size=self.global_batch, micro_batch_size=self.micro, steps=2,
-            recompute=self.recompute, tensor_parallel=self.tp,
+            recompute=self.recompute, tensor_parallel=self.tp, precision=self.precision,
         )
 
     @property
     def plan(self) -> ParallelPlan:
         return ParallelPlan(
             global_batch_size=self.global_batch, micro_batch_size=self.micro, dp=self.dp,
-            tp=self.tp, recompute=self.recompute, precision="fp32",
+            tp=self.tp, recompute=self.recompute, precision=self.precision,
         )
+
+    @property
+    def with_optimizer(self) -> bool:
+        # megatron's mixed-precision optimizer needs CUDA: half precision is measured
+        # (and predicted) for forward + backward into the fp32 gradient buffers only.
+        return self.precision == "fp32"
+
+    def predict(self) -> MemoryBreakdown:
+        return estimate_memory(self.model_cfg, self.plan, CPU_MEASURED, optimizer=self.with_optimizer)
 
 
 def _m(h: int, l: int, a: int, kv: int, s: int, v: int = 4096, f: int | None = None, tied: bool = False) -> dict[str, Any]:
@@ -149,6 +163,17 @@ def held_out_cases(count: int, seed: int = 20261122) -> list[Case]:
     return cases
 
 
+BF16_CASES = [
+    Case("bf16-h256-l2-s128", _m(256, 2, 8, 4, 128), micro=2, global_batch=2, precision="bf16"),
+    Case("bf16-h512-l4-s512", _m(512, 4, 8, 2, 512), micro=1, global_batch=1, precision="bf16"),
+    Case("bf16-h512-l4-s512-sel", _m(512, 4, 8, 2, 512), micro=1, global_batch=1, precision="bf16",
+         recompute="selective"),
+    Case("bf16-h384-l4-s256-full", _m(384, 4, 6, 6, 256), micro=2, global_batch=4, precision="bf16",
+         recompute="full"),
+    Case("fp16-h256-l2-s256-v16k", _m(256, 2, 4, 2, 256, v=16000), micro=2, global_batch=2, precision="fp16"),
+]
+
+
 FAKE_CASES = [
     # Llama-2-7B / 13B shapes with 4k sequences; a Llama-3-8B-like GQA shape (128k vocabulary).
     Case("7B-s4096", _m(4096, 32, 32, 32, 4096, v=32000, f=11008), micro=1, global_batch=1),
@@ -169,7 +194,8 @@ def measure_in_process(cases: list[Case], fake: bool = False) -> None:
 
     for case in cases:
         started = time.perf_counter()
-        peak = measure_training_peak(case.model_cfg, case.training_cfg, fake=fake)
+        peak = measure_training_peak(case.model_cfg, case.training_cfg, fake=fake,
+                                     with_optimizer=case.with_optimizer)
         case.measured, case.measured_categories = peak.total, peak.by_category
         print(f"  measured {case.id:24s} {peak.total / MIB:12.1f} MiB  ({time.perf_counter() - started:.1f} s)",
               flush=True)
@@ -216,7 +242,7 @@ def report(cases: list[Case], title: str) -> dict[str, float]:
     ours, theirs = [], []
     for c in cases:
         assert c.measured is not None
-        bd: MemoryBreakdown = estimate_memory(c.model_cfg, c.plan, CPU_MEASURED)
+        bd: MemoryBreakdown = c.predict()
         frenzy = frenzy_estimate(c.model_cfg, global_batch=c.micro * c.dp, dp=c.dp, tp=c.tp)
         a_ours, a_frenzy = accuracy(bd.total, c.measured), accuracy(frenzy, c.measured)
         ours.append(a_ours)
@@ -265,11 +291,22 @@ def main() -> int:
     for nproc in sorted({c.tp * c.dp for c in todo if c.tp * c.dp > 1}):
         measure_under_torchrun([c for c in todo if c.tp * c.dp == nproc], nproc)
     summary = report(cases, "Real measurement (MemTracker peak per rank, fp32)")
-    held_out = [accuracy(estimate_memory(c.model_cfg, c.plan, CPU_MEASURED).total, c.measured)
+    held_out = [accuracy(c.predict().total, c.measured)
                 for c in cases if c.id.startswith("heldout-")]
     if held_out:
         print(f"  of which held-out random shapes: mean {sum(held_out) / len(held_out):.2%}  "
               f"worst {min(held_out):.2%}  over {len(held_out)}")
+
+    bf16_cases = [] if args.quick else BF16_CASES
+    bf16_summary: dict[str, float] = {}
+    if bf16_cases:
+        print(f"\nHalf precision on CPU: {len(bf16_cases)} configurations, forward + backward only")
+        for c in bf16_cases:
+            if c.id in cached:
+                c.measured, c.measured_categories = cached[c.id]["total"], cached[c.id]["by_category"]
+        measure_in_process([c for c in bf16_cases if c.measured is None])
+        bf16_summary = report(bf16_cases, "bf16/fp16 measurement (no optimizer: weights, fp32 grad buffers, "
+                                          "activations; Frenzy column not comparable)")
 
     fake_summary: dict[str, float] = {}
     fake_cases: list[Case] = []
@@ -283,7 +320,8 @@ def main() -> int:
         fake_summary = report(fake_cases, "FakeTensorMode measurement (fp32, shapes only)")
     if args.measurements:
         args.measurements.write_text(json.dumps(
-            {c.id: {"total": c.measured, "by_category": c.measured_categories} for c in cases + fake_cases},
+            {c.id: {"total": c.measured, "by_category": c.measured_categories}
+             for c in cases + bf16_cases + fake_cases},
             indent=1))
 
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
@@ -294,6 +332,12 @@ def main() -> int:
         "frenzy_mean_accuracy": round(summary["frenzy_mean"], 4),
         "frenzy_worst_accuracy": round(summary["frenzy_worst"], 4),
     }
+    if bf16_summary:
+        headline.update(
+            half_precision_configs=len(bf16_cases),
+            half_precision_mean_accuracy=round(bf16_summary["mean"], 4),
+            half_precision_worst_accuracy=round(bf16_summary["worst"], 4),
+        )
     if fake_summary:
         headline.update(
             fake_configs=len(fake_cases),

@@ -353,16 +353,22 @@ def _check(m: ModelConfig, plan: ParallelPlan) -> None:
 
 
 def estimate_memory(
-    model: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile = MEGATRON_GPU
+    model: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile = MEGATRON_GPU, *, optimizer: bool = True
 ) -> MemoryBreakdown:
-    """Peak bytes on the busiest GPU of the plan, itemised (see the module docstring)."""
+    """Peak bytes on the busiest GPU of the plan, itemised (see the module docstring).
+
+    `optimizer=False` sizes forward and backward alone (no optimizer state, no step),
+    as measured for bf16 on CPU where megatron's mixed-precision optimizer cannot run.
+    """
     _check(model, plan)
     stages = {0, plan.pp - 1}
-    candidates = [_estimate_stage(model, plan, profile, st) for st in sorted(stages)]
+    candidates = [_estimate_stage(model, plan, profile, st, optimizer) for st in sorted(stages)]
     return max(candidates, key=lambda bd: bd.total)
 
 
-def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, stage: int) -> MemoryBreakdown:
+def _estimate_stage(
+    m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile, stage: int, optimizer: bool = True
+) -> MemoryBreakdown:
     s, b, t = m.seq_length, plan.micro_batch_size, plan.tp
     h, v = m.hidden_size, m.vocab_size
     e = _bytes_per_element(plan.precision)
@@ -372,6 +378,12 @@ def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile,
     layers = stage_layers(m.num_layers, plan.pp, stage)
     params, _ = stage_parameters(m, t, plan.pp, stage)
     weights, grads, opt_state = static_bytes(params, plan)
+    if e < 4:
+        # The local spec's RMSNorm weights (torch.nn.RMSNorm) stay fp32 in bf16/fp16 models.
+        norm_params = layers * 2 * h + (h if last else 0)
+        weights += 2 * norm_params
+    if not optimizer:
+        opt_state = 0
 
     # 1F1B: stage i holds (pp - i) microbatches in flight, at most the microbatch count.
     in_flight = min(plan.pp - stage, plan.num_microbatches)
@@ -414,7 +426,8 @@ def _estimate_stage(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile,
         events["MLP backward"] = (base - _mlp_freed_early(replayed), 0, _mlp_backward_transient(m, plan))
         attn_acts, attn_transient = _attention_backward(m, plan, profile, replayed, base)
         events["attention backward"] = (attn_acts, 0, attn_transient)
-    events["optimizer step"] = (0, 0, _adam_temporaries(m, plan, profile, stage))
+    if optimizer:
+        events["optimizer step"] = (0, 0, _adam_temporaries(m, plan, profile, stage))
 
     name, (acts, logit_bytes, transient) = max(events.items(), key=lambda kv: sum(kv[1]))
     dynamic = acts + logit_bytes + transient + persistent

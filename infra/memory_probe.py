@@ -56,7 +56,7 @@ class MeasuredPeak:
 
 
 @contextlib.contextmanager
-def cpu_recompute_support() -> Iterator[None]:
+def cpu_recompute_support(allow_half_precision: bool = False) -> Iterator[None]:
     """Let megatron's activation recompute run on CPU for the duration of a measurement.
 
     megatron's CheckpointFunction saves and restores the CUDA RNG state
@@ -65,6 +65,10 @@ def cpu_recompute_support() -> Iterator[None]:
     to keep: the two CUDA-state helpers become no-ops, and `training.model`'s refusal
     of recompute on CPU is lifted (its other CPU checks — fp32 only, no distributed
     optimizer — stay). A GPU run never enters this: it is a no-op with CUDA present.
+
+    `allow_half_precision` also lifts the fp32-only check, for measurements that build
+    no optimizer (megatron's mixed-precision optimizer is what needs CUDA; the bf16
+    model, DDP's fp32 gradient buffers, forward and backward run on CPU).
     """
     import torch
 
@@ -79,7 +83,10 @@ def cpu_recompute_support() -> Iterator[None]:
     original_check = saved[2]
 
     def check_without_recompute(training_cfg: TrainingConfig) -> None:
-        original_check(training_cfg.model_copy(update={"recompute": "none"}))
+        relaxed: dict[str, Any] = {"recompute": "none"}
+        if allow_half_precision:
+            relaxed["precision"] = "fp32"
+        original_check(training_cfg.model_copy(update=relaxed))
 
     tp_random._get_cuda_rng_state = lambda *a, **k: None
     tp_random._set_cuda_rng_state = lambda *a, **k: None
@@ -128,13 +135,22 @@ def _snapshot_bytes(snapshot: dict[Any, dict[Any, int]]) -> tuple[int, dict[str,
 
 
 def measure_training_peak(
-    model_cfg: ModelConfig, training_cfg: TrainingConfig, *, steps: int = 2, fake: bool = False
+    model_cfg: ModelConfig,
+    training_cfg: TrainingConfig,
+    *,
+    steps: int = 2,
+    fake: bool = False,
+    with_optimizer: bool = True,
 ) -> MeasuredPeak:
     """Peak bytes of `steps` training steps on this rank (see the module docstring).
 
     Needs torch.distributed to be set up by `training.model.init_distributed` (a world of
     one is started when not under torchrun); the global batch is split into
     micro batches over this process's data-parallel group as the trainer does.
+
+    `with_optimizer=False` runs forward and backward (into DDP's gradient buffers)
+    only; that is how bf16/fp16 is measured on CPU, where megatron's mixed-precision
+    optimizer cannot be built.
     """
     import torch
 
@@ -142,6 +158,11 @@ def measure_training_peak(
 
     if steps < 2:
         raise ValueError("steps must be >= 2: Adam's state exists only from the second step")
+    if training_cfg.precision != "fp32" and with_optimizer and not torch.cuda.is_available():
+        raise ValueError(
+            f"precision {training_cfg.precision} on CPU can only be measured with_optimizer=False "
+            "(megatron's mixed-precision optimizer needs CUDA tensors)"
+        )
     from megatron.core import parallel_state
 
     if (
@@ -149,7 +170,7 @@ def measure_training_peak(
         and parallel_state.get_tensor_model_parallel_world_size() != training_cfg.tensor_parallel
     ):
         parallel_state.destroy_model_parallel()  # the previous measurement used another tp
-    with cpu_recompute_support():
+    with cpu_recompute_support(allow_half_precision=not with_optimizer):
         dist = tm.init_distributed(training_cfg.tensor_parallel)
         _clear_cached_masks()
         if fake:
@@ -167,7 +188,7 @@ def measure_training_peak(
                 stack.enter_context(_fake_mode())
             model = tm.build_model(model_cfg, training_cfg)
             ddp = tm.wrap_data_parallel(model, training_cfg)
-            optimizer = tm.build_optimizer(ddp, training_cfg)
+            optimizer = tm.build_optimizer(ddp, training_cfg) if with_optimizer else None
             s = model_cfg.seq_length
             tokens = torch.randint(0, model_cfg.vocab_size, (micro, s))
             positions = torch.arange(s).unsqueeze(0).expand(micro, s)
@@ -176,12 +197,13 @@ def measure_training_peak(
             # tracker would not see them otherwise. (megatron's DDP also shadows
             # nn.Module.buffers, so the inner GPTModel is what gets tracked and called.)
             grad_buffers = [buffer.grad_data for buffer in ddp.buffers]
-            inner_optimizers = getattr(optimizer, "chained_optimizers", [optimizer])
+            inner_optimizers = getattr(optimizer, "chained_optimizers", [optimizer]) if optimizer else []
             tracker.track_external(model, *[o.optimizer for o in inner_optimizers], *grad_buffers)
             with tracker:
                 for _ in range(steps):
                     ddp.zero_grad_buffer()
-                    optimizer.zero_grad()
+                    if optimizer is not None:
+                        optimizer.zero_grad()
                     for _ in range(num_micro):
                         per_token_loss = model(tokens, positions, None, labels=tokens)
                         loss = per_token_loss.float().mean() / num_micro
@@ -190,6 +212,8 @@ def measure_training_peak(
                         # The tracker refuses a second call of a module unless its
                         # per-module stats are cleared; the global peak is kept.
                         tracker.reset_mod_stats()
+                    if optimizer is None:
+                        continue
                     if fake:
                         # The chained optimizer always computes the global gradient norm,
                         # a data-dependent scalar; the inner optimizers step without it.

@@ -232,3 +232,14 @@ def test_a_7b_model_does_not_fit_one_80g_gpu_but_fits_sharded():
                                                     distributed_optimizer=True), MEGATRON_GPU)
     assert sharded.fits(80 * gib, safety_margin=0.1)
     assert not sharded.fits(sharded.total - 1)
+
+
+def test_forward_backward_only_sizing_drops_optimizer_state_and_step():
+    plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="bf16")
+    full = estimate_memory(SMALL, plan, CPU_MEASURED)
+    fwd_bwd = estimate_memory(SMALL, plan, CPU_MEASURED, optimizer=False)
+    assert fwd_bwd.optimizer_states == 0 and fwd_bwd.peak_event != "optimizer step"
+    assert fwd_bwd.weights == full.weights and fwd_bwd.gradients == full.gradients
+    # bf16 weights: 2 bytes per parameter, except the 2·2·64 + 64 = 320 RMSNorm weights
+    # that torch.nn.RMSNorm keeps in fp32 (4 bytes): 2 × 86,848 + 2 × 320
+    assert full.weights == 2 * 86_848 + 2 * 320
