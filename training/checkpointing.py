@@ -113,15 +113,56 @@ def restore_rng_states(states: dict[str, Any]) -> None:
         tensor_parallel.get_cuda_rng_tracker().set_states(tracker_states)
 
 
+def _OPTIMIZER_CHECKPOINT_METADATA() -> dict[str, Any]:
+    """How megatron's distributed optimizer lays out its state in a checkpoint.
+
+    Its default format ('fully_sharded_model_space') needs flattened ShardedTensors, which
+    dist_checkpointing 0.16.1 refuses; 'fully_reshardable' gathers each parameter's state
+    whole (and reshards on load to any data-parallel size). On CPU the gather must go
+    over the gloo group ("mem_efficient": distrib_optimizer.py:1443-1445; the other path
+    moves buffers to CUDA, :1089). The plain optimizer ignores these keys.
+    """
+    return {"distrib_optim_sharding_type": "fully_reshardable",
+            "distrib_optim_fully_reshardable_mem_efficient": not torch.cuda.is_available()}
+
+
+def _ensure_distributed_optimizer_state(optimizer) -> None:
+    """Give a fresh DistributedOptimizer's Adam an (empty) state before loading into it.
+
+    Without Apex/TE, DistributedOptimizer.state_dict() reads the common Adam `step` of
+    its state (distrib_optimizer.py:640-642) and fails on a never-stepped optimizer; the
+    zeros set here are overwritten by the checkpoint's values.
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if not isinstance(sub, DistributedOptimizer) or sub.optimizer is None:
+            continue
+        for group in sub.optimizer.param_groups:
+            for param in group["params"]:
+                state = sub.optimizer.state[param]
+                if not state:
+                    state["step"] = torch.tensor(0.0)
+                    state["exp_avg"] = torch.zeros_like(param)
+                    state["exp_avg_sq"] = torch.zeros_like(param)
+
+
 def sharded_state(model, optimizer, env: DistEnv, trainer_state: dict[str, Any] | None,
                   is_loading: bool = False) -> dict[str, Any]:
     """The sharded state dict that `dist_checkpointing.save/load` take (see module doc)."""
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     model_state = model.sharded_state_dict()
+    if is_loading:
+        from training.megatron_compat import fix_distributed_optimizer_resume
+
+        fix_distributed_optimizer_resume()
+        _ensure_distributed_optimizer_state(optimizer)
     state = {
         "model": model_state,
-        "optimizer": optimizer.sharded_state_dict(model_state, is_loading=is_loading),
+        "optimizer": optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=_OPTIMIZER_CHECKPOINT_METADATA(),
+        ),
         "rng": ShardedObject(
             "rng_state", None if is_loading else capture_rng_states(),
             (env.world_size,), (env.rank,), replica_id=0,

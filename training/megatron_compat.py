@@ -50,6 +50,24 @@ are relative to site-packages/megatron/core/ of megatron-core==0.16.1.
    at :55) and `_set_cuda_rng_state` (:72). Without CUDA there is no CUDA generator: those
    two become "no state" / no-op, while the CPU generator and the tracker states are still
    saved and restored around the recomputation — so recompute=selective|full work on CPU.
+8. Distributed optimizer: `MixedPrecisionOptimizer.__init__` (optimizer/optimizer.py:473,
+   481, 485; the base of DistributedOptimizer) allocates its flags with `device='cuda'`
+   — replaced by the same __init__ on the CPU; and DistributedOptimizer's constructor
+   sorts parameters by `param.type()` against 'torch.cuda.FloatTensor' / HalfTensor /
+   BFloat16Tensor names (optimizer/distrib_optimizer.py:361, 420, 582), so while that
+   constructor runs, `Tensor.type()` without arguments reports a CPU tensor under its
+   CUDA type name (the only thing those checks read is the dtype).
+
+Independent of CUDA (applied by `fix_distributed_optimizer_resume()`, GPU runs too):
+without Apex/Transformer Engine, DistributedOptimizer.load_state_dict gives every Adam
+state a "step" (optimizer/distrib_optimizer.py:817-823) and then copies the checkpoint's
+per-parameter tensors over every state key (:938-940), but the fully-reshardable reader
+leaves "step" out of what it copies (:2101-2103) -> KeyError 'step'. The patched copy
+skips keys the checkpoint does not carry per parameter (the step was already restored).
+Also, that restored "step" is ONE tensor shared by every parameter's state (:820-823,
+and torch's Optimizer.load_state_dict keeps it shared); torch's AdamW increments it in
+place once per parameter, so after a resume the bias correction is wrong. The patched
+load_state_dict gives each parameter its own copy.
 
 Not patched because forgeflow does not use it on CPU: fp16/bf16 mixed-precision
 optimizers (optimizer/optimizer.py:473-485, grad_scaler.py), the persistent async
@@ -95,12 +113,52 @@ def apply() -> bool:
     fused_softmax.get_default_causal_mask = _causal_mask_cpu
     transformer_utils.get_default_causal_mask = _causal_mask_cpu
 
+    mcore_optimizer.MixedPrecisionOptimizer.__init__ = _mixed_precision_init_cpu
+    from megatron.core.optimizer import distrib_optimizer
+
+    distrib_optimizer.DistributedOptimizer.__init__ = _with_cuda_type_names(
+        distrib_optimizer.DistributedOptimizer.__init__
+    )
+
     from megatron.core.tensor_parallel import random as tp_random
 
     tp_random._get_cuda_rng_state = _no_cuda_rng_state
     tp_random._set_cuda_rng_state = _set_no_cuda_rng_state
     _APPLIED = True
     return True
+
+
+def fix_distributed_optimizer_resume() -> None:
+    """See "Independent of CUDA" in the module docstring. Idempotent."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+    if getattr(original, "_forgeflow_fixed", False):
+        return
+
+    def set_states(self, model_param, tensors):
+        if not self.config.use_precision_aware_optimizer_no_fp8_or_ds_fp8:
+            group_index, group_order = self.model_param_group_index_map[model_param]
+            main_param = self.optimizer.param_groups[group_index]["params"][group_order]
+            destinations = {"param": main_param, **self.optimizer.state[main_param]}
+            for key, tensor in tensors.items():
+                if key in destinations:
+                    destinations[key].copy_(tensor)
+            return None
+        return original(self, model_param, tensors)
+
+    original_load = DistributedOptimizer.load_state_dict
+
+    def load_state_dict(self, state_dict):
+        result = original_load(self, state_dict)
+        for state in self.optimizer.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
+        return result
+
+    set_states._forgeflow_fixed = True
+    DistributedOptimizer._set_main_param_and_optimizer_states = set_states
+    DistributedOptimizer.load_state_dict = load_state_dict
 
 
 def init_cpu_rng_tracker() -> None:
@@ -171,6 +229,43 @@ def _no_cuda_rng_state(*args, **kwargs) -> torch.Tensor:
 
 def _set_no_cuda_rng_state(*args, **kwargs) -> None:
     """tensor_parallel/random.py:_set_cuda_rng_state when there is no CUDA generator."""
+
+
+def _mixed_precision_init_cpu(self, optimizer, config, grad_scaler, init_state_fn):
+    """optimizer/optimizer.py:MixedPrecisionOptimizer.__init__ with its flags on the CPU."""
+    from megatron.core.optimizer.optimizer import MegatronOptimizer
+
+    MegatronOptimizer.__init__(self, optimizer, config, init_state_fn)
+    self.grad_scaler = grad_scaler
+    if self.grad_scaler is None:
+        assert not self.config.fp16, "fp16 expects a grad scaler."
+    if self.grad_scaler:
+        self.found_inf = torch.tensor([0.0], dtype=torch.float)
+    self._dummy_overflow_buf = None if self.config.bf16 else torch.tensor([0], dtype=torch.int)
+    if self.grad_scaler is None:
+        self._scale_one = torch.tensor([1.0], dtype=torch.float)
+
+
+def _with_cuda_type_names(init):
+    """Run `init` while `Tensor.type()` names CPU tensors like CUDA ones (item 8)."""
+
+    @functools.wraps(init)
+    def wrapped(*args, **kwargs):
+        original = torch.Tensor.type
+
+        def cuda_named_type(tensor, dtype=None, non_blocking=False, **kw):
+            if dtype is None and not kw and not tensor.is_cuda:
+                name = original(tensor)
+                return name.replace("torch.", "torch.cuda.", 1)
+            return original(tensor, dtype, non_blocking, **kw)
+
+        torch.Tensor.type = cuda_named_type
+        try:
+            return init(*args, **kwargs)
+        finally:
+            torch.Tensor.type = original
+
+    return wrapped
 
 
 def _fp32_optimizer_init_cpu(self, optimizer, config, init_state_fn):

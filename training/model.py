@@ -111,12 +111,6 @@ def _check_cpu_support(training_cfg: TrainingConfig) -> None:
             "mixed-precision optimizer only accepts torch.cuda tensors "
             "(optimizer/optimizer.py:671); use precision: fp32 on CPU"
         )
-    if training_cfg.use_distributed_optimizer:
-        raise UnsupportedOnCPU(
-            "training.use_distributed_optimizer needs CUDA: megatron-core's DistributedOptimizer "
-            "only accepts torch.cuda tensors (optimizer/distrib_optimizer.py:361, 420); "
-            "set use_distributed_optimizer: false on CPU"
-        )
 
 
 def transformer_config(model_cfg: ModelConfig, training_cfg: TrainingConfig):

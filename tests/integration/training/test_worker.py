@@ -144,6 +144,26 @@ def test_resume_after_a_kill_continues_bit_for_bit(tiny_job_dict, tiny_prepared,
     assert different == []  # weights and Adam moments identical to the last bit
 
 
+def test_distributed_optimizer_trains_identically_and_resumes_bit_for_bit(
+        tiny_job_dict, tiny_prepared, tmp_path):
+    plain = write_spec(tiny_job_dict, tmp_path, "plain", training={"steps": 8},
+                       checkpoint={"interval": 4})
+    proc = torchrun(plain, nproc=2)
+    assert proc.returncode == 0, explain(proc)
+    # megatron's DistributedOptimizer (Adam state sharded over the 2 data-parallel ranks),
+    # SIGKILLed after its step-4 checkpoint and resumed
+    sharded = write_spec(tiny_job_dict, tmp_path, "sharded",
+                         training={"steps": 8, "use_distributed_optimizer": True},
+                         checkpoint={"interval": 4})
+    killed = torchrun(sharded, nproc=2, fault="oom_kill@4")
+    assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr, explain(killed)
+    proc = torchrun(sharded, nproc=2, fault="oom_kill@4")
+    assert proc.returncode == 0, explain(proc)
+    assert "event=resumed step=4" in runfiles.log_path(run_dir(sharded), 0).read_text()
+    # same losses to the last printed digit as the unsharded optimizer, across the resume
+    assert logged_losses(sharded) == logged_losses(plain)
+
+
 # --- fault injection ------------------------------------------------------------------------------
 
 def test_cuda_error_fault_prints_pytorchs_cuda_error(tiny_job_dict, tiny_prepared, tmp_path):

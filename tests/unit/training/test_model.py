@@ -85,8 +85,6 @@ def test_one_optimizer_step_clips_to_the_global_norm_and_lowers_the_loss(dist_en
 def test_settings_that_need_cuda_are_refused_clearly(dist_env):
     from training.model import UnsupportedOnCPU, build_model
 
-    with pytest.raises(UnsupportedOnCPU, match="use_distributed_optimizer"):
-        build_model(MODEL, TRAINING.model_copy(update={"use_distributed_optimizer": True}))
     with pytest.raises(UnsupportedOnCPU, match="precision: fp32"):
         build_model(MODEL, TRAINING.model_copy(update={"precision": "bf16"}))
 
