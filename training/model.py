@@ -231,6 +231,9 @@ def build_optimizer(ddp_model, training_cfg: TrainingConfig):
         ],
         use_distributed_optimizer=training_cfg.use_distributed_optimizer,
     )
+    if training_cfg.use_distributed_optimizer:
+        # upstream's no-Apex resume bugs, fixed for any loader (see megatron_compat)
+        megatron_compat.fix_distributed_optimizer_resume()
     # The standard overrides mark 1-D params (norm weights) wd_mult=0; the per-step
     # schedule (training.schedule.apply_schedule) turns wd_mult into each group's decay.
     optimizer = get_megatron_optimizer(
