@@ -129,3 +129,19 @@ def test_kill_mid_persist_and_resume_from_s3_is_bit_exact(seaweed, prepared_job,
         different = [k for k in tensors_a if not torch.equal(tensors_a[k], tensors_b[k])]
         assert not different, f"rank {rank}: {different[:5]}"
         assert a["trainer"]["step"] == b["trainer"]["step"] == 30
+
+
+def test_worker_with_bad_credentials_stops_before_any_step(seaweed, prepared_job, tmp_path):
+    from training.runfiles import log_path
+
+    config, run_dir = _write_job(prepared_job, tmp_path, "badcreds",
+                                 f"s3://{seaweed.make_bucket()}/run", seaweed.endpoint)
+    proc = subprocess.run([sys.executable, "-m", "training.train", str(config)], cwd=REPO,
+                          env=_env(AWS_SECRET_ACCESS_KEY="not-the-secret"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "InvalidCredentials" in last and "AWS_ACCESS_KEY_ID" in last
+    assert "Traceback" not in proc.stderr
+    log = log_path(run_dir, 0)
+    assert not log.exists() or " step=" not in log.read_text()

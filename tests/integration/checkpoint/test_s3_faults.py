@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -78,10 +79,16 @@ def test_killed_while_persist_in_flight_resumes_from_previous(seaweed, when):
 
 
 def test_s3_server_down_mid_upload_then_back(seaweed):
-    url = f"s3://{seaweed.make_bucket()}/run"
+    bucket = seaweed.make_bucket()
+    url = f"s3://{bucket}/run"
     options = seaweed.options(part_size=5 << 20, max_concurrency=1, retry_deadline_s=90)
+    s3 = seaweed._client()
     with CheckpointEngine(url, storage_options=options, keep_last=5) as engine:
         outcome = engine.save(10, _state(10, 16 << 20))  # 64 MB: a dozen sequential parts
+        # Kill the server once the multipart upload is under way (parts going up).
+        while engine.busy and not s3.list_multipart_uploads(Bucket=bucket).get("Uploads"):
+            time.sleep(0.01)
+        assert engine.busy, "the upload finished before the server could be stopped mid-way"
         seaweed.kill()
         try:
             assert outcome.started and engine.busy  # save() returned; the upload is pending
@@ -93,7 +100,7 @@ def test_s3_server_down_mid_upload_then_back(seaweed):
             seaweed.start()
         first = engine.wait()
         # Either the retries carried it through, or it was abandoned and reported; never half.
-        assert first.committed or ("NOT committed" and first.error), first
+        assert first.committed or first.error, first
         assert engine.save(20, _state(20, 1 << 20)).started
         second = engine.wait()
         assert second.committed, second
@@ -167,3 +174,23 @@ def test_disk_full_on_local_target_keeps_previous(tiny_tmpfs):
     with pytest.raises(Exception) as excinfo:  # and the preflight says so up front
         open_storage(url).put_bytes("big", bytes(8 << 20))
     assert type(excinfo.value).__name__ == "StorageFull"
+
+
+def test_s3_down_past_retry_deadline_abandons_cleanly_then_next_commits(seaweed, caplog):
+    url = f"s3://{seaweed.make_bucket()}/run"
+    options = seaweed.options(part_size=5 << 20, retry_deadline_s=3)
+    with CheckpointEngine(url, storage_options=options, writer="thread", keep_last=5) as engine:
+        engine.save(10, _state(10), blocking=True)
+        seaweed.kill()
+        try:
+            with caplog.at_level("ERROR"):
+                assert engine.save(20, _state(20)).started
+                abandoned = engine.wait()
+        finally:
+            seaweed.start()
+        assert not abandoned.committed and "StorageUnavailable" in abandoned.error
+        assert "step 20 NOT committed" in caplog.text
+        engine.save(30, _state(30))
+        assert engine.wait().committed
+        assert committed_steps(engine.storage) == [10, 30]
+        assert engine.load().step == 30
