@@ -20,6 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from training.checkpointing import capture_rng_states, restore_rng_states
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,13 @@ class AsyncCheckpointer:
             "rng": capture_rng_states(),
             "trainer": dict(trainer_state, step=step),
         }
-        if hasattr(optimizer, "get_parameter_state_dp_reshardable"):  # distributed optimizer
-            state["optimizer_param_state"] = optimizer.get_parameter_state_dp_reshardable()
+        subs = _sub_optimizers(optimizer)
+        if any(_is_distributed(sub) for sub in subs):
+            # The DistributedOptimizer keeps its Adam moments and fp32 main params out of
+            # state_dict(); this rank's shard of them, as views (the snapshot copies them).
+            state["optimizer_param_state"] = [
+                sub.get_parameter_state_dp_reshardable() if _is_distributed(sub) else None
+                for sub in subs]
         self.engine.config_hash = str(trainer_state.get("config_hash", ""))
         outcome = self.engine.save(step, state)
         return {"stall_s": round(outcome.stall_s, 4), "wait_s": round(outcome.wait_s, 4),
@@ -70,12 +77,42 @@ class AsyncCheckpointer:
         self._found = None
         state = found.state
         model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
         if "optimizer_param_state" in state:
-            optimizer.load_parameter_state_from_dp_reshardable(state["optimizer_param_state"])
+            from training.checkpointing import _ensure_distributed_optimizer_state
+            from training.megatron_compat import fix_distributed_optimizer_resume
+
+            fix_distributed_optimizer_resume()
+            _ensure_distributed_optimizer_state(optimizer)  # a fresh one has no Adam state yet
+        optimizer.load_state_dict(state["optimizer"])
+        for sub, param_state in zip(_sub_optimizers(optimizer), state.get("optimizer_param_state", [])):
+            if param_state is not None:
+                _mark_unpadded(param_state)
+                with torch.no_grad():  # it copies into fp32 main params that require grad
+                    sub.load_parameter_state_from_dp_reshardable(param_state)
         restore_rng_states(state["rng"])
         return state["trainer"]
 
     def close(self) -> None:
         """Waits for the in-flight persist, so the last checkpoint is committed on exit."""
         self.engine.close()
+
+
+def _sub_optimizers(optimizer) -> list:
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _is_distributed(optimizer) -> bool:
+    return hasattr(optimizer, "get_parameter_state_dp_reshardable")
+
+
+def _mark_unpadded(param_state: dict) -> None:
+    """megatron 0.16.1's loader (distrib_optimizer.py:1793) reads a 'padding' flag that its
+    own get_parameter_state_dp_reshardable() (:942) never writes; every entry it wrote is a
+    real parameter, so mark them as such."""
+    for key, by_dtype in param_state.items():
+        if not isinstance(key, int):
+            continue
+        for buckets in by_dtype.values():
+            for bucket in buckets:
+                for entry in bucket:
+                    entry.setdefault("padding", False)
