@@ -364,8 +364,9 @@ def _cuda_node(torch: Any, host: str, host_ram_gib: float) -> Node:
         "address": "127.0.0.1",
     }
     if spec is None:
-        # Not catalogued: a rough figure from SM count keeps planning possible; say so.
-        fields["peak_tflops"] = float(props[0].multi_processor_count)
+        # Not catalogued: an Ampere-class guess (2,048 dense bf16 FLOP per SM per clock at
+        # ~1.4 GHz, which gives an A100's 312 TFLOP/s from its 108 SMs) keeps ranking possible.
+        fields["peak_tflops"] = round(props[0].multi_processor_count * 2048 * 1.4e9 / 1e12, 1)
     link = _nvlink_state(count)
     if link is not None:
         fields["intra_link"] = "NVLink" if link else "PCIe"

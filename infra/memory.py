@@ -5,8 +5,8 @@
     breakdown = estimate_memory(model_cfg, plan)          # MemoryBreakdown, bytes
     breakdown.total, breakdown.gib("activations"), breakdown.peak_event
 
-What is counted, for the busiest GPU (the first pipeline stage unless the last
-stage's logits are larger):
+What is counted, for the busiest GPU (the first or the last pipeline stage,
+whichever is larger):
 
 * **Static state** under the sharding used. megatron-core's mixed precision
   keeps bf16/fp16 weights, fp32 gradient buffers (`grad_reduce_in_fp32`), fp32
@@ -32,13 +32,16 @@ stage's logits are larger):
 * **Logits**: the fp32 softmax megatron's vocab-parallel cross entropy saves
   for backward (s·b·V/t·4 bytes, fp32 whatever the training precision).
 * **Transient**: what exists only around the peak moment. The estimator
-  evaluates the candidate moments — the cross-entropy forward (a second copy
-  of the logits), the output layer's backward (its weight gradient and the
-  input gradient), the last layer's attention backward (gradients of the
-  score matrix), the optimizer step (Adam temporaries) — and reports the
-  largest as `peak_event`.
+  evaluates the candidate moments — the cross-entropy forward (half-precision
+  logits next to their fp32 upcast), the output layer's backward (its weight
+  gradient and the input gradient), the last layer's MLP backward (with full
+  recompute: right after replaying the layer), its attention backward
+  (score-sized gradients), the optimizer step (Adam temporaries) — and
+  reports the largest as `peak_event`. Which tensors exist at each moment was
+  read off MemTracker's per-operator timeline of the real model.
 * **Persistent buffers**: megatron's global memory buffer for attention
-  scores (b·a/t·s² elements, allocated once, kept).
+  scores (b·a/t·s² elements, allocated once, kept) and, on CPU, the cached
+  boolean causal mask (s² bytes).
 * **Overhead**: the runtime's own memory — CUDA context, NCCL buffers,
   allocator fragmentation — a fixed term plus a fraction of the dynamic part,
   zero in the CPU measurement profile (MemTracker counts tensors only).
@@ -46,7 +49,12 @@ stage's logits are larger):
 How the stack stores things differs between the CPU measurement setting and
 a GPU run (precision, softmax in fp32, optimizer kernels, runtime overhead);
 `RuntimeProfile` names those choices. `CPU_MEASURED` is what the benchmark
-measures; `MEGATRON_GPU` is the default for GPUs (bf16, same model code).
+measures (fp32 full steps, bf16/fp16 forward+backward: within 1 % of MemTracker
+on every configuration of benchmarks/memory_accuracy.py). `MEGATRON_GPU` is the
+default for GPUs (same model code, bf16, torch's fused RMSNorm on CUDA, fused
+Adam, a fixed + proportional runtime overhead); its kernel-level differences
+and its overhead constants come from reading the code, not from a GPU
+measurement — re-check them with the CUDA allocator's peak on a GPU.
 """
 
 from __future__ import annotations
