@@ -87,11 +87,20 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 # --- a real 2-rank data-parallel run -------------------------------------------------------------
 
-def test_two_ranks_train_log_heartbeat_and_checkpoint(tiny_job_dict, tiny_prepared, tmp_path):
-    spec = write_spec(tiny_job_dict, tmp_path, "dp2", training={"steps": 12},
+@pytest.fixture(scope="module")
+def dp2_run(tiny_job_dict, tiny_prepared, tmp_path_factory) -> Path:
+    """One plain 2-rank data-parallel run of 12 steps (checkpoints at 6 and 12), shared."""
+    tmp = tmp_path_factory.mktemp("dp2")
+    spec = write_spec(tiny_job_dict, tmp, "dp2", training={"steps": 12},
                       checkpoint={"interval": 6})
     proc = torchrun(spec, nproc=2)
     assert proc.returncode == 0, explain(proc)
+    assert "Traceback" not in proc.stderr
+    return spec
+
+
+def test_two_ranks_train_log_heartbeat_and_checkpoint(dp2_run):
+    spec = dp2_run
     rd = run_dir(spec)
     ranks = [read_steps(runfiles.log_path(rd, r)) for r in (0, 1)]
     assert [r.step for r in ranks[0]] == list(range(1, 13))
@@ -106,7 +115,6 @@ def test_two_ranks_train_log_heartbeat_and_checkpoint(tiny_job_dict, tiny_prepar
     assert json.loads(runfiles.finished_marker_path(rd).read_text())["step"] == 12
     ckpt = rd / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000006", "step_00000012"]
-    assert "Traceback" not in proc.stderr
 
 
 # --- exact resume --------------------------------------------------------------------------------
@@ -145,21 +153,18 @@ def test_resume_after_a_kill_continues_bit_for_bit(tiny_job_dict, tiny_prepared,
 
 
 def test_distributed_optimizer_trains_identically_and_resumes_bit_for_bit(
-        tiny_job_dict, tiny_prepared, tmp_path):
-    plain = write_spec(tiny_job_dict, tmp_path, "plain", training={"steps": 8},
-                       checkpoint={"interval": 4})
-    proc = torchrun(plain, nproc=2)
-    assert proc.returncode == 0, explain(proc)
+        dp2_run, tiny_job_dict, tmp_path):
+    plain = dp2_run
     # megatron's DistributedOptimizer (Adam state sharded over the 2 data-parallel ranks),
-    # SIGKILLed after its step-4 checkpoint and resumed
+    # SIGKILLed after its step-6 checkpoint and resumed
     sharded = write_spec(tiny_job_dict, tmp_path, "sharded",
-                         training={"steps": 8, "use_distributed_optimizer": True},
-                         checkpoint={"interval": 4})
-    killed = torchrun(sharded, nproc=2, fault="oom_kill@4")
+                         training={"steps": 12, "use_distributed_optimizer": True},
+                         checkpoint={"interval": 6})
+    killed = torchrun(sharded, nproc=2, fault="oom_kill@6")
     assert killed.returncode != 0 and "Signal 9 (SIGKILL)" in killed.stderr, explain(killed)
-    proc = torchrun(sharded, nproc=2, fault="oom_kill@4")
+    proc = torchrun(sharded, nproc=2, fault="oom_kill@6")
     assert proc.returncode == 0, explain(proc)
-    assert "event=resumed step=4" in runfiles.log_path(run_dir(sharded), 0).read_text()
+    assert "event=resumed step=6" in runfiles.log_path(run_dir(sharded), 0).read_text()
     # same losses to the last printed digit as the unsharded optimizer, across the resume
     assert logged_losses(sharded) == logged_losses(plain)
 
