@@ -64,6 +64,8 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      RESTART_EXCLUDE, False),
     ("nccl-remote-error", r"ncclRemoteError|remote process exited or there was a network error|NCCL WARN .*Connection closed by remote peer", "NCCLRemoteError", True,
      "A peer died or the network dropped it: find that peer's own error; otherwise " + RESTART_EXCLUDE, True),
+    ("gloo-peer-closed", r"gloo/transport/\w+/.*(?:Connection closed by peer|Connection reset by peer|Read error)|This is typically caused by a remote worker crashing|Application timeout caused pair closure", "NCCLRemoteError", True,
+     "A peer's connection closed, usually because that rank crashed first: find that rank's own error; otherwise " + RESTART_EXCLUDE, True),
     ("nccl-watchdog-timeout", r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out|Some NCCL operations have failed or timed out|NCCL communicator was aborted|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)|collective operation timeout", "NCCLTimeoutError", True,
      "A collective timed out, usually because one rank failed or hung first: look for that rank's error; if none, run the node check and " + RESTART_EXCLUDE, True),
     ("nccl-unhandled", r"ncclUnhandledCudaError|ncclSystemError|ncclInternalError|NCCL error in: .*unhandled (?:system|cuda) error", "NCCLRemoteError", True,

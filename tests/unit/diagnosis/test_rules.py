@@ -90,6 +90,26 @@ def test_symptoms_give_way_to_the_real_error(tmp_path, state):
     assert d.culprit_lines == ["[rank4]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"]
 
 
+def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state):
+    """On CPU (gloo) the surviving rank prints a RuntimeError about its closed peer, often
+    after the crashed rank's own error: the crash is the root cause, not the RuntimeError."""
+    path = write(tmp_path, [
+        "[default0]:[rank0]: Traceback (most recent call last):",
+        "[default0]:[rank0]: KeyError: 'attention_mask'",
+        "[default1]:[rank1]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+        "Connection closed by peer [127.0.0.1]:54414. This is typically caused by a remote worker crashing. "
+        "Check the logs of the remote worker before reporting an error.",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+    ])
+    d = diagnose_log(path)
+    assert (d.root_cause, d.restart_helps) == ("KeyError", False)
+    only_symptom = write(tmp_path, [
+        "[default1]:[rank1]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error "
+        "[10.0.0.2]:29500: Connection reset by peer",
+    ], name="symptom.log")
+    assert diagnose_log(only_symptom).root_cause == "NCCLRemoteError"
+
+
 def test_only_symptoms_name_the_symptom_with_lower_confidence(tmp_path, state):
     path = write(tmp_path, [
         "[rank0]:[E1122 08:10:00.000000 1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: x",
