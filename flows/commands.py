@@ -18,6 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-timeout", type=float, default=300.0, help="seconds without a heartbeat = hang")
     p.add_argument("--drill", action="append", default=[], metavar="KIND@STEP[:RANK]",
                    help="inject a fault drill into the next attempt (repeatable, one per attempt)")
+    p.add_argument("--launcher", choices=("local", "prefect"), default="local",
+                   help="local: every node's torchrun on this machine; prefect: a node-launch run per node "
+                        "on the work queue named after it (needs `forgeflow deploy` and one worker per node)")
     p.set_defaults(func=_pretrain)
 
     d = subparsers.add_parser("demo", help="the main job end to end on this machine (make demo)")
@@ -37,7 +40,8 @@ def _pretrain(args: argparse.Namespace) -> int:
     from flows.pretrain import pretrain
 
     result = pretrain(args.config, cluster=args.cluster, max_restarts=args.max_restarts,
-                      hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None)
+                      hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None,
+                      launcher=args.launcher)
     print(result)
     return 0 if result.finished else 1
 

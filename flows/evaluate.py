@@ -31,10 +31,8 @@ from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
 from tasks.eval_tasks import (export_checkpoint, inference_trial, metric_job, plan_trials, preload_model,
                               publish_results, remove_preloaded)
+from tasks.checkpoint_events import CHECKPOINT_COMMITTED, committed_checkpoints, emit_checkpoint_committed  # noqa: F401
 from training.config import JobSpec, load_job_spec
-
-CHECKPOINT_COMMITTED = "forgeflow.checkpoint.committed"
-
 
 def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
     return load_job_spec(job_spec) if isinstance(job_spec, str) and job_spec else (job_spec or None)
@@ -106,30 +104,6 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
     return {**payload, **published}
 
 
-def emit_checkpoint_committed(checkpoint_url: str, job: str, step: int | None = None,
-                              job_spec_path: str | None = None) -> None:
-    """What the training side sends when a checkpoint commits (the deployment's trigger)."""
-    from prefect.events import emit_event
-
-    emit_event(event=CHECKPOINT_COMMITTED, resource={
-        "prefect.resource.id": f"forgeflow.checkpoint.{checkpoint_url}",
-        "forgeflow.checkpoint.url": checkpoint_url, "forgeflow.job": job,
-        "forgeflow.step": "" if step is None else str(step), "forgeflow.job_spec": job_spec_path or ""})
-
-
-def committed_checkpoints(spec: JobSpec) -> list[str]:
-    """URLs of the job's committed checkpoints, oldest first, whichever writer produced them."""
-    if spec.checkpoint.async_save or spec.checkpoint.url.startswith("s3://"):
-        from infra.checkpoint_manifest import list_committed
-        from infra.storage import storage_options_from_config
-
-        return [r.url for r in list_committed(spec.checkpoint.url, storage_options_from_config(spec.checkpoint))]
-    from training.checkpointing import complete_steps, local_root, step_dir_name
-
-    root = local_root(spec.checkpoint.url)
-    return [str(root / step_dir_name(s)) for s in complete_steps(root)]
-
-
 def pending_checkpoints(checkpoints: list[str], suite_name: str) -> list[str]:
     return [c for c in checkpoints if not has_results(c, suite_name)]
 
@@ -139,7 +113,7 @@ def evaluate_catch_up(job_spec: str | JobSpec, suite: str = "quick", limit: int 
     """Evaluate committed checkpoints that have no results yet (missed events, downtime)."""
     spec = _spec(job_spec)
     suite_name = load_suite(suite, spec).name
-    todo = pending_checkpoints(committed_checkpoints(spec), suite_name)[:limit]
+    todo = pending_checkpoints([url for _, url in committed_checkpoints(spec)], suite_name)[:limit]
     print(f"{len(todo)} checkpoint(s) of {spec.name} not yet evaluated with {suite_name}")
     for checkpoint in todo:
         evaluate_checkpoint(checkpoint, suite=suite, job_spec=spec)

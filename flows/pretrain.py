@@ -13,17 +13,19 @@ Run it without a server:  python -m flows.pretrain configs/tiny-cpu.yaml
 
 from __future__ import annotations
 
-import os
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
-from infra.notify import Alert, Notifier
+from infra.notify import Alert
 from infra.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
+from tasks.checkpoint_events import CommitAnnouncer, committed_checkpoints
 from tasks.pretrain_tasks import (
+    build_notifier,
     diagnose_attempt,
     load_cluster,
     loss_curve,
@@ -48,28 +50,26 @@ class PretrainResult:
     stopped_because: str = ""
 
 
-def _notifier() -> Notifier:
-    """SLACK_WEBHOOK_URL, else the Prefect Secret block `slack-webhook-url`, else console."""
-    if os.environ.get("SLACK_WEBHOOK_URL"):
-        return Notifier()
-    try:
-        from prefect.blocks.system import Secret
-
-        return Notifier(Secret.load("slack-webhook-url").get())
-    except Exception:  # no such block / no server: alerts are printed and kept as artifacts
-        return Notifier(webhook_url="")
+def gpu_limit_name(gpu_type: str) -> str:
+    """The global concurrency limit holding a GPU type's GPUs (`forgeflow deploy` creates one
+    per type in the inventory, its limit the type's GPU count)."""
+    return f"forgeflow-gpus-{gpu_type}"
 
 
-def committed_steps(spec) -> list[int]:
-    """Steps of the job's committed checkpoints, whichever writer produced them."""
-    if spec.checkpoint.async_save:
-        from infra.checkpoint_manifest import list_committed
-        from infra.storage import storage_options_from_config
+@contextmanager
+def gpu_slots(placement):
+    """Hold one slot per placed GPU for as long as the attempt runs.
 
-        return [r.step for r in list_committed(spec.checkpoint.url, storage_options_from_config(spec.checkpoint))]
-    from training.checkpointing import complete_steps, local_root
+    Without a server-side limit of that name (the embedded default) this is a no-op.
+    A training attempt outlives many lease periods, so a lease-renewal hiccup must not
+    kill it (raise_on_lease_renewal_failure=False); the slots are released when the
+    attempt ends, so diagnosis and back-off do not hold GPUs.
+    """
+    from prefect.concurrency.sync import concurrency
 
-    return complete_steps(local_root(spec.checkpoint.url))
+    with concurrency(gpu_limit_name(placement.gpu_type), occupy=placement.world_size, strict=False,
+                     lease_duration=300, raise_on_lease_renewal_failure=False):
+        yield
 
 
 @flow(name="pretrain", log_prints=True)
@@ -82,6 +82,7 @@ def pretrain(
     breaker_count: int = 3,
     backoff_s: float = 5.0,
     drill_faults: list[str] | None = None,
+    launcher: str = "local",
 ) -> PretrainResult:
     """Train a job to completion through failures, with nobody watching.
 
@@ -95,10 +96,12 @@ def pretrain(
         backoff_s: first wait before a restart in place (doubles on repeats).
         drill_faults: fault drills, one per attempt, as FORGEFLOW_FAULT values
             (e.g. ["cuda_error@30:1", "loss_spike@70"]); empty in production.
+        launcher: "local" (every node's torchrun on this machine) or "prefect" (one
+            node-launch run per node, on the work queue named after the node).
     """
     logger = get_run_logger()
     spec = load_job_spec(job_spec)
-    notifier = _notifier()
+    notifier = build_notifier()
     policy = RecoveryPolicy(max_restarts=max_restarts, breaker_count=breaker_count, backoff_s=backoff_s,
                             skip_batches=skip_batches)
     drills = list(drill_faults or [])
@@ -113,21 +116,29 @@ def pretrain(
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
+    announcer = CommitAnnouncer(spec, str(job_spec))  # triggers the evaluate-checkpoint deployment
     resume_from: int | None = None
     extra_sets: list[str] = []
     attempt = 0
     while True:
         env = {"FORGEFLOW_FAULT": drills[attempt]} if attempt < len(drills) and drills[attempt] else {}
-        # 3. Launch one torchrun per node and watch it.
-        outcome = run_attempt(str(job_spec), spec, placement, attempt, extra_sets, resume_from,
-                              hang_timeout_s, env, progress)
+        # 3. Launch one torchrun per node and watch it, holding the placed GPUs in the
+        #    GPU type's global concurrency limit so no other flow is placed onto them.
+        if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
+            result.failures[-1]["relaunched_at"] = time.time()
+        with gpu_slots(placement):
+            outcome = run_attempt(str(job_spec), spec, placement, attempt, extra_sets, resume_from,
+                                  hang_timeout_s, env, progress, launcher, announcer)
+        announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)
         if outcome.ok:
             break
 
         # 4. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
+        detected_at = time.time()
         diagnosis = diagnose_attempt(spec, outcome, attempt)
+        diagnosed_at = time.time()
         failed_step = outcome.last_step
         history.failures.append(FailureRecord(diagnosis.root_cause, failed_step))
         decision = decide(diagnosis, failed_step, history, policy, oom_suggestion=_next_plan_hint(spec, inventory))
@@ -137,7 +148,7 @@ def pretrain(
         # 5. Act, and say what was done and why.
         action_text = decision.action.value
         if decision.action is Action.NODE_CHECK_RESTART:
-            report = node_check(placement, spec.resolved_run_dir, attempt, {})
+            report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher)
             action_text += f" — node check: {report.summary()}"
             if report.faulty:
                 for name in report.faulty:
@@ -150,7 +161,7 @@ def pretrain(
             resume_from, extra_sets = None, []
         elif decision.action is Action.ROLLBACK:
             onset = int((outcome.spike or {}).get("onset_step", failed_step))
-            resume_from = rollback_step(committed_steps(spec), onset)
+            resume_from = rollback_step([step for step, _ in committed_checkpoints(spec)], onset)
             extra_sets = [f"spike.skip_batches={policy.skip_batches}"]
             action_text += f" — resume from checkpoint step {resume_from}, skip {policy.skip_batches} batches"
             if resume_from is None:
@@ -162,7 +173,8 @@ def pretrain(
         failure = {"attempt": attempt, "status": outcome.status, "step": failed_step,
                    "root_cause": diagnosis.root_cause, "kind": diagnosis.kind, "source": diagnosis.source,
                    "action": action_text, "reason": decision.reason,
-                   "seconds_to_detect": round(outcome.seconds, 1)}
+                   "seconds_to_detect": round(outcome.seconds, 1),
+                   "detected_at": detected_at, "diagnosed_at": diagnosed_at, "decided_at": time.time()}
         result.failures.append(failure)
         _failure_artifact(spec.name, attempt, diagnosis, failure, decision.suggestion)
         send_alert(notifier, _failure_alert(spec.name, diagnosis, decision, action_text))

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -49,6 +49,25 @@ class LaunchRequest:
     @property
     def world_size(self) -> int:
         return sum(n.nproc_per_node for n in self.nodes)
+
+    def to_dict(self) -> dict:
+        """Plain JSON (a Prefect parameter of the node-launch deployment). `env` travels in
+        the clear: it carries fault drills and settings, never credentials."""
+        return {"job_name": self.job_name, "nodes": [asdict(n) for n in self.nodes],
+                "worker_args": list(self.worker_args), "run_dir": str(self.run_dir),
+                "env": dict(self.env), "attempt": self.attempt}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "LaunchRequest":
+        return cls(job_name=data["job_name"], nodes=[NodeLaunch(**n) for n in data["nodes"]],
+                   worker_args=list(data["worker_args"]), run_dir=Path(data["run_dir"]),
+                   env=dict(data.get("env") or {}), attempt=int(data.get("attempt", 0)))
+
+    def node(self, name: str) -> NodeLaunch:
+        for spec in self.nodes:
+            if spec.node == name:
+                return spec
+        raise KeyError(f"node {name!r} is not part of this launch (nodes: {[n.node for n in self.nodes]})")
 
 
 def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
@@ -161,6 +180,32 @@ class LocalJob:
         return dict(self.logs)
 
 
+def node_log_path(request: LaunchRequest, node: str) -> Path:
+    """Where one node's console output (all its ranks, prefixed) goes for this attempt."""
+    return request.run_dir / "logs" / f"node-{node}.attempt-{request.attempt}.out"
+
+
+def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> subprocess.Popen:
+    """Start one node's torchrun under the reaper, console to `node_log_path`.
+
+    Every launcher ends here on the node itself: the local one for each node of
+    this machine, the Prefect one inside the node-launch flow run on the node's
+    worker (flows/node_launch.py).
+    """
+    log_path = node_log_path(request, spec.node)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    command = [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", "--", *torchrun_command(spec, request)]
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            command,
+            env=node_env(spec, request),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=os.getcwd(),
+        )
+
+
 class LocalLauncher:
     """Every node of the placement runs on this machine (the embedded default and tests)."""
 
@@ -168,27 +213,12 @@ class LocalLauncher:
         self.grace_s = grace_s
 
     def start(self, request: LaunchRequest) -> LocalJob:
-        log_dir = request.run_dir / "logs"
-        log_dir.mkdir(parents=True, exist_ok=True)
         processes: dict[str, subprocess.Popen] = {}
         logs: dict[str, Path] = {}
         try:
             for spec in sorted(request.nodes, key=lambda n: n.node_rank):
-                log_path = log_dir / f"node-{spec.node}.attempt-{request.attempt}.out"
-                command = [
-                    sys.executable, "-m", "infra.reaper", f"--grace={self.grace_s}", "--",
-                    *torchrun_command(spec, request),
-                ]
-                with open(log_path, "ab") as log:
-                    processes[spec.node] = subprocess.Popen(
-                        command,
-                        env=node_env(spec, request),
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        cwd=os.getcwd(),
-                    )
-                logs[spec.node] = log_path
+                processes[spec.node] = start_node(spec, request, self.grace_s)
+                logs[spec.node] = node_log_path(request, spec.node)
         except BaseException:
             LocalJob(request, processes, logs).terminate(grace_s=1.0)
             raise

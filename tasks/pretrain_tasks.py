@@ -7,6 +7,7 @@ it can be tested and used without Prefect.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import time
 from dataclasses import replace
@@ -18,11 +19,12 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact, u
 
 from diagnosis.vocabulary import Diagnosis
 from infra.cluster import Cluster
-from infra.launch import LaunchRequest, LocalLauncher
+from infra.launch import LaunchRequest
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import Alert, Notifier
 from infra.placement import Placement
 from infra.watch import AttemptOutcome, watch
+from tasks.launchers import make_launcher
 from training.config import JobSpec
 
 
@@ -122,8 +124,13 @@ def run_attempt(
     hang_timeout_s: float,
     env: dict[str, str],
     progress_artifact_id=None,
+    launcher: str = "local",
+    announcer=None,
 ) -> AttemptOutcome:
-    """Launch one torchrun per node, then watch until done, failure, hang or spike."""
+    """Launch one torchrun per node, then watch until done, failure, hang or spike.
+
+    `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
+    event for each checkpoint that commits meanwhile."""
     logger = get_run_logger()
     port = free_port()  # a fresh rendezvous port per attempt: the last one may linger in TIME_WAIT
     launches = [replace(l, master_port=port) for l in placement.launch_specs()]
@@ -134,11 +141,13 @@ def run_attempt(
         args += ["--resume-from-step", str(resume_from_step)]
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
-    job = LocalLauncher().start(request)
+    job = make_launcher(launcher).start(request)
 
     def progress(step: int) -> None:
         if progress_artifact_id is not None:
             update_progress_artifact(progress_artifact_id, progress=100.0 * step / spec.training.steps)
+        if announcer is not None:  # evaluation starts while training goes on
+            announcer.poll()
 
     try:
         return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s, on_progress=progress)
@@ -168,11 +177,28 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
 
 
 @task(name="node-check", cache_policy=NO_CACHE)
-def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str]) -> NodeCheckReport:
+def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str],
+               launcher: str = "local") -> NodeCheckReport:
+    """Two-round pairwise collective test of the placement's nodes, run through the
+    same launcher as training (on a cluster: on the nodes themselves)."""
+    addresses = {launch.node: launch.address for launch in placement.launch_specs()}
     runner = LauncherWorldRunner(
-        LocalLauncher(grace_s=2.0), Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
+        make_launcher(launcher, grace_s=2.0), Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
+        rendezvous_host=lambda node: addresses.get(node, "127.0.0.1"),
     )
     return two_round_check(placement.nodes, runner)
+
+
+def build_notifier() -> Notifier:
+    """SLACK_WEBHOOK_URL, else the Prefect Secret block `slack-webhook-url`, else console."""
+    if os.environ.get("SLACK_WEBHOOK_URL"):
+        return Notifier()
+    try:
+        from prefect.blocks.system import Secret
+
+        return Notifier(Secret.load("slack-webhook-url").get())
+    except Exception:  # no such block / no server: alerts are printed and kept as artifacts
+        return Notifier(webhook_url="")
 
 
 @task(name="alert", cache_policy=NO_CACHE)

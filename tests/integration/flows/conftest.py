@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -99,3 +106,109 @@ def slack(monkeypatch):
     monkeypatch.setenv("SLACK_WEBHOOK_URL", receiver.url)
     yield receiver
     receiver.close()
+
+
+TWO_NODE_CLUSTER = {
+    "name": "two-cpu-nodes",
+    "inter_node_bandwidth_gbps": 10,
+    "nodes": [
+        {"name": name, "gpu_type": "cpu", "gpu_count": 1, "gpu_memory_gib": 4, "peak_tflops": 0.05,
+         "address": "127.0.0.1"}
+        for name in ("node-a", "node-b")
+    ],
+}
+
+
+@pytest.fixture
+def two_node_cluster(tmp_path: Path) -> Path:
+    """Two one-process CPU 'nodes' on this machine (queues node-a and node-b)."""
+    path = tmp_path / "cluster-two-nodes.yaml"
+    path.write_text(yaml.safe_dump(TWO_NODE_CLUSTER, sort_keys=False))
+    return path
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """Prefect's server and workers ignore a single SIGTERM now and then: ask twice, then kill."""
+    for sig in (signal.SIGTERM, signal.SIGTERM):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            continue
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+class PrefectServer:
+    """`prefect server start` on 127.0.0.1 with its own home and SQLite file, plus workers."""
+
+    def __init__(self, home: Path, port: int, repo_root: Path):
+        self.home = home
+        self.repo_root = repo_root
+        self.url = f"http://127.0.0.1:{port}/api"
+        self.env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=self.url,
+                        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+                        PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1",
+                        PREFECT_WORKER_PREFETCH_SECONDS="5", PREFECT_RUNNER_HEARTBEAT_FREQUENCY="30",
+                        PREFECT_LOGGING_LEVEL="WARNING", FORGEFLOW_ROOT=str(repo_root))
+        self.logs = home / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.server = self._spawn("server", [sys.executable, "-m", "prefect", "server", "start",
+                                             "--host", "127.0.0.1", "--port", str(port)])
+        self.workers: list[subprocess.Popen] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.server.poll() is not None:
+                raise RuntimeError(f"prefect server exited: {(self.logs / 'server.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError("prefect server did not answer /api/health in 120 s")
+
+    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")
+        return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, cwd=self.repo_root, start_new_session=True)
+
+    def start_worker(self, pool: str, queue: str) -> subprocess.Popen:
+        worker = self._spawn(f"worker-{queue}", [sys.executable, "-m", "prefect", "worker", "start",
+                                                 "--pool", pool, "--work-queue", queue, "--type", "process"])
+        self.workers.append(worker)
+        return worker
+
+    def stop(self) -> None:
+        for proc in self.workers + [self.server]:
+            _stop(proc)
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory, repo_root):
+    """A real Prefect server for this module; tests point this process at it with `use()`."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = PrefectServer(tmp_path_factory.mktemp("prefect-server"), port, repo_root)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def use_prefect_server(prefect_server, monkeypatch):
+    """This process (and every subprocess it starts) talks to the real server."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    monkeypatch.setenv("PREFECT_API_URL", prefect_server.url)
+    monkeypatch.setenv("FORGEFLOW_ROOT", str(prefect_server.repo_root))
+    with temporary_settings(updates={PREFECT_API_URL: prefect_server.url}):
+        yield prefect_server

@@ -1,0 +1,82 @@
+"""The `diagnose-failure` flow: diagnose a failed job's log wherever it lives.
+
+    fetch the log (path, file:// or s3:// URL)  →  rules  →  failure agent if no rule knows it
+        →  diagnosis artifact  →  Slack alert (optional)
+
+The pretrain flow diagnoses its own attempts; this deployment is for everything
+else: a job some other launcher ran, a log a person wants a second opinion on.
+
+Run it without a server:  python -m flows.diagnose LOG_URL [JOB_FAMILY]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+from infra.storage import StorageOptions, open_storage
+
+
+@task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> Path:
+    """A local copy of the log (a local path is used where it is)."""
+    if "://" not in log_url or log_url.startswith("file://"):
+        path = Path(log_url.removeprefix("file://"))
+        if not path.is_file():
+            raise FileNotFoundError(f"no log file at {log_url}: give a path, file:// or s3:// URL of the log")
+        return path
+    root, _, key = log_url.rstrip("/").rpartition("/")
+    target = Path(work_dir) / key
+    open_storage(root, StorageOptions(endpoint_url=endpoint_url)).get_file(key, target)
+    return target
+
+
+@task(name="diagnose-log", cache_policy=NO_CACHE)
+def diagnose(path: Path, job_family: str | None):
+    from diagnosis.agents import build_default_agent
+    from diagnosis.api import diagnose_log
+
+    return diagnose_log(path, job_family=job_family, agent=build_default_agent(job_family=job_family))
+
+
+@flow(name="diagnose-failure", log_prints=True)
+def diagnose_failure(log_url: str, job_family: str | None = None, alert: bool = False,
+                     endpoint_url: str | None = None) -> dict:
+    """Diagnose one failed job's log: root cause, kind, whether a restart helps, evidence.
+
+    Args:
+        log_url: the log: a path, file:///path or s3://bucket/key.
+        job_family: the job's family (e.g. its config name): its learned filter rules are used.
+        alert: also send the diagnosis to Slack (SLACK_WEBHOOK_URL or the `slack-webhook-url` Secret).
+        endpoint_url: S3 endpoint for S3-compatible stores (AWS S3: leave empty).
+    """
+    with tempfile.TemporaryDirectory(prefix="forgeflow-diagnose-") as work:
+        diagnosis = diagnose(fetch_log(log_url, work, endpoint_url), job_family)
+    evidence = "\n".join(diagnosis.culprit_lines[:10])
+    create_markdown_artifact(
+        key="diagnosis",
+        markdown=(f"## Diagnosis of `{log_url}`\n\n| root cause | kind | restart helps | confidence | source |\n"
+                  f"|---|---|---|---|---|\n| {diagnosis.root_cause} | {diagnosis.kind} | {diagnosis.restart_helps} "
+                  f"| {diagnosis.confidence:.2f} | {diagnosis.source} |\n\n**Mitigation:** {diagnosis.mitigation}\n\n"
+                  f"```\n{evidence}\n```"),
+        description=f"{diagnosis.root_cause} in {log_url}",
+    )
+    if alert:
+        from diagnosis.slack_format import to_alert
+        from tasks.pretrain_tasks import build_notifier
+
+        build_notifier().send(to_alert(diagnosis, job_family or log_url, "diagnosed on request; no action taken"))
+    print(json.dumps(diagnosis.to_dict(), indent=2))
+    return diagnosis.to_dict()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    diagnose_failure(sys.argv[1], *(sys.argv[2:3] or [None]))

@@ -1,0 +1,43 @@
+"""The `node-launch` flow: one node's share of a training attempt.
+
+Every GPU node runs one Prefect *process worker* polling a work queue named
+after the node (`prefect worker start --pool forgeflow --work-queue NODE`). The
+pretrain flow's Prefect launcher (tasks/launchers.py) starts one run of this
+flow's deployment per node, each on that node's queue; the run starts the
+node's torchrun under the reaper (infra.launch.start_node) and waits for it.
+Cancelling or crashing the run kills every rank of the node: the reaper dies
+with the flow-run process (PR_SET_PDEATHSIG) and takes its tree with it.
+"""
+
+from __future__ import annotations
+
+from prefect import flow, get_run_logger
+
+from infra.launch import LaunchRequest, node_log_path, start_node
+from tasks.launchers import exit_code_path
+
+
+@flow(name="node-launch", log_prints=True)
+def node_launch(request: dict, node: str, grace_s: float = 10.0) -> int:
+    """Run one node's share of a training attempt: its torchrun, until it exits.
+
+    Args:
+        request: the attempt's launch (infra.launch.LaunchRequest.to_dict()): every
+            node's rendezvous settings, the worker command, the run directory.
+        node: which of the request's nodes this is (the work queue it was sent to).
+        grace_s: seconds the ranks get between SIGTERM and SIGKILL when stopped.
+    """
+    launch = LaunchRequest.from_dict(request)
+    spec = launch.node(node)
+    logger = get_run_logger()
+    logger.info("node %s: node rank %d of %d, %d process(es), rendezvous %s:%d", node, spec.node_rank,
+                spec.nnodes, spec.nproc_per_node, spec.master_addr, spec.master_port)
+    proc = start_node(spec, launch, grace_s)
+    code = proc.wait()
+    marker = exit_code_path(launch, node)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text(str(code))
+    if code != 0:
+        # A failed run (not a completed one) so the Prefect UI shows which node failed.
+        raise RuntimeError(f"torchrun on node {node} exited with code {code}; see {node_log_path(launch, node)}")
+    return code

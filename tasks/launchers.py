@@ -1,0 +1,136 @@
+"""Launchers the pretrain flow can use, by name: `local` and `prefect`.
+
+`PrefectLauncher` implements `infra.launch.Launcher` here rather than in infra/,
+because libraries never import Prefect. It starts one run of the `node-launch`
+deployment (flows/node_launch.py) per node on the work queue named after the
+node, and follows those runs. Like the local launcher it assumes the job's run
+directory is on storage every node sees (NFS, Lustre, or one machine): the
+watcher reads every rank's heartbeat and the diagnosis every node's log there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+from prefect import get_run_logger
+
+from infra.launch import LaunchRequest, LocalLauncher, node_log_path
+
+NODE_LAUNCH_DEPLOYMENT = "node-launch/node-launch"
+
+
+def exit_code_path(request: LaunchRequest, node: str) -> Path:
+    """The node's torchrun exit code, written by its node-launch run (a failed flow
+    run alone does not say whether torchrun exited 1 or was OOM-killed)."""
+    return request.run_dir / "launch" / f"attempt-{request.attempt}" / f"{node}.exit"
+
+
+@dataclass
+class PrefectJob:
+    """A training attempt running as one node-launch flow run per node."""
+
+    request: LaunchRequest
+    flow_run_ids: dict[str, UUID]
+
+    def _states(self) -> dict[str, object]:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            return {node: client.read_flow_run(run_id).state for node, run_id in self.flow_run_ids.items()}
+
+    def poll(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for node, state in self._states().items():
+            if state is None or not state.is_final():
+                codes[node] = None
+                continue
+            marker = exit_code_path(self.request, node)
+            if marker.exists():
+                codes[node] = int(marker.read_text().strip() or 1)
+            elif state.is_completed():
+                codes[node] = 0
+            else:  # crashed or cancelled before torchrun said anything: as if killed
+                codes[node] = 143 if state.is_cancelled() else 137
+        return codes
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = any if any_exit else all
+        while True:
+            codes = self.poll()
+            if done(code is not None for code in codes.values()):
+                return codes
+            if deadline is not None and time.monotonic() >= deadline:
+                return codes
+            time.sleep(1.0)
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        """Cancel every node's run; the worker kills it and the reaper the ranks."""
+        from prefect import get_client
+        from prefect.states import Cancelled, Cancelling
+
+        with get_client(sync_client=True) as client:
+            for node, run_id in self.flow_run_ids.items():
+                state = client.read_flow_run(run_id).state
+                if state is None or state.is_final():
+                    continue
+                # A run no worker has picked up yet has no process to stop.
+                new_state = Cancelling() if state.is_running() or state.is_pending() else Cancelled()
+                client.set_flow_run_state(run_id, new_state, force=True)
+        deadline = time.monotonic() + grace_s + 30  # the worker notices cancellations on its next poll
+        while time.monotonic() < deadline:
+            if all(s is not None and s.is_final() for s in self._states().values()):
+                return
+            time.sleep(1.0)
+        get_run_logger_or_print(f"node-launch runs of {self.request.job_name} still not final after cancel")
+
+    def log_paths(self) -> dict[str, Path]:
+        return {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
+
+
+def get_run_logger_or_print(message: str) -> None:
+    try:
+        get_run_logger().warning(message)
+    except Exception:  # outside a flow or task run
+        print(message)
+
+
+class PrefectLauncher:
+    """Start each node's share of an attempt on that node's Prefect worker queue."""
+
+    def __init__(self, deployment: str = NODE_LAUNCH_DEPLOYMENT, grace_s: float = 10.0):
+        self.deployment = deployment
+        self.grace_s = grace_s
+
+    def start(self, request: LaunchRequest) -> PrefectJob:
+        from prefect.deployments import run_deployment
+
+        payload = request.to_dict()
+        runs: dict[str, UUID] = {}
+        job = PrefectJob(request, runs)
+        try:
+            for spec in sorted(request.nodes, key=lambda n: n.node_rank):
+                run = run_deployment(
+                    self.deployment,
+                    parameters={"request": payload, "node": spec.node, "grace_s": self.grace_s},
+                    work_queue_name=spec.node,
+                    flow_run_name=f"{request.job_name}-a{request.attempt}-{spec.node}",
+                    timeout=0,  # start it and return: the watcher follows it
+                    tags=["forgeflow", f"job:{request.job_name}"],
+                )
+                runs[spec.node] = run.id
+        except BaseException:
+            job.terminate(grace_s=1.0)
+            raise
+        return job
+
+
+def make_launcher(name: str, grace_s: float = 10.0):
+    """The launcher a pretrain flow parameter names; `grace_s` is SIGTERM-to-SIGKILL time for ranks."""
+    launchers = {"local": LocalLauncher, "prefect": PrefectLauncher}
+    if name not in launchers:
+        raise ValueError(f"unknown launcher {name!r}: use one of {sorted(launchers)}")
+    return launchers[name](grace_s=grace_s)

@@ -1,0 +1,127 @@
+"""forgeflow on a real Prefect server: `forgeflow deploy`, two process workers as two
+"nodes", a job placed across both, a fault on one node and recovery, and flow
+cancellation killing every training process."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+import pytest
+
+from flows.deploy import AUTOMATION_NAME, deploy_all
+from flows.pretrain import gpu_limit_name, pretrain
+
+POOL = "forgeflow-test"
+
+
+def _deployments(client) -> dict[str, object]:
+    return {d.name: d for d in client.read_deployments()}
+
+
+@pytest.fixture
+def deployed(use_prefect_server, two_node_cluster, monkeypatch):
+    from tests.integration.flows.conftest import SlackReceiver
+
+    slack = SlackReceiver()
+    monkeypatch.setenv("SLACK_WEBHOOK_URL", slack.url)
+    assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0
+    try:
+        yield use_prefect_server
+    finally:
+        slack.close()
+
+
+def test_deploy_creates_pool_deployments_limits_and_automation(deployed):
+    from prefect import get_client
+    from prefect.automations import Automation
+
+    with get_client(sync_client=True) as client:
+        deployments = _deployments(client)
+        assert {"pretrain", "node-launch", "diagnose-failure", "on-commit", "catch-up"} <= set(deployments)
+        for name in ("pretrain", "node-launch", "diagnose-failure"):
+            d = deployments[name]
+            assert d.work_pool_name == POOL
+            assert d.description, f"{name} has no description in the UI"
+            assert d.parameter_openapi_schema["properties"], f"{name} has no parameter schema"
+        assert "job_spec" in deployments["pretrain"].parameter_openapi_schema["properties"]
+        assert "log_url" in deployments["diagnose-failure"].parameter_openapi_schema["properties"]
+        limit = client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu"))
+        assert limit.limit == 2 and limit.active
+    automation = Automation.read(name=AUTOMATION_NAME)
+    assert automation.enabled
+    # Re-running deploy is idempotent: still one automation, same limit.
+    assert deploy_all(cluster=str(deployed.repo_root / "configs" / "clusters" / "frenzy-testbed.yaml"),
+                      pool=POOL) == 0
+    with get_client(sync_client=True) as client:
+        assert len(client.read_automations_by_name(AUTOMATION_NAME)) == 1
+        assert client.read_global_concurrency_limit_by_name(gpu_limit_name("A100-80G")).limit == 4
+
+
+def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed, make_job, two_node_cluster):
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    for node in ("node-a", "node-b"):
+        deployed.start_worker(POOL, node)
+    # Rank 1 runs on node-b: its CUDA-like error fails that node's run only.
+    result = pretrain(str(make_job("two-nodes")), cluster=str(two_node_cluster), launcher="prefect",
+                      drill_faults=["cuda_error@12:1"], backoff_s=0.5, hang_timeout_s=120)
+    assert result.finished and result.final_step == 40, result
+    assert [f["root_cause"] for f in result.failures] == ["CUDAError"]
+    assert "node check" in result.failures[0]["action"]
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
+            name=DeploymentFilterName(any_=["node-launch"])))
+    training = [r for r in runs if r.name.startswith("two-nodes-")]
+    by_queue = {}
+    for run in training:
+        by_queue.setdefault(run.work_queue_name, []).append(run.state.type.value)
+    assert set(by_queue) == {"node-a", "node-b"}, by_queue
+    # Attempt 0 failed on node-b (the faulty rank's node); attempt 1 completed on both.
+    assert "FAILED" in by_queue["node-b"] and by_queue["node-a"].count("COMPLETED") >= 1
+    assert sum(s == "COMPLETED" for s in by_queue["node-b"]) >= 1
+    # The node check ran its collective worlds through the workers too.
+    assert any(r.name.startswith("nodecheck-") for r in runs)
+
+
+def test_cancelling_the_flow_run_kills_every_training_process(deployed, make_job):
+    """The pretrain deployment runs on a worker; cancelling it must leave no rank alive."""
+    from prefect import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    deployed.start_worker(POOL, "default")
+    job = make_job("cancel-me", training={"steps": 100000, "lr_decay_steps": 100000})
+    run = run_deployment("pretrain/pretrain", parameters={"job_spec": str(job), "launcher": "local"},
+                         timeout=0, as_subflow=False)
+
+    def ranks() -> list[psutil.Process]:
+        found = []
+        for p in psutil.process_iter(["cmdline"]):
+            cmd = p.info["cmdline"] or []
+            if "training.train" in cmd and str(job) in cmd and "torch.distributed.run" not in cmd:
+                found.append(p)
+        return found
+
+    deadline = time.monotonic() + 240
+    while len(ranks()) < 1 and time.monotonic() < deadline:
+        time.sleep(1)
+    running = ranks()
+    assert running, "the deployment's training ranks never started"
+    pids = {p.pid for p in running}
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(run.id, Cancelling(), force=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            state = client.read_flow_run(run.id).state
+            if state.is_final():
+                break
+            time.sleep(1)
+        assert state.is_cancelled(), state
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+        time.sleep(0.5)
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"training ranks outlived the cancelled flow run: {alive}"
