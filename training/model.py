@@ -174,6 +174,13 @@ def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
 
     config = transformer_config(model_cfg, training_cfg)
     torch.manual_seed(training_cfg.seed)
+    if not megatron_compat.cuda_absent():
+        # On GPUs megatron initialises weights (and forks dropout RNG) through its CUDA RNG
+        # tracker, which must be seeded per model-parallel rank (found on an H100: without
+        # it GPTModel fails with "cuda rng state model-parallel-rng is not added").
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(training_cfg.seed)
     model = GPTModel(
         config=config,
         transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
