@@ -103,9 +103,13 @@ CPU_MEASURED = RuntimeProfile(name="megatron-local-cpu")
 
 MEGATRON_GPU = RuntimeProfile(
     name="megatron-local-gpu",
-    # torch (>= 2.8, here 2.13) sends F.rms_norm on CUDA tensors to `_fused_rms_norm`,
-    # which saves only its input and rstd (checked under FakeTensorMode with CUDA tensors).
-    rmsnorm_composite=False,
+    # torch sends F.rms_norm on CUDA tensors to `_fused_rms_norm` only when input and
+    # weight dtypes match. forgeflow keeps RMSNorm weights in fp32 in bf16/fp16 models, so
+    # on a real GPU (H100, torch 2.11: "Mismatch dtype between input and weight ... Cannot
+    # dispatch to fused implementation") the composite path runs and saves its
+    # intermediates; counting them raised the H100 accuracy of benchmarks/gpu_check.py
+    # from 0.863 to 0.887 mean.
+    rmsnorm_composite=True,
     adam_kernel="fused",
     cached_causal_mask=False,
     # CUDA context + cuBLAS workspace + NCCL communicators ~ 1.5 GiB on A100/H100 class GPUs.
