@@ -60,13 +60,17 @@ def gpu_limit_name(gpu_type: str) -> str:
 def gpu_slots(placement):
     """Hold one slot per placed GPU for as long as the attempt runs.
 
-    Without a server-side limit of that name (the embedded default) this is a no-op.
+    Without a Prefect server, or without a limit of that name on it, this is a no-op.
     A training attempt outlives many lease periods, so a lease-renewal hiccup must not
     kill it (raise_on_lease_renewal_failure=False); the slots are released when the
     attempt ends, so diagnosis and back-off do not hold GPUs.
     """
     from prefect.concurrency.sync import concurrency
+    from prefect.settings import PREFECT_API_URL
 
+    if not PREFECT_API_URL.value():  # ephemeral API (make demo): no other flow to share GPUs with
+        yield
+        return
     with concurrency(gpu_limit_name(placement.gpu_type), occupy=placement.world_size, strict=False,
                      lease_duration=300, raise_on_lease_renewal_failure=False):
         yield

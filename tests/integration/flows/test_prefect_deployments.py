@@ -125,3 +125,24 @@ def test_cancelling_the_flow_run_kills_every_training_process(deployed, make_job
         time.sleep(0.5)
     alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"training ranks outlived the cancelled flow run: {alive}"
+
+
+def test_a_running_attempt_holds_its_gpus_in_the_type_limit(deployed, two_node_cluster):
+    """Two flows cannot be placed onto the same GPUs: the second waits for the slots."""
+    from types import SimpleNamespace
+
+    from prefect import get_client
+    from prefect.concurrency.sync import concurrency
+
+    from flows.pretrain import gpu_slots
+
+    assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0  # cpu limit: 2 GPUs
+    placement = SimpleNamespace(gpu_type="cpu", world_size=2)
+    with gpu_slots(placement):
+        with get_client(sync_client=True) as client:
+            assert client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu")).active_slots == 2
+        with pytest.raises(TimeoutError):
+            with concurrency(gpu_limit_name("cpu"), occupy=1, timeout_seconds=3, strict=True):
+                pass
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu")).active_slots == 0
