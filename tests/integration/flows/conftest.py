@@ -211,4 +211,19 @@ def use_prefect_server(prefect_server, monkeypatch):
     monkeypatch.setenv("PREFECT_API_URL", prefect_server.url)
     monkeypatch.setenv("FORGEFLOW_ROOT", str(prefect_server.repo_root))
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.url}):
-        yield prefect_server
+        try:
+            yield prefect_server
+        finally:
+            _drain_prefect_services()
+
+
+def _drain_prefect_services() -> None:
+    """Prefect's background services (concurrency leases, events, API logs) are process-wide
+    singletons holding a client for the API they started with; stop them so later tests
+    (on the session's test harness) start fresh ones instead of calling this server."""
+    from prefect.concurrency.services import ConcurrencySlotAcquisitionWithLeaseService
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for service in (ConcurrencySlotAcquisitionWithLeaseService, EventsWorker, APILogWorker):
+        service.drain_all(timeout=10, at_exit=False)

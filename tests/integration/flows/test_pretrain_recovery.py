@@ -99,10 +99,28 @@ def test_script_error_stops_and_alerts_the_diagnosis(prefect_api, make_job, slac
     assert "SECRET" not in texts
 
 
-def test_hang_and_kill_mid_checkpoint_recover(prefect_api, make_job):
-    result = pretrain(str(make_job("hang-and-kill")), drill_faults=["hang@8", "exit_mid_checkpoint@20"],
+def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, make_job, tmp_path):
+    job = make_job("hang-and-kill")
+    result = pretrain(str(job), drill_faults=["hang@8", "oom_kill@14:1", "exit_mid_checkpoint@20"],
                       backoff_s=0.5, hang_timeout_s=20)
     assert result.finished and result.final_step == 40, result
-    assert result.failures[0]["root_cause"] == "Hang" and result.failures[0]["status"] == "hang"
-    assert "node check" in result.failures[0]["action"]
-    assert result.failures[1]["status"] == "failed"
+    hang, killed, mid_checkpoint = result.failures
+    assert hang["root_cause"] == "Hang" and hang["status"] == "hang"
+    assert "node check" in hang["action"]
+    # The host OOM killer's SIGKILL prints nothing: the surviving rank's "connection reset
+    # by peer" is the only evidence, so the peer is suspected and the nodes are checked.
+    assert killed["status"] == "failed" and killed["root_cause"] == "NCCLRemoteError"
+    assert "node check" in killed["action"]
+    assert mid_checkpoint["status"] == "failed"
+
+    # Every attempt resumed from a committed checkpoint: the result equals an uninterrupted run.
+    spec = load_job_spec(job)
+    sets, world = _plan_sets(spec)
+    ref_job = make_job("reference-uninterrupted")
+    assert _run_worker(ref_job, tmp_path, sets, world) == 0
+    got = _model_tensors(spec.checkpoint.url, 40, world)
+    want = _model_tensors(load_job_spec(ref_job).checkpoint.url, 40, world)
+    for rank in range(world):
+        for name in want[rank]:
+            if isinstance(want[rank][name], torch.Tensor):
+                assert torch.equal(got[rank][name], want[rank][name]), f"rank {rank} {name} differs"
