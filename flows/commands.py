@@ -56,6 +56,16 @@ def _demo(args: argparse.Namespace) -> int:
     spec = load_job_spec(args.config)
     started = time.monotonic()
     drills = [] if args.no_faults else list(DEMO_DRILLS)
+    # The demo is a drill from step 0: a previous demo's checkpoints would make it resume at
+    # the last step with nothing to recover from. Prepared data is kept (it is reused).
+    import shutil
+
+    for old_run in (spec.resolved_run_dir, spec.checkpoint.url):
+        if "://" not in str(old_run) or str(old_run).startswith("file://"):
+            path = Path(str(old_run).removeprefix("file://"))
+            if path.exists():
+                console.print(f"removing the previous demo's {path}")
+                shutil.rmtree(path)
     console.rule(f"forgeflow demo: {spec.name}")
     if drills:
         console.print(f"Fault drills: {', '.join(drills)} (an infrastructure error, then a loss spike); "
