@@ -125,6 +125,19 @@ class LaunchedJob(Protocol):
         """Where each node's console output (all its ranks, prefixed) is written."""
 
 
+def wait_for_exit(poll, timeout: float | None, any_exit: bool, interval_s: float) -> dict[str, int | None]:
+    """`LaunchedJob.wait` for any job whose `poll` returns exit codes per node."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    done = any if any_exit else all
+    while True:
+        codes = poll()
+        if done(code is not None for code in codes.values()):
+            return codes
+        if deadline is not None and time.monotonic() >= deadline:
+            return codes
+        time.sleep(interval_s)
+
+
 class Launcher(Protocol):
     def start(self, request: LaunchRequest) -> LaunchedJob: ...
 
@@ -139,15 +152,7 @@ class LocalJob:
         return {node: proc.poll() for node, proc in self.processes.items()}
 
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        done = any if any_exit else all
-        while True:
-            codes = self.poll()
-            if done(code is not None for code in codes.values()):
-                return codes
-            if deadline is not None and time.monotonic() >= deadline:
-                return codes
-            time.sleep(0.2)
+        return wait_for_exit(self.poll, timeout, any_exit, interval_s=0.2)
 
     def pids(self) -> set[int]:
         """Every live process of this job: reapers, torchruns and ranks."""

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from infra.launch import LaunchRequest, LocalLauncher, node_log_path
+from infra.launch import LaunchRequest, LocalLauncher, node_log_path, wait_for_exit
 
 NODE_LAUNCH_DEPLOYMENT = "node-launch/node-launch"
 
@@ -57,15 +57,7 @@ class PrefectJob:
         return codes
 
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        done = any if any_exit else all
-        while True:
-            codes = self.poll()
-            if done(code is not None for code in codes.values()):
-                return codes
-            if deadline is not None and time.monotonic() >= deadline:
-                return codes
-            time.sleep(1.0)
+        return wait_for_exit(self.poll, timeout, any_exit, interval_s=1.0)  # each poll asks the API
 
     def terminate(self, grace_s: float = 10.0) -> None:
         """Cancel every node's run; the worker kills it and the reaper the ranks."""
