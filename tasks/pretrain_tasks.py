@@ -173,7 +173,12 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
         for node, path in sorted(outcome.log_paths.items()):
             if Path(path).exists():
                 out.write(Path(path).read_bytes())
-    return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang")
+    from diagnosis.agents import build_default_agent
+
+    # The agent (LLM with retrieval, or a retrieval vote without an LLM) is consulted only
+    # when no rule names a cause; it opens the embedding model and Chroma only then.
+    return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang",
+                        agent=build_default_agent(job_family=spec.name))
 
 
 @task(name="node-check", cache_policy=NO_CACHE)
