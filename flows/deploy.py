@@ -73,17 +73,6 @@ def deploy_prefect_yaml(pool: str) -> None:
     print("deployments from prefect.yaml created")
 
 
-def _webhook_url() -> str:
-    if os.environ.get("SLACK_WEBHOOK_URL"):
-        return os.environ["SLACK_WEBHOOK_URL"]
-    try:
-        from prefect.blocks.system import Secret
-
-        return Secret.load("slack-webhook-url").get()
-    except Exception:
-        return ""
-
-
 def _is_private(url: str) -> bool:
     host = urlparse(url).hostname or ""
     if host == "localhost":
@@ -129,7 +118,9 @@ def ensure_automation() -> bool:
     from prefect.automations import Automation
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    url = _webhook_url()
+    from tasks.pretrain_tasks import slack_webhook_url
+
+    url = slack_webhook_url()
     if not url:
         print("automation not created: set SLACK_WEBHOOK_URL or the `slack-webhook-url` Secret block first")
         return False

@@ -31,7 +31,7 @@ from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
 from tasks.eval_tasks import (export_checkpoint, inference_trial, metric_job, plan_trials, preload_model,
                               publish_results, remove_preloaded)
-from tasks.checkpoint_events import CHECKPOINT_COMMITTED, committed_checkpoints, emit_checkpoint_committed  # noqa: F401
+from tasks.checkpoint_events import CHECKPOINT_COMMITTED, committed_checkpoints
 from training.config import JobSpec, load_job_spec
 
 def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:

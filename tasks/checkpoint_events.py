@@ -41,25 +41,34 @@ def emit_checkpoint_committed(checkpoint_url: str, job: str, step: int | None = 
 
 
 class CommitAnnouncer:
-    """Emits one event per newly committed checkpoint, listing storage at most every `every_s`."""
+    """Emits one event per checkpoint committed from now on, listing storage at most every `every_s`.
+
+    Checkpoints already committed when it starts (a resubmitted job) were announced by the
+    run that made them, or are picked up by the catch-up deployment; announcing them again
+    would re-trigger their evaluation.
+    """
 
     def __init__(self, spec: JobSpec, job_spec_path: str, every_s: float = 30.0):
         self.spec = spec
         self.job_spec_path = job_spec_path
         self.every_s = every_s
-        self.announced: set[int] = set()
+        self.announced: set[int] = {step for step, _ in _list_or_empty(spec)}
         self._last = 0.0
 
     def poll(self, force: bool = False) -> list[int]:
         if not force and time.monotonic() - self._last < self.every_s:
             return []
         self._last = time.monotonic()
-        try:
-            found = committed_checkpoints(self.spec)
-        except Exception:  # storage hiccup: the next poll lists again; training is not disturbed
-            return []
+        found = _list_or_empty(self.spec)
         new = [(step, url) for step, url in found if step not in self.announced]
         for step, url in new:
             emit_checkpoint_committed(url, self.spec.name, step, self.job_spec_path)
             self.announced.add(step)
         return [step for step, _ in new]
+
+
+def _list_or_empty(spec: JobSpec) -> list[tuple[int, str]]:
+    try:
+        return committed_checkpoints(spec)
+    except Exception:  # storage hiccup: the next poll lists again; training is not disturbed
+        return []

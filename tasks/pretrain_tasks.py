@@ -194,16 +194,21 @@ def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str,
     return two_round_check(placement.nodes, runner)
 
 
-def build_notifier() -> Notifier:
-    """SLACK_WEBHOOK_URL, else the Prefect Secret block `slack-webhook-url`, else console."""
+def slack_webhook_url() -> str:
+    """SLACK_WEBHOOK_URL, else the Prefect Secret block `slack-webhook-url`, else "" (no Slack)."""
     if os.environ.get("SLACK_WEBHOOK_URL"):
-        return Notifier()
+        return os.environ["SLACK_WEBHOOK_URL"]
     try:
         from prefect.blocks.system import Secret
 
-        return Notifier(Secret.load("slack-webhook-url").get())
-    except Exception:  # no such block / no server: alerts are printed and kept as artifacts
-        return Notifier(webhook_url="")
+        return Secret.load("slack-webhook-url").get()
+    except Exception:  # no such block / no server
+        return ""
+
+
+def build_notifier() -> Notifier:
+    """Slack when a webhook is configured; otherwise alerts are printed and kept as artifacts."""
+    return Notifier(slack_webhook_url())
 
 
 @task(name="alert", cache_policy=NO_CACHE)
