@@ -64,7 +64,7 @@ def build_training(args):
         return time.perf_counter() - start
 
     def state(step_no: int) -> dict:
-        from training.checkpointing import capture_rng_states
+        from training.rank_state import capture_rng_states
 
         return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                 "rng": capture_rng_states(), "trainer": {"step": step_no}}
@@ -110,7 +110,7 @@ def main() -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # one core trains, the other is the writer's
-    from infra.checkpoint import CheckpointEngine
+    from checkpoint.engine import CheckpointEngine
     from infra.local_s3 import SeaweedS3
     from infra.storage import open_storage
 
@@ -153,7 +153,7 @@ def main() -> int:
         # ---- snapshot copy vs a plain memcpy of the same bytes, interleaved, best of 3 ---------
         # (single copies on a shared 2-core machine vary 2-3x run to run; best-of-n on both
         # sides compares what each path can do rather than what a neighbour left it)
-        from infra.checkpoint_shard import HostBuffers, take_snapshot
+        from checkpoint.shard import HostBuffers, take_snapshot
 
         snap_best = memcpy_best = 0.0
         for shared in (True, False):  # the process writer's shared buffers, the thread writer's

@@ -51,7 +51,7 @@ GRID = [
 def train(steps: int) -> dict:
     import torch
 
-    from training import runfiles
+    from infra import runfiles
     from training.config import dotted_overrides, load_job_spec
     from training.runlog import read_steps
 
@@ -81,7 +81,7 @@ def train(steps: int) -> dict:
 def measure(row) -> tuple[int, int]:
     import torch
 
-    from infra.memory import MEGATRON_GPU, ParallelPlan, estimate_memory
+    from scheduler.memory import MEGATRON_GPU, ParallelPlan, estimate_memory
     from training import model as tm
     from training.config import ModelConfig, TrainingConfig
 

@@ -1,10 +1,10 @@
-"""How close is MARP (infra/memory.py) to the real peak memory of a training step?
+"""How close is MARP (scheduler/memory.py) to the real peak memory of a training step?
 
 For each configuration of a grid (hidden size, layers, sequence length, micro
 batch, gradient accumulation, recompute none/selective/full, GQA or not,
 tensor parallel 2 and data parallel 2 under torchrun with gloo) it trains the
 ACTUAL forgeflow model (training/model.py: megatron GPTModel + DDP + Adam) for
-two steps under PyTorch's MemTracker (infra/memory_probe.py) and compares the
+two steps under PyTorch's MemTracker (scheduler/memory_probe.py) and compares the
 per-rank peak with `estimate_memory(..., CPU_MEASURED)`:
 
     accuracy = 1 - |predicted - measured| / measured
@@ -47,7 +47,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from infra.memory import (  # noqa: E402
+from scheduler.memory import (  # noqa: E402
     CPU_MEASURED,
     MemoryBreakdown,
     ParallelPlan,
@@ -190,7 +190,7 @@ FAKE_CASES = [
 
 
 def measure_in_process(cases: list[Case], fake: bool = False) -> None:
-    from infra.memory_probe import measure_training_peak
+    from scheduler.memory_probe import measure_training_peak
 
     for case in cases:
         started = time.perf_counter()
@@ -211,7 +211,7 @@ def measure_under_torchrun(cases: list[Case], nproc: int) -> None:
         spec.write_text(json.dumps(payload))
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "infra.memory_probe", str(spec)]
+               "-m", "scheduler.memory_probe", str(spec)]
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:

@@ -26,12 +26,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra import planner as planner_module  # noqa: E402
-from infra.cluster import load_cluster  # noqa: E402
-from infra.placement import place_plans  # noqa: E402
-from infra.planner import PlanRequest, plan_job  # noqa: E402
-from infra.simulate import POLICIES, JobCatalogue, Simulator  # noqa: E402
-from infra.traces import MODEL_PRESETS, generate_acme_trace  # noqa: E402
+from scheduler import planner as planner_module  # noqa: E402
+from scheduler.cluster import load_cluster  # noqa: E402
+from scheduler.placement import place_plans  # noqa: E402
+from scheduler.planner import PlanRequest, plan_job  # noqa: E402
+from scheduler.simulate import POLICIES, JobCatalogue, Simulator  # noqa: E402
+from scheduler.traces import MODEL_PRESETS, generate_acme_trace  # noqa: E402
 
 CLUSTER = Path(__file__).resolve().parents[1] / "configs" / "clusters" / "crius-sim.yaml"
 SHAPES = ["llama-7b", "llama-13b", "internlm-20b", "llama-70b", "mistral-large-123b"]

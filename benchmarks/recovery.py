@@ -130,7 +130,7 @@ def main() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.pop("SLACK_WEBHOOK_URL", None)
 
-    from training import runfiles
+    from infra import runfiles
     from training.config import load_job_spec
     from training.data import prepare_data
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from infra.cluster import load_cluster  # noqa: E402
-from infra.simulate import POLICIES, POLICY_LABELS, plot_jct_cdf, simulate  # noqa: E402
-from infra.traces import generate_acme_trace, generate_frenzy_queue, trace_shares  # noqa: E402
+from scheduler.cluster import load_cluster  # noqa: E402
+from scheduler.simulate import POLICIES, POLICY_LABELS, plot_jct_cdf, simulate  # noqa: E402
+from scheduler.traces import generate_acme_trace, generate_frenzy_queue, trace_shares  # noqa: E402
 
 CLUSTERS = Path(__file__).resolve().parents[1] / "configs" / "clusters"
 

@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training import runfiles  # noqa: E402
+from infra import runfiles  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
 from training.runlog import read_steps  # noqa: E402
 

@@ -48,7 +48,9 @@ from diagnosis.engine import (
     is_catch_all,
     validate_regex,
 )
+from diagnosis.compressed import CompressedLog, CompressionStats, LogEntry
 from diagnosis.filter_seeds import SEED_FILTER_RULES
+from diagnosis.rules import DiagnosisLibrary
 from diagnosis.signals import ERROR_KEYWORDS, format_ranks, has_error_keyword, line_facts
 from diagnosis.state import read_json, safe_family_name, state_dir, write_json_atomic
 
@@ -197,99 +199,6 @@ ERROR_PROBES: tuple[str, ...] = (
 )
 
 
-# --------------------------------------------------------------------------- output
-
-
-@dataclass
-class LogEntry:
-    """One kept message: the first occurrence's text and where else it appeared."""
-
-    text: str
-    template: str
-    count: int = 1
-    ranks: set[int] = field(default_factory=set)
-    hosts: set[str] = field(default_factory=set)
-    gpus: set[str] = field(default_factory=set)
-    first_line: int = 0  # 1-based line numbers in the original log
-    last_line: int = 0
-    earliest_ts: float | None = None
-    signal: bool = False  # carries an error signal
-    covered: bool = False  # a filter rule covers it (kept only for its signal)
-    truncated: bool = False
-
-    def render(self) -> str:
-        if self.count == 1:
-            return self.text
-        where = f" ranks {format_ranks(self.ranks)}" if self.ranks else ""
-        return f"[x{self.count}{where}] {self.text}"
-
-
-@dataclass
-class CompressionStats:
-    bytes_in: int = 0
-    lines_in: int = 0
-    lines_kept: int = 0  # before collapsing
-    bytes_kept: int = 0  # text of the kept lines, before collapsing
-    lines_signal: int = 0
-    lines_uncovered: int = 0
-    lines_truncated: int = 0
-    # distinct messages beyond the entry budgets: counted, not kept
-    uncovered_overflow: int = 0
-    signal_overflow: int = 0
-    seconds: float = 0.0
-
-
-@dataclass
-class CompressedLog:
-    entries: list[LogEntry]
-    stats: CompressionStats
-    source: str = ""
-    # global rank -> host, learned from NCCL init lines and torchrun failure summaries
-    rank_hosts: dict[int, str] = field(default_factory=dict)
-
-    def render(self) -> str:
-        lines = [e.render() for e in self.entries]
-        if self.stats.signal_overflow or self.stats.uncovered_overflow:
-            lines.append(f"[compression budget exceeded: {self.stats.signal_overflow} error-signal and "
-                         f"{self.stats.uncovered_overflow} uncovered lines of new kinds not kept]")
-        return "\n".join(lines) + ("\n" if lines else "")
-
-    @property
-    def compressed_bytes(self) -> int:
-        return len(self.render().encode("utf-8", "replace"))
-
-    @property
-    def ratio(self) -> float:
-        return self.stats.bytes_in / max(self.compressed_bytes, 1)
-
-    def signal_entries(self) -> list[LogEntry]:
-        return [e for e in self.entries if e.signal]
-
-    def uncovered_entries(self) -> list[LogEntry]:
-        """Entries neither a filter rule nor the error-signal list covers."""
-        return [e for e in self.entries if not e.signal and not e.covered]
-
-    def uncovered_segments(self, max_lines: int = 200, gap: int = 50) -> list[list[str]]:
-        """Uncovered lines grouped into segments for the log agent.
-
-        Lines closer than ``gap`` original lines apart share a segment; segments are cut
-        at ``max_lines`` lines. Each line appears once (collapsed repeats included).
-        """
-        segments: list[list[str]] = []
-        current: list[str] = []
-        last_line = None
-        for entry in sorted(self.uncovered_entries(), key=lambda e: e.first_line):
-            far = last_line is not None and entry.first_line - last_line > gap
-            if current and (far or len(current) >= max_lines):
-                segments.append(current)
-                current = []
-            current.append(entry.text)
-            last_line = entry.last_line
-        if current:
-            segments.append(current)
-        return segments
-
-
 # --------------------------------------------------------------------------- compressor
 
 
@@ -317,8 +226,6 @@ class LogCompressor:
     ):
         self.rules = rules or FilterRuleSet()
         if diagnosis_patterns is None:
-            from diagnosis.rules import DiagnosisLibrary  # avoids an import cycle
-
             diagnosis_patterns = DiagnosisLibrary.load(None).patterns
         self._filter = self.rules.line_filter(engine)
         self._signals = _cached_scanner(tuple(diagnosis_patterns))
@@ -546,17 +453,3 @@ def compress_file(
     result = compressor.finish()
     result.source = os.fspath(path)
     return result
-
-
-def uncovered_segments(
-    path: str | os.PathLike,
-    job_family: str | None = None,
-    state: str | os.PathLike | None = None,
-    max_lines: int = 200,
-) -> list[list[str]]:
-    """Segments of ``path`` that neither a filter rule nor the error list covers."""
-    rules = FilterRuleSet.load(job_family, state)
-    from diagnosis.rules import DiagnosisLibrary
-
-    compressed = compress_file(path, rules, DiagnosisLibrary.load(state).patterns)
-    return compressed.uncovered_segments(max_lines=max_lines)

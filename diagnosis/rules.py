@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from diagnosis.engine import RegexError, compile_linear, is_catch_all, validate_regex
-from diagnosis.filters import CompressedLog, LogEntry
+from diagnosis.compressed import CompressedLog, LogEntry
 from diagnosis.rule_seeds import SEED_DIAGNOSIS_RULES
 from diagnosis.state import read_json, state_dir, write_json_atomic
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, Kind, VocabularyError, kind_of

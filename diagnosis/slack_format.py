@@ -8,6 +8,7 @@ returns an incoming-webhook payload (``text`` fallback + Block Kit ``blocks``);
 from __future__ import annotations
 
 from diagnosis.vocabulary import Diagnosis
+from infra.notify import Alert
 
 MAX_EVIDENCE_LINES = 8
 MAX_LINE_CHARS = 300
@@ -71,8 +72,7 @@ def slack_message(
 
 
 def to_alert(diagnosis: Diagnosis, job_name: str, action: str, link: str | None = None):
-    """The same content as an ``infra.notify.Alert`` (imported lazily)."""
-    from infra.notify import Alert
+    """The same content as an ``infra.notify.Alert``."""
 
     return Alert(
         title=f"{job_name}: {diagnosis.root_cause}",

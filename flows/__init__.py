@@ -1,1 +1,10 @@
-"""forgeflow: flows."""
+"""forgeflow: flows — Prefect flows (the runbooks) and the `forgeflow` command line.
+
+    pretrain     plan, place, launch, watch, diagnose, act, alert — until the job is done
+    node_launch  one node's share of a training attempt (runs on that node's work queue)
+    diagnose     the `diagnose-failure` flow
+    evaluate     evaluate checkpoints as they are committed, and catch up on a schedule
+    deploy       `forgeflow deploy`: pool, deployments, limits, automations
+    commands     Prefect-aware subcommands: pretrain, demo, deploy
+    cli          the `forgeflow` entry point
+"""

@@ -14,7 +14,7 @@ import sys
 # Modules that contribute subcommands, in the order `--help` lists them.
 _COMMAND_MODULES = (
     "training.cli",     # prepare, train, export
-    "infra.cli",        # plan, simulate, cluster
+    "scheduler.cli",        # plan, simulate, cluster
     "diagnosis.cli",    # diagnose, rules
     "evalsuite.cli",    # eval
     "flows.commands",   # pretrain, demo, deploy (Prefect-aware)

@@ -5,7 +5,7 @@
 It stops when training finishes, when the diagnosis says a restart cannot help,
 or when the restart budget or the circuit breaker says so; every failure, its
 diagnosis and the action taken are alerted (Slack, or printed) and kept as
-artifacts. The decisions themselves are made by `infra.recovery.decide`, a
+artifacts. The decisions themselves are made by `diagnosis.recovery.decide`, a
 unit-tested table, not here.
 
 Run it without a server:  python -m flows.pretrain configs/tiny-cpu.yaml
@@ -22,7 +22,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from infra.notify import Alert
-from infra.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
+from diagnosis.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
 from tasks.checkpoint_events import CommitAnnouncer, committed_checkpoints
 from tasks.pretrain_tasks import (
     build_notifier,
@@ -157,7 +157,7 @@ def pretrain(
             if report.faulty:
                 for name in report.faulty:
                     inventory.node(name).cordoned = True
-                from infra.placement import release_placement
+                from scheduler.placement import release_placement
 
                 release_placement(inventory, placement)
                 placement = plan_and_place(spec, inventory)
@@ -209,7 +209,7 @@ def pretrain(
 def _next_plan_hint(spec, inventory) -> str:
     """For an OOM: the plan the planner would pick with activations recomputed."""
     try:
-        from infra.planner import PlannerConfig, plan_job
+        from scheduler.planner import PlannerConfig, plan_job
 
         plans = plan_job(spec, inventory, PlannerConfig(recompute=("full",)))
         best = plans[0]

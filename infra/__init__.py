@@ -1,1 +1,12 @@
-"""forgeflow: infra."""
+"""forgeflow: infra — what touches machines and services while a job runs.
+
+    storage       one URL-based object-storage interface (local paths, S3 through s3fs)
+    local_s3      a local S3 server (SeaweedFS) for tests, benchmarks and the demo
+    runfiles      the run directory and exit codes: the worker's contract with its watchers
+    launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
+    reaper        run a command so none of its descendants outlives its starter
+    watch         follow a launched job until it finishes, fails, hangs or spikes
+    nodecheck     two-round pairwise collective tests that find faulty and slow nodes
+    nodecheck_worker  one rank of a node-check world
+    notify        alerts: Slack incoming webhook, or printed and kept
+"""

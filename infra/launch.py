@@ -23,13 +23,40 @@ from typing import Protocol
 
 import psutil
 
-from infra.placement import NodeLaunch
 from infra.reaper import kill_tree
+
+
+
+@dataclass(frozen=True)
+class NodeLaunch:
+    """Everything one node's torchrun needs (static rendezvous keeps the rank map exact)."""
+
+    node: str
+    address: str
+    node_rank: int
+    nnodes: int
+    nproc_per_node: int
+    cuda_visible_devices: str
+    master_addr: str
+    master_port: int
+    first_global_rank: int
+
+    def torchrun_args(self) -> list[str]:
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node-rank={self.node_rank}",
+            f"--nproc-per-node={self.nproc_per_node}",
+            f"--master-addr={self.master_addr}",
+            f"--master-port={self.master_port}",
+        ]
+
+    def env(self) -> dict[str, str]:
+        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.cuda_visible_devices else {}
 
 
 @dataclass
 class LaunchRequest:
-    """A job's launch: one `infra.placement.NodeLaunch` per node plus what every rank runs."""
+    """A job's launch: one `scheduler.placement.NodeLaunch` per node plus what every rank runs."""
 
     job_name: str
     nodes: list[NodeLaunch]

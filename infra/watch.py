@@ -1,6 +1,6 @@
 """Watch a launched training job until it finishes, fails, hangs or spikes.
 
-What is watched (the worker's side of the contract is training/runfiles.py):
+What is watched (the worker's side of the contract is infra/runfiles.py):
 
 - exit codes of every node's torchrun: the first non-zero one is a failure; the
   other nodes get `failure_grace_s` to print their own errors (often the real
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Literal
 
 from infra.launch import LaunchedJob
-from training import runfiles
+from infra import runfiles
 
 Status = Literal["finished", "failed", "hang", "spike"]
 

@@ -1,1 +1,7 @@
-"""forgeflow: tasks."""
+"""forgeflow: tasks — thin, typed Prefect task wrappers over the libraries.
+
+    pretrain_tasks     plan, place, launch, watch, diagnose, node check
+    launchers          launchers by name: `local`, `prefect`
+    checkpoint_events  committed checkpoints of a job and the event announcing each
+    eval_tasks         the evaluate-checkpoint flow's tasks
+"""

@@ -1,6 +1,6 @@
 """Committed checkpoints of a job, and the Prefect event that announces each one.
 
-The training side commits checkpoints (infra.checkpoint_manifest: manifest last,
+The training side commits checkpoints (checkpoint.manifest: manifest last,
 then the `latest` pointer); this is where the flows read them and where the
 `forgeflow.checkpoint.committed` event comes from, the event the evaluate
 deployment is triggered by.
@@ -18,7 +18,7 @@ CHECKPOINT_COMMITTED = "forgeflow.checkpoint.committed"
 def committed_checkpoints(spec: JobSpec) -> list[tuple[int, str]]:
     """(step, URL) of the job's committed checkpoints, oldest first, whichever writer produced them."""
     if spec.checkpoint.async_save or spec.checkpoint.url.startswith("s3://"):
-        from infra.checkpoint_manifest import list_committed
+        from checkpoint.manifest import list_committed
         from infra.storage import storage_options_from_config
 
         return [(r.step, r.url) for r in list_committed(spec.checkpoint.url,

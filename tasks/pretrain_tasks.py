@@ -18,11 +18,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_markdown_artifact, create_table_artifact, update_progress_artifact
 
 from diagnosis.vocabulary import Diagnosis
-from infra.cluster import Cluster
+from scheduler.cluster import Cluster
 from infra.launch import LaunchRequest
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import Alert, Notifier
-from infra.placement import Placement
+from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
 from tasks.launchers import make_launcher
 from training.config import JobSpec
@@ -35,7 +35,7 @@ def free_port() -> int:
 
 
 def load_cluster(cluster: str) -> Cluster:
-    from infra.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
+    from scheduler.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
 
     return detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
 
@@ -43,8 +43,8 @@ def load_cluster(cluster: str) -> Cluster:
 @task(name="plan-and-place", cache_policy=NO_CACHE)
 def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
     """MARP sizing + HAS placement; the ranked plans and the placement become artifacts."""
-    from infra.placement import place_plans
-    from infra.planner import plan_job
+    from scheduler.placement import place_plans
+    from scheduler.planner import plan_job
 
     plans = plan_job(spec, cluster, worker_planner_config(cluster))
     placement = place_plans(plans, cluster, job=spec.name, allocate=True)
@@ -74,7 +74,7 @@ def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
 def worker_planner_config(cluster: Cluster):
     """Only plans the training worker can run: no pipeline stages yet, and on CPU
     neither megatron's distributed optimizer nor full recompute (both need CUDA)."""
-    from infra.planner import PlannerConfig
+    from scheduler.planner import PlannerConfig
 
     cpu_only = all(t == "cpu" for t in cluster.gpu_types())
     return PlannerConfig(
@@ -227,7 +227,7 @@ def loss_curve(spec: JobSpec) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from training import runfiles
+    from infra import runfiles
     from training.runlog import read_steps
 
     path = runfiles.log_path(spec.resolved_run_dir, 0)

@@ -1,4 +1,4 @@
-"""The training loop's `Checkpointer` over the async engine (infra.checkpoint).
+"""The training loop's `Checkpointer` over the async engine (checkpoint.engine).
 
 Same four methods as `training.checkpointing.LocalCheckpointer` — save / latest /
 load / close — so the loop does not know which writer it has. What a rank saves is
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from training.checkpointing import capture_rng_states, restore_rng_states
+from training.rank_state import capture_rng_states, ensure_distributed_optimizer_state, restore_rng_states
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 class AsyncCheckpointer:
     def __init__(self, checkpoint_cfg, env, after_shards_written: Callable[[int], None] | None = None,
                  writer: str | None = None):
-        from infra.checkpoint import CheckpointEngine
+        from checkpoint.engine import CheckpointEngine
         from infra.storage import storage_options_from_config
 
         self.env = env
@@ -78,11 +78,10 @@ class AsyncCheckpointer:
         state = found.state
         model.load_state_dict(state["model"])
         if "optimizer_param_state" in state:
-            from training.checkpointing import _ensure_distributed_optimizer_state
             from training.megatron_compat import fix_distributed_optimizer_resume
 
             fix_distributed_optimizer_resume()
-            _ensure_distributed_optimizer_state(optimizer)  # a fresh one has no Adam state yet
+            ensure_distributed_optimizer_state(optimizer)  # a fresh one has no Adam state yet
         optimizer.load_state_dict(state["optimizer"])
         for sub, param_state in zip(_sub_optimizers(optimizer), state.get("optimizer_param_state", [])):
             if param_state is not None:

@@ -6,7 +6,7 @@ The worker writes one of two formats (training.checkpointing.open_checkpointer):
   ``ROOT/step_00000040/`` holding ``common.pt`` + ``*.distcp``. Read by building the
   job's GPTModel with tensor_parallel=1 in a world of one and loading through
   dist_checkpointing, which reshards a tensor-parallel checkpoint on load.
-- ``engine``: the async engine's shards (infra.checkpoint, `async_save: true`, the
+- ``engine``: the async engine's shards (checkpoint.engine, `async_save: true`, the
   default): ``ROOT/step-00000040/rank-R-of-W.bin`` + ``manifest.json``, on a local
   path or s3://. Each shard holds its rank's plain `model.state_dict()`, so the
   tensor-parallel shards of data-parallel rank 0 (global ranks 0..tp-1: megatron
@@ -54,7 +54,7 @@ def _split_url(url: str) -> tuple[str, str]:
 
 
 def _engine_steps(root: str, spec: JobSpec | None) -> list[int]:
-    from infra.checkpoint_manifest import committed_steps
+    from checkpoint.manifest import committed_steps
     from infra.storage import StorageError, open_storage, storage_options_from_config
 
     options = storage_options_from_config(spec.checkpoint) if spec is not None else None
@@ -86,7 +86,7 @@ def locate_checkpoint(where: str | Path, spec: JobSpec | None = None) -> Checkpo
                                                  str(path / step_dir_name(steps[-1]))))
     steps = _engine_steps(where, spec) if not local or path.is_dir() else []
     if steps:
-        from infra.checkpoint_manifest import step_dir
+        from checkpoint.manifest import step_dir
 
         candidates.append(CheckpointLocation("engine", where.rstrip("/"), steps[-1],
                                              f"{where.rstrip('/')}/{step_dir(steps[-1])}"))
@@ -175,9 +175,9 @@ def merge_tensor_parallel(shards: list[dict[str, Any]], model_cfg: ModelConfig) 
 
 
 def _read_engine(location: CheckpointLocation, spec: JobSpec) -> tuple[dict, dict]:
-    from infra.checkpoint_manifest import lease, read_manifest
-    from infra.checkpoint_shard import ShardFormatError, read_shard
-    from infra.checkpoint_writer import checksum_bytes
+    from checkpoint.manifest import lease, read_manifest
+    from checkpoint.shard import ShardFormatError, read_shard
+    from checkpoint.writer import checksum_bytes
     from infra.storage import StorageError, open_storage, storage_options_from_config
 
     storage = open_storage(location.root, storage_options_from_config(spec.checkpoint))

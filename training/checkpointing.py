@@ -20,7 +20,7 @@ so `latest()` never returns a half-written one. Older complete checkpoints beyon
 `keep_last` are deleted after each save.
 
 The interface (`Checkpointer`: save / latest / load / close) is what the training loop
-uses; the async/S3 engine (infra/checkpoint.py) implements the same methods and can
+uses; the async/S3 engine (checkpoint/engine.py) implements the same methods and can
 reuse `sharded_state()` / `restore_rng_states()` so only the writer differs.
 """
 
@@ -28,17 +28,21 @@ from __future__ import annotations
 
 import os
 import pickle
-import random
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 
 from training.model import DistEnv
+from training.rank_state import (
+    OPTIMIZER_CHECKPOINT_METADATA,
+    capture_rng_states,
+    ensure_distributed_optimizer_state,
+    restore_rng_states,
+)
 
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 PARTIAL_SUFFIX = ".partial"
@@ -56,13 +60,13 @@ class Checkpointer(Protocol):
 
 
 def local_root(url: str) -> Path:
-    """The directory a `file://` URL or bare path names; s3:// belongs to infra.checkpoint."""
+    """The directory a `file://` URL or bare path names; s3:// belongs to checkpoint.engine."""
     if url.startswith("file://"):
         return Path(url[len("file://"):])
     if "://" in url:
         raise CheckpointError(
             f"checkpoint url {url!r}: the local checkpointer handles file:// URLs and paths; "
-            "s3:// needs the async engine (infra.checkpoint)"
+            "s3:// needs the async engine (checkpoint.engine)"
         )
     return Path(url)
 
@@ -86,67 +90,6 @@ def complete_steps(root: str | Path) -> list[int]:
 
 # --- what goes into a checkpoint --------------------------------------------------------------
 
-def capture_rng_states() -> dict[str, Any]:
-    from megatron.core import tensor_parallel
-
-    states: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch_cpu": torch.get_rng_state(),
-        "megatron_tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
-    }
-    if torch.cuda.is_available():
-        states["torch_cuda"] = torch.cuda.get_rng_state()
-    return states
-
-
-def restore_rng_states(states: dict[str, Any]) -> None:
-    from megatron.core import tensor_parallel
-
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch_cpu"])
-    if torch.cuda.is_available() and "torch_cuda" in states:
-        torch.cuda.set_rng_state(states["torch_cuda"])
-    tracker_states = states.get("megatron_tracker") or {}
-    if tracker_states:
-        tensor_parallel.get_cuda_rng_tracker().set_states(tracker_states)
-
-
-def _OPTIMIZER_CHECKPOINT_METADATA() -> dict[str, Any]:
-    """How megatron's distributed optimizer lays out its state in a checkpoint.
-
-    Its default format ('fully_sharded_model_space') needs flattened ShardedTensors, which
-    dist_checkpointing 0.16.1 refuses; 'fully_reshardable' gathers each parameter's state
-    whole (and reshards on load to any data-parallel size). On CPU the gather must go
-    over the gloo group ("mem_efficient": distrib_optimizer.py:1443-1445; the other path
-    moves buffers to CUDA, :1089). The plain optimizer ignores these keys.
-    """
-    return {"distrib_optim_sharding_type": "fully_reshardable",
-            "distrib_optim_fully_reshardable_mem_efficient": not torch.cuda.is_available()}
-
-
-def _ensure_distributed_optimizer_state(optimizer) -> None:
-    """Give a fresh DistributedOptimizer's Adam an (empty) state before loading into it.
-
-    Without Apex/TE, DistributedOptimizer.state_dict() reads the common Adam `step` of
-    its state (distrib_optimizer.py:640-642) and fails on a never-stepped optimizer; the
-    zeros set here are overwritten by the checkpoint's values.
-    """
-    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
-
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-        if not isinstance(sub, DistributedOptimizer) or sub.optimizer is None:
-            continue
-        for group in sub.optimizer.param_groups:
-            for param in group["params"]:
-                state = sub.optimizer.state[param]
-                if not state:
-                    state["step"] = torch.tensor(0.0)
-                    state["exp_avg"] = torch.zeros_like(param)
-                    state["exp_avg_sq"] = torch.zeros_like(param)
-
-
 def sharded_state(model, optimizer, env: DistEnv, trainer_state: dict[str, Any] | None,
                   is_loading: bool = False) -> dict[str, Any]:
     """The sharded state dict that `dist_checkpointing.save/load` take (see module doc)."""
@@ -157,11 +100,11 @@ def sharded_state(model, optimizer, env: DistEnv, trainer_state: dict[str, Any] 
         from training.megatron_compat import fix_distributed_optimizer_resume
 
         fix_distributed_optimizer_resume()
-        _ensure_distributed_optimizer_state(optimizer)
+        ensure_distributed_optimizer_state(optimizer)
     state = {
         "model": model_state,
         "optimizer": optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=_OPTIMIZER_CHECKPOINT_METADATA(),
+            model_state, is_loading=is_loading, metadata=OPTIMIZER_CHECKPOINT_METADATA(),
         ),
         "rng": ShardedObject(
             "rng_state", None if is_loading else capture_rng_states(),
@@ -289,7 +232,7 @@ def open_checkpointer(checkpoint_cfg, env: DistEnv,
                       after_shards_written: Callable[[int], None] | None = None) -> Checkpointer:
     """The checkpointer for a job spec's `checkpoint:` section.
 
-    `async_save: true` (the default) or an s3:// URL: the async engine (infra.checkpoint,
+    `async_save: true` (the default) or an s3:// URL: the async engine (checkpoint.engine,
     via training.async_checkpointer). `async_save: false` on a local path: this module's
     synchronous dist_checkpointing writer (reshardable, what `forgeflow export` reads).
     """

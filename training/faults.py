@@ -16,7 +16,7 @@ failure prints, because the diagnosis rules match on those lines:
     loss_spike           from step k+1 on, the loss the spike detector and the log see is
                          multiplied by LOSS_SPIKE_FACTOR on every rank, so the detector
                          confirms a spike that does not recover; the worker writes the
-                         spike marker and exits EXIT_LOSS_SPIKE (training.runfiles)
+                         spike marker and exits EXIT_LOSS_SPIKE (infra.runfiles)
     exit_mid_checkpoint  in the first checkpoint save at a step >= k, os._exit
                          (EXIT_FAULT_MID_CHECKPOINT) after this rank's shards are written and
                          before the checkpoint is committed: it stays `.partial`
@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training import runfiles
+from infra import runfiles
 from training.config import FaultConfig
 
 ENV_VAR = "FORGEFLOW_FAULT"

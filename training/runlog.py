@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from training import runfiles
+from infra import runfiles
 
 
 class LogFormatError(ValueError):

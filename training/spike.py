@@ -48,9 +48,9 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.runfiles import EXIT_LOSS_SPIKE as LOSS_SPIKE_EXIT_CODE  # the run-directory contract owns exit codes
 from training.config import SpikeConfig
 
-LOSS_SPIKE_EXIT_CODE = 86  # clear of Python (1), argparse (2), sysexits (64-78), signals (128+n)
 SPIKE_LINE_PREFIX = "FORGEFLOW_LOSS_SPIKE"
 SPIKE_LINE_RE = re.compile(
     r"FORGEFLOW_LOSS_SPIKE onset_step=(?P<onset_step>-?\d+) "

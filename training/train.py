@@ -6,7 +6,7 @@
 Read top to bottom: set up (distributed, model, optimizer, data, checkpoint resume),
 then the loop — get batch → forward → backward → step → log → maybe checkpoint.
 Heartbeats, the loss-spike check and fault injection hook in visibly in the loop.
-What the worker leaves on disk and its exit codes: training.runfiles.
+What the worker leaves on disk and its exit codes: infra.runfiles.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training import runfiles
+from infra import runfiles
 from training.config import ConfigError, JobSpec, dotted_overrides, load_job_spec
 
 
@@ -51,7 +51,7 @@ def train_step(ddp_model, optimizer, sampler, step: int, env, cfg, num_micro: in
 
 
 def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
-    """Run (or resume) the job; returns the process exit code (training.runfiles)."""
+    """Run (or resume) the job; returns the process exit code (infra.runfiles)."""
     from training.checkpointing import open_checkpointer
     from training.data import BatchSampler, PackedTokens, SkippedBatches, load_prepared
     from training.data import micro_batches_per_rank

@@ -285,7 +285,7 @@ def _():
     job.startup(); job.train(50)
     job.tick(3)
     job.python_traceback(0, [
-        ("/workspace/forgeflow/infra/checkpoint_writer.py", 133, "_persist", "fs.put_file(local, remote)"),
+        ("/workspace/forgeflow/checkpoint/writer.py", 133, "_persist", "fs.put_file(local, remote)"),
         (f"{PY}/s3fs/core.py", 1260, "_put_file", "await self._call_s3("),
         (f"{PY}/aiobotocore/client.py", 412, "_make_api_call", "raise error_class(parsed_response, operation_name)"),
     ], ["botocore.exceptions.ClientError: An error occurred (SlowDown) when calling the UploadPart operation (reached max retries: 4): Please reduce your request rate."])
@@ -564,7 +564,7 @@ script_case("file_not_found_index", "FileNotFoundError", 140,
             note="a missing index file (not a dataset-loading message)")
 script_case("os_error_disk_full", "OSError", 141,
             ["OSError: [Errno 28] No space left on device: '/local_ckpt/step_0004500/model_rank_3.pt'"],
-            [("/workspace/forgeflow/infra/checkpoint_writer.py", 97, "_snapshot_to_disk", "torch.save(state, tmp)")],
+            [("/workspace/forgeflow/checkpoint/writer.py", 97, "_snapshot_to_disk", "torch.save(state, tmp)")],
             note="the local spool disk fills during a checkpoint")
 script_case("type_error_kwarg", "TypeError", 142,
             ["TypeError: GPTModel.forward() got an unexpected keyword argument 'packed_seq_params'"],

@@ -21,7 +21,7 @@ def state(step: int) -> dict:
 
 
 def main() -> None:
-    from infra.checkpoint import CheckpointEngine
+    from checkpoint.engine import CheckpointEngine
     from infra.storage import StorageOptions
 
     url, endpoint, key, secret, writer, when = sys.argv[1:7]

@@ -73,8 +73,8 @@ def _torchrun(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def _final_shards(url: str, options, step: int) -> list[dict]:
-    from infra.checkpoint_manifest import read_manifest
-    from infra.checkpoint_shard import read_shard
+    from checkpoint.manifest import read_manifest
+    from checkpoint.shard import read_shard
     from infra.storage import open_storage
 
     storage = open_storage(url, options)
@@ -94,9 +94,9 @@ def _tensors(tree, prefix=""):
 
 
 def test_kill_mid_persist_and_resume_from_s3_is_bit_exact(seaweed, prepared_job, tmp_path):
-    from infra.checkpoint_manifest import committed_steps
+    from checkpoint.manifest import committed_steps
     from infra.storage import open_storage
-    from training.runfiles import log_path
+    from infra.runfiles import log_path
     from training.runlog import read_steps
 
     bucket = seaweed.make_bucket()
@@ -132,7 +132,7 @@ def test_kill_mid_persist_and_resume_from_s3_is_bit_exact(seaweed, prepared_job,
 
 
 def test_worker_with_bad_credentials_stops_before_any_step(seaweed, prepared_job, tmp_path):
-    from training.runfiles import log_path
+    from infra.runfiles import log_path
 
     config, run_dir = _write_job(prepared_job, tmp_path, "badcreds",
                                  f"s3://{seaweed.make_bucket()}/run", seaweed.endpoint)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from infra.checkpoint import CheckpointEngine
-from infra.checkpoint_manifest import committed_steps, list_committed, read_latest, shard_key
+from checkpoint.engine import CheckpointEngine
+from checkpoint.manifest import committed_steps, list_committed, read_latest, shard_key
 from infra.storage import InvalidCredentials, NoSuchBucket, open_storage
 
 from infra.local_s3 import ACCESS_KEY, SECRET_KEY

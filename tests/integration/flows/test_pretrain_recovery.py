@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from flows.pretrain import pretrain
-from infra.checkpoint_manifest import shard_key
-from infra.checkpoint_shard import read_shard
+from checkpoint.manifest import shard_key
+from checkpoint.shard import read_shard
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
 from infra.storage import open_storage
 from tasks.pretrain_tasks import load_cluster, plan_overrides, worker_planner_config
@@ -47,8 +47,8 @@ def _run_worker(job_path, tmp_path, sets: list[str], nproc: int, extra: list[str
 
 def _plan_sets(spec) -> tuple[list[str], int]:
     """The layout the flow's planner picks for this job on this machine."""
-    from infra.placement import place_plans
-    from infra.planner import plan_job
+    from scheduler.placement import place_plans
+    from scheduler.planner import plan_job
 
     cluster = load_cluster("local")
     placement = place_plans(plan_job(spec, cluster, worker_planner_config(cluster)), cluster, job=spec.name)

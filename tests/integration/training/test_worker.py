@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from training import runfiles
+from infra import runfiles
 from training.runlog import read_heartbeat, read_steps
 
 REPO = Path(__file__).resolve().parents[3]

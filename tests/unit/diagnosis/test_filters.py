@@ -9,7 +9,7 @@ import pytest
 
 from diagnosis.engine import RegexError
 from diagnosis.filter_seeds import SEED_FILTER_RULES
-from diagnosis.filters import FilterRule, FilterRuleSet, LogCompressor, compress_file, uncovered_segments
+from diagnosis.filters import FilterRule, FilterRuleSet, LogCompressor, compress_file
 from diagnosis.rules import DiagnosisLibrary
 from diagnosis.signals import has_error_keyword
 
@@ -132,7 +132,8 @@ def test_uncovered_segments_hold_only_lines_no_rule_or_keyword_covers(tmp_path, 
     lines.insert(60, "[rank2]: ValueError: bad value")
     path = tmp_path / "job.log"
     path.write_text("\n".join(lines) + "\n")
-    assert uncovered_segments(path) == [["custom banner: model ready", "custom banner: data ready"]]
+    compressed = compress_file(path, FilterRuleSet.load(None), DiagnosisLibrary.load(None).patterns)
+    assert compressed.uncovered_segments() == [["custom banner: model ready", "custom banner: data ready"]]
 
 
 def test_rule_sets_persist_per_job_family(state):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from training import runfiles
+from infra import runfiles
 from training.runlog import (
     Heartbeat,
     LogFormatError,

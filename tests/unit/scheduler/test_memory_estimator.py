@@ -1,10 +1,10 @@
-"""MARP (infra/memory.py) against hand-computed cases, sharding rules and monotonicity."""
+"""MARP (scheduler/memory.py) against hand-computed cases, sharding rules and monotonicity."""
 
 from __future__ import annotations
 
 import pytest
 
-from infra.memory import (
+from scheduler.memory import (
     CPU_MEASURED,
     MEGATRON_GPU,
     MEGATRON_TE_FLASH_GPU,

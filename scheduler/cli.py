@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _load_cluster(arg: str | None, default_name: str | None = None):
-    from infra.cluster import detect_local_cluster, load_cluster
+    from scheduler.cluster import detect_local_cluster, load_cluster
 
     if arg == "local" or (arg is None and default_name is None):
         return detect_local_cluster()
@@ -71,9 +71,9 @@ def _load_cluster(arg: str | None, default_name: str | None = None):
 
 
 def _plan_command(args: argparse.Namespace) -> int:
-    from infra.cluster import ClusterError
-    from infra.placement import place_plans
-    from infra.planner import InfeasibleJobError, PlannerConfig, plan_job
+    from scheduler.cluster import ClusterError
+    from scheduler.placement import place_plans
+    from scheduler.planner import InfeasibleJobError, PlannerConfig, plan_job
     from training.config import ConfigError, load_job_spec
 
     try:
@@ -118,8 +118,8 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from infra.cluster import GIB
-    from infra.planner import memory_breakdown_dict
+    from scheduler.cluster import GIB
+    from scheduler.planner import memory_breakdown_dict
 
     console = Console()
     params = job.model.num_parameters()
@@ -194,9 +194,9 @@ def _ranges(values) -> str:
 
 
 def _simulate_command(args: argparse.Namespace) -> int:
-    from infra.cluster import ClusterError
-    from infra.simulate import POLICY_LABELS, SimulationError, plot_jct_cdf, simulate
-    from infra.traces import TraceError, generate_acme_trace, generate_frenzy_queue, read_trace_csv
+    from scheduler.cluster import ClusterError
+    from scheduler.simulate import POLICY_LABELS, SimulationError, plot_jct_cdf, simulate
+    from scheduler.traces import TraceError, generate_acme_trace, generate_frenzy_queue, read_trace_csv
 
     kind = "csv" if args.trace else (args.generate or "acme")
     try:

@@ -1,6 +1,6 @@
 """A catalogue of common accelerator types: memory, peak dense TFLOP/s, typical intra-node link.
 
-The inventory (`infra.cluster`) fills a node's missing fields from here, so a
+The inventory (`scheduler.cluster`) fills a node's missing fields from here, so a
 cluster file can say `gpu_type: A100-40G` and nothing else. Figures are vendor
 datasheet values for dense (no sparsity) tensor-core math in bf16, or fp16 on
 GPUs without bf16 (V100, T4, Turing cards), which `supports_bf16` records.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.memory import CPU_MEASURED, ParallelPlan, estimate_memory
+from scheduler.memory import CPU_MEASURED, ParallelPlan, estimate_memory
 from training.config import ModelConfig, TrainingConfig
 
 REPO = Path(__file__).resolve().parents[3]
@@ -38,7 +38,7 @@ def measured(tmp_path_factory) -> dict[str, int]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
-         "-m", "infra.memory_probe", str(spec)],
+         "-m", "scheduler.memory_probe", str(spec)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

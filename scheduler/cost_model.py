@@ -31,7 +31,7 @@ global batch B sequences (T = B·s tokens per step):
 * **Pipeline sends**: per micro-batch and stage boundary one activation forward
   and one gradient backward (b·s·h elements each), over the link between stages.
 
-Bandwidths are in Gbit/s as in `infra.gpus`; comm efficiency (default 0.7)
+Bandwidths are in Gbit/s as in `scheduler.gpus`; comm efficiency (default 0.7)
 discounts them to what collectives achieve. Every ring collective also pays a
 latency of 2(n−1) hops (default 10 µs per hop inside a node, 30 µs across
 nodes), so that tiny models do not appear to scale for free.

@@ -16,7 +16,7 @@ Policies
           requested count, or — where that does not fit the type's memory —
           the smallest count that does (MARP); ranked by predicted run time;
           the job takes the first plan the free GPUs satisfy, placed best-fit
-          (`infra.placement.has_select`). (Letting HAS also shrink a job to
+          (`scheduler.placement.has_select`). (Letting HAS also shrink a job to
           whatever count is free was tried and is worse on the Acme-like
           trace: a long job shrunk at start stays slow for its whole run.)
 ``ect``   Ours: expected completion time, HRRN order, conservative backfilling.
@@ -33,7 +33,7 @@ Policies
           slow GPUs when fast ones free up shortly.
 
 Run time: a training job runs steps × the plan's step time predicted for the
-placement it got (`infra.cost_model`); its steps come from the trace or from
+placement it got (`scheduler.cost_model`); its steps come from the trace or from
 its duration on the reference GPU divided by the reference plan's step time.
 A demand-only job runs its trace duration × reference TFLOP/s / GPU TFLOP/s.
 """
@@ -47,9 +47,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
-from infra.cluster import Cluster, Node
-from infra.gpus import gpu_spec
-from infra.placement import (
+from scheduler.cluster import Cluster, Node
+from scheduler.gpus import gpu_spec
+from scheduler.placement import (
     GpuRequest,
     Placement,
     allocate_placement,
@@ -59,7 +59,7 @@ from infra.placement import (
     placed_step_time,
     release_placement,
 )
-from infra.planner import (
+from scheduler.planner import (
     Plan,
     PlannerConfig,
     PlanRequest,
@@ -67,7 +67,7 @@ from infra.planner import (
     gpu_pools,
     plan_on_pools,
 )
-from infra.traces import TraceError, TraceJob
+from scheduler.traces import TraceError, TraceJob
 
 Policy = Literal["fcfs", "has", "ect"]
 POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")

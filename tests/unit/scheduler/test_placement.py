@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import GIB, load_cluster, parse_cluster
-from infra.placement import (
+from scheduler.cluster import GIB, load_cluster, parse_cluster
+from scheduler.placement import (
     GpuRequest,
     PlacementError,
     allocate_placement,
@@ -17,8 +17,8 @@ from infra.placement import (
     place_plans,
     release_placement,
 )
-from infra.planner import PlannerConfig, PlanRequest, plan_job
-from infra.traces import MODEL_PRESETS
+from scheduler.planner import PlannerConfig, PlanRequest, plan_job
+from scheduler.traces import MODEL_PRESETS
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -1,4 +1,4 @@
-"""Measure the real per-rank peak memory of training steps, to check `infra.memory`.
+"""Measure the real per-rank peak memory of training steps, to check `scheduler.memory`.
 
     peak = measure_training_peak(model_cfg, training_cfg)     # MeasuredPeak, bytes
     peak.total, peak.by_category["activations"]
@@ -22,7 +22,7 @@ do not have); clipping allocates nothing large.
 Run as a module under torchrun to measure tensor-parallel configurations
 (one JSON line per configuration on rank 0, the maximum over ranks):
 
-    torchrun --nproc-per-node 2 -m infra.memory_probe CONFIGS.json
+    torchrun --nproc-per-node 2 -m scheduler.memory_probe CONFIGS.json
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def _main(argv: list[str]) -> int:
     from training import model as tm
 
     if len(argv) != 1:
-        print("usage: torchrun --nproc-per-node N -m infra.memory_probe CONFIGS.json", file=sys.stderr)
+        print("usage: torchrun --nproc-per-node N -m scheduler.memory_probe CONFIGS.json", file=sys.stderr)
         return 2
     with open(argv[0], encoding="utf-8") as fh:
         configs = json.load(fh)

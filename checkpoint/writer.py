@@ -6,7 +6,7 @@ Two implementations behind one `write(snapshot, key) -> ShardWritten`:
   Checksumming (zlib) and socket/file I/O release the GIL, but botocore/aiohttp
   request handling is Python and competes with the training loop for the GIL.
 - `ProcessWriter` hands the snapshot to a long-lived child process
-  (`python -m infra.checkpoint_writer`) through shared memory: only a few hundred
+  (`python -m checkpoint.writer`) through shared memory: only a few hundred
   bytes of description cross the pipe, the child maps the same pages and uploads
   them, and the training process's interpreter is left alone. The child dies with
   its parent (PR_SET_PDEATHSIG), so a killed rank never leaves an uploader behind.
@@ -94,7 +94,7 @@ class ProcessWriter:
         repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = repo_root + os.pathsep + env.get("PYTHONPATH", "")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.checkpoint_writer"], stdin=subprocess.PIPE,
+            [sys.executable, "-m", "checkpoint.writer"], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
         self._send({"url": self._url, "options": self._options.to_dict()})
         reply = self._recv()

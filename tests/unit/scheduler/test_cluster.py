@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from infra.cluster import ClusterError, Node, detect_local_cluster, load_cluster, parse_cluster
-from infra.gpus import gpu_spec, lookup_gpu, match_device_name
+from scheduler.cluster import ClusterError, Node, detect_local_cluster, load_cluster, parse_cluster
+from scheduler.gpus import gpu_spec, lookup_gpu, match_device_name
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from diagnosis.vocabulary import Diagnosis, kind_of
-from infra.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
+from diagnosis.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
 
 
 def _diag(root: str, restart_helps: bool = True, suspects=(), mitigation: str = "") -> Diagnosis:

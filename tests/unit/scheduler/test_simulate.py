@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main as forgeflow
-from infra.cluster import load_cluster, parse_cluster
-from infra.placement import placed_step_time
-from infra.simulate import POLICIES, Simulator, SimulationError, plot_jct_cdf, simulate
-from infra.traces import (
+from scheduler.cluster import load_cluster, parse_cluster
+from scheduler.placement import placed_step_time
+from scheduler.simulate import POLICIES, Simulator, SimulationError, plot_jct_cdf, simulate
+from scheduler.traces import (
     TraceError,
     TraceJob,
     generate_acme_trace,
@@ -98,7 +98,7 @@ def test_training_job_runs_steps_times_the_step_time_of_its_placement(frenzy):
     opt = sim.options["t"]["fcfs"][0]
     assert record.gpu_type == opt.gpu_type and record.num_gpus == 2
     # Rebuild the placement it got and price it independently.
-    from infra.placement import build_placement
+    from scheduler.placement import build_placement
 
     by_node: dict[str, int] = {}
     for node_name, _ in record.gpus:

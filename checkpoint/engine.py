@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Literal
 
-from infra.checkpoint_manifest import (
+from checkpoint.manifest import (
     LATEST_KEY,
     CommitRecord,
     Manifest,
@@ -44,8 +44,8 @@ from infra.checkpoint_manifest import (
     step_dir,
     write_commit,
 )
-from infra.checkpoint_shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
-from infra.checkpoint_writer import ProcessWriter, ThreadWriter, checksum_bytes
+from checkpoint.shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
+from checkpoint.writer import ProcessWriter, ThreadWriter, checksum_bytes
 from infra.storage import (
     ObjectNotFound,
     StorageError,

@@ -30,9 +30,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
-from infra.cluster import Cluster, ClusterError, Node
-from infra.gpus import CPU_DEVICE
-from infra.cost_model import LinkSpeeds
+from scheduler.cluster import Cluster, ClusterError, Node
+from scheduler.gpus import CPU_DEVICE
+from scheduler.cost_model import LinkSpeeds
+from infra.launch import NodeLaunch
 
 DEFAULT_MASTER_PORT = 29500
 
@@ -136,33 +137,6 @@ class NodeAssignment:
         return len(self.gpus)
 
 
-@dataclass(frozen=True)
-class NodeLaunch:
-    """Everything one node's torchrun needs (static rendezvous keeps the rank map exact)."""
-
-    node: str
-    address: str
-    node_rank: int
-    nnodes: int
-    nproc_per_node: int
-    cuda_visible_devices: str
-    master_addr: str
-    master_port: int
-    first_global_rank: int
-
-    def torchrun_args(self) -> list[str]:
-        return [
-            f"--nnodes={self.nnodes}",
-            f"--node-rank={self.node_rank}",
-            f"--nproc-per-node={self.nproc_per_node}",
-            f"--master-addr={self.master_addr}",
-            f"--master-port={self.master_port}",
-        ]
-
-    def env(self) -> dict[str, str]:
-        return {"CUDA_VISIBLE_DEVICES": self.cuda_visible_devices} if self.cuda_visible_devices else {}
-
-
 @dataclass
 class Placement:
     """Where a job runs: node → GPU indices → global ranks, plus rendezvous hints."""
@@ -175,7 +149,7 @@ class Placement:
     assignments: list[NodeAssignment]  # in node-rank order
     master_addr: str
     master_port: int = DEFAULT_MASTER_PORT
-    plan: Any = None  # the infra.planner.Plan placed, if any
+    plan: Any = None  # the scheduler.planner.Plan placed, if any
     predicted_step_time_s: float | None = None  # re-predicted for the actual spread over nodes
     cross_mapped: bool = False
 

@@ -39,11 +39,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.spike import LOSS_SPIKE_EXIT_CODE
-
 EXIT_OK = 0
 EXIT_EXCEPTION = 1
-EXIT_LOSS_SPIKE = LOSS_SPIKE_EXIT_CODE  # 86, owned by training.spike
+EXIT_LOSS_SPIKE = 86  # clear of Python (1), argparse (2), sysexits (64-78), signals (128+n)
 EXIT_FAULT_MID_CHECKPOINT = 44
 EXIT_SIGKILL = 137  # how a shell/launcher reports a SIGKILLed child (128 + 9)
 

@@ -9,8 +9,8 @@ import threading
 import pytest
 import torch
 
-from infra.checkpoint import CheckpointEngine, CheckpointError
-from infra.checkpoint_manifest import (
+from checkpoint.engine import CheckpointEngine, CheckpointError
+from checkpoint.manifest import (
     apply_retention,
     committed_steps,
     list_committed,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from infra.checkpoint_shard import (
+from checkpoint.shard import (
     HostBuffers,
     ShardFormatError,
     read_shard,

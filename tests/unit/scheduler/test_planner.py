@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from infra import memory as marp
-from infra.cluster import GIB, load_cluster, parse_cluster
-from infra.cost_model import LinkSpeeds, predict_step_time, step_flops
-from infra.planner import (
+from scheduler import memory as marp
+from scheduler.cluster import GIB, load_cluster, parse_cluster
+from scheduler.cost_model import LinkSpeeds, predict_step_time, step_flops
+from scheduler.planner import (
     InfeasibleJobError,
     PlannerConfig,
     PlannerError,
@@ -17,7 +17,7 @@ from infra.planner import (
     best_plan_per_cell,
     plan_job,
 )
-from infra.traces import MODEL_PRESETS
+from scheduler.traces import MODEL_PRESETS
 from training.config import ModelConfig, load_job_spec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -53,7 +53,7 @@ def test_every_plan_fits_its_gpu_with_the_margin_and_is_a_valid_layout(crius):
         assert m.num_layers % p.pp == 0
         assert request.global_batch % (p.dp * p.micro_batch_size) == 0
         assert p.num_microbatches == request.global_batch // (p.dp * p.micro_batch_size)
-        # The memory on the plan is infra.memory's own estimate of that exact layout.
+        # The memory on the plan is scheduler.memory's own estimate of that exact layout.
         again = marp.estimate_memory(m, marp.ParallelPlan(
             global_batch_size=request.global_batch, micro_batch_size=p.micro_batch_size, dp=p.dp, tp=p.tp,
             pp=p.pp, recompute=p.recompute, distributed_optimizer=p.distributed_optimizer, precision="bf16",
@@ -180,7 +180,7 @@ def test_cordoned_nodes_and_max_gpus_limit_the_plans(frenzy):
 
 
 def test_local_cpu_cluster_plans_the_tiny_job():
-    from infra.cluster import detect_local_cluster
+    from scheduler.cluster import detect_local_cluster
 
     cluster = detect_local_cluster(force_cpu=True, cpu_workers=2)
     job = load_job_spec(REPO / "configs" / "tiny-cpu.yaml")

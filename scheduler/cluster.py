@@ -3,7 +3,7 @@
 A cluster is described in YAML (see `configs/clusters/`) or detected on the
 local machine (`detect_local_cluster`). A node entry may give only its name,
 GPU type and count; memory, peak TFLOP/s and the intra-node link are filled in
-from the GPU catalogue (`infra.gpus`). An entry with `replicas: N` stands for N
+from the GPU catalogue (`scheduler.gpus`). An entry with `replicas: N` stands for N
 identical nodes named `<name>-0 … <name>-(N-1)`.
 
 Units: memory in GiB; bandwidths in Gbit/s (the `*_bytes_per_s` properties
@@ -25,7 +25,7 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from infra.gpus import CPU_DEVICE, PCIE4_X16_GBPS, lookup_gpu, match_device_name
+from scheduler.gpus import CPU_DEVICE, PCIE4_X16_GBPS, lookup_gpu, match_device_name
 from training.config import ConfigError
 
 IntraLink = Literal["NVLink", "PCIe", "host"]
@@ -44,7 +44,7 @@ class Node(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    gpu_type: str = Field(min_length=1, description="catalogue name (infra.gpus) or your own")
+    gpu_type: str = Field(min_length=1, description="catalogue name (scheduler.gpus) or your own")
     gpu_count: int = Field(gt=0)
     gpu_memory_gib: float = Field(gt=0, description="per GPU; default from the catalogue")
     peak_tflops: float = Field(gt=0, description="dense bf16 per GPU; default from the catalogue")

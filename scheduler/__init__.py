@@ -1,0 +1,13 @@
+"""forgeflow: scheduler — how big a job is, where it fits, and who runs next.
+
+    gpus          GPU catalogue: memory, peak TFLOP/s, links, per type
+    cluster       cluster inventory (YAML or auto-detected), free GPUs, cordons
+    memory        MARP: predicted per-GPU peak memory of a plan (and Frenzy's formula)
+    memory_probe  measured peak memory of a plan on this machine (checks MARP)
+    cost_model    predicted step time of a plan (compute, TP/PP/DP communication)
+    planner       Crius cells: every runnable (dp, tp, pp, micro-batch, recompute) plan, ranked
+    placement     HAS best-fit placement and Mobius cross mapping: node -> GPUs -> ranks
+    traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
+    simulate      discrete-event cluster simulator running the placement policies
+    cli           `forgeflow plan` and `forgeflow simulate`
+"""
