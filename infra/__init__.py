@@ -9,4 +9,5 @@
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes
     nodecheck_worker  one rank of a node-check world
     notify        alerts: Slack incoming webhook, or printed and kept
+    statedb       the state database (SQLite file / PostgreSQL): engines, schema, Alembic migrations
 """

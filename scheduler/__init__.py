@@ -8,6 +8,8 @@
     planner       Crius cells: every runnable (dp, tp, pp, micro-batch, recompute) plan, ranked
     placement     HAS best-fit placement and Mobius cross mapping: node -> GPUs -> ranks
     traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
+    policy        the scheduling policies (FCFS, HAS, ECT): one pass, run by simulator and orchestrator
     simulate      discrete-event cluster simulator running the placement policies
-    cli           `forgeflow plan` and `forgeflow simulate`
+    orchestrator  live cluster state, queue and leases in the state database (SQLite / PostgreSQL)
+    cli           `forgeflow plan`, `simulate`, `cluster ...` and `submit`
 """

@@ -45,20 +45,11 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Literal
+from typing import Any, Iterable
 
-from scheduler.cluster import Cluster, Node
+from scheduler.cluster import Cluster
 from scheduler.gpus import gpu_spec
-from scheduler.placement import (
-    GpuRequest,
-    Placement,
-    allocate_placement,
-    build_placement,
-    first_fit_select,
-    has_select,
-    placed_step_time,
-    release_placement,
-)
+from scheduler.placement import Placement, placed_step_time, release_placement
 from scheduler.planner import (
     Plan,
     PlannerConfig,
@@ -67,34 +58,11 @@ from scheduler.planner import (
     gpu_pools,
     plan_on_pools,
 )
+from scheduler.policy import POLICIES, POLICY_LABELS, Busy, FreeGpus, Option, Policy, QueuedJob, schedule_pass
 from scheduler.traces import TraceError, TraceJob
-
-Policy = Literal["fcfs", "has", "ect"]
-POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")
-POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + HRRN + backfill (ours)"}
-
 
 class SimulationError(TraceError):
     """The simulation cannot run as asked (unknown policy, bad trace for this cluster)."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One way a job can run: GPU type and count, the plan (training jobs) and its run time."""
-
-    gpu_type: str
-    num_gpus: int
-    unit: int  # tensor-parallel group: GPUs that must share a node
-    min_memory_bytes: int
-    run_s: float  # predicted, when packed as densely as the planner assumed
-    plan: Plan | None = None
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-
-    def request(self) -> GpuRequest:
-        return GpuRequest(count=self.num_gpus, min_memory_bytes=self.min_memory_bytes,
-                          gpu_type=self.gpu_type, unit=self.unit)
 
 
 @dataclass
@@ -307,42 +275,17 @@ class Simulator:
         self.catalogue = catalogue or JobCatalogue(cluster)
         self.options = options if options is not None else {j.job_id: self.catalogue.options(j) for j in self.jobs}
         self.total_gpus = sum(n.gpu_count for n in self.cluster.schedulable_nodes())
-        self.nodes_by_type: dict[str, list[Node]] = {}
-        for n in self.cluster.schedulable_nodes():
-            self.nodes_by_type.setdefault(n.gpu_type, []).append(n)
-        self.free_by_type = self.cluster.free_gpus_by_type()
+        self.free = FreeGpus(self.cluster)
         self.reservation_depth = reservation_depth
         self.shortest_run = {
             j: min((o.run_s for o in opts["ect"]), default=math.inf) for j, opts in self.options.items()
         }
 
     # -- helpers
-    def _try_place(self, job: TraceJob, opt: Option, select) -> Placement | None:
-        if self.free_by_type.get(opt.gpu_type, 0) < opt.num_gpus:
-            return None
-        chosen = select(self.cluster, opt.request(), self.nodes_by_type.get(opt.gpu_type, ()))
-        if chosen is None:
-            return None
-        placement = build_placement(self.cluster, chosen, job=job.job_id, gpu_type=opt.gpu_type,
-                                    dp=opt.dp, tp=opt.tp, pp=opt.pp)
-        allocate_placement(self.cluster, placement)
-        self.free_by_type[opt.gpu_type] -= opt.num_gpus
-        return placement
-
     def _run_seconds(self, job: TraceJob, opt: Option, placement: Placement) -> float:
         if opt.plan is None:
             return opt.run_s
         return self.catalogue.steps[job.job_id] * placed_step_time(opt.plan, placement, self.cluster)
-
-    def _earliest_start(self, opt: Option, now: float, releases: dict[str, list[tuple[float, int]]]) -> float:
-        free = self.free_by_type.get(opt.gpu_type, 0)
-        if free >= opt.num_gpus:
-            return now
-        for end_s, gpus in releases.get(opt.gpu_type, ()):
-            free += gpus
-            if free >= opt.num_gpus:
-                return end_s
-        return math.inf
 
     # -- the loop
     def run(self) -> SimResult:
@@ -353,7 +296,7 @@ class Simulator:
         for j in self.jobs:
             heapq.heappush(events, (j.arrival_s, 1, seq, j.job_id))
             seq += 1
-        queue: list[TraceJob] = []
+        queue: list[QueuedJob] = []
         running: dict[str, _Running] = {}
         timeline: list[tuple[float, int]] = []
         busy = 0
@@ -371,7 +314,7 @@ class Simulator:
                 if kind == 0:
                     done = running.pop(job_id)
                     release_placement(self.cluster, done.placement)
-                    self.free_by_type[done.placement.gpu_type] += done.placement.world_size
+                    self.free.give_back(done.placement.gpu_type, done.placement.world_size)
                     busy -= done.placement.world_size
                     done.record.end_s = now
                 else:
@@ -379,13 +322,19 @@ class Simulator:
                     if not self.options[job_id][self.policy]:
                         records[job_id].rejected = "no GPU type of the cluster can hold it"
                     else:
-                        queue.append(job)
+                        queue.append(QueuedJob(job_id, job.arrival_s, self.options[job_id][self.policy],
+                                               self.shortest_run[job_id]))
             t0 = time.perf_counter()
-            started, considered = self._schedule(now, queue, running)
+            started, considered = schedule_pass(
+                self.policy, now, queue,
+                [Busy(r.placement.gpu_type, r.placement.world_size, r.end_s) for r in running.values()]
+                if self.policy == "ect" else (),
+                self.free, reservation_depth=self.reservation_depth)
             decision_seconds += time.perf_counter() - t0
             decisions += considered
             passes += 1
-            for job, opt, placement in started:
+            for queued, opt, placement in started:
+                job = by_id[queued.job_id]
                 rec = records[job.job_id]
                 rec.start_s, rec.gpu_type, rec.num_gpus = now, opt.gpu_type, placement.world_size
                 rec.nodes = tuple(placement.nodes)
@@ -396,7 +345,7 @@ class Simulator:
                 heapq.heappush(events, (end, 0, seq, job.job_id))
                 seq += 1
             if started:
-                started_ids = {j.job_id for j, _, _ in started}
+                started_ids = {q.job_id for q, _, _ in started}
                 queue = [j for j in queue if j.job_id not in started_ids]
             if busy > self.total_gpus:
                 raise AssertionError(f"over-allocation at t={now}: {busy} > {self.total_gpus}")
@@ -405,110 +354,6 @@ class Simulator:
             raise SimulationError(f"{len(queue)} job(s) never started, e.g. {queue[0].job_id}")
         return SimResult(self.policy, list(records.values()), self.total_gpus, busy_integral, timeline,
                          decisions, decision_seconds, passes)
-
-    def _schedule(self, now: float, queue: list[TraceJob], running: dict[str, _Running]):
-        started: list[tuple[TraceJob, Option, Placement]] = []
-        considered = 0
-        if self.policy in ("fcfs", "has"):
-            select = first_fit_select if self.policy == "fcfs" else has_select
-            for job in queue:
-                if not any(self.free_by_type.values()):
-                    break
-                considered += 1
-                for opt in self.options[job.job_id][self.policy]:
-                    placement = self._try_place(job, opt, select)
-                    if placement is not None:
-                        started.append((job, opt, placement))
-                        break
-            return started, considered
-
-        # ect: expected completion time over a free-GPU profile per type, where every job
-        # that waits reserves its future slot (conservative backfilling).
-        profiles: dict[str, _FreeProfile] = {
-            t: _FreeProfile(now, free) for t, free in self.free_by_type.items()
-        }
-        for r in running.values():
-            profiles[r.placement.gpu_type].add(r.end_s, math.inf, r.placement.world_size)
-        # Highest response ratio next: (wait + run) / run favours short jobs without starving
-        # long ones, whose ratio grows while they wait.
-        def response_ratio(job: TraceJob) -> float:
-            run = self.shortest_run[job.job_id]
-            return (now - job.arrival_s + run) / run
-
-        order = sorted(queue, key=response_ratio, reverse=True)
-        reserved = 0
-        depth_limit = self.reservation_depth
-        for depth, job in enumerate(order):
-            if reserved >= depth_limit and not any(self.free_by_type.values()):
-                break
-            considered += 1
-            best: tuple[float, float, Option] | None = None
-            for opt in self.options[job.job_id]["ect"]:
-                start = profiles[opt.gpu_type].earliest(opt.num_gpus, opt.run_s)
-                if best is None or start + opt.run_s < best[0]:
-                    best = (start + opt.run_s, start, opt)
-            if best is None or best[1] == math.inf:
-                continue
-            _, start, opt = best
-            if start == now:
-                placement = self._try_place(job, opt, has_select)
-                if placement is not None:
-                    started.append((job, opt, placement))
-                    profiles[opt.gpu_type].add(now, now + opt.run_s, -opt.num_gpus)
-                    continue
-                # Enough GPUs of the type, but not in whole tp groups per node: wait for the
-                # next release rather than hold a reservation we cannot honour.
-                continue
-            if reserved < depth_limit:
-                reserved += 1
-                profiles[opt.gpu_type].add(start, start + opt.run_s, -opt.num_gpus)
-        return started, considered
-
-
-class _FreeProfile:
-    """Free GPUs of one type over future time: a step function built from breakpoints.
-
-    `add(t0, t1, delta)` changes the free count on [t0, t1); `earliest(n, d)` is the
-    first time from now at which n GPUs stay free for d seconds.
-    """
-
-    def __init__(self, now: float, free_now: int):
-        self.now = now
-        self.base = free_now
-        self.deltas: list[tuple[float, int]] = []  # (time, change), unsorted until needed
-        self._sorted = True
-
-    def add(self, t0: float, t1: float, delta: int) -> None:
-        self.deltas.append((t0, delta))
-        if t1 != math.inf:
-            self.deltas.append((t1, -delta))
-        self._sorted = False
-
-    def earliest(self, need: int, duration: float) -> float:
-        if not self._sorted:
-            self.deltas.sort()
-            self._sorted = True
-        # Walk the breakpoints; a candidate start holds while the free count stays >= need.
-        free = self.base
-        events = self.deltas
-        i = 0
-        while i < len(events) and events[i][0] <= self.now:
-            free += events[i][1]
-            i += 1
-        candidate = self.now if free >= need else None
-        while i < len(events):
-            t = events[i][0]
-            if candidate is not None and t >= candidate + duration:
-                return candidate
-            while i < len(events) and events[i][0] == t:
-                free += events[i][1]
-                i += 1
-            if free >= need:
-                if candidate is None:
-                    candidate = t
-            else:
-                candidate = None
-        return candidate if candidate is not None else math.inf
 
 
 def simulate(cluster: Cluster, jobs: list[TraceJob], policies: Iterable[str] = POLICIES,

@@ -1,0 +1,138 @@
+"""Which state database, and engines that make concurrent writers safe on it.
+
+The URL comes from an explicit argument, else `$FORGEFLOW_DB_URL`
+(`postgresql+psycopg://user:pw@host/db` in production), else the embedded
+default: a SQLite file `forgeflow.db` in the forgeflow state dir
+(`$FORGEFLOW_STATE_DIR`, default `~/.forgeflow/state`), which is what
+`make demo` uses without any set-up.
+
+Concurrency: every write goes through `write_transaction`. On SQLite that is
+`BEGIN IMMEDIATE` (the write lock is taken when the transaction starts, so two
+processes never both read the free GPUs and then both write) in WAL mode with a
+busy timeout (writers queue instead of failing); on PostgreSQL the caller takes
+row locks (`SELECT ... FOR UPDATE`) inside it.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+DB_URL_ENV = "FORGEFLOW_DB_URL"
+DB_FILE = "forgeflow.db"
+SQLITE_BUSY_TIMEOUT_S = 60.0
+
+
+class StateDbError(RuntimeError):
+    """The state database cannot be used: unreachable, bad URL, or a schema from a newer forgeflow."""
+
+
+def _state_dir(explicit: str | os.PathLike | None = None) -> Path:
+    # The same rule as diagnosis.state.state_dir (which sits above infra and cannot be imported here).
+    if explicit is not None:
+        return Path(explicit).expanduser()
+    env = os.environ.get("FORGEFLOW_STATE_DIR")
+    return Path(env).expanduser() if env else Path.home() / ".forgeflow" / "state"
+
+
+def database_url(explicit: str | None = None, *, state_dir: str | os.PathLike | None = None) -> str:
+    """The state database URL: `explicit`, else $FORGEFLOW_DB_URL, else SQLite in the state dir.
+
+    An explicit `state_dir` means "the database of that state dir" and wins over the environment
+    (the learned rules of a given state dir live there).
+    """
+    if explicit:
+        return explicit
+    if state_dir is None and os.environ.get(DB_URL_ENV):
+        return os.environ[DB_URL_ENV]
+    return f"sqlite:///{_state_dir(state_dir) / DB_FILE}"
+
+
+def redact(url: str) -> str:
+    """The URL with its password hidden, for error messages."""
+    try:
+        return sa.make_url(url).render_as_string(hide_password=True)
+    except Exception:  # a malformed URL is shown as given: it has no parsable password either
+        return url
+
+
+def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
+    return engine_or_conn.dialect.name == "sqlite"
+
+
+def is_postgres(engine_or_conn: Engine | Connection) -> bool:
+    return engine_or_conn.dialect.name == "postgresql"
+
+
+def _sqlite_engine(url: sa.URL) -> Engine:
+    if url.database and url.database != ":memory:":
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, connect_args={"timeout": SQLITE_BUSY_TIMEOUT_S})
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # noqa: ANN001 - DB-API objects
+        # Let SQLAlchemy's "begin" event below issue BEGIN itself (pysqlite would defer it).
+        dbapi_conn.isolation_level = None
+        cur = dbapi_conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_TIMEOUT_S * 1000)}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, fast commits
+        cur.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):  # noqa: ANN001
+        # Reads (read_transaction) take no write lock; everything else takes it up front.
+        conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("forgeflow_read") else "BEGIN IMMEDIATE")
+
+    return engine
+
+
+def make_engine(url: str) -> Engine:
+    """An engine for `url` (no schema check; see `open_state_db`)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as e:
+        raise StateDbError(
+            f"{DB_URL_ENV}={url!r} is not a database URL ({e}); use e.g. "
+            "postgresql+psycopg://user:password@host:5432/forgeflow or sqlite:////path/forgeflow.db"
+        ) from None
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.drivername == "postgresql":
+            parsed = parsed.set(drivername="postgresql+psycopg")  # the driver forgeflow installs
+        return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+    raise StateDbError(
+        f"state database {redact(url)!r}: backend {parsed.get_backend_name()!r} is not supported; "
+        "use postgresql+psycopg://... or sqlite:///..."
+    )
+
+
+@contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """One write transaction: BEGIN IMMEDIATE on SQLite (the event above), plain BEGIN on PostgreSQL."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except sa.exc.OperationalError as e:
+        reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+        raise StateDbError(
+            f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
+            "check that it is reachable and not read-only"
+        ) from None
+
+
+@contextmanager
+def read_transaction(engine: Engine) -> Iterator[Connection]:
+    """A consistent read (a deferred transaction on SQLite: it waits for no writer)."""
+    with engine.connect() as conn:
+        conn = conn.execution_options(forgeflow_read=True)
+        with conn.begin():
+            yield conn

@@ -1,0 +1,117 @@
+"""The state database's tables (SQLAlchemy Core), shared by the orchestrator and the diagnosis rules.
+
+Times are seconds since the epoch (float) from the writer's clock.
+Allocation rows are never deleted: a live allocation has `released_at` NULL, and
+the partial unique index `uq_allocations_live_gpu` lets the database itself refuse
+a second live allocation of one GPU. `allocation_events` is the append-only
+history (allocate / release / expire, in commit order) that double-booking is
+checked against after the fact.
+
+A change here needs a new Alembic revision in `migrations/versions/`.
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+metadata = sa.MetaData()
+
+JSON = sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")
+
+clusters = sa.Table(
+    "clusters", metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("inter_node_bandwidth_gbps", sa.Float, nullable=False),
+    sa.Column("generation", sa.Integer, nullable=False, default=1),  # bumped when the inventory changes
+    sa.Column("registered_at", sa.Float, nullable=False),
+    sa.Column("source", sa.Text, nullable=True),  # the file it was registered from
+)
+
+nodes = sa.Table(
+    "nodes", metadata,
+    sa.Column("cluster", sa.String(200), sa.ForeignKey("clusters.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("position", sa.Integer, nullable=False),  # inventory order (first-fit walks it)
+    sa.Column("spec", JSON, nullable=False),  # the validated scheduler.cluster.Node, minus free/cordon
+    sa.Column("gpu_type", sa.String(100), nullable=False),
+    sa.Column("gpu_count", sa.Integer, nullable=False),
+    # health: ready | cordoned (faulty: place nothing) | drained (finish running work, admit nothing)
+    sa.Column("state", sa.String(20), nullable=False, default="ready"),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("changed_by", sa.String(200), nullable=True),
+    sa.Column("changed_at", sa.Float, nullable=True),
+    sa.CheckConstraint("state in ('ready', 'cordoned', 'drained')", name="ck_nodes_state"),
+)
+
+gpus = sa.Table(
+    "gpus", metadata,
+    sa.Column("cluster", sa.String(200), primary_key=True),
+    sa.Column("node", sa.String(200), primary_key=True),
+    sa.Column("gpu_index", sa.Integer, primary_key=True),
+    sa.Column("gpu_type", sa.String(100), nullable=False),
+    sa.Column("memory_gib", sa.Float, nullable=False),
+    sa.Column("root_complex", sa.Integer, nullable=True),
+    sa.ForeignKeyConstraint(["cluster", "node"], ["nodes.cluster", "nodes.name"], ondelete="CASCADE"),
+)
+
+jobs = sa.Table(
+    "jobs", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster", sa.String(200), sa.ForeignKey("clusters.name", ondelete="CASCADE"), nullable=False),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("spec", JSON, nullable=True),  # the job spec as submitted (JobSpec dump or a GPU demand)
+    sa.Column("options", JSON, nullable=False),  # {policy: [Option, ...]} from MARP plans at submit
+    sa.Column("priority", sa.Integer, nullable=False, default=0),
+    # queued | running | finished | failed | cancelled (lost jobs are re-queued or failed)
+    sa.Column("state", sa.String(20), nullable=False, default="queued"),
+    sa.Column("submitted_at", sa.Float, nullable=False),
+    sa.Column("queued_at", sa.Float, nullable=False),  # submit, or the last re-queue
+    sa.Column("admitted_at", sa.Float, nullable=True),
+    sa.Column("finished_at", sa.Float, nullable=True),
+    sa.Column("predicted_run_s", sa.Float, nullable=True),
+    sa.Column("placement", JSON, nullable=True),  # scheduler.placement.Placement.to_dict() while running
+    sa.Column("attempts", sa.Integer, nullable=False, default=0),  # admissions so far
+    sa.Column("lost_count", sa.Integer, nullable=False, default=0),
+    sa.Column("reason", sa.Text, nullable=True),
+    sa.Column("submitted_by", sa.String(200), nullable=True),
+    sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled')", name="ck_jobs_state"),
+)
+sa.Index("ix_jobs_cluster_state", jobs.c.cluster, jobs.c.state)
+
+live = sa.text("released_at IS NULL")
+allocations = sa.Table(
+    "allocations", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("cluster", sa.String(200), nullable=False),
+    sa.Column("node", sa.String(200), nullable=False),
+    sa.Column("gpu_index", sa.Integer, nullable=False),
+    sa.Column("allocated_at", sa.Float, nullable=False),
+    sa.Column("lease_expires_at", sa.Float, nullable=False),
+    sa.Column("released_at", sa.Float, nullable=True),
+    sa.ForeignKeyConstraint(["cluster", "node", "gpu_index"], ["gpus.cluster", "gpus.node", "gpus.gpu_index"]),
+)
+# The guarantee: at most one live allocation per GPU, enforced by the database.
+sa.Index("uq_allocations_live_gpu", allocations.c.cluster, allocations.c.node, allocations.c.gpu_index,
+         unique=True, sqlite_where=live, postgresql_where=live)
+sa.Index("ix_allocations_job_live", allocations.c.job_id, sqlite_where=live, postgresql_where=live)
+
+allocation_events = sa.Table(
+    "allocation_events", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),  # commit order under the scheduler lock
+    sa.Column("allocation_id", sa.Integer, nullable=False),
+    sa.Column("job_id", sa.Integer, nullable=False),
+    sa.Column("cluster", sa.String(200), nullable=False),
+    sa.Column("node", sa.String(200), nullable=False),
+    sa.Column("gpu_index", sa.Integer, nullable=False),
+    sa.Column("event", sa.String(10), nullable=False),  # allocate | release | expire
+    sa.Column("at", sa.Float, nullable=False),
+)
+
+diagnosis_rules = sa.Table(
+    "diagnosis_rules", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),  # newest learned = highest id
+    sa.Column("name", sa.String(300), nullable=False, unique=True),
+    sa.Column("pattern", sa.Text, nullable=False, unique=True),
+    sa.Column("rule", JSON, nullable=False),  # diagnosis.rules.DiagnosisRule.model_dump()
+)

@@ -1,0 +1,29 @@
+"""forgeflow: scheduler.orchestrator — shared, persistent cluster state and the job queue (Frenzy's third part).
+
+    config      OrchestratorConfig (policy, lease, grace, what happens to a lost job) and typed errors
+    inventory   register a cluster inventory; load it back as a `scheduler.cluster.Cluster` with health
+    options     a job's ways to run: MARP plans of a JobSpec, or a plain GPU demand; placements as data
+    service     `Orchestrator`: submit, admit (one policy pass, `scheduler.policy`), renew, release,
+                expire leases, cordon / drain / uncordon, wait for admission
+    views       cluster status and queue snapshots, and the nodes x GPUs table (markdown)
+    history     double-booking check over the allocation history
+
+State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
+through FORGEFLOW_DB_URL). Every change is one write transaction that holds the
+scheduler lock (BEGIN IMMEDIATE on SQLite, the cluster row FOR UPDATE on
+PostgreSQL), and the database refuses a second live allocation of one GPU.
+"""
+
+from scheduler.orchestrator.config import (
+    LeaseLostError,
+    OrchestratorConfig,
+    OrchestratorError,
+)
+from scheduler.orchestrator.history import double_booked
+from scheduler.orchestrator.options import demand_options, job_options, placement_from_dict
+from scheduler.orchestrator.service import Admission, Orchestrator
+
+__all__ = [
+    "Admission", "LeaseLostError", "Orchestrator", "OrchestratorConfig", "OrchestratorError",
+    "demand_options", "double_booked", "job_options", "placement_from_dict",
+]

@@ -1,0 +1,113 @@
+"""What a queued job may run on: its options per policy, computed once at submit and stored with it.
+
+A training job (a `JobSpec`) gets MARP's plans on the cluster's GPU types: the user
+may name no GPU type and no count (Frenzy-style), or pin either. A plain GPU demand
+(count, memory, duration: evaluation jobs, benchmarks) gets one option per GPU type
+that holds it. Both are the same `scheduler.policy.Option`s the simulator weighs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.cluster import Cluster
+from scheduler.placement import NodeAssignment, Placement
+from scheduler.planner import PlannerConfig, gpu_pools, plan_job
+from scheduler.policy import POLICIES, Option
+from scheduler.orchestrator.config import OrchestratorError
+
+
+def _all_ready(cluster: Cluster) -> Cluster:
+    """Plan against the whole inventory: a job that fits only cordoned nodes still waits for them."""
+    copy = cluster.copy_state()
+    for node in copy.nodes:
+        node.cordoned = False
+    return copy
+
+
+def _by_policy(sized: list[Option], fastest_type_first: list[str]) -> dict[str, list[Option]]:
+    smallest: dict[str, Option] = {}
+    for o in sorted(sized, key=lambda o: (o.num_gpus, o.run_s)):
+        smallest.setdefault(o.gpu_type, o)
+    has = sorted(smallest.values(), key=lambda o: (o.run_s, o.num_gpus))
+    rank = {t: i for i, t in enumerate(fastest_type_first)}
+    fcfs = sorted(smallest.values(), key=lambda o: rank.get(o.gpu_type, len(rank)))
+    ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
+    return {"fcfs": fcfs, "has": has, "ect": ect}
+
+
+def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus: int | None = None,
+                planner: PlannerConfig | None = None) -> dict[str, list[Option]]:
+    """Options of a training job from its MARP plans (best plan per GPU type and count).
+
+    Raises `scheduler.planner.InfeasibleJobError` when no GPU type can hold it.
+    """
+    whole = _all_ready(cluster)
+    if gpu_type is not None and gpu_type not in whole.gpu_types():
+        raise OrchestratorError(f"cluster {cluster.name!r} has no {gpu_type} GPUs; types: {whole.gpu_types()}")
+    config = planner or PlannerConfig()
+    update: dict[str, Any] = {}
+    if gpu_type is not None:
+        update["gpu_types"] = (gpu_type,)
+    if gpus is not None:
+        update["gpu_counts"] = (gpus,)
+    plans = plan_job(job, whole, config.model_copy(update=update))
+    steps = job.training.steps
+    seen: set[tuple[str, int]] = set()
+    sized: list[Option] = []
+    for p in plans:  # best first: the first plan of a (type, count) is the one to run
+        if (p.gpu_type, p.num_gpus) in seen:
+            continue
+        seen.add((p.gpu_type, p.num_gpus))
+        sized.append(Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
+                            min_memory_bytes=p.required_memory_bytes, run_s=steps * p.predicted_step_time_s,
+                            plan=p, dp=p.dp, tp=p.tp, pp=p.pp))
+    return _by_policy(sized, whole.gpu_types())
+
+
+def demand_options(cluster: Cluster, num_gpus: int, *, min_memory_gib: float = 0.0, duration_s: float = 3600.0,
+                   gpu_type: str | None = None) -> dict[str, list[Option]]:
+    """Options of a plain GPU demand: `num_gpus` GPUs of any type (or `gpu_type`) with enough memory.
+
+    Run time scales with peak TFLOP/s from `duration_s` on the fastest type. Raises
+    OrchestratorError when no GPU type of the cluster can ever hold it.
+    """
+    if num_gpus < 1:
+        raise OrchestratorError(f"a job needs at least 1 GPU (got {num_gpus})")
+    need = int(min_memory_gib * 2**30)
+    pools = gpu_pools(_all_ready(cluster))
+    fastest = max((p.peak_tflops for p in pools), default=1.0)
+    fits = [p for p in pools
+            if p.memory_bytes >= need and p.total_gpus >= num_gpus and gpu_type in (None, p.gpu_type)]
+    if not fits:
+        have = ", ".join(f"{p.total_gpus}x {p.gpu_type} ({p.memory_bytes / 2**30:.0f} GiB)" for p in pools)
+        raise OrchestratorError(
+            f"no GPU type of cluster {cluster.name!r} can ever hold {num_gpus} GPU(s)"
+            f"{' of ' + gpu_type if gpu_type else ''} with {min_memory_gib:g} GiB each [{have}]; "
+            "ask for fewer GPUs or less memory"
+        )
+    sized = [Option(gpu_type=p.gpu_type, num_gpus=num_gpus, unit=1, min_memory_bytes=need,
+                    run_s=duration_s * fastest / p.peak_tflops, dp=num_gpus) for p in fits]
+    return _by_policy(sized, [p.gpu_type for p in pools])
+
+
+def options_to_json(options: dict[str, list[Option]]) -> dict[str, list[dict[str, Any]]]:
+    return {policy: [o.to_dict() for o in options.get(policy, [])] for policy in POLICIES}
+
+
+def options_from_json(data: dict[str, list[dict[str, Any]]], policy: str) -> list[Option]:
+    return [Option.from_dict(o) for o in data.get(policy, [])]
+
+
+def placement_from_dict(data: dict[str, Any]) -> Placement:
+    """The inverse of `Placement.to_dict()` (without the plan object)."""
+    return Placement(
+        job=data["job"], gpu_type=data["gpu_type"], dp=data["dp"], tp=data["tp"], pp=data["pp"],
+        assignments=[
+            NodeAssignment(node=n["node"], address=n["address"], gpus=tuple(n["gpus"]), ranks=tuple(n["ranks"]),
+                           stages=tuple(n["stages"]), root_complexes=tuple(n["root_complexes"]))
+            for n in data["nodes"]
+        ],
+        master_addr=data["master_addr"], master_port=data["master_port"],
+        predicted_step_time_s=data.get("predicted_step_time_s"), cross_mapped=data.get("cross_mapped", False),
+    )

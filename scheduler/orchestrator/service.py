@@ -1,0 +1,343 @@
+"""The orchestrator: submit, admit, renew, release, expire, cordon — each one transaction.
+
+Every change runs `_locked`: a write transaction that first takes the scheduler
+lock (BEGIN IMMEDIATE on SQLite; the cluster's row `SELECT ... FOR UPDATE` on
+PostgreSQL), reclaims expired leases, applies the change, and — whenever
+resources may have changed — makes one policy pass (`scheduler.policy.schedule_pass`,
+the simulator's code) that turns queued jobs into allocations. The partial unique
+index on live allocations is the database's own refusal of a double booking, so
+even a bug here could not hand one GPU to two jobs.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from infra.statedb import is_postgres, open_state_db, read_transaction, write_transaction
+from infra.statedb.schema import allocation_events, allocations, clusters, jobs, nodes
+from scheduler.cluster import Cluster
+from scheduler.placement import Placement
+from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
+import scheduler.orchestrator.inventory as inventory
+from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
+from scheduler.orchestrator.options import options_from_json, options_to_json, placement_from_dict
+
+ACTIVE = ("queued", "running")
+DONE = ("finished", "failed", "cancelled")
+
+
+def default_actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = str(os.getuid())
+    return f"{user}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A job that holds GPUs: where, and until when its lease runs."""
+
+    job_id: int
+    name: str
+    placement: Placement
+    lease_expires_at: float
+
+
+@dataclass
+class PassResult:
+    admitted: list[int]
+    expired_jobs: list[int]
+    considered: int
+
+
+class Orchestrator:
+    """Cluster state, queue and leases in the state database at `url` (default: FORGEFLOW_DB_URL or SQLite)."""
+
+    def __init__(self, url: str | None = None, config: OrchestratorConfig | None = None, *,
+                 engine: Engine | None = None, actor: str | None = None):
+        self.engine = engine or open_state_db(url)
+        self.url = str(self.engine.url)
+        self.config = config or OrchestratorConfig()
+        self.actor = actor or default_actor()
+        self._options: dict[int, list[Option]] = {}  # per job, immutable after submit
+        self._run_s: dict[int, float] = {}
+
+    # ---------------------------------------------------------------- transactions
+    @contextmanager
+    def _locked(self, cluster: str | None) -> Iterator[tuple[Connection, str]]:
+        with write_transaction(self.engine) as conn:
+            name = inventory.resolve_cluster(conn, cluster)
+            if is_postgres(conn):
+                # The scheduler lock: one decision at a time per cluster (row lock, released at commit).
+                conn.execute(sa.select(clusters.c.name).where(clusters.c.name == name).with_for_update())
+            yield conn, name
+
+    def _job_row(self, conn: Connection, job_id: int, *, lock: bool = False):
+        query = sa.select(jobs).where(jobs.c.id == job_id)
+        row = conn.execute(query.with_for_update() if lock and is_postgres(conn) else query).one_or_none()
+        if row is None:
+            raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+        return row
+
+    def _cluster_of(self, job_id: int) -> str:
+        with read_transaction(self.engine) as conn:
+            return self._job_row(conn, job_id).cluster
+
+    # ---------------------------------------------------------------- inventory and health
+    def register(self, cluster: Cluster, *, source: str | None = None) -> dict[str, Any]:
+        with write_transaction(self.engine) as conn:
+            if is_postgres(conn):
+                conn.execute(sa.select(clusters.c.name).where(clusters.c.name == cluster.name).with_for_update())
+            summary = inventory.register(conn, cluster, source=source, by=self.actor)
+        self.reconcile(cluster.name)  # new GPUs: admit what now fits
+        return summary
+
+    def cluster(self, cluster: str | None = None) -> Cluster:
+        """A private copy of the cluster as it is now (health and free GPUs)."""
+        with read_transaction(self.engine) as conn:
+            name = inventory.resolve_cluster(conn, cluster)
+            return inventory.load_cluster(conn, name, url=self.url).copy_state()
+
+    def set_health(self, node: str, state: str, *, reason: str = "", cluster: str | None = None,
+                   by: str | None = None) -> dict[str, Any]:
+        """cordon (faulty: place nothing there), drain (finish running work, admit nothing new) or ready."""
+        if state not in inventory.HEALTH_STATES:
+            raise OrchestratorError(f"unknown node state {state!r}; use one of {inventory.HEALTH_STATES}")
+        with self._locked(cluster) as (conn, name):
+            row = conn.execute(sa.select(nodes.c.state).where(nodes.c.cluster == name, nodes.c.name == node)
+                               ).one_or_none()
+            if row is None:
+                known = [n for (n,) in conn.execute(sa.select(nodes.c.name).where(nodes.c.cluster == name)
+                                                    .order_by(nodes.c.position))]
+                shown = ", ".join(known[:12]) + (" ..." if len(known) > 12 else "")
+                raise OrchestratorError(f"no node named {node!r} in cluster {name!r}; nodes: {shown}")
+            conn.execute(sa.update(nodes).where(nodes.c.cluster == name, nodes.c.name == node).values(
+                state=state, reason=reason or None, changed_by=by or self.actor, changed_at=time.time()))
+            running = inventory.live_jobs_on(conn, name, node)
+            result = self._pass(conn, name) if state == "ready" else None
+        return {"cluster": name, "node": node, "state": state, "previous": row.state, "reason": reason or None,
+                "running_jobs": running, "admitted": result.admitted if result else []}
+
+    def cordon(self, node: str, reason: str = "", **kw: Any) -> dict[str, Any]:
+        return self.set_health(node, "cordoned", reason=reason, **kw)
+
+    def drain(self, node: str, reason: str = "", **kw: Any) -> dict[str, Any]:
+        return self.set_health(node, "drained", reason=reason, **kw)
+
+    def uncordon(self, node: str, reason: str = "", **kw: Any) -> dict[str, Any]:
+        return self.set_health(node, "ready", reason=reason, **kw)
+
+    # ---------------------------------------------------------------- the queue
+    def submit(self, name: str, options: dict[str, list[Option]], *, cluster: str | None = None,
+               spec: dict[str, Any] | None = None, priority: int = 0) -> int:
+        """Queue a job with its options (see `options.job_options` / `demand_options`); returns its id.
+
+        The same transaction makes a policy pass, so a job that fits starts at once.
+        """
+        if not any(options.values()):
+            raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
+        now = time.time()
+        with self._locked(cluster) as (conn, cname):
+            job_id = conn.execute(sa.insert(jobs).values(
+                cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
+                state="queued", submitted_at=now, queued_at=now, attempts=0, lost_count=0,
+                submitted_by=self.actor).returning(jobs.c.id)).scalar_one()
+            self._options[job_id] = list(options.get(self.config.policy, []))
+            self._pass(conn, cname)
+        return job_id
+
+    def cancel(self, job_id: int, reason: str = "cancelled") -> str:
+        """Remove a queued job from the queue, or release a running one; returns its previous state."""
+        return self.release(job_id, outcome="cancelled", reason=reason)
+
+    def release(self, job_id: int, *, outcome: str = "finished", reason: str | None = None) -> str:
+        """Give the job's GPUs back and record how it ended (finished / failed / cancelled).
+
+        Idempotent: releasing a job that already ended changes nothing. Returns the previous state.
+        """
+        if outcome not in DONE:
+            raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
+        cluster = self._cluster_of(job_id)
+        with self._locked(cluster) as (conn, cname):
+            row = self._job_row(conn, job_id, lock=True)
+            if row.state in DONE:
+                return row.state
+            now = time.time()
+            freed = self._free_allocations(conn, sa.and_(allocations.c.job_id == job_id), now, "release")
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                state=outcome, finished_at=now, reason=reason, placement=row.placement))
+            self._options.pop(job_id, None)
+            if freed:
+                self._pass(conn, cname)
+            return row.state
+
+    def renew(self, job_id: int) -> float:
+        """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed."""
+        until = time.time() + self.config.lease_s
+        with write_transaction(self.engine) as conn:
+            done = conn.execute(sa.update(allocations).where(
+                allocations.c.job_id == job_id, allocations.c.released_at.is_(None)).values(
+                lease_expires_at=until)).rowcount
+        if not done:
+            raise LeaseLostError(
+                f"job {job_id} holds no GPUs any more (its lease expired or it was released); "
+                "stop its work: the GPUs may already run another job"
+            )
+        return until
+
+    def reconcile(self, cluster: str | None = None) -> PassResult:
+        """Reclaim expired leases and admit what fits (what a waiting holder calls now and then)."""
+        with self._locked(cluster) as (conn, cname):
+            return self._pass(conn, cname)
+
+    # ---------------------------------------------------------------- reading
+    def job(self, job_id: int) -> dict[str, Any]:
+        with read_transaction(self.engine) as conn:
+            row = self._job_row(conn, job_id)
+        return {k: v for k, v in row._mapping.items() if k != "options"}
+
+    def admission(self, job_id: int) -> Admission | None:
+        """Where the job runs, or None while it waits. Raises OrchestratorError if it ended."""
+        with read_transaction(self.engine) as conn:
+            row = self._job_row(conn, job_id)
+            if row.state == "queued":
+                return None
+            if row.state != "running":
+                raise OrchestratorError(f"job {job_id} ({row.name}) is {row.state}"
+                                        + (f": {row.reason}" if row.reason else ""))
+            lease = conn.execute(sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
+                allocations.c.job_id == job_id, allocations.c.released_at.is_(None))).scalar()
+        return Admission(job_id, row.name, placement_from_dict(row.placement), lease or 0.0)
+
+    def queue_position(self, job_id: int) -> tuple[int, int]:
+        """(1-based position of the job among queued jobs of its cluster, queue length); (0, n) if not queued."""
+        with read_transaction(self.engine) as conn:
+            row = self._job_row(conn, job_id)
+            ids = [i for (i,) in conn.execute(sa.select(jobs.c.id).where(
+                jobs.c.cluster == row.cluster, jobs.c.state == "queued").order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id))]
+        return (ids.index(job_id) + 1 if job_id in ids else 0), len(ids)
+
+    def lease_overdue(self, cluster: str | None = None) -> bool:
+        """Whether some live allocation is past its lease and grace (a pass would reclaim it)."""
+        cutoff = time.time() - self.config.grace_s
+        with read_transaction(self.engine) as conn:
+            name = inventory.resolve_cluster(conn, cluster)
+            oldest = conn.execute(sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
+                allocations.c.cluster == name, allocations.c.released_at.is_(None))).scalar()
+        return oldest is not None and oldest < cutoff
+
+    def wait_admitted(self, job_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
+                      on_wait: Callable[[int, int], None] | None = None) -> Admission:
+        """Block until the job holds GPUs. `on_wait(position, queue_length)` is called each poll.
+
+        While waiting it reclaims overdue leases (a crashed holder frees GPUs even when
+        nothing else touches the orchestrator). Raises OrchestratorError if the job ends
+        without running (cancelled, failed) and TimeoutError after `timeout_s`.
+        """
+        cluster = self._cluster_of(job_id)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            admission = self.admission(job_id)
+            if admission is not None:
+                return admission
+            if self.lease_overdue(cluster):
+                self.reconcile(cluster)
+                continue
+            if on_wait is not None:
+                on_wait(*self.queue_position(job_id))
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} still queued after {timeout_s:.0f} s")
+            time.sleep(poll_s)
+
+    # ---------------------------------------------------------------- inside the lock
+    def _free_allocations(self, conn: Connection, which, now: float, event: str) -> list[tuple]:
+        freed = conn.execute(sa.update(allocations).where(which, allocations.c.released_at.is_(None)).values(
+            released_at=now).returning(allocations.c.id, allocations.c.job_id, allocations.c.cluster,
+                                       allocations.c.node, allocations.c.gpu_index)).all()
+        if freed:
+            conn.execute(sa.insert(allocation_events), [
+                dict(allocation_id=a, job_id=j, cluster=c, node=n, gpu_index=g, event=event, at=now)
+                for a, j, c, n, g in freed])
+        return freed
+
+    def _expire(self, conn: Connection, cname: str, now: float) -> list[int]:
+        cutoff = now - self.config.grace_s
+        freed = self._free_allocations(conn, sa.and_(allocations.c.cluster == cname,
+                                                     allocations.c.lease_expires_at < cutoff), now, "expire")
+        lost = sorted({j for _, j, *_ in freed})
+        for job_id in lost:
+            row = self._job_row(conn, job_id)
+            if row.state != "running":
+                continue
+            requeue = self.config.on_lost == "requeue" and row.lost_count < self.config.max_requeues
+            why = f"lost: lease expired at {time.strftime('%H:%M:%S', time.gmtime(now))} UTC (holder stopped renewing)"
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                state="queued" if requeue else "failed", lost_count=row.lost_count + 1,
+                queued_at=now, placement=None if requeue else row.placement,
+                finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else "")))
+        return lost
+
+    def _queue(self, conn: Connection, cname: str) -> list[QueuedJob]:
+        rows = conn.execute(sa.select(jobs.c.id, jobs.c.queued_at).where(
+            jobs.c.cluster == cname, jobs.c.state == "queued").order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
+        missing = [r.id for r in rows if r.id not in self._options]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start:start + 500]
+            for job_id, options in conn.execute(sa.select(jobs.c.id, jobs.c.options).where(jobs.c.id.in_(chunk))):
+                self._options[job_id] = options_from_json(options, self.config.policy)
+        return [QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in rows if self._options[r.id]]
+
+    def _running(self, conn: Connection, cname: str) -> list[Busy]:
+        out = []
+        for admitted, run_s, placement in conn.execute(sa.select(
+                jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement).where(
+                jobs.c.cluster == cname, jobs.c.state == "running")):
+            out.append(Busy(placement["gpu_type"], placement["world_size"], admitted + (run_s or 0.0)))
+        return out
+
+    def _pass(self, conn: Connection, cname: str) -> PassResult:
+        now = time.time()
+        expired = self._expire(conn, cname, now)
+        queue = self._queue(conn, cname)
+        if not queue:
+            return PassResult([], expired, 0)
+        cluster = inventory.load_cluster(conn, cname, url=self.url)
+        free = FreeGpus(cluster)
+        if not free.any():
+            return PassResult([], expired, 0)
+        running = self._running(conn, cname) if self.config.policy == "ect" else []
+        started, considered = schedule_pass(self.config.policy, now, queue, running, free,
+                                            reservation_depth=self.config.reservation_depth)
+        if not started:
+            return PassResult([], expired, considered)
+        lease = now + self.config.lease_s
+        names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name).where(
+            jobs.c.id.in_([int(q.job_id) for q, _, _ in started]))).all())
+        rows = []
+        for queued, opt, placement in started:
+            job_id = int(queued.job_id)
+            placement.job = names[job_id]
+            rows.extend(dict(job_id=job_id, cluster=cname, node=a.node, gpu_index=g, allocated_at=now,
+                             lease_expires_at=lease) for a in placement.assignments for g in a.gpus)
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                state="running", admitted_at=now, attempts=jobs.c.attempts + 1, placement=placement.to_dict(),
+                predicted_run_s=opt.run_s, reason=None))
+        # The database refuses a GPU that another live allocation holds (uq_allocations_live_gpu):
+        # an IntegrityError here rolls the whole decision back.
+        made = conn.execute(sa.insert(allocations).returning(
+            allocations.c.id, allocations.c.job_id, allocations.c.node, allocations.c.gpu_index,
+            sort_by_parameter_order=True), rows).all()
+        conn.execute(sa.insert(allocation_events), [
+            dict(allocation_id=a, job_id=j, cluster=cname, node=n, gpu_index=g, event="allocate", at=now)
+            for a, j, n, g in made])
+        return PassResult([int(q.job_id) for q, _, _ in started], expired, considered)

@@ -1,0 +1,107 @@
+"""Snapshots a person reads: nodes with health and who holds each GPU; the queue; a markdown table.
+
+Plain data (dicts) so the CLI prints them as JSON or rich tables and the flows
+publish them as Prefect artifacts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from infra.statedb import read_transaction
+from infra.statedb.schema import allocations, jobs, nodes
+import scheduler.orchestrator.inventory as inventory
+
+
+def cluster_status(engine: Engine, cluster: str | None = None) -> dict[str, Any]:
+    """Every node: type, health (with reason, who, when), and per GPU the job holding it."""
+    with read_transaction(engine) as conn:
+        name = inventory.resolve_cluster(conn, cluster)
+        holders: dict[tuple[str, int], tuple[int, str, float]] = {}
+        for node, gpu, job_id, job_name, lease in conn.execute(
+                sa.select(allocations.c.node, allocations.c.gpu_index, allocations.c.job_id, jobs.c.name,
+                          allocations.c.lease_expires_at)
+                .join(jobs, jobs.c.id == allocations.c.job_id)
+                .where(allocations.c.cluster == name, allocations.c.released_at.is_(None))):
+            holders[(node, gpu)] = (job_id, job_name, lease)
+        rows = conn.execute(sa.select(nodes).where(nodes.c.cluster == name).order_by(nodes.c.position)).all()
+        counts = dict(conn.execute(sa.select(jobs.c.state, sa.func.count()).where(jobs.c.cluster == name)
+                                   .group_by(jobs.c.state)).all())
+    out_nodes = []
+    free_by_type: dict[str, int] = {}
+    total_by_type: dict[str, int] = {}
+    for r in rows:
+        gpus = []
+        for i in range(r.gpu_count):
+            held = holders.get((r.name, i))
+            gpus.append({"index": i, "job_id": held[0] if held else None, "job": held[1] if held else None,
+                         "lease_expires_at": held[2] if held else None})
+        busy = sum(1 for g in gpus if g["job_id"] is not None)
+        total_by_type[r.gpu_type] = total_by_type.get(r.gpu_type, 0) + r.gpu_count
+        free_by_type[r.gpu_type] = free_by_type.get(r.gpu_type, 0) + (r.gpu_count - busy if r.state == "ready" else 0)
+        state = "draining" if r.state == "drained" and busy else r.state
+        out_nodes.append({"node": r.name, "gpu_type": r.gpu_type, "gpu_count": r.gpu_count, "state": state,
+                          "reason": r.reason, "changed_by": r.changed_by, "changed_at": r.changed_at,
+                          "busy_gpus": busy, "gpus": gpus})
+    return {"cluster": name, "nodes": out_nodes, "gpus_by_type": total_by_type, "free_by_type": free_by_type,
+            "jobs_by_state": counts, "at": time.time()}
+
+
+def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: int = 0) -> dict[str, Any]:
+    """Queued jobs in queue order (with position), running jobs, and the last `include_done` ended ones."""
+    cols = [jobs.c.id, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at, jobs.c.queued_at,
+            jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
+            jobs.c.lost_count, jobs.c.placement, jobs.c.options]
+    with read_transaction(engine) as conn:
+        name = inventory.resolve_cluster(conn, cluster)
+        queued = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "queued")
+                              .order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
+        running = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "running")
+                               .order_by(jobs.c.admitted_at)).all()
+        done = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state.in_(
+            ("finished", "failed", "cancelled"))).order_by(jobs.c.id.desc()).limit(include_done)).all() \
+            if include_done else []
+
+    def entry(r, position: int | None = None) -> dict[str, Any]:
+        first = (r.options.get("has") or r.options.get("ect") or [{}])[0]
+        e = {"job_id": r.id, "name": r.name, "state": r.state, "priority": r.priority,
+             "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
+             "attempts": r.attempts, "lost": r.lost_count, "reason": r.reason, "submitted_by": r.submitted_by,
+             "wants": f"{first.get('num_gpus', '?')}x {first.get('gpu_type', '?')}" if first else None,
+             "options": sum(len(v) for v in r.options.values())}
+        if position is not None:
+            e["position"] = position
+        if r.placement:
+            e["placement"] = {"gpu_type": r.placement["gpu_type"], "world_size": r.placement["world_size"],
+                              "nodes": {n["node"]: n["gpus"] for n in r.placement["nodes"]}}
+        return e
+
+    return {"cluster": name, "queued": [entry(r, i + 1) for i, r in enumerate(queued)],
+            "running": [entry(r) for r in running], "ended": [entry(r) for r in done]}
+
+
+def cluster_markdown(status: dict[str, Any], *, max_nodes: int = 64) -> str:
+    """Nodes x GPUs: each cell the job holding the GPU, `·` when free, the node's state when not ready."""
+    widest = max((n["gpu_count"] for n in status["nodes"]), default=0)
+    head = "| node | type | state | " + " | ".join(f"GPU {i}" for i in range(widest)) + " |"
+    sep = "|" + "---|" * (3 + widest)
+    lines = [f"### Cluster `{status['cluster']}`", "",
+             "free GPUs: " + ", ".join(f"{t} {status['free_by_type'].get(t, 0)}/{n}"
+                                       for t, n in status["gpus_by_type"].items()), "", head, sep]
+    for node in status["nodes"][:max_nodes]:
+        state = node["state"] + (f" ({node['reason']})" if node["reason"] else "")
+        cells = []
+        for g in node["gpus"]:
+            if g["job"] is not None:
+                cells.append(f"**{g['job']}** #{g['job_id']}")
+            else:
+                cells.append("·" if node["state"] == "ready" else node["state"])
+        cells += [""] * (widest - len(cells))
+        lines.append(f"| {node['node']} | {node['gpu_type']} | {state} | " + " | ".join(cells) + " |")
+    if len(status["nodes"]) > max_nodes:
+        lines.append(f"\n… and {len(status['nodes']) - max_nodes} more nodes")
+    return "\n".join(lines)

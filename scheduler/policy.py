@@ -1,0 +1,241 @@
+"""The scheduling policies, one pass at a time: which waiting jobs start now, on which GPUs.
+
+One function, `schedule_pass`, is what both the discrete-event simulator
+(`scheduler.simulate`) and the live orchestrator (`scheduler.orchestrator`) run,
+so a simulated result speaks for the live system. The caller owns the clock and
+the cluster's free lists; the pass allocates on the `Cluster` object it is given
+(all or nothing per job) and returns what started.
+
+``fcfs``  FCFS-opportunistic (Frenzy's baseline): queue order, each job takes its
+          first option whose GPUs are free, first-fit over nodes in inventory order;
+          jobs behind a waiting one may start.
+``has``   Frenzy's HAS: queue order, each job's MARP-sized options in preference
+          order, best-fit over nodes (`scheduler.placement.has_select`).
+``ect``   expected completion time with HRRN order and conservative backfilling
+          (see `scheduler.simulate` for the rationale): each job takes the option
+          that completes first given when each GPU type frees up; a job that must
+          wait reserves its slot (the first `reservation_depth` do), so later jobs
+          only backfill around it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal, Protocol, Sequence
+
+from scheduler.cluster import Cluster, Node
+from scheduler.placement import GpuRequest, Placement, allocate_placement, build_placement, first_fit_select, has_select
+
+Policy = Literal["fcfs", "has", "ect"]
+POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")
+POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + HRRN + backfill (ours)"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way a job can run: GPU type and count, the plan (training jobs) and its run time."""
+
+    gpu_type: str
+    num_gpus: int
+    unit: int  # tensor-parallel group: GPUs that must share a node
+    min_memory_bytes: int
+    run_s: float  # predicted, when packed as densely as the planner assumed
+    plan: Any = None  # scheduler.planner.Plan, when the option came from the planner
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+
+    def request(self) -> GpuRequest:
+        return GpuRequest(count=self.num_gpus, min_memory_bytes=self.min_memory_bytes,
+                          gpu_type=self.gpu_type, unit=self.unit)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything but the plan object (what the orchestrator stores with a queued job)."""
+        return {"gpu_type": self.gpu_type, "num_gpus": self.num_gpus, "unit": self.unit,
+                "min_memory_bytes": self.min_memory_bytes, "run_s": self.run_s,
+                "dp": self.dp, "tp": self.tp, "pp": self.pp}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Option":
+        return cls(**{k: data[k] for k in ("gpu_type", "num_gpus", "unit", "min_memory_bytes", "run_s",
+                                          "dp", "tp", "pp") if k in data})
+
+
+class Waiting(Protocol):
+    """A job in the queue, as a pass sees it."""
+
+    job_id: str
+    arrival_s: float  # when it (last) joined the queue
+    options: Sequence[Option]  # the policy's options, in preference order
+    shortest_run_s: float  # the fastest of its options (HRRN's run time)
+
+
+@dataclass
+class QueuedJob:
+    job_id: str
+    arrival_s: float
+    options: Sequence[Option]
+    shortest_run_s: float = math.inf
+
+    def __post_init__(self) -> None:
+        if self.shortest_run_s == math.inf and self.options:
+            self.shortest_run_s = min(o.run_s for o in self.options)
+
+
+@dataclass(frozen=True)
+class Busy:
+    """GPUs a running job holds and when it is predicted to give them back (ECT's profile)."""
+
+    gpu_type: str
+    num_gpus: int
+    end_s: float
+
+
+class FreeGpus:
+    """The cluster's idle GPUs during one pass: per type counts and schedulable nodes per type."""
+
+    def __init__(self, cluster: Cluster):
+        self.cluster = cluster
+        self.by_type: dict[str, int] = cluster.free_gpus_by_type()
+        self.nodes_by_type: dict[str, list[Node]] = {}
+        for n in cluster.schedulable_nodes():
+            self.nodes_by_type.setdefault(n.gpu_type, []).append(n)
+
+    def any(self) -> bool:
+        return any(self.by_type.values())
+
+    def try_place(self, job_id: str, opt: Option, select) -> Placement | None:
+        """Allocate the option's GPUs on the cluster if they are free now (all or nothing)."""
+        if self.by_type.get(opt.gpu_type, 0) < opt.num_gpus:
+            return None  # cheap rejection before walking the nodes
+        chosen = select(self.cluster, opt.request(), self.nodes_by_type.get(opt.gpu_type, ()))
+        if chosen is None:
+            return None
+        placement = build_placement(self.cluster, chosen, job=job_id, gpu_type=opt.gpu_type,
+                                    dp=opt.dp, tp=opt.tp, pp=opt.pp)
+        allocate_placement(self.cluster, placement)
+        self.by_type[opt.gpu_type] -= opt.num_gpus
+        return placement
+
+    def give_back(self, gpu_type: str, count: int) -> None:
+        self.by_type[gpu_type] = self.by_type.get(gpu_type, 0) + count
+
+
+def schedule_pass(
+    policy: str,
+    now: float,
+    queue: Sequence[Waiting],
+    running: Iterable[Busy],
+    free: FreeGpus,
+    *,
+    reservation_depth: int = 8,
+) -> tuple[list[tuple[Waiting, Option, Placement]], int]:
+    """One scheduling pass: (started jobs with their option and placement, jobs considered).
+
+    `queue` is in queue order (FCFS); `free` is allocated on as jobs start.
+    """
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+    started: list[tuple[Waiting, Option, Placement]] = []
+    considered = 0
+    if policy in ("fcfs", "has"):
+        select = first_fit_select if policy == "fcfs" else has_select
+        for job in queue:
+            if not free.any():
+                break
+            considered += 1
+            for opt in job.options:
+                placement = free.try_place(job.job_id, opt, select)
+                if placement is not None:
+                    started.append((job, opt, placement))
+                    break
+        return started, considered
+
+    # ect: expected completion time over a free-GPU profile per type, where every job
+    # that waits reserves its future slot (conservative backfilling).
+    profiles: dict[str, FreeProfile] = {t: FreeProfile(now, n) for t, n in free.by_type.items()}
+    for r in running:
+        profiles.setdefault(r.gpu_type, FreeProfile(now, 0)).add(r.end_s, math.inf, r.num_gpus)
+
+    # Highest response ratio next: (wait + run) / run favours short jobs without starving
+    # long ones, whose ratio grows while they wait.
+    def response_ratio(job: Waiting) -> float:
+        run = job.shortest_run_s
+        return (now - job.arrival_s + run) / run
+
+    order = sorted(queue, key=response_ratio, reverse=True)
+    reserved = 0
+    for job in order:
+        if reserved >= reservation_depth and not free.any():
+            break
+        considered += 1
+        best: tuple[float, float, Option] | None = None
+        for opt in job.options:
+            profile = profiles.get(opt.gpu_type)
+            if profile is None:
+                continue
+            start = profile.earliest(opt.num_gpus, opt.run_s)
+            if best is None or start + opt.run_s < best[0]:
+                best = (start + opt.run_s, start, opt)
+        if best is None or best[1] == math.inf:
+            continue
+        _, start, opt = best
+        if start == now:
+            placement = free.try_place(job.job_id, opt, has_select)
+            if placement is not None:
+                started.append((job, opt, placement))
+                profiles[opt.gpu_type].add(now, now + opt.run_s, -opt.num_gpus)
+            # else: enough GPUs of the type, but not in whole tp groups per node: wait for
+            # the next release rather than hold a reservation we cannot honour.
+            continue
+        if reserved < reservation_depth:
+            reserved += 1
+            profiles[opt.gpu_type].add(start, start + opt.run_s, -opt.num_gpus)
+    return started, considered
+
+
+class FreeProfile:
+    """Free GPUs of one type over future time: a step function built from breakpoints.
+
+    `add(t0, t1, delta)` changes the free count on [t0, t1); `earliest(n, d)` is the
+    first time from now at which n GPUs stay free for d seconds.
+    """
+
+    def __init__(self, now: float, free_now: int):
+        self.now = now
+        self.base = free_now
+        self.deltas: list[tuple[float, int]] = []  # (time, change), unsorted until needed
+        self._sorted = True
+
+    def add(self, t0: float, t1: float, delta: int) -> None:
+        self.deltas.append((t0, delta))
+        if t1 != math.inf:
+            self.deltas.append((t1, -delta))
+        self._sorted = False
+
+    def earliest(self, need: int, duration: float) -> float:
+        if not self._sorted:
+            self.deltas.sort()
+            self._sorted = True
+        # Walk the breakpoints; a candidate start holds while the free count stays >= need.
+        free = self.base
+        events = self.deltas
+        i = 0
+        while i < len(events) and events[i][0] <= self.now:
+            free += events[i][1]
+            i += 1
+        candidate = self.now if free >= need else None
+        while i < len(events):
+            t = events[i][0]
+            if candidate is not None and t >= candidate + duration:
+                return candidate
+            while i < len(events) and events[i][0] == t:
+                free += events[i][1]
+                i += 1
+            if free >= need:
+                if candidate is None:
+                    candidate = t
+            else:
+                candidate = None
+        return candidate if candidate is not None else math.inf

@@ -1,0 +1,149 @@
+"""The orchestrator on its embedded SQLite database: queue, policy passes, health, leases, refusals."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import sqlalchemy as sa
+
+from infra.statedb import StateDbError, forget_engines, open_state_db, write_transaction
+from infra.statedb.schema import allocations
+from scheduler.cluster import parse_cluster
+from scheduler.orchestrator import (
+    LeaseLostError,
+    Orchestrator,
+    OrchestratorConfig,
+    OrchestratorError,
+    demand_options,
+    double_booked,
+    job_options,
+)
+from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
+from scheduler.planner import InfeasibleJobError
+from training.config import load_job_spec
+
+INVENTORY = {
+    "name": "mixed",
+    "nodes": [
+        {"name": "a100", "replicas": 2, "gpu_type": "A100-80G", "gpu_count": 4},
+        {"name": "a10", "replicas": 2, "gpu_type": "A10", "gpu_count": 4},
+    ],
+}
+
+
+@pytest.fixture
+def url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+@pytest.fixture
+def orch(url) -> Orchestrator:
+    o = Orchestrator(url, OrchestratorConfig(lease_s=30, grace_s=0))
+    o.register(parse_cluster(INVENTORY))
+    return o
+
+
+def _where(o: Orchestrator, job_id: int) -> set[str]:
+    return set(o.admission(job_id).placement.nodes)
+
+
+def test_jobs_queue_when_full_and_start_when_gpus_come_back(orch):
+    cluster = orch.cluster()
+    ids = [orch.submit(f"j{i}", demand_options(cluster, 4, min_memory_gib=40)) for i in range(3)]
+    assert [orch.job(i)["state"] for i in ids] == ["running", "running", "queued"]
+    assert orch.queue_position(ids[2]) == (1, 1)
+    assert _where(orch, ids[0]) != _where(orch, ids[1])  # two jobs never share GPUs
+    orch.release(ids[0])
+    assert orch.job(ids[2])["state"] == "running"  # the release admitted the waiting job
+    assert _where(orch, ids[2]) == {"a100-0", "a100-1"} - _where(orch, ids[1])
+    assert orch.release(ids[0]) == "finished"  # releasing twice changes nothing
+    assert double_booked(orch.engine) == 0
+
+
+def test_database_refuses_a_second_live_allocation_of_a_gpu(orch):
+    job = orch.submit("j", demand_options(orch.cluster(), 1, gpu_type="A10"))
+    node = next(iter(_where(orch, job)))
+    gpu = orch.admission(job).placement.assignments[0].gpus[0]
+    with pytest.raises(sa.exc.IntegrityError):
+        with write_transaction(orch.engine) as conn:
+            conn.execute(sa.insert(allocations).values(job_id=job, cluster="mixed", node=node, gpu_index=gpu,
+                                                       allocated_at=0.0, lease_expires_at=0.0))
+
+
+def test_cordon_and_drain_persist_and_placement_avoids_them(url, orch):
+    orch.cordon("a100-0", reason="ECC errors")
+    orch.drain("a100-1", reason="maintenance")
+    forget_engines()  # a restart of everything: a fresh engine and orchestrator
+    again = Orchestrator(url)
+    nodes = {n["node"]: n for n in cluster_status(again.engine)["nodes"]}
+    assert nodes["a100-0"]["state"] == "cordoned" and nodes["a100-0"]["reason"] == "ECC errors"
+    assert nodes["a100-1"]["state"] == "drained"
+    job = again.submit("big", demand_options(again.cluster(), 4, min_memory_gib=40))
+    assert again.job(job)["state"] == "queued"  # only A100s hold it, and none is schedulable
+    small = again.submit("small", demand_options(again.cluster(), 2))
+    assert _where(again, small) <= {"a10-0", "a10-1"}
+    again.uncordon("a100-0")
+    assert _where(again, job) == {"a100-0"}  # uncordon admits the waiting job
+    assert "cordoned" not in cluster_markdown(cluster_status(again.engine))
+
+
+def test_an_expired_lease_frees_the_gpus_and_requeues_the_job(url):
+    o = Orchestrator(url, OrchestratorConfig(lease_s=0.2, grace_s=0.1, max_requeues=1))
+    o.register(parse_cluster(INVENTORY))
+    holder = o.submit("holder", demand_options(o.cluster(), 8, gpu_type="A100-80G"))
+    waiter = o.submit("waiter", demand_options(o.cluster(), 8, gpu_type="A100-80G"))
+    assert o.job(waiter)["state"] == "queued"
+    o.renew(holder)
+    time.sleep(0.5)  # the holder stops renewing
+    admitted = o.wait_admitted(waiter, poll_s=0.05, timeout_s=10)
+    assert admitted.placement.world_size == 8
+    lost = o.job(holder)
+    assert lost["state"] == "queued" and lost["lost_count"] == 1 and "lease expired" in lost["reason"]
+    with pytest.raises(LeaseLostError):
+        o.renew(holder)
+    snapshot = queue_snapshot(o.engine)
+    assert [q["name"] for q in snapshot["queued"]] == ["holder"] and snapshot["running"][0]["name"] == "waiter"
+    assert double_booked(o.engine) == 0
+
+
+def test_cancel_removes_a_queued_job(orch):
+    cluster = orch.cluster()
+    first = orch.submit("first", demand_options(cluster, 8, min_memory_gib=40))
+    second = orch.submit("second", demand_options(cluster, 8, min_memory_gib=40))
+    assert orch.cancel(second) == "queued"
+    assert orch.queue_position(second) == (0, 0)
+    with pytest.raises(OrchestratorError, match="cancelled"):
+        orch.admission(second)
+    orch.release(first)
+    assert orch.job(second)["state"] == "cancelled"
+
+
+def test_a_training_job_without_gpu_type_or_count_gets_marp_options(orch):
+    spec = load_job_spec("configs/tiny-cpu.yaml")
+    options = job_options(spec, orch.cluster())
+    assert {o.gpu_type for o in options["has"]} == {"A100-80G", "A10"}
+    job = orch.submit(spec.name, options, spec=spec.model_dump(mode="json"))
+    placement = orch.admission(job).placement
+    assert placement.gpu_type in {"A100-80G", "A10"} and placement.world_size >= 1
+
+
+def test_bad_requests_get_one_clear_error(orch, url, tmp_path):
+    with pytest.raises(OrchestratorError, match="no node named 'nope'.*nodes: a100-0"):
+        orch.cordon("nope")
+    with pytest.raises(OrchestratorError, match="can ever hold 64 GPU"):
+        demand_options(orch.cluster(), 64)
+    huge = load_job_spec("configs/tiny-cpu.yaml").model_copy(deep=True)
+    huge.model.num_layers, huge.model.hidden_size, huge.model.ffn_hidden_size = 200, 16384, 53248
+    with pytest.raises(InfeasibleJobError):
+        job_options(huge, orch.cluster(), gpus=1)
+    with pytest.raises(OrchestratorError, match="no cluster is registered"):
+        Orchestrator(f"sqlite:///{tmp_path / 'empty.db'}").reconcile()
+    with write_transaction(orch.engine) as conn:
+        conn.execute(sa.text("UPDATE alembic_version SET version_num = '9999_from_the_future'"))
+    forget_engines()
+    with pytest.raises(StateDbError, match="newer forgeflow"):
+        open_state_db(url)
+    forget_engines()
+    with pytest.raises(StateDbError, match="cannot reach the state database"):
+        open_state_db("postgresql+psycopg://nobody@127.0.0.1:1/forgeflow")
