@@ -14,7 +14,8 @@ import sys
 # Modules that contribute subcommands, in the order `--help` lists them.
 _COMMAND_MODULES = (
     "training.cli",     # prepare, train, export
-    "scheduler.cli",        # plan, simulate, cluster
+    "scheduler.cli",    # plan, simulate
+    "scheduler.orchestrator.cli",  # cluster register|status|queue|cordon|drain|uncordon, submit
     "diagnosis.cli",    # diagnose, rules
     "evalsuite.cli",    # eval
     "flows.commands",   # pretrain, demo, deploy (Prefect-aware)

@@ -45,6 +45,13 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
     whole = _all_ready(cluster)
     if gpu_type is not None and gpu_type not in whole.gpu_types():
         raise OrchestratorError(f"cluster {cluster.name!r} has no {gpu_type} GPUs; types: {whole.gpu_types()}")
+    if gpus is not None:
+        most = max(n for t, n in whole.total_gpus_by_type().items() if gpu_type in (None, t))
+        if not 1 <= gpus <= most:
+            raise OrchestratorError(
+                f"job asks for {gpus} GPU(s) but the cluster {cluster.name!r} has at most {most} of "
+                f"{'type ' + gpu_type if gpu_type else 'one type'}; ask for fewer, or give no count (MARP sizes it)"
+            )
     config = planner or PlannerConfig()
     update: dict[str, Any] = {}
     if gpu_type is not None:

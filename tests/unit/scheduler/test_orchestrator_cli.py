@@ -1,0 +1,58 @@
+"""`forgeflow cluster ...` and `forgeflow submit` against a SQLite state database, in process."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from flows.cli import main
+
+
+@pytest.fixture
+def db(tmp_path) -> list[str]:
+    return ["--db", f"sqlite:///{tmp_path / 'cli.db'}"]
+
+
+def _json(capsys, argv: list[str]) -> tuple[int, dict]:
+    code = main(argv + ["--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_register_submit_cordon_status_queue(db, capsys):
+    code, reg = _json(capsys, ["cluster", "register", "configs/clusters/frenzy-testbed.yaml", *db])
+    assert code == 0 and reg["gpus"] == 11
+    code, first = _json(capsys, ["submit", "configs/tiny-cpu.yaml", "--gpus", "4", "--gpu-type", "A800-80G", *db])
+    assert code == 0 and first["state"] == "running"
+    code, second = _json(capsys, ["submit", "configs/tiny-cpu.yaml", "--gpus", "4", "--gpu-type", "A800-80G", *db])
+    assert second["state"] == "queued" and second["position"] == 1
+    code, cordon = _json(capsys, ["cluster", "cordon", "a800-80g-x4", "--reason", "xid 79", *db])
+    assert cordon["state"] == "cordoned" and cordon["running_jobs"] == [first["job_id"]]
+    code, status = _json(capsys, ["cluster", "status", *db])
+    node = next(n for n in status["nodes"] if n["node"] == "a800-80g-x4")
+    assert node["state"] == "cordoned" and node["reason"] == "xid 79" and node["busy_gpus"] == 4
+    code, queue = _json(capsys, ["cluster", "queue", *db])
+    assert [j["job_id"] for j in queue["queued"]] == [second["job_id"]]
+    assert main(["cluster", "status", *db]) == 0 and "cordoned" in capsys.readouterr().out  # the table
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cluster", "cordon", "nope"], "no node named 'nope'"),
+    (["submit", "configs/tiny-cpu.yaml", "--gpus", "64"], "asks for 64 GPU"),
+    (["cluster", "register", "configs/clusters/missing.yaml"], "no such cluster file"),
+])
+def test_bad_input_exits_2_and_changes_nothing(db, capsys, argv, message):
+    assert main(["cluster", "register", "configs/clusters/frenzy-testbed.yaml", *db]) == 0
+    capsys.readouterr()
+    _, before = _json(capsys, ["cluster", "status", *db])
+    assert main(argv + db) == 2
+    assert message in capsys.readouterr().err
+    _, after = _json(capsys, ["cluster", "status", *db])
+    before.pop("at"), after.pop("at")
+    assert before == after
+
+
+def test_unreachable_database_is_one_error(capsys):
+    assert main(["cluster", "status", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/x"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot reach the state database") and "Traceback" not in err
