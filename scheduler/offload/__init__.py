@@ -1,0 +1,5 @@
+"""Mobius offload planning: profiles, partition MIP, cross mapping, pipeline simulator.
+
+    profile    per-layer time/bytes profiles and the server's GPUs, memory and PCIe links
+    partition  the mixed-integer program: number of stages and contiguous layer-to-stage cuts
+"""
