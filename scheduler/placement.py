@@ -12,12 +12,15 @@ Two steps:
    GPUs are handed out in whole tensor-parallel groups, because a tp group
    must not straddle nodes.
 
-2. **Cross mapping** (Mobius). Ranks follow Megatron's order (tp fastest, then
-   dp, then pp), so pipeline stage s owns a contiguous block of ranks and each
-   node hosts a contiguous range. Within a node, when the inventory knows the
-   PCIe root complex of every GPU, adjacent stages are put on GPUs under
-   *different* root complexes: stage-to-stage activations then cross between
-   root complexes instead of contending inside one PCIe switch.
+2. **Cross mapping** (Mobius, `scheduler.offload.mapping`). Ranks follow
+   Megatron's order (tp fastest, then dp, then pp), so pipeline stage s owns a
+   contiguous block of ranks and each node hosts a contiguous range. Within a
+   node, when the inventory knows the PCIe root complex of every GPU, local
+   ranks are mapped onto GPUs by exhaustive enumeration (symmetry-pruned) of
+   the mapping with the least contention: ranks of stages i != j contend by
+   shared(i, j) / |i - j|, shared = GPUs under their common root complex (0 when
+   different) — stages close in the pipeline move data over PCIe at about the
+   same time, and a root complex's uplink is what they would share.
 
 The result is an explicit `Placement` (node → GPU indices → global ranks)
 that renders one torchrun launch per node (`launch_specs`). The cluster's free
@@ -33,6 +36,7 @@ from typing import Any, Iterable, Literal
 from scheduler.cluster import Cluster, ClusterError, Node
 from scheduler.gpus import CPU_DEVICE
 from scheduler.cost_model import LinkSpeeds
+from scheduler.offload.mapping import cross_map
 from infra.launch import NodeLaunch
 
 DEFAULT_MASTER_PORT = 29500
@@ -233,36 +237,8 @@ def _pick_gpus(node: Node, count: int, spread_root_complexes: bool) -> list[int]
 
 
 def _cross_map(node: Node, gpus: list[int], stages: list[int]) -> list[int]:
-    """GPU for each local rank so that adjacent stages sit under different root complexes.
-
-    Stages are taken in order; each goes to the root complex with the most
-    unassigned GPUs among those the previous stage did not use (falling back to
-    any), spilling over to further root complexes when it needs more GPUs.
-    """
-    by_rc: dict[int, list[int]] = defaultdict(list)
-    for g in sorted(gpus):
-        by_rc[node.pcie_root_complex[g]].append(g)
-    order: list[int] = []
-    previous: set[int] = set()
-    runs: list[tuple[int, int]] = []  # (stage, how many local ranks)
-    for s in stages:
-        if runs and runs[-1][0] == s:
-            runs[-1] = (s, runs[-1][1] + 1)
-        else:
-            runs.append((s, 1))
-    for _stage, need in runs:
-        used: set[int] = set()
-        while need:
-            options = [rc for rc, gs in by_rc.items() if gs]
-            fresh = [rc for rc in options if rc not in previous] or options
-            rc = max(fresh, key=lambda r: (len(by_rc[r]), -r))
-            take = min(need, len(by_rc[rc]))
-            order.extend(by_rc[rc][:take])
-            del by_rc[rc][:take]
-            used.add(rc)
-            need -= take
-        previous = used
-    return order
+    """GPU for each local rank: Mobius's contention-minimising mapping over the node's root complexes."""
+    return list(cross_map(gpus, node.pcie_root_complex, stage_of_position=stages).gpus)
 
 
 def build_placement(

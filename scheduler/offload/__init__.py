@@ -2,4 +2,5 @@
 
     profile    per-layer time/bytes profiles and the server's GPUs, memory and PCIe links
     partition  the mixed-integer program: number of stages and contiguous layer-to-stage cuts
+    mapping    cross mapping: stage positions onto GPUs with least root-complex contention; stream priority
 """
