@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test unit integration venv clean
+.PHONY: demo test unit integration venv clean slurm-packages
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (set PY=... to override)"; exit 1; }
@@ -19,13 +19,25 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/forgeflow demo
 
-test: $(STAMP)
+# The Slurm integration tests run a real slurmctld/slurmd (Debian's slurm-wlm + munge): as
+# root, install them when missing; otherwise those tests skip and say why.
+SLURM_PKGS := slurm-wlm munge
+slurm-packages:
+	@if [ "$$(id -u)" = 0 ] && ! command -v slurmctld >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing $(SLURM_PKGS) (Slurm integration tests)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq $(SLURM_PKGS) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(SLURM_PKGS) >/dev/null 2>&1; } || \
+	  echo "could not install $(SLURM_PKGS): the Slurm tests will skip"; \
+	fi
+
+test: $(STAMP) slurm-packages
 	$(BIN)/python -m pytest -q -ra tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-integration: $(STAMP)
+integration: $(STAMP) slurm-packages
 	$(BIN)/python -m pytest -q tests/integration
 
 clean:

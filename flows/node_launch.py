@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from infra.launch import LaunchRequest, node_log_path, start_node
-from tasks.launchers import exit_code_path
+from infra.launch import LaunchRequest, exit_code_path, node_log_path, start_node
 
 
 @flow(name="node-launch", log_prints=True)

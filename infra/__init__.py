@@ -4,6 +4,8 @@
     local_s3      a local S3 server (SeaweedFS) for tests, benchmarks and the demo
     runfiles      the run directory and exit codes: the worker's contract with its watchers
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
+    slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
+    slurm_local   a real single-host Slurm (slurmctld + slurmd + munge) for tests and benchmarks
     reaper        run a command so none of its descendants outlives its starter
     watch         follow a launched job until it finishes, fails, hangs or spikes
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes

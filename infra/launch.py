@@ -12,12 +12,14 @@ why torchrun alone does not guarantee that).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -217,16 +219,80 @@ def node_log_path(request: LaunchRequest, node: str) -> Path:
     return request.run_dir / "logs" / f"node-{node}.attempt-{request.attempt}.out"
 
 
+def exit_code_path(request: LaunchRequest, node: str) -> Path:
+    """The node's torchrun exit code, written on the node when it exits (by a node-launch
+    run or a Slurm step): a failed flow run or batch job alone does not say whether
+    torchrun exited 1 or was OOM-killed, nor on which node."""
+    return request.run_dir / "launch" / f"attempt-{request.attempt}" / f"{node}.exit"
+
+
+CHOOSE_ON_NODE_0 = 0
+"""`NodeLaunch.master_port` meaning: node rank 0 picks a free port on itself when it starts."""
+
+
+def rendezvous_path(request: LaunchRequest) -> Path:
+    return request.run_dir / "launch" / f"attempt-{request.attempt}" / "rendezvous.json"
+
+
+def clear_rendezvous(request: LaunchRequest) -> None:
+    """Launchers call this before starting nodes, so no node reads an earlier launch's port."""
+    rendezvous_path(request).unlink(missing_ok=True)
+
+
+def port_free_here(port: int = 0) -> int:
+    """Bind `port` (0: any) on every interface of this machine and return it: a port that is
+    free here, where the rendezvous store will listen — not on the flow's machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", port))
+        return s.getsockname()[1]
+
+
+def resolve_rendezvous(spec: NodeLaunch, request: LaunchRequest, timeout_s: float = 300.0) -> NodeLaunch:
+    """The node's launch with the rendezvous port fixed.
+
+    With `master_port == CHOOSE_ON_NODE_0`, node rank 0 (which hosts torchrun's store)
+    chooses a port free on itself and publishes it in the run directory, which every
+    node sees; the other nodes wait for it. A port chosen anywhere else can be taken
+    on node 0.
+    """
+    if spec.master_port != CHOOSE_ON_NODE_0:
+        return spec
+    path = rendezvous_path(request)
+    if spec.node_rank == 0:
+        port = port_free_here()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp-{os.getpid()}")
+        tmp.write_text(json.dumps({"master_addr": spec.master_addr, "master_port": port, "node": spec.node}))
+        os.replace(tmp, path)  # readers see the whole file or none
+        return replace(spec, master_port=port)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            published = json.loads(path.read_text())
+            return replace(spec, master_addr=published["master_addr"], master_port=int(published["master_port"]))
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.2)
+    raise TimeoutError(f"node {spec.node}: node rank 0 did not publish a rendezvous port in {path} within "
+                       f"{timeout_s:.0f}s; did node 0 start? (see its log)")
+
+
+def node_command(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> list[str]:
+    """One node's torchrun under the reaper (so no rank outlives whoever started it)."""
+    return [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", "--", *torchrun_command(spec, request)]
+
+
 def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> subprocess.Popen:
     """Start one node's torchrun under the reaper, console to `node_log_path`.
 
     Every launcher ends here on the node itself: the local one for each node of
     this machine, the Prefect one inside the node-launch flow run on the node's
-    worker (flows/node_launch.py).
+    worker (flows/node_launch.py). (The Slurm one runs `node_command` itself, its
+    console going to the Slurm step's output file: infra/slurm.py.)
     """
     log_path = node_log_path(request, spec.node)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", "--", *torchrun_command(spec, request)]
+    spec = resolve_rendezvous(spec, request)
+    command = node_command(spec, request, grace_s)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             command,
@@ -247,6 +313,7 @@ class LocalLauncher:
     def start(self, request: LaunchRequest) -> LocalJob:
         processes: dict[str, subprocess.Popen] = {}
         logs: dict[str, Path] = {}
+        clear_rendezvous(request)
         try:
             for spec in sorted(request.nodes, key=lambda n: n.node_rank):
                 processes[spec.node] = start_node(spec, request, self.grace_s)

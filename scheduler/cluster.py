@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from infra.slurm import SlurmSettings
 from scheduler.gpus import CPU_DEVICE, PCIE4_X16_GBPS, lookup_gpu, match_device_name
 from training.config import ConfigError
 
@@ -148,6 +149,9 @@ class Cluster(BaseModel):
     name: str = "cluster"
     inter_node_bandwidth_gbps: float = Field(default=100.0, gt=0, description="per node NIC, Gbit/s")
     nodes: list[Node] = Field(min_length=1)
+    slurm: SlurmSettings | None = Field(
+        default=None, description="the cluster is Slurm-managed: partition, account, time limit for "
+        "`launcher: slurm` (node names are Slurm's); None: not Slurm-managed")
     _index: dict[str, Node] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")

@@ -1,9 +1,10 @@
-"""Launchers the pretrain flow can use, by name: `local` and `prefect`.
+"""Launchers the pretrain flow can use, by name: `local`, `prefect` and `slurm`.
 
 `PrefectLauncher` implements `infra.launch.Launcher` here rather than in infra/,
 because libraries never import Prefect. It starts one run of the `node-launch`
 deployment (flows/node_launch.py) per node on the work queue named after the
-node, and follows those runs. Like the local launcher it assumes the job's run
+node, and follows those runs. (`slurm` is a library launcher: infra/slurm.py.)
+Like the local launcher it assumes the job's run
 directory is on storage every node sees (NFS, Lustre, or one machine): the
 watcher reads every rank's heartbeat and the diagnosis every node's log there.
 """
@@ -17,15 +18,9 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from infra.launch import LaunchRequest, LocalLauncher, node_log_path, wait_for_exit
+from infra.launch import LaunchRequest, LocalLauncher, clear_rendezvous, exit_code_path, node_log_path, wait_for_exit
 
 NODE_LAUNCH_DEPLOYMENT = "node-launch/node-launch"
-
-
-def exit_code_path(request: LaunchRequest, node: str) -> Path:
-    """The node's torchrun exit code, written by its node-launch run (a failed flow
-    run alone does not say whether torchrun exited 1 or was OOM-killed)."""
-    return request.run_dir / "launch" / f"attempt-{request.attempt}" / f"{node}.exit"
 
 
 @dataclass
@@ -100,6 +95,7 @@ class PrefectLauncher:
     def start(self, request: LaunchRequest) -> PrefectJob:
         from prefect.deployments import run_deployment
 
+        clear_rendezvous(request)  # node rank 0's run publishes this attempt's port afresh
         payload = request.to_dict()
         runs: dict[str, UUID] = {}
         job = PrefectJob(request, runs)
@@ -120,9 +116,24 @@ class PrefectLauncher:
         return job
 
 
-def make_launcher(name: str, grace_s: float = 10.0):
+def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
+    from infra.slurm import SlurmLauncher, SlurmSettings
+
+    settings = getattr(cluster, "slurm", None) or SlurmSettings()
+    return SlurmLauncher(settings=settings, gpu_type=gpu_type, grace_s=grace_s)
+
+
+LAUNCHERS = {
+    "local": lambda grace_s, cluster=None, gpu_type="cpu": LocalLauncher(grace_s=grace_s),
+    "prefect": lambda grace_s, cluster=None, gpu_type="cpu": PrefectLauncher(grace_s=grace_s),
+    "slurm": _slurm_launcher,
+}
+"""Launchers by the name a pretrain flow parameter gives; each is built from the grace time,
+the cluster inventory (a Slurm cluster's `slurm:` section) and the placed GPU type."""
+
+
+def make_launcher(name: str, grace_s: float = 10.0, cluster=None, gpu_type: str = "cpu"):
     """The launcher a pretrain flow parameter names; `grace_s` is SIGTERM-to-SIGKILL time for ranks."""
-    launchers = {"local": LocalLauncher, "prefect": PrefectLauncher}
-    if name not in launchers:
-        raise ValueError(f"unknown launcher {name!r}: use one of {sorted(launchers)}")
-    return launchers[name](grace_s=grace_s)
+    if name not in LAUNCHERS:
+        raise ValueError(f"unknown launcher {name!r}: use one of {sorted(LAUNCHERS)}")
+    return LAUNCHERS[name](grace_s, cluster=cluster, gpu_type=gpu_type)

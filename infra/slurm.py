@@ -1,0 +1,427 @@
+"""The Slurm launcher: each training attempt is one batch job.
+
+    sbatch --nodes=N --nodelist=<placement> --ntasks-per-node=1 [--gpus-per-node=G | --gres=gpu:G]
+           [--partition] [--account] [--time]  job.sbatch
+      └─ srun (one task per node, output to logs/node-<node>.attempt-K.out)
+           └─ python -m infra.slurm node request.json   (this module, on each node)
+                └─ reaper → torchrun --node-rank=R --master-addr=<node 0> --master-port=<chosen on node 0>
+
+Each node's task looks itself up in the placement by `SLURMD_NODENAME`, so the
+rank map is the placement's (static rendezvous, as with every launcher), not
+Slurm's task order. Node rank 0 chooses the rendezvous port on itself
+(infra.launch.resolve_rendezvous). The task writes torchrun's exit code next to
+the run's other launch files, so exit codes are known per node, also while the
+job still runs; when a node never wrote one, Slurm's job state stands in for it
+(CANCELLED → 143, NODE_FAIL/OUT_OF_MEMORY → 137, FAILED → the job's exit code).
+
+The job is watched with `squeue` (then `scontrol show job`, then `sacct`, since a
+finished job leaves squeue and sacct needs slurmdbd) at most every `poll_s`,
+plus forgeflow's own heartbeats (infra.watch), and stopped with `scancel`: Slurm
+sends SIGTERM to every step, the reaper stops torchrun's ranks, and Slurm sends
+SIGKILL after its KillWait.
+
+Nodes drained or down in Slurm are refused before anything is submitted, and
+`drain_node` is how a cordon reaches Slurm: forgeflow and Slurm never disagree
+about which nodes may run work.
+
+Like the other launchers, this assumes the run directory is on storage every
+node sees (NFS, Lustre) and that the Python environment has the same path on
+every node (sbatch exports the submitting environment, as it does by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.launch import (
+    LaunchRequest,
+    clear_rendezvous,
+    exit_code_path,
+    node_command,
+    node_env,
+    node_log_path,
+    resolve_rendezvous,
+    wait_for_exit,
+)
+
+CPU_DEVICE = "cpu"  # scheduler.gpus.CPU_DEVICE; infra does not import the scheduler
+# Node states in which Slurm will not start new work (sinfo's long names, suffixes stripped).
+UNSCHEDULABLE = ("drain", "drained", "draining", "down", "fail", "failing", "maint", "inval",
+                 "future", "reboot", "power_down", "powered_down", "not_responding")
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed; the message has the command and what Slurm said."""
+
+
+class SlurmNodeUnavailable(SlurmError):
+    """A node of the placement is drained, down or unknown in Slurm."""
+
+
+class SlurmSettings(BaseModel):
+    """Where and how attempts are submitted: the `slurm:` section of a cluster file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partition: str | None = Field(default=None, description="sbatch --partition; None: the cluster's default")
+    account: str | None = Field(default=None, description="sbatch --account")
+    time_limit: str | None = Field(default=None, description="sbatch --time, e.g. '2-00:00:00'; None: partition's")
+    gpu_request: Literal["gpus-per-node", "gres"] = Field(
+        default="gpus-per-node", description="how GPUs are asked for: --gpus-per-node=G or --gres=gpu:G")
+    cpus_per_gpu: int = Field(default=8, gt=0, description="CPUs asked per GPU rank (data loaders, checkpoint writer)")
+    extra_sbatch_args: list[str] = Field(default_factory=list, description="e.g. ['--qos=high', '--mem=0']")
+    slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the clients; None: the environment's")
+    poll_s: float = Field(default=2.0, gt=0, description="at most one squeue per this many seconds per job")
+    drain_on_cordon: bool = Field(default=True, description="a forgeflow cordon drains the node in Slurm too")
+
+
+def _env(settings: SlurmSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    if settings.slurm_conf:
+        env["SLURM_CONF"] = settings.slurm_conf
+    return env
+
+
+def slurm_command(args: list[str], settings: SlurmSettings, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        result = subprocess.run(args, env=_env(settings), capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise SlurmError(f"`{args[0]}` is not installed here: the Slurm launcher needs Slurm's client "
+                         "commands (Debian: apt-get install slurm-client)") from None
+    if check and result.returncode != 0:
+        raise SlurmError(f"`{shlex.join(args)}` failed ({result.returncode}): {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+# --- node states ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SlurmNode:
+    name: str
+    state: str  # sinfo's long state, lower case, e.g. "idle", "mixed", "drained", "down*"
+    reason: str = ""
+
+    @property
+    def schedulable(self) -> bool:
+        base = self.state.rstrip("*~#!%$@^-+").lower()
+        return not self.state.endswith("*") and not any(base.startswith(s) for s in UNSCHEDULABLE)
+
+
+def node_states(settings: SlurmSettings | None = None) -> dict[str, SlurmNode]:
+    """Every node Slurm knows, with its state (one `sinfo` call)."""
+    settings = settings or SlurmSettings()
+    out = slurm_command(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], settings).stdout
+    nodes: dict[str, SlurmNode] = {}
+    for line in out.splitlines():
+        name, state, reason = (line.split("|", 2) + ["", ""])[:3]
+        if name:  # a node in several partitions is listed once per partition
+            nodes[name] = SlurmNode(name, state.strip().lower(), "" if reason == "none" else reason.strip())
+    return nodes
+
+
+def unschedulable_nodes(settings: SlurmSettings | None = None) -> dict[str, SlurmNode]:
+    return {name: node for name, node in node_states(settings).items() if not node.schedulable}
+
+
+def drain_node(name: str, reason: str, settings: SlurmSettings | None = None) -> None:
+    """Drain a node in Slurm: running jobs finish, no new job starts on it."""
+    slurm_command(["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason=forgeflow: {reason}"],
+                  settings or SlurmSettings())
+
+
+def resume_node(name: str, settings: SlurmSettings | None = None, timeout_s: float = 30.0) -> SlurmNode:
+    """Undo a drain (the node takes work again); returns once Slurm has pinged it back
+    (it reads `idle*`, not responding, for a moment after the resume)."""
+    settings = settings or SlurmSettings()
+    slurm_command(["scontrol", "update", f"NodeName={name}", "State=RESUME"], settings)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        node = node_states(settings)[name]
+        if node.schedulable or time.monotonic() > deadline:
+            return node
+        time.sleep(0.5)
+
+
+# --- the batch job ----------------------------------------------------------
+
+
+def attempt_dir(request: LaunchRequest) -> Path:
+    return request.run_dir / "launch" / f"attempt-{request.attempt}"
+
+
+def batch_log_path(request: LaunchRequest) -> Path:
+    """The batch script's own output (srun's messages: which task exited how, cancellations)."""
+    return request.run_dir / "logs" / f"slurm-batch.attempt-{request.attempt}.out"
+
+
+def sbatch_args(request: LaunchRequest, settings: SlurmSettings, gpu_type: str) -> list[str]:
+    nodes = sorted(request.nodes, key=lambda n: n.node_rank)
+    per_node = max(n.nproc_per_node for n in nodes)
+    args = [
+        f"--job-name=forgeflow-{request.job_name}-a{request.attempt}",
+        f"--nodes={len(nodes)}",
+        f"--nodelist={','.join(n.node for n in nodes)}",
+        "--ntasks-per-node=1",  # one torchrun per node; torchrun starts the ranks
+        f"--output={batch_log_path(request)}",
+        "--open-mode=append",
+        f"--chdir={os.getcwd()}",
+        "--no-requeue",  # a restart is the flow's decision, after diagnosis
+        "--kill-on-invalid-dep=yes",
+    ]
+    if gpu_type == CPU_DEVICE:
+        args.append(f"--cpus-per-task={per_node}")  # CPU ranks: one CPU each
+    else:
+        args.append(f"--gpus-per-node={per_node}" if settings.gpu_request == "gpus-per-node"
+                    else f"--gres=gpu:{per_node}")
+        args.append(f"--cpus-per-task={per_node * settings.cpus_per_gpu}")
+    if settings.partition:
+        args.append(f"--partition={settings.partition}")
+    if settings.account:
+        args.append(f"--account={settings.account}")
+    if settings.time_limit:
+        args.append(f"--time={settings.time_limit}")
+    return args + list(settings.extra_sbatch_args)
+
+
+def batch_script(request: LaunchRequest, request_file: Path, grace_s: float) -> str:
+    """The script sbatch runs on the first node of the allocation: one srun step, one task per node."""
+    output = request.run_dir / "logs" / f"node-%N.attempt-{request.attempt}.out"
+    step = [
+        "srun", f"--nodes={len(request.nodes)}", f"--ntasks={len(request.nodes)}", "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",  # the watcher gives the other nodes time to print their errors
+        f"--output={output}", "--open-mode=append",
+        sys.executable, "-m", "infra.slurm", "node", str(request_file), f"--grace={grace_s}",
+    ]
+    return "\n".join([
+        "#!/bin/bash",
+        f"# forgeflow attempt {request.attempt} of {request.job_name}: one torchrun per node",
+        'echo "forgeflow: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (batch host $(hostname))"',
+        shlex.join(step),
+        "code=$?",
+        'echo "forgeflow: srun exited with $code"',
+        "exit $code",
+        "",
+    ])
+
+
+def exit_code_of_state(state: str, job_exit: int | None) -> int:
+    """Stand-in for a node's exit code when its task never wrote one."""
+    if state in ("CANCELLED", "TIMEOUT", "DEADLINE", "PREEMPTED", "REVOKED"):
+        return 143
+    if state in ("NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL"):
+        return 137
+    if state == "COMPLETED":
+        return 1  # the job ended yet this node's torchrun never reported: it did not run
+    return job_exit or 1
+
+
+@dataclass
+class SlurmJob:
+    """One attempt as one Slurm batch job."""
+
+    request: LaunchRequest
+    job_id: str
+    settings: SlurmSettings
+    _state: str = "PENDING"
+    _job_exit: int | None = None
+    _polled_at: float = field(default=-1e9)
+    calls: int = 0  # Slurm commands issued (the watcher's load on slurmctld)
+
+    def state(self, fresh: bool = False) -> str:
+        """The job's Slurm state, asking Slurm at most every `settings.poll_s` unless `fresh`."""
+        if self._state in FINAL_STATES:
+            return self._state
+        if not fresh and time.monotonic() - self._polled_at < self.settings.poll_s:
+            return self._state
+        self._polled_at = time.monotonic()
+        self.calls += 1
+        out = slurm_command(["squeue", "-h", "-j", self.job_id, "-o", "%T"], self.settings, check=False)
+        state = out.stdout.strip().upper() if out.returncode == 0 else ""
+        if state and state not in FINAL_STATES:
+            self._state = state
+            return state
+        self._state, self._job_exit = self._final_state()
+        return self._state
+
+    def _final_state(self) -> tuple[str, int | None]:
+        """A job gone from squeue: `scontrol show job` while slurmctld remembers it, else sacct."""
+        self.calls += 1
+        out = slurm_command(["scontrol", "show", "job", "-o", self.job_id], self.settings, check=False)
+        fields = dict(item.split("=", 1) for item in out.stdout.split() if "=" in item)
+        if out.returncode == 0 and fields.get("JobState"):
+            state = fields["JobState"]
+            if state not in FINAL_STATES:  # COMPLETING and the like: not over yet
+                return state, None
+            return state, int(fields.get("ExitCode", "1:0").split(":")[0])
+        self.calls += 1
+        acct = slurm_command(["sacct", "-n", "-P", "-X", "-j", self.job_id, "-o", "State,ExitCode"],
+                             self.settings, check=False)
+        line = acct.stdout.strip().splitlines()[0] if acct.returncode == 0 and acct.stdout.strip() else ""
+        if line:
+            state, code = line.split("|")
+            return state.split()[0], int(code.split(":")[0])
+        return "UNKNOWN", None  # slurmctld forgot it and there is no accounting: treat as gone
+
+    def poll(self) -> dict[str, int | None]:
+        codes: dict[str, int | None] = {}
+        for spec in self.request.nodes:
+            marker = exit_code_path(self.request, spec.node)
+            try:
+                codes[spec.node] = int(marker.read_text().strip())
+            except (OSError, ValueError):
+                codes[spec.node] = None
+        if all(c is not None for c in codes.values()):
+            return codes
+        state = self.state()
+        if state in FINAL_STATES or state == "UNKNOWN":
+            # Final in Slurm: a node that said nothing will not say anything now.
+            for node, code in codes.items():
+                if code is None:
+                    codes[node] = exit_code_of_state(state, self._job_exit)
+        return codes
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        return wait_for_exit(self.poll, timeout, any_exit, interval_s=0.5)
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        """scancel, then wait until Slurm says the job is over (every step's processes gone)."""
+        if self.state(fresh=True) in FINAL_STATES:
+            return
+        if all(code is not None for code in self.poll().values()):
+            # Every torchrun has exited: the batch script is finishing on its own, and a job
+            # that finished must not read CANCELLED in Slurm's records.
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline and self.state(fresh=True) not in FINAL_STATES:
+                time.sleep(0.5)
+            if self._state in FINAL_STATES:
+                return
+        slurm_command(["scancel", self.job_id], self.settings, check=False)
+        deadline = time.monotonic() + grace_s + 60  # plus Slurm's KillWait
+        while time.monotonic() < deadline:
+            if self.state(fresh=True) in FINAL_STATES or self._state == "UNKNOWN":
+                return
+            time.sleep(0.5)
+        raise SlurmError(f"Slurm job {self.job_id} ({self.request.job_name}) still {self._state} "
+                         f"{grace_s + 60:.0f}s after scancel; check `scontrol show job {self.job_id}`")
+
+    def log_paths(self) -> dict[str, Path]:
+        """Each node's console (its Slurm step output) and the batch script's output."""
+        paths = {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
+        paths["slurm-batch"] = batch_log_path(self.request)
+        return paths
+
+
+class SlurmLauncher:
+    """Submit each attempt as one batch job; see the module docstring for its shape."""
+
+    def __init__(self, settings: SlurmSettings | None = None, gpu_type: str = CPU_DEVICE, grace_s: float = 10.0):
+        self.settings = settings or SlurmSettings()
+        self.gpu_type = gpu_type
+        self.grace_s = grace_s
+
+    def check_nodes(self, request: LaunchRequest) -> None:
+        """Refuse a placement Slurm would not run: a node unknown, drained or down there."""
+        known = node_states(self.settings)
+        problems = []
+        for spec in request.nodes:
+            node = known.get(spec.node)
+            if node is None:
+                problems.append(f"{spec.node!r} is not a Slurm node (Slurm has {sorted(known)[:10]})")
+            elif not node.schedulable:
+                problems.append(f"{spec.node!r} is {node.state} in Slurm" + (f" ({node.reason})" if node.reason else ""))
+        if problems:
+            raise SlurmNodeUnavailable(
+                f"not submitting {request.job_name} attempt {request.attempt}: " + "; ".join(problems)
+                + ". Place the job on other nodes, or return a node to service with "
+                "`scontrol update NodeName=NAME State=RESUME` once it is healthy.")
+
+    def start(self, request: LaunchRequest) -> SlurmJob:
+        self.check_nodes(request)
+        folder = attempt_dir(request)
+        folder.mkdir(parents=True, exist_ok=True)
+        (request.run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        for spec in request.nodes:  # a resubmitted attempt must not read the last one's codes
+            exit_code_path(request, spec.node).unlink(missing_ok=True)
+        clear_rendezvous(request)
+        request_file = folder / "request.json"
+        request_file.write_text(json.dumps(request.to_dict(), indent=1))
+        script = folder / "job.sbatch"
+        script.write_text(batch_script(request, request_file, self.grace_s))
+        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type), str(script)]
+        job_id = slurm_command(args, self.settings).stdout.strip().split(";")[0]
+        (folder / "slurm-job-id").write_text(job_id)
+        return SlurmJob(request, job_id, self.settings)
+
+
+# --- on each node: `python -m infra.slurm node request.json` ------------------------
+
+
+def run_node(request_file: Path, grace_s: float) -> int:
+    """One node's task of the srun step: its torchrun (under the reaper) until it exits."""
+    request = LaunchRequest.from_dict(json.loads(Path(request_file).read_text()))
+    name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
+    try:
+        spec = request.node(name)
+    except KeyError as e:
+        print(f"forgeflow: {e}; the job's --nodelist and the placement disagree", flush=True)
+        return 2
+    spec = resolve_rendezvous(spec, request)
+    env = node_env(spec, request)
+    if (os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")) and "CUDA_VISIBLE_DEVICES" in os.environ:
+        # Slurm chose this step's GPUs (gres) and set their visibility: use those. The
+        # placement's GPU count per node holds; its GPU indices only when Slurm agrees.
+        env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+    print(f"forgeflow: node {name} node-rank {spec.node_rank}/{spec.nnodes}, {spec.nproc_per_node} process(es), "
+          f"rendezvous {spec.master_addr}:{spec.master_port}", flush=True)
+    proc = subprocess.Popen(node_command(spec, request, grace_s), env=env, stdin=subprocess.DEVNULL)
+
+    stopped_by: list[int] = []
+
+    def forward(signum, _frame):  # scancel: the reaper stops torchrun's ranks within grace_s
+        stopped_by.append(signum)
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = proc.wait()
+    if stopped_by and code == 0:  # torchrun exits 0 when told to stop; a stopped node did not finish
+        code = 128 + stopped_by[0]
+    marker = exit_code_path(request, name)
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(str(code))
+    os.replace(tmp, marker)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m infra.slurm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    node = sub.add_parser("node", help="run this node's share of an attempt (inside an srun step)")
+    node.add_argument("request_file")
+    node.add_argument("--grace", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    return run_node(Path(args.request_file), args.grace)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
