@@ -95,8 +95,7 @@ def phases(result, log: Path) -> list[dict]:
     lines = list(_lines(log))
     out = []
     for failure in result.failures:
-        detected, diagnosed = failure["detected_at"], failure["diagnosed_at"]
-        relaunched = failure.get("relaunched_at")
+        detected, diagnosed, relaunched = failure.detected_at, failure.diagnosed_at, failure.relaunched_at
         before = [l for l in lines if "loss" in l.fields and _ts(l.time) <= detected]
         last_step_line = before[-1]
         resumed = next(l for l in lines if l.event == "resumed" and _ts(l.time) > detected)

@@ -74,8 +74,8 @@ def _demo(args: argparse.Namespace) -> int:
                       drill_faults=drills or None)
     console.rule("result")
     for failure in result.failures:
-        console.print(f"- attempt {failure['attempt']}: {failure['root_cause']} at step {failure['step']} "
-                      f"({failure['source']}) → {failure['action']}")
+        console.print(f"- attempt {failure.attempt}: {failure.root_cause} at step {failure.step} "
+                      f"({failure.source}) → {failure.action}")
     console.print(f"finished={result.finished} at step {result.final_step} after {result.attempts} attempt(s) "
                   f"in {time.monotonic() - started:.0f}s")
     if result.finished and not args.no_eval:

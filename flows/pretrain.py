@@ -5,7 +5,8 @@
 It stops when training finishes, when the diagnosis says a restart cannot help,
 or when the restart budget or the circuit breaker says so; every failure, its
 diagnosis and the action taken are alerted (Slack, or printed) and kept as
-artifacts. The decisions themselves are made by `diagnosis.recovery.decide`, a
+artifacts. The decisions themselves (including which checkpoint the next attempt
+resumes from and what it skips) are made by `diagnosis.recovery.next_attempt`, a
 unit-tested table, not here.
 
 Run it without a server:  python -m flows.pretrain configs/tiny-cpu.yaml
@@ -22,13 +23,22 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from infra.notify import Alert
-from diagnosis.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
+from diagnosis.recovery import (
+    AttemptOverrides,
+    FailedAttempt,
+    FailureRecord,
+    RecoveryHistory,
+    RecoveryPolicy,
+    next_attempt,
+)
 from tasks.checkpoint_events import CommitAnnouncer, committed_checkpoints
 from tasks.pretrain_tasks import (
     build_notifier,
+    cordon_and_release,
     diagnose_attempt,
     load_cluster,
     loss_curve,
+    next_plan_hint,
     node_check,
     plan_and_place,
     prepare_data,
@@ -46,7 +56,7 @@ class PretrainResult:
     finished: bool
     attempts: int
     final_step: int
-    failures: list[dict] = field(default_factory=list)
+    failures: list[FailedAttempt] = field(default_factory=list)
     stopped_because: str = ""
 
 
@@ -121,17 +131,17 @@ def pretrain(
     history = RecoveryHistory()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
     announcer = CommitAnnouncer(spec, str(job_spec))  # triggers the evaluate-checkpoint deployment
-    resume_from: int | None = None
-    extra_sets: list[str] = []
+    resume_from: int | None = None  # None: the newest committed checkpoint
+    overrides = AttemptOverrides()
     attempt = 0
     while True:
         env = {"FORGEFLOW_FAULT": drills[attempt]} if attempt < len(drills) and drills[attempt] else {}
         # 3. Launch one torchrun per node and watch it, holding the placed GPUs in the
         #    GPU type's global concurrency limit so no other flow is placed onto them.
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
-            result.failures[-1]["relaunched_at"] = time.time()
+            result.failures[-1].relaunched_at = time.time()
         with gpu_slots(placement):
-            outcome = run_attempt(str(job_spec), spec, placement, attempt, extra_sets, resume_from,
+            outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
                                   hang_timeout_s, env, progress, launcher, announcer)
         announcer.poll(force=True)
         result.attempts = attempt + 1
@@ -145,52 +155,41 @@ def pretrain(
         diagnosed_at = time.time()
         failed_step = outcome.last_step
         history.failures.append(FailureRecord(diagnosis.root_cause, failed_step))
-        decision = decide(diagnosis, failed_step, history, policy, oom_suggestion=_next_plan_hint(spec, inventory))
+        # 5. Decide the next attempt from the table: restart, node check, roll back or stop.
+        decided = next_attempt(
+            diagnosis, failed_step, history, policy,
+            committed_steps=lambda: [step for step, _ in committed_checkpoints(spec)],
+            spike_onset_step=outcome.spike.onset_step if outcome.spike else None,
+            oom_suggestion=next_plan_hint(spec, inventory) if diagnosis.root_cause == "OutOfMemoryError" else "",
+        )
         logger.warning("attempt %d %s at step %d: %s -> %s (%s)", attempt, outcome.status, failed_step,
-                       diagnosis.root_cause, decision.action.value, decision.reason)
+                       diagnosis.root_cause, decided.action.value, decided.reason)
 
-        # 5. Act, and say what was done and why.
-        action_text = decision.action.value
-        if decision.action is Action.NODE_CHECK_RESTART:
+        # 6. Act, and say what was done and why. A node check cordons the faulty nodes and
+        #    places the job again on healthy ones.
+        if decided.checks_nodes:
             report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher)
-            action_text += f" — node check: {report.summary()}"
             if report.faulty:
-                for name in report.faulty:
-                    inventory.node(name).cordoned = True
-                from scheduler.placement import release_placement
-
-                release_placement(inventory, placement)
+                cordon_and_release(inventory, placement, report.faulty)
                 placement = plan_and_place(spec, inventory)
-                action_text += f"; cordoned {report.faulty}, re-placed on {placement.nodes}"
-            resume_from, extra_sets = None, []
-        elif decision.action is Action.ROLLBACK:
-            onset = int((outcome.spike or {}).get("onset_step", failed_step))
-            resume_from = rollback_step([step for step, _ in committed_checkpoints(spec)], onset)
-            extra_sets = [f"spike.skip_batches={policy.skip_batches}"]
-            action_text += f" — resume from checkpoint step {resume_from}, skip {policy.skip_batches} batches"
-            if resume_from is None:
-                decision.action, decision.reason = Action.STOP, "no committed checkpoint before the spike onset"
-        elif decision.action is Action.RESTART:
-            resume_from, extra_sets = None, []
-            action_text += f" after {decision.backoff_s:.0f}s backoff"
+            decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
+        resume_from, overrides = decided.resume_from, decided.overrides
 
-        failure = {"attempt": attempt, "status": outcome.status, "step": failed_step,
-                   "root_cause": diagnosis.root_cause, "kind": diagnosis.kind, "source": diagnosis.source,
-                   "action": action_text, "reason": decision.reason,
-                   "seconds_to_detect": round(outcome.seconds, 1),
-                   "detected_at": detected_at, "diagnosed_at": diagnosed_at, "decided_at": time.time()}
+        failure = FailedAttempt.of(attempt, outcome.status, failed_step, diagnosis, decided,
+                                   seconds_to_detect=outcome.seconds, detected_at=detected_at,
+                                   diagnosed_at=diagnosed_at, decided_at=time.time())
         result.failures.append(failure)
-        _failure_artifact(spec.name, attempt, diagnosis, failure, decision.suggestion)
-        send_alert(notifier, _failure_alert(spec.name, diagnosis, decision, action_text))
+        _failure_artifact(spec.name, diagnosis, failure, decided.suggestion)
+        send_alert(notifier, _failure_alert(spec.name, diagnosis, decided))
 
-        if decision.action is Action.STOP:
-            result.stopped_because = decision.reason
+        if decided.stops:
+            result.stopped_because = decided.reason
             break
-        wait(decision.backoff_s)
+        wait(decided.backoff_s)
         history.restarts += 1
         attempt += 1
 
-    # 6. Report: loss curve, completion (or the reason it stopped).
+    # 7. Report: loss curve, completion (or the reason it stopped).
     loss_curve(spec)
     if outcome.ok:
         result.finished = True
@@ -206,41 +205,29 @@ def pretrain(
     return result
 
 
-def _next_plan_hint(spec, inventory) -> str:
-    """For an OOM: the plan the planner would pick with activations recomputed."""
-    try:
-        from scheduler.planner import PlannerConfig, plan_job
-
-        plans = plan_job(spec, inventory, PlannerConfig(recompute=("full",)))
-        best = plans[0]
-        return f"next plan: {best.num_gpus}x {best.gpu_type} {best.layout} (predicted peak {best.peak_memory_bytes / 2**30:.1f} GiB)"
-    except Exception as e:  # a hint, never a second failure
-        return f"no alternative plan found ({type(e).__name__})"
-
-
-def _failure_alert(job: str, diagnosis, decision, action_text: str) -> Alert:
+def _failure_alert(job: str, diagnosis, decided) -> Alert:
     from diagnosis.slack_format import to_alert
 
-    alert = to_alert(diagnosis, job, action_text)
-    alert.fields["why"] = decision.reason
-    if decision.suggestion:
-        alert.fields["suggestion"] = decision.suggestion
+    alert = to_alert(diagnosis, job, decided.text)
+    alert.fields["why"] = decided.reason
+    if decided.suggestion:
+        alert.fields["suggestion"] = decided.suggestion
     return alert
 
 
-def _failure_artifact(job: str, attempt: int, diagnosis, failure: dict, suggestion: str) -> None:
+def _failure_artifact(job: str, diagnosis, failure: FailedAttempt, suggestion: str) -> None:
     evidence = "\n".join(diagnosis.culprit_lines[:10])
     create_markdown_artifact(
-        key=f"pretrain-failure-{attempt}",
+        key=f"pretrain-failure-{failure.attempt}",
         markdown=(
-            f"## {job}: attempt {attempt} failed at step {failure['step']}\n\n"
+            f"## {job}: attempt {failure.attempt} failed at step {failure.step}\n\n"
             f"| root cause | kind | restart helps | source | action |\n|---|---|---|---|---|\n"
             f"| {diagnosis.root_cause} | {diagnosis.kind} | {diagnosis.restart_helps} | {diagnosis.source} "
-            f"| {failure['action']} |\n\n**Why:** {failure['reason']}\n\n"
+            f"| {failure.action} |\n\n**Why:** {failure.reason}\n\n"
             + (f"**Suggestion:** {suggestion}\n\n" if suggestion else "")
             + f"```\n{evidence}\n```"
         ),
-        description=f"Failure {attempt} of {job}: {diagnosis.root_cause}",
+        description=f"Failure {failure.attempt} of {job}: {diagnosis.root_cause}",
     )
 
 

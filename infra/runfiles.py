@@ -19,6 +19,9 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
     markers/fault_fired.*     records of injected faults that fired (training.faults).
     markers/finished.json     written by rank 0 after the last step: {"step", "time"}.
 
+Readers of the run directory (the watcher, tests, tools) use the typed readers below:
+`read_heartbeat` / `read_heartbeats` -> `HeartbeatRecord`, `read_spike_marker` -> `SpikeMarker`.
+
 Checkpoints live at `spec.checkpoint.url` (see training.checkpointing), not here.
 Errors and tracebacks go to the worker's stderr (torchrun's output), which the
 launcher captures; the rank log holds only the structured lines.
@@ -37,6 +40,9 @@ Exit codes of one worker process:
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 
 EXIT_OK = 0
@@ -75,3 +81,74 @@ def spike_marker_path(run_dir: str | Path) -> Path:
 
 def finished_marker_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / MARKERS_DIR / FINISHED_MARKER
+
+
+# --- readers -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HeartbeatRecord:
+    """One rank's last heartbeat (written by training.runlog.Heartbeat)."""
+
+    rank: int
+    step: int
+    time: float  # time.time() of the beat
+    pid: int
+    host: str
+    phase: str  # "start", "train", ...
+
+
+@dataclass(frozen=True)
+class SpikeMarker:
+    """The loss-spike marker (written by training.spike.write_spike_marker)."""
+
+    onset_step: int  # first step of the spike: roll back to a checkpoint before it
+    last_healthy_step: int  # -1 if no healthy step preceded the onset
+    detected_step: int
+    loss: float  # NaN/inf for a non-finite loss (stored as null + loss_repr)
+    median: float  # NaN if there was no baseline yet
+    z: float  # inf for a non-finite loss
+    reason: str  # "nonfinite" or "zscore"
+    time: float  # when it was written (time.time())
+
+
+def read_heartbeat(path: str | Path) -> HeartbeatRecord | None:
+    """The heartbeat in `path`, or None if there is none yet (or it is being replaced right
+    now, or unreadable: the next poll reads it)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return HeartbeatRecord(rank=int(data["rank"]), step=int(data.get("step", 0)),
+                               time=float(data.get("time", 0.0)), pid=int(data.get("pid", 0)),
+                               host=str(data.get("host", "")), phase=str(data.get("phase", "")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, HeartbeatRecord]:
+    """Every rank's last heartbeat in the run directory, by rank."""
+    beats = {}
+    for path in (Path(run_dir) / HEARTBEAT_DIR).glob("rank*.json"):
+        beat = read_heartbeat(path)
+        if beat is not None:
+            beats[beat.rank] = beat
+    return beats
+
+
+def read_spike_marker(run_dir: str | Path, since: float | None = None) -> SpikeMarker | None:
+    """The loss-spike marker, or None if there is none (or, with `since`, none written at or
+    after that time: a marker left by an earlier attempt is not this attempt's)."""
+    path = spike_marker_path(run_dir)
+    try:
+        if since is not None and path.stat().st_mtime < since:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        loss = data["loss"] if data["loss"] is not None else float(data.get("loss_repr", "nan"))
+        return SpikeMarker(
+            onset_step=int(data["onset_step"]), last_healthy_step=int(data["last_healthy_step"]),
+            detected_step=int(data["detected_step"]), loss=float(loss),
+            median=math.nan if data["median"] is None else float(data["median"]),
+            z=math.inf if data["z"] is None else float(data["z"]),
+            reason=str(data["reason"]), time=float(data.get("time", 0.0)),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

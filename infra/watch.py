@@ -16,7 +16,6 @@ The result carries the console logs of every node for the diagnosis.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,32 +36,11 @@ class AttemptOutcome:
     log_paths: dict[str, Path] = field(default_factory=dict)
     failed_nodes: list[str] = field(default_factory=list)
     stale_ranks: list[int] = field(default_factory=list)
-    spike: dict | None = None  # the spike marker's content
+    spike: runfiles.SpikeMarker | None = None  # this attempt's loss-spike marker
 
     @property
     def ok(self) -> bool:
         return self.status == "finished"
-
-
-def read_heartbeats(run_dir: Path) -> dict[int, dict]:
-    beats = {}
-    for path in (Path(run_dir) / runfiles.HEARTBEAT_DIR).glob("rank*.json"):
-        try:
-            beat = json.loads(path.read_text())
-            beats[int(beat["rank"])] = beat
-        except (OSError, ValueError, KeyError):
-            continue  # being replaced right now; the next poll reads it
-    return beats
-
-
-def _spike_marker(run_dir: Path, since: float) -> dict | None:
-    path = runfiles.spike_marker_path(run_dir)
-    try:
-        if path.stat().st_mtime >= since:
-            return json.loads(path.read_text())
-    except (OSError, ValueError):
-        pass
-    return None
 
 
 def watch(
@@ -82,10 +60,10 @@ def watch(
     last_step = 0
     while True:
         codes = job.poll()
-        beats = read_heartbeats(run_dir)
-        current = {r: b for r, b in beats.items() if float(b.get("time", 0)) >= started_wall}
+        beats = runfiles.read_heartbeats(run_dir)
+        current = {r: b for r, b in beats.items() if b.time >= started_wall}  # this attempt's
         if current:
-            last_step = max(last_step, max(int(b.get("step", 0)) for b in current.values()))
+            last_step = max(last_step, max(b.step for b in current.values()))
             if on_progress and last_step != last_reported:
                 on_progress(last_step)
                 last_reported = last_step
@@ -95,7 +73,7 @@ def watch(
             job.wait(timeout=failure_grace_s)  # let the other ranks print their errors
             job.terminate(grace_s=5.0)
             codes = job.poll()
-            spike = _spike_marker(run_dir, started_wall)
+            spike = runfiles.read_spike_marker(run_dir, since=started_wall)
             return AttemptOutcome(
                 status="spike" if spike else "failed",
                 exit_codes=codes,
@@ -113,7 +91,7 @@ def watch(
         now = time.time()
         stale = []
         for rank in range(world_size):
-            beat_time = float(beats.get(rank, {}).get("time", 0))
+            beat_time = beats[rank].time if rank in beats else 0.0
             if beat_time >= started_wall:
                 if now - beat_time > hang_timeout_s:
                     stale.append(rank)

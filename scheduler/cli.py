@@ -29,7 +29,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plan.add_argument("--max-gpus", type=int, default=None, help="never plan more GPUs than this")
     plan.add_argument("--gpu-type", action="append", default=None, help="only plan these GPU types (repeatable)")
     plan.add_argument("--margin", type=float, default=0.10, help="GPU memory kept free, fraction (default 0.10)")
-    plan.add_argument("--max-pp", type=int, default=16, help="most pipeline stages to consider (default 16)")
+    plan.add_argument("--max-pp", type=int, default=None,
+                      help="most pipeline stages to consider (default: what the training worker runs, "
+                           "training/capabilities.py; more is a what-if the worker cannot run yet)")
     plan.add_argument("--rank-by", choices=("step_time", "gpu_seconds"), default="step_time")
     plan.set_defaults(func=_plan_command)
 
@@ -73,15 +75,20 @@ def _load_cluster(arg: str | None, default_name: str | None = None):
 def _plan_command(args: argparse.Namespace) -> int:
     from scheduler.cluster import ClusterError
     from scheduler.placement import place_plans
-    from scheduler.planner import InfeasibleJobError, PlannerConfig, plan_job
+    from scheduler.planner import InfeasibleJobError, plan_job, worker_planner_config
+    from training.capabilities import WORKER
     from training.config import ConfigError, load_job_spec
 
     try:
         job = load_job_spec(args.job)
         cluster = _load_cluster(args.cluster)
-        config = PlannerConfig(
-            memory_margin=args.margin, max_gpus=args.max_gpus, max_pipeline_stages=args.max_pp,
-            gpu_types=tuple(args.gpu_type) if args.gpu_type else None, rank_by=args.rank_by,
+        what_if = {} if args.max_pp is None else {"max_pipeline_stages": args.max_pp}
+        if args.max_pp is not None and args.max_pp > WORKER.max_pipeline_stages:
+            print(f"note: plans with more than {WORKER.max_pipeline_stages} pipeline stage(s) are a what-if: "
+                  "the training worker cannot run them yet", file=sys.stderr)
+        config = worker_planner_config(
+            cluster, memory_margin=args.margin, max_gpus=args.max_gpus,
+            gpu_types=tuple(args.gpu_type) if args.gpu_type else None, rank_by=args.rank_by, **what_if,
         )
         plans = plan_job(job, cluster, config)
     except InfeasibleJobError as e:

@@ -45,6 +45,7 @@ from scheduler.cluster import GIB, Cluster, ClusterError
 from scheduler.gpus import gpu_spec
 from scheduler.cost_model import CostModelConfig, LinkSpeeds, StepTime, predict_step_time
 from scheduler import memory as marp
+from training.capabilities import WORKER
 from training.config import JobSpec, ModelConfig
 
 RecomputeMode = Literal["none", "selective", "full"]
@@ -88,6 +89,22 @@ class PlannerConfig(BaseModel):
         return CostModelConfig(
             compute_efficiency=self.compute_efficiency, comm_efficiency=self.comm_efficiency
         )
+
+
+def worker_planner_config(cluster: Cluster, **fields: Any) -> PlannerConfig:
+    """A planner configuration for the plans the training worker can run
+    (training.capabilities); `fields` set the other PlannerConfig fields.
+
+    On an all-CPU cluster the planner also leaves out the distributed optimizer and full
+    recompute: host memory is rarely what binds there, and both trade step time for
+    memory (the worker runs them on CPU; they are simply not worth choosing)."""
+    caps = WORKER
+    base: dict[str, Any] = dict(max_pipeline_stages=caps.max_pipeline_stages, recompute=caps.recompute,
+                                distributed_optimizer=caps.distributed_optimizer)
+    if all(t == "cpu" for t in cluster.gpu_types()):
+        base.update(distributed_optimizer=False,
+                    recompute=tuple(rc for rc in caps.recompute if rc != "full"))
+    return PlannerConfig(**{**base, **fields})
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,14 @@ import json
 import os
 import socket
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.artifacts import create_markdown_artifact, create_table_artifact, update_progress_artifact
 
+from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
 from infra.launch import LaunchRequest
@@ -44,9 +45,9 @@ def load_cluster(cluster: str) -> Cluster:
 def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
     """MARP sizing + HAS placement; the ranked plans and the placement become artifacts."""
     from scheduler.placement import place_plans
-    from scheduler.planner import plan_job
+    from scheduler.planner import plan_job, worker_planner_config
 
-    plans = plan_job(spec, cluster, worker_planner_config(cluster))
+    plans = plan_job(spec, cluster, worker_planner_config(cluster))  # only plans the worker runs
     placement = place_plans(plans, cluster, job=spec.name, allocate=True)
     if placement is None:
         raise RuntimeError(
@@ -71,17 +72,18 @@ def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
     return placement
 
 
-def worker_planner_config(cluster: Cluster):
-    """Only plans the training worker can run: no pipeline stages yet, and on CPU
-    neither megatron's distributed optimizer nor full recompute (both need CUDA)."""
-    from scheduler.planner import PlannerConfig
+def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
+    """For an out-of-memory stop: the plan the planner would pick among the most memory-frugal
+    ones the worker runs (activations recomputed, optimizer state sharded)."""
+    try:
+        from scheduler.planner import plan_job, worker_planner_config
 
-    cpu_only = all(t == "cpu" for t in cluster.gpu_types())
-    return PlannerConfig(
-        max_pipeline_stages=1,
-        distributed_optimizer=not cpu_only,
-        recompute=("none", "selective") if cpu_only else ("none", "selective", "full"),
-    )
+        frugal = worker_planner_config(cluster, recompute=("full",), distributed_optimizer=True)
+        best = plan_job(spec, cluster, frugal)[0]
+        return (f"next plan: {best.num_gpus}x {best.gpu_type} {best.layout} "
+                f"(predicted peak {best.peak_memory_bytes / 2**30:.1f} GiB)")
+    except Exception as e:  # a hint, never a second failure
+        return f"no alternative plan found ({type(e).__name__})"
 
 
 def plan_overrides(placement: Placement) -> list[str]:
@@ -95,6 +97,21 @@ def plan_overrides(placement: Placement) -> list[str]:
             f"training.use_distributed_optimizer={str(plan.distributed_optimizer).lower()}",
         ]
     return out
+
+
+def worker_args(spec_path: str, placement: Placement, resume_from_step: int | None = None,
+                overrides: AttemptOverrides = AttemptOverrides()) -> list[str]:
+    """The worker's command line for one attempt: the only place the plan's layout and the
+    attempt's typed overrides become `training.train` arguments."""
+    args = ["-m", "training.train", spec_path]
+    sets = plan_overrides(placement)
+    if overrides.skip_batches:
+        sets.append(f"spike.skip_batches={overrides.skip_batches}")
+    for item in sets:
+        args += ["--set", item]
+    if resume_from_step is not None:
+        args += ["--resume-from-step", str(resume_from_step)]
+    return args
 
 
 @task(name="prepare-data", cache_policy=NO_CACHE)
@@ -119,8 +136,8 @@ def run_attempt(
     spec: JobSpec,
     placement: Placement,
     attempt: int,
-    extra_sets: list[str],
     resume_from_step: int | None,
+    overrides: AttemptOverrides,
     hang_timeout_s: float,
     env: dict[str, str],
     progress_artifact_id=None,
@@ -134,11 +151,7 @@ def run_attempt(
     logger = get_run_logger()
     port = free_port()  # a fresh rendezvous port per attempt: the last one may linger in TIME_WAIT
     launches = [replace(l, master_port=port) for l in placement.launch_specs()]
-    args = ["-m", "training.train", spec_path]
-    for item in plan_overrides(placement) + extra_sets:
-        args += ["--set", item]
-    if resume_from_step is not None:
-        args += ["--resume-from-step", str(resume_from_step)]
+    args = worker_args(spec_path, placement, resume_from_step, overrides)
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
     job = make_launcher(launcher).start(request)
@@ -163,7 +176,7 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
     if outcome.status == "spike" and outcome.spike:
         return Diagnosis(
             "LossSpike", "training", True, confidence=1.0,
-            culprit_lines=[json.dumps(outcome.spike)],
+            culprit_lines=[json.dumps(asdict(outcome.spike))],
             mitigation="roll back to a checkpoint before the spike and skip the spike's batches",
             source="rule",
         )
@@ -179,6 +192,16 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
     # when no rule names a cause; it opens the embedding model and Chroma only then.
     return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang",
                         agent=build_default_agent(job_family=spec.name))
+
+
+def cordon_and_release(cluster: Cluster, placement: Placement, faulty: list[str]) -> None:
+    """Take the nodes the node check found faulty out of scheduling and give the job's
+    GPUs back, so that placing it again lands on healthy nodes only."""
+    from scheduler.placement import release_placement
+
+    for name in faulty:
+        cluster.cordon(name)
+    release_placement(cluster, placement)
 
 
 @task(name="node-check", cache_policy=NO_CACHE)

@@ -68,8 +68,8 @@ def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed, make
     result = pretrain(str(make_job("two-nodes")), cluster=str(two_node_cluster), launcher="prefect",
                       drill_faults=["cuda_error@12:1"], backoff_s=0.5, hang_timeout_s=120)
     assert result.finished and result.final_step == 40, result
-    assert [f["root_cause"] for f in result.failures] == ["CUDAError"]
-    assert "node check" in result.failures[0]["action"]
+    assert [f.root_cause for f in result.failures] == ["CUDAError"]
+    assert "node check" in result.failures[0].action
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(

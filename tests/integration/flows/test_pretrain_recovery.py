@@ -17,7 +17,7 @@ from checkpoint.manifest import shard_key
 from checkpoint.shard import read_shard
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
 from infra.storage import open_storage
-from tasks.pretrain_tasks import load_cluster, plan_overrides, worker_planner_config
+from tasks.pretrain_tasks import load_cluster, plan_overrides
 from training.config import load_job_spec
 
 
@@ -48,7 +48,7 @@ def _run_worker(job_path, tmp_path, sets: list[str], nproc: int, extra: list[str
 def _plan_sets(spec) -> tuple[list[str], int]:
     """The layout the flow's planner picks for this job on this machine."""
     from scheduler.placement import place_plans
-    from scheduler.planner import plan_job
+    from scheduler.planner import plan_job, worker_planner_config
 
     cluster = load_cluster("local")
     placement = place_plans(plan_job(spec, cluster, worker_planner_config(cluster)), cluster, job=spec.name)
@@ -67,10 +67,10 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
     finally:
         failing_slack.close()
     assert result.finished and result.final_step == 40, result
-    causes = [(f["root_cause"], f["step"]) for f in result.failures]
+    causes = [(f.root_cause, f.step) for f in result.failures]
     assert causes[0] == ("CUDAError", 12)
     assert causes[1][0] == "LossSpike"
-    assert "resume from checkpoint step 20" in result.failures[1]["action"]
+    assert "resume from checkpoint step 20" in result.failures[1].action
     assert len(failing_slack.messages) >= 3  # two failures + completion were attempted
 
     # Reference: the same layout, uninterrupted, skipping the same 5 batches after step 20.
@@ -92,7 +92,7 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
 def test_script_error_stops_and_alerts_the_diagnosis(prefect_api, make_job, slack):
     result = pretrain(str(make_job("script-bug")), drill_faults=["script_error@5"], backoff_s=0.5)
     assert not result.finished and result.attempts == 1
-    assert result.failures[0]["root_cause"] == "KeyError"
+    assert result.failures[0].root_cause == "KeyError"
     assert "deterministic" in result.stopped_because
     texts = "\n".join(slack.texts())
     assert "KeyError" in texts and "stop" in texts
@@ -105,13 +105,13 @@ def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, ma
                       backoff_s=0.5, hang_timeout_s=20)
     assert result.finished and result.final_step == 40, result
     hang, killed, mid_checkpoint = result.failures
-    assert hang["root_cause"] == "Hang" and hang["status"] == "hang"
-    assert "node check" in hang["action"]
+    assert hang.root_cause == "Hang" and hang.status == "hang"
+    assert "node check" in hang.action
     # The host OOM killer's SIGKILL prints nothing: the surviving rank's "connection reset
     # by peer" is the only evidence, so the peer is suspected and the nodes are checked.
-    assert killed["status"] == "failed" and killed["root_cause"] == "NCCLRemoteError"
-    assert "node check" in killed["action"]
-    assert mid_checkpoint["status"] == "failed"
+    assert killed.status == "failed" and killed.root_cause == "NCCLRemoteError"
+    assert "node check" in killed.action
+    assert mid_checkpoint.status == "failed"
 
     # Every attempt resumed from a committed checkpoint: the result equals an uninterrupted run.
     spec = load_job_spec(job)

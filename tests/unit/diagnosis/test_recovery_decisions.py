@@ -5,7 +5,17 @@ from __future__ import annotations
 import pytest
 
 from diagnosis.vocabulary import Diagnosis, kind_of
-from diagnosis.recovery import Action, FailureRecord, RecoveryHistory, RecoveryPolicy, decide, rollback_step
+from diagnosis.recovery import (
+    Action,
+    AttemptOverrides,
+    FailedAttempt,
+    FailureRecord,
+    RecoveryHistory,
+    RecoveryPolicy,
+    decide,
+    next_attempt,
+    rollback_step,
+)
 
 
 def _diag(root: str, restart_helps: bool = True, suspects=(), mitigation: str = "") -> Diagnosis:
@@ -77,3 +87,73 @@ def test_rollback_goes_strictly_before_the_onset():
     assert rollback_step([10, 20, 30, 40], spike_onset_step=31) == 30
     assert rollback_step([10, 20, 30, 40], spike_onset_step=30) == 20
     assert rollback_step([40], spike_onset_step=30) is None
+
+
+# --- the whole next attempt ------------------------------------------------------------
+
+
+def _next(diag: Diagnosis, step: int = 40, committed=(), onset=None, **policy):
+    history = RecoveryHistory(failures=[FailureRecord(diag.root_cause, step)])
+    listed = []
+
+    def committed_steps():
+        listed.append(True)
+        return list(committed)
+
+    attempt = next_attempt(diag, step, history, RecoveryPolicy(**policy), committed_steps=committed_steps,
+                           spike_onset_step=onset, oom_suggestion="plan B")
+    return attempt, bool(listed)
+
+
+def test_spike_rolls_back_before_the_onset_and_skips_batches_as_a_typed_override():
+    attempt, listed = _next(_diag("LossSpike"), step=31, committed=[10, 20, 30], onset=26, skip_batches=7)
+    assert listed and attempt.action is Action.ROLLBACK and not attempt.stops
+    assert attempt.resume_from == 20
+    assert attempt.overrides == AttemptOverrides(skip_batches=7)
+    assert "resume from checkpoint step 20, skip 7 batches" in attempt.text
+
+
+def test_spike_without_an_onset_rolls_back_before_the_failed_step():
+    attempt, _ = _next(_diag("LossSpike"), step=31, committed=[10, 20, 30])
+    assert attempt.resume_from == 30
+
+
+def test_rollback_impossible_stops_and_says_how_to_avoid_it():
+    attempt, _ = _next(_diag("LossSpike"), step=12, committed=[20], onset=8)
+    assert attempt.stops and attempt.resume_from is None
+    assert attempt.overrides == AttemptOverrides()  # nothing skipped: nothing runs
+    assert "step 8" in attempt.reason and "nothing to roll back to" in attempt.reason
+    assert "checkpoint.interval" in attempt.suggestion
+
+
+def test_restart_resumes_from_the_newest_checkpoint_without_listing_storage():
+    # A transient S3 fault must not be followed by a storage listing in the decision.
+    attempt, listed = _next(_diag("S3StorageError"), backoff_s=3)
+    assert not listed
+    assert (attempt.action, attempt.resume_from, attempt.overrides) == (Action.RESTART, None, AttemptOverrides())
+    assert attempt.backoff_s == 3 and attempt.text == "restart in place after 3s backoff"
+
+
+def test_node_check_attempt_says_what_the_check_found():
+    attempt, _ = _next(_diag("ECCError"))
+    assert attempt.checks_nodes and attempt.resume_from is None
+    checked = attempt.after_node_check("faulty=['node-b']", ["node-b"], ["node-a", "node-c"])
+    assert checked.text.endswith("node check: faulty=['node-b']; cordoned ['node-b'], re-placed on ['node-a', 'node-c']")
+    assert checked.action is attempt.action and checked.reason == attempt.reason
+    assert "cordoned" not in attempt.after_node_check("healthy=2", [], ["node-a"]).text
+
+
+def test_stops_carry_the_suggestion():
+    attempt, _ = _next(_diag("OutOfMemoryError", restart_helps=False))
+    assert attempt.stops and attempt.suggestion == "plan B" and attempt.text == "stop"
+
+
+def test_failed_attempt_records_the_diagnosis_and_the_decision():
+    diag = Diagnosis("CUDAError", "infrastructure", True, source="rule")
+    attempt, _ = _next(diag)
+    record = FailedAttempt.of(2, "failed", 40, diag, attempt, seconds_to_detect=3.14159,
+                              detected_at=100.0, diagnosed_at=101.0, decided_at=102.0)
+    assert (record.attempt, record.status, record.step, record.root_cause, record.kind, record.source) == (
+        2, "failed", 40, "CUDAError", "infrastructure", "rule")
+    assert record.action == attempt.text and record.reason == attempt.reason
+    assert record.seconds_to_detect == 3.1 and record.relaunched_at is None

@@ -189,7 +189,8 @@ def test_cli_plan_json_reports_an_infeasible_job(tmp_path, capsys):
         "  ffn_hidden_size: 28672, vocab_size: 32768, seq_length: 4096}\n"
         "training: {global_batch_size: 64, steps: 10, precision: bf16}\n"
     )
-    code = forgeflow(["plan", str(job), "--cluster", str(CLUSTERS / "frenzy-testbed.yaml"), "--json"])
+    # What-if beyond today's worker (one pipeline stage): alternatives exist only with more stages.
+    code = forgeflow(["plan", str(job), "--cluster", str(CLUSTERS / "frenzy-testbed.yaml"), "--json", "--max-pp", "16"])
     out = json.loads(capsys.readouterr().out)
     assert code == 2 and "fits on no GPU type" in out["error"] and out["alternatives"]
 

@@ -1,0 +1,40 @@
+"""The worker's command line is built in one place, from the plan and the attempt's typed overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from diagnosis.recovery import AttemptOverrides
+from scheduler.cluster import detect_local_cluster
+from scheduler.placement import place_plans
+from scheduler.planner import plan_job, worker_planner_config
+from tasks.pretrain_tasks import plan_overrides, worker_args
+from training.config import load_job_spec
+
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _placement():
+    spec = load_job_spec(REPO / "configs" / "tiny-cpu.yaml")
+    cluster = detect_local_cluster()
+    return place_plans(plan_job(spec, cluster, worker_planner_config(cluster)), cluster, job=spec.name)
+
+
+def _sets(args: list[str]) -> list[str]:
+    return [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+
+def test_first_attempt_runs_the_plan_from_the_newest_checkpoint():
+    placement = _placement()
+    args = worker_args("job.yaml", placement)
+    assert args[:3] == ["-m", "training.train", "job.yaml"]
+    assert _sets(args) == plan_overrides(placement)
+    assert "--resume-from-step" not in args
+
+
+def test_rollback_attempt_resumes_from_its_step_and_skips_batches():
+    placement = _placement()
+    args = worker_args("job.yaml", placement, resume_from_step=20, overrides=AttemptOverrides(skip_batches=7))
+    assert _sets(args) == plan_overrides(placement) + ["spike.skip_batches=7"]
+    assert args[-2:] == ["--resume-from-step", "20"]
