@@ -1,9 +1,9 @@
 """Rule-based diagnosis: an ordered library of regex → root cause rules, and the choice
 of *the* root cause when a log holds several errors.
 
-``DiagnosisLibrary`` = learned rules (``<state_dir>/diagnosis_rules.json``, checked
-first: they exist because the seeds got a failure wrong or missed it) followed by the
-seeds of ``rule_seeds.py``. Each line of the compressed log is named by the first rule
+``DiagnosisLibrary`` = learned rules (the state database, ``diagnosis.state.LearnedRuleStore``;
+checked first: they exist because the seeds got a failure wrong or missed it) followed
+by the seeds of ``rule_seeds.py``. Each line of the compressed log is named by the first rule
 that matches it.
 
 Choosing the root cause among all matched lines (``diagnose_compressed``):
@@ -37,11 +37,10 @@ from pydantic import BaseModel, Field, field_validator
 from diagnosis.engine import RegexError, compile_linear, is_catch_all, validate_regex
 from diagnosis.compressed import CompressedLog, LogEntry
 from diagnosis.rule_seeds import SEED_DIAGNOSIS_RULES
-from diagnosis.state import read_json, state_dir, write_json_atomic
+from diagnosis.state import LearnedRuleStore
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, Kind, VocabularyError, kind_of
 
 RuleSource = Literal["seed", "agent", "user"]
-LIBRARY_FILE = "diagnosis_rules.json"
 
 # Lower is more fundamental. Hardware faults explain everything above them.
 _TIER: dict[str, float] = {
@@ -108,31 +107,23 @@ def seed_rules() -> list[DiagnosisRule]:
 
 
 class DiagnosisLibrary:
-    """Learned rules (persisted per state dir) followed by the seeds."""
+    """Learned rules (persisted in the state database of a state dir) followed by the seeds.
 
-    def __init__(self, learned: list[DiagnosisRule] | None = None, path: Path | None = None):
+    `store` is where learned rules persist; a library without one (tests, what-if
+    trials of a candidate rule) keeps them in memory only.
+    """
+
+    def __init__(self, learned: list[DiagnosisRule] | None = None, path: Path | None = None,
+                 store: LearnedRuleStore | None = None):
         self.learned: list[DiagnosisRule] = list(learned or [])
-        self.path = path
+        self.path = path  # kept for callers that pass path=None for an in-memory library
+        self.store = store
         self._seeds = seed_rules()
 
     @classmethod
-    def load(cls, state: str | os.PathLike | None = None) -> "DiagnosisLibrary":
-        path = state_dir(state) / LIBRARY_FILE
-        data = read_json(path) or {}
-        learned = []
-        for i, raw in enumerate(data.get("rules", [])):
-            try:
-                rule = DiagnosisRule.model_validate(raw)
-                validate_regex(rule.pattern)
-            except (ValueError, RegexError) as exc:
-                raise ValueError(f"{path}: rule #{i} is invalid ({exc}); remove it from the file") from None
-            learned.append(rule)
-        return cls(learned, path)
-
-    def save(self) -> None:
-        if self.path is None:
-            raise ValueError("this library was not loaded from a state dir; use DiagnosisLibrary.load()")
-        write_json_atomic(self.path, {"rules": [r.model_dump() for r in self.learned]})
+    def load(cls, state: str | os.PathLike | None = None, *, db_url: str | None = None) -> "DiagnosisLibrary":
+        store = LearnedRuleStore(state, db_url)
+        return cls(_validated(store.load(), store.url), store=store)
 
     @property
     def rules(self) -> list[DiagnosisRule]:
@@ -178,23 +169,48 @@ class DiagnosisLibrary:
             raise RegexError(f"pattern {pattern!r} matches none of the culprit lines it was written for")
         if any(r.pattern == pattern for r in self.learned):
             raise RegexError(f"pattern {pattern!r} is already a learned rule")
-        rule = DiagnosisRule(
-            name=name or f"{source}-{root_cause}-{len(self.learned) + 1}",
-            pattern=pattern, root_cause=root_cause, restart_helps=restart_helps,
-            mitigation=mitigation, symptom=symptom, source=source, confidence=confidence,
-        )
+
+        def make(learned_count: int) -> DiagnosisRule:
+            return DiagnosisRule(
+                name=name or f"{source}-{root_cause}-{learned_count + 1}",
+                pattern=pattern, root_cause=root_cause, restart_helps=restart_helps,
+                mitigation=mitigation, symptom=symptom, source=source, confidence=confidence,
+            )
+
+        if persist and self.store is not None:
+            # One transaction: rules other processes learned meanwhile are kept, and come back too.
+            try:
+                raw, everything = self.store.add(lambda count: make(count).model_dump())
+            except ValueError as exc:
+                raise RegexError(f"pattern {pattern!r}: {exc}") from None
+            self.learned = _validated(everything, self.store.url)
+            return DiagnosisRule.model_validate(raw)
+        rule = make(len(self.learned))
         self.learned.insert(0, rule)  # newest first: it was learned because others missed
-        if persist and self.path is not None:
-            self.save()
         return rule
 
     def remove_rule(self, name: str, persist: bool = True) -> None:
+        if persist and self.store is not None:
+            self.learned = _validated(self.store.remove(name), self.store.url)
+            return
         kept = [r for r in self.learned if r.name != name]
         if len(kept) == len(self.learned):
             raise KeyError(f"no learned diagnosis rule named {name!r}")
         self.learned = kept
-        if persist and self.path is not None:
-            self.save()
+
+
+def _validated(raw_rules: list[dict], where: str) -> list[DiagnosisRule]:
+    learned = []
+    for raw in raw_rules:
+        try:
+            rule = DiagnosisRule.model_validate(raw)
+            validate_regex(rule.pattern)
+        except (ValueError, RegexError) as exc:
+            name = raw.get("name") if isinstance(raw, dict) else None
+            raise ValueError(f"{where}: learned rule {name!r} is invalid ({exc}); delete its row from "
+                             "the diagnosis_rules table of that database") from None
+        learned.append(rule)
+    return learned
 
 
 # --------------------------------------------------------------------------- choosing

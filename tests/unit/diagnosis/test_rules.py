@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -152,7 +151,7 @@ def test_learned_rules_persist_and_take_precedence(tmp_path, state):
     assert diagnose_log(path).root_cause == "RuntimeError"
     library = DiagnosisLibrary.load()
     library.add_rule(r"flux capacitor desynchronised", "NVLinkError", True, mitigation="swap it", must_match=[line])
-    assert json.loads((state / "diagnosis_rules.json").read_text())["rules"][0]["root_cause"] == "NVLinkError"
+    assert DiagnosisLibrary.load().learned[0].root_cause == "NVLinkError"  # persisted: a fresh load has it
     d = diagnose_log(path)
     assert (d.root_cause, d.source, d.mitigation) == ("NVLinkError", "rule", "swap it")
 
@@ -167,7 +166,7 @@ def test_learned_rules_persist_and_take_precedence(tmp_path, state):
 def test_add_rule_refuses_bad_rules(state, pattern, root_cause, reason):
     with pytest.raises(RegexError, match=reason):
         DiagnosisLibrary.load().add_rule(pattern, root_cause, False, must_match=["flux capacitor"])
-    assert not (state / "diagnosis_rules.json").exists()
+    assert DiagnosisLibrary.load().learned == []
 
 
 def test_stale_heartbeat_without_errors_is_a_hang(tmp_path, state):
