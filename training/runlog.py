@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra import runfiles
+from infra.atomic_write import atomic_write
 
 
 class LogFormatError(ValueError):
@@ -158,25 +159,18 @@ class RankLog:
 
 
 class Heartbeat:
-    """`{run_dir}/heartbeat/rank{R}.json`, atomically replaced on every beat."""
+    """`{run_dir}/heartbeat/rank{R}.json`, atomically replaced on every beat.
+
+    Read it with `infra.runfiles.read_heartbeat(s)` (the run-directory contract)."""
 
     def __init__(self, run_dir: str | Path, rank: int):
         self.rank = rank
         self.path = runfiles.heartbeat_path(run_dir, rank)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._host = socket.gethostname()
-        self._tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
 
     def beat(self, step: int, phase: str = "train") -> None:
         payload = {"rank": self.rank, "step": step, "time": time.time(), "pid": os.getpid(),
                    "host": self._host, "phase": phase}
-        self._tmp.write_text(json.dumps(payload), encoding="utf-8")
-        os.replace(self._tmp, self.path)
-
-
-def read_heartbeat(path: str | Path) -> dict | None:
-    """The last heartbeat, or None if there is none yet."""
-    try:
-        return json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return None
+        # No fsync: the next beat replaces a lost one, and one per step would slow the loop.
+        atomic_write(self.path, json.dumps(payload), durable=False)

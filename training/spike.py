@@ -37,9 +37,7 @@ log line the diagnosis rules match::
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import re
 import time
 from collections import deque
@@ -48,6 +46,8 @@ from pathlib import Path
 
 import numpy as np
 
+from infra import runfiles
+from infra.atomic_write import atomic_write_json
 from infra.runfiles import EXIT_LOSS_SPIKE as LOSS_SPIKE_EXIT_CODE  # the run-directory contract owns exit codes
 from training.config import SpikeConfig
 
@@ -57,7 +57,6 @@ SPIKE_LINE_RE = re.compile(
     r"last_healthy_step=(?P<last_healthy_step>-?\d+) "
     r"loss=(?P<loss>\S+) median=(?P<median>\S+)"
 )
-MARKER_RELPATH = Path("markers") / "loss_spike.json"
 _MAD_TO_STD = 1.4826
 _NOISE_FLOOR = 0.01  # relative to the median
 
@@ -161,29 +160,11 @@ def parse_spike_line(line: str) -> dict | None:
 
 
 def write_spike_marker(run_dir: str | Path, event: SpikeEvent) -> Path:
-    """Write `{run_dir}/markers/loss_spike.json` atomically (strict JSON: null for NaN/inf)."""
-    path = Path(run_dir) / MARKER_RELPATH
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write `{run_dir}/markers/loss_spike.json` atomically (strict JSON: null for NaN/inf).
+
+    Read it with `infra.runfiles.read_spike_marker` (the run-directory contract)."""
     payload = asdict(event)
     for key in ("loss", "median", "z"):
         payload[key] = _finite_or_none(payload[key])
     payload.update(kind="loss_spike", loss_repr=f"{event.loss:.6g}", time=time.time())
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return path
-
-
-def read_spike_marker(run_dir: str | Path) -> SpikeEvent | None:
-    """The SpikeEvent in `{run_dir}/markers/loss_spike.json`, or None if there is none."""
-    path = Path(run_dir) / MARKER_RELPATH
-    if not path.is_file():
-        return None
-    data = json.loads(path.read_text(encoding="utf-8"))
-    loss = data["loss"] if data["loss"] is not None else float(data.get("loss_repr", "nan"))
-    return SpikeEvent(
-        onset_step=data["onset_step"], last_healthy_step=data["last_healthy_step"],
-        detected_step=data["detected_step"], loss=loss,
-        median=data["median"] if data["median"] is not None else math.nan,
-        z=data["z"] if data["z"] is not None else math.inf, reason=data["reason"],
-    )
+    return atomic_write_json(runfiles.spike_marker_path(run_dir), payload, indent=2, allow_nan=False)

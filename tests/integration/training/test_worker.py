@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from infra import runfiles
-from training.runlog import read_heartbeat, read_steps
+from training.runlog import read_steps
 
 REPO = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 300  # generous: the machine is small and shared
@@ -72,13 +72,26 @@ def logged_losses(spec: Path, rank: int = 0) -> list[str]:
     return re.findall(r" step=(\d+) loss=(\S+) ", text)
 
 
-def checkpoint_tensors(step_dir: Path, out: Path) -> dict:
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+def checkpoint_tensors(root: Path, step: int) -> dict:
+    """Every saved tensor piece of a committed step, by key and global offset."""
+    from checkpoint.manifest import read_manifest
+    from checkpoint.shard import read_shard
+    from infra.storage import open_storage
 
-    dcp_to_torch_save(step_dir, out)
-    state = torch.load(out, weights_only=False)
-    return {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    storage = open_storage(str(root))
+    out = {}
+    for record in read_manifest(storage, step).shards:
+        _, state = read_shard(storage.get_bytes(record.key))
+        for piece in state["pieces"]:
+            if not piece["object"]:
+                out[f"{piece['key']}@{tuple(piece['global_offset'])}"] = piece["data"]
+    return out
+
+
+def committed(root: Path) -> list[int]:
+    from checkpoint.manifest import committed_checkpoints
+
+    return [r.step for r in committed_checkpoints(str(root))]
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:
@@ -110,11 +123,10 @@ def test_two_ranks_train_log_heartbeat_and_checkpoint(dp2_run):
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
     assert all(r.tokens_per_s > 0 and r.grad_norm > 0 for r in ranks[0])
     for r in (0, 1):
-        beat = read_heartbeat(runfiles.heartbeat_path(rd, r))
-        assert beat["step"] == 12 and beat["rank"] == r
+        beat = runfiles.read_heartbeat(runfiles.heartbeat_path(rd, r))
+        assert beat.step == 12 and beat.rank == r
     assert json.loads(runfiles.finished_marker_path(rd).read_text())["step"] == 12
-    ckpt = rd / "ckpt"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000006", "step_00000012"]
+    assert committed(rd / "ckpt") == [6, 12]
 
 
 # --- exact resume --------------------------------------------------------------------------------
@@ -144,8 +156,8 @@ def test_resume_after_a_kill_continues_bit_for_bit(tiny_job_dict, tiny_prepared,
     for rank in (0, 1):
         assert logged_losses(resumed, rank)[20:] == logged_losses(straight, rank)[20:]
 
-    a = checkpoint_tensors(run_dir(straight) / "ckpt" / "step_00000040", tmp_path / "a.pt")
-    b = checkpoint_tensors(run_dir(resumed) / "ckpt" / "step_00000040", tmp_path / "b.pt")
+    a = checkpoint_tensors(run_dir(straight) / "ckpt", 40)
+    b = checkpoint_tensors(run_dir(resumed) / "ckpt", 40)
     assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)
     different = [k for k in a if not (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
                                       and bool((a[k] == b[k]).all()))]
@@ -209,10 +221,10 @@ def test_exit_mid_checkpoint_leaves_no_complete_checkpoint_and_a_restart_recover
     proc = worker(spec, fault="exit_mid_checkpoint@4")
     assert proc.returncode == runfiles.EXIT_FAULT_MID_CHECKPOINT, explain(proc)
     ckpt = run_dir(spec) / "ckpt"
-    assert [p.name for p in ckpt.iterdir()] == ["step_00000004.partial"]
+    assert committed(ckpt) == [] and (ckpt / "step-00000004").is_dir()  # shards, no manifest
     again = worker(spec, fault="exit_mid_checkpoint@4")  # fired once already: runs through
     assert again.returncode == 0, explain(again)
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_00000004", "step_00000008"]
+    assert committed(ckpt) == [4, 8]
     assert "event=resumed" not in runfiles.log_path(run_dir(spec), 0).read_text()
 
 
@@ -239,15 +251,15 @@ def test_hang_fault_stops_progress_and_heartbeats(tiny_job_dict, tiny_prepared, 
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT_S
-        while (read_heartbeat(beat_path) or {}).get("step") != 3:
+        while getattr(runfiles.read_heartbeat(beat_path), "step", None) != 3:
             assert proc.poll() is None, explain(subprocess.CompletedProcess([], proc.returncode,
                                                                             *proc.communicate()))
             assert time.monotonic() < deadline, "the worker never reached step 3"
             time.sleep(0.2)
-        first = read_heartbeat(beat_path)
+        first = runfiles.read_heartbeat(beat_path)
         time.sleep(5)  # a healthy worker would do many steps in this time
         assert proc.poll() is None  # still alive ...
-        assert read_heartbeat(beat_path) == first  # ... but its heartbeat stopped
+        assert runfiles.read_heartbeat(beat_path) == first  # ... but its heartbeat stopped
         assert [s for s, _ in logged_losses(spec)][-1] == "3"
     finally:
         proc.kill()

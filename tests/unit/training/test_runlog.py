@@ -17,7 +17,6 @@ from training.runlog import (
     format_step_line,
     parse_line,
     parse_step_line,
-    read_heartbeat,
     read_steps,
 )
 
@@ -91,12 +90,13 @@ def test_read_steps_skips_foreign_lines_and_keeps_the_latest_of_a_restarted_step
 
 def test_heartbeat_is_replaced_atomically_and_readable(tmp_path):
     beat = Heartbeat(tmp_path, rank=1)
-    assert read_heartbeat(beat.path) is None
+    assert runfiles.read_heartbeat(beat.path) is None
     beat.beat(3)
     beat.beat(4, phase="checkpoint")
-    data = read_heartbeat(runfiles.heartbeat_path(tmp_path, 1))
-    assert data["step"] == 4 and data["rank"] == 1 and data["phase"] == "checkpoint"
-    assert {"time", "pid", "host"} <= set(data)
+    data = runfiles.read_heartbeat(runfiles.heartbeat_path(tmp_path, 1))
+    assert (data.step, data.rank, data.phase) == (4, 1, "checkpoint")
+    assert data.time > 0 and data.pid > 0 and data.host
+    assert runfiles.read_heartbeats(tmp_path) == {1: data}
     # nothing but the heartbeat itself is left in the folder (the temp file was renamed)
     assert [p.name for p in beat.path.parent.iterdir()] == ["rank1.json"]
     json.loads(beat.path.read_text())

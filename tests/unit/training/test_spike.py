@@ -8,12 +8,12 @@ import math
 import numpy as np
 import pytest
 
+from infra import runfiles
 from training.config import SpikeConfig
 from training.spike import (
     LossSpikeDetector,
     format_spike_line,
     parse_spike_line,
-    read_spike_marker,
     write_spike_marker,
 )
 
@@ -146,7 +146,9 @@ def test_marker_is_strict_json_and_reads_back(tmp_path):
     data = json.loads(path.read_text())  # strict: no bare NaN/Infinity
     assert data["kind"] == "loss_spike" and data["loss"] is None and data["loss_repr"] == "inf"
     assert data["onset_step"] == 12 and data["last_healthy_step"] == 11
-    back = read_spike_marker(tmp_path)
-    assert back.onset_step == 12 and back.loss == math.inf
-    assert not list((tmp_path / "markers").glob("*.tmp-*"))
-    assert read_spike_marker(tmp_path / "elsewhere") is None
+    back = runfiles.read_spike_marker(tmp_path)
+    assert (back.onset_step, back.last_healthy_step, back.detected_step) == (12, 11, event.detected_step)
+    assert back.loss == math.inf and back.z == math.inf and back.reason == event.reason
+    assert runfiles.read_spike_marker(tmp_path, since=back.time + 60) is None  # an earlier attempt's
+    assert [p.name for p in (tmp_path / "markers").iterdir()] == ["loss_spike.json"]  # no temp left
+    assert runfiles.read_spike_marker(tmp_path / "elsewhere") is None

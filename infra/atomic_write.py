@@ -1,0 +1,60 @@
+"""Write a file so that a reader sees the old content or all of the new, never a part.
+
+Markers, heartbeats, caches and state files are read by other processes while they
+are being rewritten (the watcher polls heartbeats; two evaluation slots share a
+cache). The recipe: write a temporary file in the same folder (os.replace is atomic
+only within one file system), optionally fsync it, rename it over the target, and
+optionally fsync the folder so the rename itself survives a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write(path: str | Path, data: bytes | str, *, durable: bool = True) -> Path:
+    """Replace `path` with `data` (str is written as UTF-8) in one step.
+
+    `durable=False` skips both fsyncs: for files rewritten so often that the next
+    write replaces a lost one anyway (heartbeats), where an fsync per write would
+    cost more than the file is worth."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # A name of its own per writer: two processes replacing the same file never share a temp.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    try:
+        with open(tmp, "xb") as f:  # created with the umask's permissions, like a plain write
+            f.write(payload)
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        _fsync_dir(path.parent)
+    return path
+
+
+def atomic_write_json(path: str | Path, payload: Any, *, durable: bool = True, **dumps: Any) -> Path:
+    """`atomic_write` of `json.dumps(payload, **dumps)` plus a final newline."""
+    return atomic_write(path, json.dumps(payload, **dumps) + "\n", durable=durable)
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # not every platform or file system lets a folder be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,174 @@
+"""The hang/spike watcher (infra/watch.py) over a real run directory in a temp folder.
+
+The worker's side is played by the worker's own writers (training.runlog.Heartbeat,
+training.spike.write_spike_marker) and a scripted job that reports exit codes: on
+each poll the script may beat, write a marker or let a node exit, so what the
+watcher decides depends on the files, as in production.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from infra import runfiles
+from infra.atomic_write import atomic_write_json
+from infra.watch import watch
+from training.runlog import Heartbeat
+from training.spike import SpikeEvent, write_spike_marker
+
+NODES = ("node-a", "node-b")
+FAST = dict(hang_timeout_s=0.4, startup_timeout_s=0.8, failure_grace_s=0.05, poll_s=0.02)
+
+
+class ScriptedJob:
+    """A LaunchedJob whose nodes do what `script(job, poll_number)` says on each poll."""
+
+    def __init__(self, run_dir: Path, script):
+        self.run_dir = run_dir
+        self.script = script
+        self.codes: dict[str, int | None] = {n: None for n in NODES}
+        self.polls = 0
+        self.terminated = False
+        self.beats = {rank: Heartbeat(run_dir, rank) for rank in (0, 1)}
+
+    def poll(self) -> dict[str, int | None]:
+        self.polls += 1
+        assert self.polls < 2000, "the watcher never decided"
+        if not self.terminated:
+            self.script(self, self.polls)
+        return dict(self.codes)
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        return dict(self.codes)
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        self.terminated = True
+        self.codes = {n: (-15 if c is None else c) for n, c in self.codes.items()}
+
+    def log_paths(self) -> dict[str, Path]:
+        return {n: self.run_dir / f"{n}.log" for n in NODES}
+
+
+def _watch(tmp_path, script, **kwargs):
+    job = ScriptedJob(tmp_path, script)
+    progress: list[int] = []
+    outcome = watch(job, tmp_path, world_size=2, on_progress=progress.append, **{**FAST, **kwargs})
+    return outcome, job, progress
+
+
+def _finish(job: ScriptedJob, step: int) -> None:
+    atomic_write_json(runfiles.finished_marker_path(job.run_dir), {"step": step, "time": time.time()})
+    job.codes = {n: 0 for n in NODES}
+
+
+def test_a_finished_run_reports_its_last_step_and_progress(tmp_path):
+    def script(job, n):
+        for beat in job.beats.values():
+            beat.beat(min(n, 5))
+        if n == 6:
+            _finish(job, 5)
+
+    outcome, job, progress = _watch(tmp_path, script)
+    assert outcome.ok and outcome.status == "finished" and outcome.last_step == 5
+    assert progress == sorted(set(progress)) and progress[-1] == 5  # each new step reported once
+    assert not job.terminated
+
+
+def test_exit_zero_without_the_finished_marker_is_a_failure(tmp_path):
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 3:
+            job.codes = {nd: 0 for nd in NODES}
+
+    outcome, _, _ = _watch(tmp_path, script)
+    assert outcome.status == "failed" and not outcome.ok
+
+
+def test_a_node_that_exits_non_zero_fails_the_attempt_and_the_rest_is_stopped(tmp_path):
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 4:
+            job.codes["node-b"] = 1
+
+    outcome, job, _ = _watch(tmp_path, script)
+    assert outcome.status == "failed" and outcome.failed_nodes == ["node-b"]
+    assert job.terminated and outcome.exit_codes == {"node-a": -15, "node-b": 1}
+    assert outcome.last_step == 4 and outcome.spike is None
+    assert set(outcome.log_paths) == set(NODES)
+
+
+def test_a_spike_marker_of_this_attempt_makes_the_exit_a_spike(tmp_path):
+    event = SpikeEvent(onset_step=7, last_healthy_step=6, detected_step=11, loss=9.5, median=3.1, z=12.0,
+                       reason="zscore")
+
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 11:
+            write_spike_marker(job.run_dir, event)
+            job.codes = {nd: runfiles.EXIT_LOSS_SPIKE for nd in NODES}
+
+    outcome, _, _ = _watch(tmp_path, script)
+    assert outcome.status == "spike" and outcome.spike is not None
+    assert (outcome.spike.onset_step, outcome.spike.detected_step, outcome.spike.loss) == (7, 11, 9.5)
+
+
+def test_a_spike_marker_left_by_an_earlier_attempt_is_ignored(tmp_path):
+    path = write_spike_marker(tmp_path, SpikeEvent(3, 2, 5, 9.0, 3.0, 10.0, "zscore"))
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 3:
+            job.codes["node-a"] = 1
+
+    outcome, _, _ = _watch(tmp_path, script)
+    assert outcome.status == "failed" and outcome.spike is None
+
+
+def test_a_rank_whose_heartbeat_stops_is_a_hang(tmp_path):
+    def script(job, n):
+        job.beats[0].beat(n)  # rank 0 keeps stepping ...
+        if n <= 3:
+            job.beats[1].beat(n)  # ... rank 1 stops after step 3
+
+    outcome, job, _ = _watch(tmp_path, script)
+    assert outcome.status == "hang" and outcome.stale_ranks == [1]
+    assert job.terminated and outcome.last_step > 3
+
+
+def test_no_heartbeat_after_the_startup_timeout_is_a_hang_of_every_rank(tmp_path):
+    outcome, job, progress = _watch(tmp_path, lambda job, n: None)
+    assert outcome.status == "hang" and outcome.stale_ranks == [0, 1]
+    assert job.terminated and outcome.last_step == 0 and progress == []
+
+
+def test_heartbeats_of_an_earlier_attempt_count_neither_as_progress_nor_as_life(tmp_path):
+    # A previous attempt reached step 40; this one has not started stepping yet.
+    for rank in (0, 1):
+        path = runfiles.heartbeat_path(tmp_path, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"rank": rank, "step": 40, "time": time.time() - 3600, "pid": 1,
+                                    "host": "h", "phase": "train"}))
+
+    def script(job, n):
+        if n >= 5:
+            job.beats[0].beat(1)  # rank 0 starts; rank 1 never does
+
+    outcome, _, progress = _watch(tmp_path, script, hang_timeout_s=30.0)
+    assert outcome.status == "hang" and outcome.stale_ranks == [1]
+    assert outcome.last_step == 1 and progress == [1]
+
+
+def test_a_torn_heartbeat_file_is_read_on_the_next_poll(tmp_path):
+    path = runfiles.heartbeat_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    path.write_text('{"rank": 0, "st')  # half written (a writer without atomic replace)
+    assert runfiles.read_heartbeat(path) is None and runfiles.read_heartbeats(tmp_path) == {}
