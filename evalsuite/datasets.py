@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsuite.errors import DuplicateDatasetError, EvalConfigError, UnknownDatasetError
+from infra.yaml_config import format_validation_error, load_yaml_mapping, validate
 
 DATA_DIR = Path(__file__).parent / "data"
 
@@ -236,9 +236,9 @@ def get_dataset(name: str, options: dict[str, Any] | None = None) -> EvalDataset
         )
     try:
         return _REGISTRY[name][0](dict(options or {}))
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())
-        raise EvalConfigError(f"dataset {name!r}: bad options ({problems})") from None
+    except _BadOptions as bad:
+        raise EvalConfigError(format_validation_error(f"dataset {name!r}", "options", bad.error, bad.model,
+                                                      options)) from None
 
 
 class DatasetRef(BaseModel):
@@ -258,8 +258,19 @@ class DatasetRef(BaseModel):
         return get_dataset(self.name, self.options)
 
 
+class _BadOptions(Exception):
+    """Options a dataset's options model refused; get_dataset names the dataset in the error."""
+
+    def __init__(self, model: type[BaseModel], error: ValidationError) -> None:
+        super().__init__(str(error))
+        self.model, self.error = model, error
+
+
 def _parse(model: type[_Options], options: dict[str, Any]) -> Any:
-    return model.model_validate(options)
+    try:
+        return model.model_validate(options)
+    except ValidationError as e:
+        raise _BadOptions(model, e) from None
 
 
 # ----------------------------------------------------------------------------- HumanEval
@@ -480,16 +491,8 @@ def answer_index(row: dict[str, Any], spec: JsonlTaskFile) -> int | None:
 
 def load_task_file(path: str | Path) -> tuple[JsonlTaskFile, Path]:
     path = Path(path)
-    if not path.is_file():
-        raise EvalConfigError(f"{path}: no such task file")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        spec = JsonlTaskFile.model_validate(raw)
-    except yaml.YAMLError as e:
-        raise EvalConfigError(f"{path}: not valid YAML: {e}") from None
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']}" for x in e.errors())
-        raise EvalConfigError(f"{path}: invalid task file ({problems})") from None
+    raw = load_yaml_mapping(path, kind="task", needs="name, path, type and prompt", error=EvalConfigError)
+    spec = validate(JsonlTaskFile, raw, source=str(path), kind="task file", error=EvalConfigError)
     data_path = (path.parent / spec.path).resolve()
     if not data_path.is_file():
         raise EvalConfigError(f"{path}: path {spec.path!r} -> {data_path} does not exist")

@@ -22,12 +22,12 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from evalsuite.datasets import DatasetRef, available_datasets, register_task_file
 from evalsuite.errors import EvalConfigError
 from evalsuite.sandbox import SandboxLimits
+from infra.yaml_config import load_yaml_mapping, validate
 
 SUITES_DIR = Path(__file__).resolve().parents[1] / "configs" / "eval"
 
@@ -73,29 +73,22 @@ class SuiteConfig(BaseModel):
 
 
 def load_suite(suite: str, job_spec: Any | None = None, overrides: dict[str, Any] | None = None) -> SuiteConfig:
-    """A suite from a path, a name in configs/eval/, or a comma list of dataset names."""
+    """A suite from a path, a name in configs/eval/, or a comma list of dataset names.
+
+    A suite file may derive from another with `base:` (infra.yaml_config)."""
     path = Path(suite)
     if not path.is_file() and (SUITES_DIR / f"{suite}.yaml").is_file():
         path = SUITES_DIR / f"{suite}.yaml"
     if path.is_file():
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e:
-            raise EvalConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise EvalConfigError(f"{path}: a suite must be a YAML mapping")
-        base = path.parent
+        raw = load_yaml_mapping(path, kind="suite", needs="a datasets list", error=EvalConfigError)
+        base, source = path.parent, str(path)
     elif suite.endswith((".yaml", ".yml")):
-        raise EvalConfigError(f"{suite}: no such suite file")
+        raise EvalConfigError(f"{suite}: no such suite file; check the path (suites live in {SUITES_DIR})")
     else:
         raw = {"name": suite, "datasets": [{"name": n.strip()} for n in suite.split(",") if n.strip()]}
-        base = Path.cwd()
+        base, source = Path.cwd(), f"suite {suite!r}"
     raw.update(overrides or {})
-    try:
-        config = SuiteConfig.model_validate(raw)
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(map(str, x['loc'])) or '(top level)'}: {x['msg']}" for x in e.errors())
-        raise EvalConfigError(f"suite {suite!r}: {problems}") from None
+    config = validate(SuiteConfig, raw, source=source, kind="suite", error=EvalConfigError)
     for task_file in config.task_files:
         resolved = str((base / os.path.expanduser(task_file)).resolve())
         config.task_file_of[register_task_file(resolved)] = resolved

@@ -4,6 +4,7 @@
     local_s3      a local S3 server (SeaweedFS) for tests, benchmarks and the demo
     runfiles      the run directory and exit codes: the worker's contract with its watchers, typed readers
     atomic_write  replace a file in one step (temp file + fsync + os.replace)
+    yaml_config   the YAML loader of every config kind: `base:` inheritance, field-naming errors
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
     slurm_local   a real single-host Slurm (slurmctld + slurmd + munge) for tests and benchmarks

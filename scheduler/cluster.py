@@ -23,9 +23,10 @@ from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from infra.slurm import SlurmSettings
+from infra.yaml_config import load_yaml_mapping, validate
 from scheduler.gpus import CPU_DEVICE, PCIE4_X16_GBPS, lookup_gpu, match_device_name
 from training.config import ConfigError
 
@@ -284,47 +285,20 @@ def _expand_replicas(raw_nodes: Any, source: str) -> Any:
     return out
 
 
-def _format_error(source: str, data: dict[str, Any], err: ValidationError) -> str:
-    lines = [f"{source}: invalid cluster inventory ({err.error_count()} problem(s))"]
-    nodes = data.get("nodes") if isinstance(data.get("nodes"), list) else []
-    for e in err.errors():
-        loc = list(e["loc"])
-        if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int) and loc[1] < len(nodes):
-            entry = nodes[loc[1]]
-            label = entry.get("name") if isinstance(entry, dict) else None
-            loc[1] = f"[{label!r}]" if label else f"[{loc[1]}]"
-        where = ".".join(str(p) for p in loc).replace(".[", "[") or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        got = "" if e["type"] in ("missing", "value_error") else f" (got {e.get('input')!r})"
-        lines.append(f"  - {where}: {msg}{got}")
-    return "\n".join(lines)
-
-
 def parse_cluster(data: Any, source: str = "<cluster>") -> Cluster:
     """Validate an inventory given as a mapping (e.g. parsed YAML)."""
     if not isinstance(data, dict):
         raise ClusterError(f"{source}: a cluster inventory must be a mapping with a 'nodes' list")
     data = dict(data)
     data["nodes"] = _expand_replicas(data.get("nodes"), source)
-    try:
-        return Cluster.model_validate(data)
-    except ValidationError as e:
-        raise ClusterError(_format_error(source, data, e)) from None
+    return validate(Cluster, data, source=source, kind="cluster inventory", error=ClusterError)
 
 
 def load_cluster(path: str | Path) -> Cluster:
-    """Read and validate a cluster inventory YAML file."""
+    """Read and validate a cluster inventory YAML file (it may derive from another with `base:`)."""
     path = Path(path)
-    if not path.is_file():
-        raise ClusterError(f"{path}: no such cluster file; check the path (examples: configs/clusters/)")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ClusterError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    if data is None:
-        raise ClusterError(f"{path}: the file is empty; a cluster needs a 'nodes' list")
+    data = load_yaml_mapping(path, kind="cluster", needs="a 'nodes' list", error=ClusterError,
+                             missing_hint="check the path (examples: configs/clusters/)")
     return parse_cluster(data, source=str(path))
 
 

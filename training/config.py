@@ -3,19 +3,22 @@
 A job spec is a YAML file. It may name a `base:` file (relative to itself) whose
 values it overrides key by key, so configs derive from each other instead of
 being copied (torchtitan-style). Every field is checked by pydantic; a bad file
-raises one `ConfigError` naming the file, the field and how to fix it.
+raises one `ConfigError` naming the file, the field and how to fix it (the loader
+and the error format are infra.yaml_config's, shared by every config kind).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from infra.yaml_config import load_yaml_mapping, merge, validate
+from training.capabilities import WORKER
 
 
 class ConfigError(ValueError):
@@ -120,10 +123,11 @@ class TrainingConfig(_Section):
                 f"global_batch_size ({self.global_batch_size}) must be a multiple of "
                 f"micro_batch_size ({self.micro_batch_size})"
             )
-        if self.pipeline_parallel != 1:
+        stages = WORKER.max_pipeline_stages
+        if self.pipeline_parallel > stages:
             raise ValueError(
-                "pipeline_parallel > 1 is not supported by the training worker yet; "
-                "set pipeline_parallel: 1 (the planner may still consider pp > 1)"
+                f"pipeline_parallel > {stages} is not supported by the training worker yet; "
+                f"set pipeline_parallel: {stages} (the planner may still consider pp > {stages})"
             )
         return self
 
@@ -202,112 +206,17 @@ class JobSpec(_Section):
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
 
 
-_FIX_HINTS = {
-    "missing": "add it",
-    "extra_forbidden": "remove it or check its spelling",
-    "int_parsing": "use a whole number",
-    "int_type": "use a whole number",
-    "int_from_float": "use a whole number",
-    "float_parsing": "use a number",
-    "float_type": "use a number",
-    "bool_parsing": "use true or false",
-    "bool_type": "use true or false",
-    "string_type": "use text (quote it)",
-    "string_pattern_mismatch": "use letters, digits, '.', '_' or '-'",
-    "string_too_short": "give a non-empty value",
-    "greater_than": "use a larger value",
-    "greater_than_equal": "use a larger value",
-    "less_than": "use a smaller value",
-    "less_than_equal": "use a smaller value",
-    "literal_error": "use one of the allowed values",
-    "model_type": "write it as a mapping (indented `key: value` lines)",
-    "model_attributes_type": "write it as a mapping (indented `key: value` lines)",
-    "dict_type": "write it as a mapping (indented `key: value` lines)",
-    "list_type": "write it as a list (`[a, b]` or `- item` lines)",
-}
-
-
-def _sibling_fields(loc: tuple) -> list[str]:
-    """The field names allowed next to the one at `loc` (for "did you mean" hints)."""
-    model: type[BaseModel] = JobSpec
-    for part in loc[:-1]:
-        field = model.model_fields.get(str(part))
-        annotation = field.annotation if field else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
-            return []
-        model = annotation
-    return list(model.model_fields)
-
-
-def _format_validation_error(source: str, err: ValidationError) -> str:
-    lines = [f"{source}: invalid job spec ({err.error_count()} problem(s))"]
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        hint = _FIX_HINTS.get(e["type"])
-        if e["type"] == "extra_forbidden" and e["loc"]:
-            close = difflib.get_close_matches(str(e["loc"][-1]), _sibling_fields(e["loc"]), n=1)
-            if close:
-                hint += f" (did you mean {close[0]!r}?)"
-        msg = e["msg"].removeprefix("Value error, ")
-        # A cross-field check names its fields in the message, and a misspelt section is
-        # named by its key; echoing a whole section back would bury the point.
-        quiet = e["type"] == "missing" or (
-            e["type"] in ("value_error", "extra_forbidden") and isinstance(e.get("input"), dict))
-        got = "" if quiet else f" (got {e.get('input')!r})"
-        lines.append(f"  - {where}: {msg}{got}" + (f"; fix: {hint}" if hint else ""))
-    return "\n".join(lines)
-
-
-def _merge(base: dict, override: dict) -> dict:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
-
-
-def _read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
-    if not path.is_file():
-        named_by = f" (named by 'base:' in {seen[-1]})" if seen else ""
-        raise ConfigError(f"{path}: no such job spec file{named_by}; check the path")
-    if path.resolve() in seen:
-        chain = " -> ".join(str(p) for p in seen + (path.resolve(),))
-        raise ConfigError(f"{path}: 'base:' chain loops back to itself ({chain}); "
-                          "remove one of the 'base:' lines")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not a UTF-8 text file") from None
-    if data is None:
-        raise ConfigError(f"{path}: the file is empty; a job spec needs name, model and training")
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: a job spec must be a YAML mapping, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is not None:
-        data = _merge(_read_yaml(path.parent / str(base), seen + (path.resolve(),)), data)
-    return data
-
-
 def load_job_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
     """Read, merge (`base:`), override and validate a job spec file."""
     path = Path(path)
-    data = _read_yaml(path)
+    data = load_yaml_mapping(path, kind="job spec", needs="name, model and training", error=ConfigError)
     if overrides:
-        data = _merge(data, overrides)
+        data = merge(data, overrides)
     return parse_job_spec(data, source=str(path))
 
 
 def parse_job_spec(data: dict[str, Any], source: str = "<job spec>") -> JobSpec:
-    try:
-        return JobSpec.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_format_validation_error(source, e)) from None
+    return validate(JobSpec, data, source=source, kind="job spec", error=ConfigError)
 
 
 def dotted_overrides(items: list[str]) -> dict[str, Any]:

@@ -28,7 +28,7 @@ def test_duplicate_registration_is_refused():
 
 
 def test_bad_options_name_the_field():
-    with pytest.raises(EvalConfigError, match="humaneval.*limitt"):
+    with pytest.raises(EvalConfigError, match=r"(?s)dataset 'humaneval'.*limitt.*did you mean 'limit'"):
         get_dataset("humaneval", {"limitt": 3})
 
 

@@ -1,0 +1,179 @@
+"""Config files: one YAML loader with `base:` inheritance, one way to report a bad field.
+
+Every config kind (job spec, cluster inventory, evaluation suite, task file) is read
+with `load_yaml_mapping` and checked with `validate`, so each of them
+
+- may name a `base:` file (relative to itself) whose values it overrides key by key
+  (mappings merge, anything else is replaced), so configs derive instead of copying;
+- fails with one error that names the file, every bad field and how to fix it
+  (`did you mean 'model'?` for a misspelt key), never a traceback from inside.
+
+Each kind raises its own error class (the `error` argument), so its callers catch
+what they already know. This module sits in the lowest layer (infra) so that every
+package may use it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class ConfigFileError(ValueError):
+    """A config file is missing, malformed or invalid (the default error class)."""
+
+
+FIX_HINTS = {
+    "missing": "add it",
+    "extra_forbidden": "remove it or check its spelling",
+    "int_parsing": "use a whole number",
+    "int_type": "use a whole number",
+    "int_from_float": "use a whole number",
+    "float_parsing": "use a number",
+    "float_type": "use a number",
+    "bool_parsing": "use true or false",
+    "bool_type": "use true or false",
+    "string_type": "use text (quote it)",
+    "string_pattern_mismatch": "use letters, digits, '.', '_' or '-'",
+    "string_too_short": "give a non-empty value",
+    "greater_than": "use a larger value",
+    "greater_than_equal": "use a larger value",
+    "less_than": "use a smaller value",
+    "less_than_equal": "use a smaller value",
+    "literal_error": "use one of the allowed values",
+    "enum": "use one of the allowed values",
+    "model_type": "write it as a mapping (indented `key: value` lines)",
+    "model_attributes_type": "write it as a mapping (indented `key: value` lines)",
+    "dict_type": "write it as a mapping (indented `key: value` lines)",
+    "list_type": "write it as a list (`[a, b]` or `- item` lines)",
+    "tuple_type": "write it as a list (`[a, b]` or `- item` lines)",
+}
+
+
+def merge(base: dict, override: dict) -> dict:
+    """`override` on top of `base`: nested mappings merge, other values replace."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_yaml_mapping(
+    path: str | Path,
+    *,
+    kind: str,
+    needs: str,
+    error: type[Exception] = ConfigFileError,
+    missing_hint: str = "check the path",
+    _seen: tuple[Path, ...] = (),
+) -> dict[str, Any]:
+    """The mapping in a YAML file, its `base:` chain merged underneath.
+
+    `kind` names the config in messages ("job spec"), `needs` what a file of that kind
+    must hold ("name, model and training"); every problem raises `error`."""
+    path = Path(path)
+    if not path.is_file():
+        named_by = f" (named by 'base:' in {_seen[-1]})" if _seen else ""
+        raise error(f"{path}: no such {kind} file{named_by}; {missing_hint}")
+    if path.resolve() in _seen:
+        chain = " -> ".join(str(p) for p in _seen + (path.resolve(),))
+        raise error(f"{path}: 'base:' chain loops back to itself ({chain}); remove one of the 'base:' lines")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise error(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: not a UTF-8 text file") from None
+    if data is None:
+        raise error(f"{path}: the file is empty; a {kind} needs {needs}")
+    if not isinstance(data, dict):
+        raise error(f"{path}: a {kind} must be a YAML mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is not None:
+        parent = load_yaml_mapping(path.parent / str(base), kind=kind, needs=needs, error=error,
+                                   missing_hint=missing_hint, _seen=_seen + (path.resolve(),))
+        data = merge(parent, data)
+    return data
+
+
+def validate(model: type[M], data: Any, *, source: str, kind: str,
+             error: type[Exception] = ConfigFileError) -> M:
+    """`model` validated from `data`; a failure raises `error` with `format_validation_error`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise error(format_validation_error(source, kind, e, model, data)) from None
+
+
+def format_validation_error(source: str, kind: str, err: ValidationError, model: type[BaseModel],
+                            data: Any = None) -> str:
+    """One line per problem: where (list items by their `name`), what, what was given, the fix."""
+    lines = [f"{source}: invalid {kind} ({err.error_count()} problem(s))"]
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        hint = FIX_HINTS.get(e["type"], "")
+        if e["type"] == "extra_forbidden" and loc:
+            close = difflib.get_close_matches(str(loc[-1]), _sibling_fields(model, loc), n=1)
+            if close:
+                hint += f" (did you mean {close[0]!r}?)"
+        msg = e["msg"].removeprefix("Value error, ")
+        # A cross-field check names its fields in its message, and a misspelt section is
+        # named by its key: echoing a whole mapping or list back would bury the point.
+        quiet = e["type"] == "missing" or isinstance(e.get("input"), (dict, list))
+        got = "" if quiet else f" (got {e.get('input')!r})"
+        lines.append(f"  - {_where(loc, data)}: {msg}{got}" + (f"; fix: {hint}" if hint else ""))
+    return "\n".join(lines)
+
+
+def _where(loc: tuple, data: Any) -> str:
+    """`nodes['gpu-a']` rather than `nodes.3` when the list item has a name."""
+    out: list[str] = []
+    node = data
+    for part in loc:
+        if isinstance(part, int):
+            item = node[part] if isinstance(node, list) and part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            out.append(f"[{name!r}]" if name else f"[{part}]")
+            node = item
+        else:
+            out.append(("." if out else "") + str(part))
+            node = node.get(part) if isinstance(node, dict) else None
+    return "".join(out) or "(top level)"
+
+
+def _sibling_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names allowed next to the one at `loc` (for "did you mean" hints)."""
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # an item of a list field: its model was found from the field
+        field = model.model_fields.get(str(part))
+        inner = _model_in(field.annotation) if field else None
+        if inner is None:
+            return []
+        model = inner
+    return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The pydantic model a field holds: itself, or inside list[...] / X | None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if typing.get_origin(annotation) in (list, tuple, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None
