@@ -1,0 +1,204 @@
+"""Prefect API load of the watcher for a 64-node job on the Prefect launcher.
+
+    .venv/bin/python benchmarks/watcher_scale.py [--nodes 64] [--ranks-per-node 8] [--seconds 15]
+
+A real `prefect server start` (SQLite, its own home) holds one RUNNING flow run
+per simulated node, as the Prefect launcher's node-launch runs would be; a
+thread refreshes a heartbeat file for every rank (64 × 8 = 512), as training
+does. `infra.watch.watch` then follows the job exactly as the pretrain flow
+does (poll every 0.5 s) for `--seconds`, after which every node "exits 0" and
+the job finishes. Every HTTP request the job object sends to the server is
+counted (at the client's transport, so nothing is estimated).
+
+Baseline, on the same server, runs and watcher: the reads forgeflow made before
+(one `read_flow_run` per node per watcher poll, `PerNodeReads` below, the code
+as it was). Fair: same poll interval, same nodes, same window; only how run
+states are read differs.
+
+Last line: {"watcher_api_calls_per_s_64_nodes", "watcher_api_calls_per_s_64_nodes_per_node_reads",
+"nodes", "ranks", "seconds"} (goal: at most 2 calls/s at 64 nodes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def start_server(home: Path) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+               PREFECT_LOGGING_LEVEL="WARNING")
+    log = open(home / "server.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+
+
+class Heartbeats(threading.Thread):
+    """Every rank beats once a second (what training.runlog.Heartbeat writes)."""
+
+    def __init__(self, run_dir: Path, ranks: int):
+        super().__init__(daemon=True)
+        self.dir = run_dir / "heartbeat"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.ranks = ranks
+        self.stop = threading.Event()
+        self.step = 0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.step += 1
+            for rank in range(self.ranks):
+                tmp = self.dir / f".rank{rank}.tmp"
+                tmp.write_text(json.dumps({"rank": rank, "step": self.step, "time": time.time(), "pid": 0,
+                                           "host": "sim", "phase": "train"}))
+                os.replace(tmp, self.dir / f"rank{rank}.json")
+            self.stop.wait(1.0)
+
+
+def count_requests():
+    """Count every request Prefect's sync HTTP client sends (the watcher's client)."""
+    from prefect.client.base import PrefectHttpxSyncClient
+
+    counter = {"n": 0}
+    watcher_thread = threading.main_thread()  # the watcher runs here; the finisher thread is not counted
+    original = PrefectHttpxSyncClient.send
+
+    def send(self, request, *args, **kwargs):
+        if threading.current_thread() is watcher_thread and not str(request.url).endswith(("/health", "/csrf-token")):
+            counter["n"] += 1
+        return original(self, request, *args, **kwargs)
+
+    PrefectHttpxSyncClient.send = send
+    return counter
+
+
+def measure(job_cls, nodes: int, ranks_per_node: int, seconds: float, workdir: Path, counter) -> float:
+    from prefect import flow, get_client
+    from prefect.states import Completed, Running
+
+    from infra import runfiles
+    from infra.launch import LaunchRequest, exit_code_path, local_node_launches
+    from infra.watch import watch
+
+    @flow(name="node-launch-sim")
+    def node_launch_sim() -> None:  # never run: its runs stand for node-launch runs
+        pass
+
+    run_dir = workdir / job_cls.__name__
+    names = [f"node-{i:03d}" for i in range(nodes)]
+    request = LaunchRequest("watch-sim", local_node_launches(names, ranks_per_node, 29500), ["-c", "pass"], run_dir)
+    with get_client(sync_client=True) as client:
+        ids = {}
+        for name in names:
+            run = client.create_flow_run(node_launch_sim, name=f"sim-{name}")
+            client.set_flow_run_state(run.id, Running(), force=True)
+            ids[name] = run.id
+    beats = Heartbeats(run_dir, nodes * ranks_per_node)
+    beats.start()
+    job = job_cls(request, ids)
+
+    def finish_later() -> None:
+        time.sleep(seconds)
+        marker = runfiles.finished_marker_path(run_dir)
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.write_text("{}")  # rank 0 writes it before exiting
+        with get_client(sync_client=True) as client:
+            for name, run_id in ids.items():
+                marker = exit_code_path(request, name)
+                marker.parent.mkdir(parents=True, exist_ok=True)
+                marker.write_text("0")
+                client.set_flow_run_state(run_id, Completed(), force=True)
+
+    finisher = threading.Thread(target=finish_later, daemon=True)
+    time.sleep(1.5)  # beats exist before the watch starts
+    before = counter["n"]
+    started = time.monotonic()
+    finisher.start()
+    outcome = watch(job, run_dir, nodes * ranks_per_node, hang_timeout_s=120, startup_timeout_s=120, poll_s=0.5)
+    elapsed = time.monotonic() - started
+    beats.stop.set()
+    finisher.join()
+    calls = counter["n"] - before  # HTTP requests the watcher's thread sent, including terminate's
+    if outcome.status != "finished":
+        raise RuntimeError(f"simulated job did not finish cleanly: {outcome.status}, failed {outcome.failed_nodes}, "
+                           f"stale ranks {outcome.stale_ranks[:10]}")
+    return calls / elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=64)
+    parser.add_argument("--ranks-per-node", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    args = parser.parse_args()
+
+    workdir = Path(tempfile.mkdtemp(prefix="forgeflow-watch-bench-"))
+    home = workdir / "prefect-home"
+    home.mkdir()
+    server, url = start_server(home)
+    os.environ.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="WARNING")
+    try:
+        from tasks.launchers import PrefectJob
+
+        class PerNodeReads(PrefectJob):
+            """The watcher's reads before issue 15: one read_flow_run per node, every poll."""
+
+            def _states(self, fresh: bool = False):
+                from prefect import get_client
+
+                with get_client(sync_client=True) as client:
+                    states = {}
+                    for node, run_id in self.flow_run_ids.items():
+                        states[node] = client.read_flow_run(run_id).state
+                        self.api_calls += 1
+                    return states
+
+        counter = count_requests()
+        batched = measure(PrefectJob, args.nodes, args.ranks_per_node, args.seconds, workdir, counter)
+        per_node = measure(PerNodeReads, args.nodes, args.ranks_per_node, args.seconds, workdir, counter)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    print(f"{args.nodes} nodes x {args.ranks_per_node} ranks, watched {args.seconds:.0f}s at 0.5 s polls:")
+    print(f"  batched reads (now):        {batched:7.2f} Prefect API calls/s")
+    print(f"  one read per node (before): {per_node:7.2f} Prefect API calls/s")
+    print(json.dumps({
+        "watcher_api_calls_per_s_64_nodes": round(batched, 2),
+        "watcher_api_calls_per_s_64_nodes_per_node_reads": round(per_node, 2),
+        "nodes": args.nodes, "ranks": args.nodes * args.ranks_per_node, "seconds": args.seconds,
+    }))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
