@@ -1,7 +1,10 @@
 """forgeflow: checkpoint — the one checkpoint format: snapshot, persist, commit, verify, list.
 
-    engine    CheckpointEngine: host-memory snapshot, background persist, manifest commit, load
+    engine    CheckpointEngine: host-memory snapshot, background persist, manifest commit,
+              verified load onto any layout, fallback to the previous good checkpoint
+    sharded   global pieces (key, global shape, offset): balanced saving, reshard on load
     shard     one rank's shard file: tensors with their layout, pinned host buffers
     writer    background writers (thread, process) and checksums
-    manifest  the commit point: manifest written last, committed steps, leases, retention
+    manifest  the commit point: manifest written last, committed_checkpoints (the one
+              listing), the step-folder spelling, leases, retention
 """

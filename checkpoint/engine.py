@@ -15,12 +15,22 @@ Rules the engine keeps:
   timeout, never on the training group, so a slow upload never sits inside a
   training collective;
 - `load()` takes the newest step whose manifest exists and whose shards all verify
-  (size + checksum) on every rank; a corrupt or partial newest checkpoint is set
-  aside with a warning and the previous one is used.
+  (size + checksum, `read_verified_shard`: the one verification) on every rank; a
+  corrupt or partial newest checkpoint is set aside with a warning and the previous
+  one is used.
+
+What a rank saves (the "sharded" format, checkpoint.sharded): its *global pieces*
+(tensors with key, global shape and offset, each replicated piece saved by one
+rank only, balanced), the job-wide *common* state (rank 0's, kept in the manifest)
+and its *local* state (e.g. RNG streams: restored only on the layout that wrote
+them). `load(requests=...)` assembles the pieces the loading layout needs from
+whichever shards hold them, so a checkpoint loads onto any TP/PP/DP layout.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import logging
 import threading
 import time
@@ -36,7 +46,7 @@ from checkpoint.manifest import (
     apply_retention,
     committed_steps,
     lease,
-    list_committed,
+    committed_checkpoints,
     manifest_key,
     read_latest,
     read_manifest,
@@ -45,6 +55,7 @@ from checkpoint.manifest import (
     write_commit,
 )
 from checkpoint.shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
+from checkpoint.sharded import GlobalPiece, PieceMismatch, PieceRequest, SavePlan, assign_savers, fill, overlaps
 from checkpoint.writer import ProcessWriter, ThreadWriter, checksum_bytes
 from infra.storage import (
     ObjectNotFound,
@@ -63,7 +74,7 @@ DEFAULT_WRITER: WriterKind = "process"
 
 __all__ = [
     "CheckpointEngine", "CheckpointError", "CommitRecord", "LoadedCheckpoint", "PersistReport",
-    "SaveOutcome", "list_committed", "read_latest",
+    "SaveOutcome", "committed_checkpoints", "read_latest",
 ]
 
 
@@ -99,9 +110,59 @@ class PersistReport:
 @dataclass
 class LoadedCheckpoint:
     step: int
-    state: Any
+    state: Any  # this rank's local state; None when another layout wrote the checkpoint
     manifest: Manifest
     skipped_steps: list[int] = field(default_factory=list)  # newer ones that failed to verify
+    pieces: list[Any] = field(default_factory=list)  # one value per request, in request order
+    common: Any = None
+
+    @property
+    def same_layout(self) -> bool:
+        return self.state is not None
+
+
+def read_verified_shard(storage: Any, record: ShardRecord, step: int) -> tuple[Any, str | None]:
+    """(state, None) for a shard that exists, has the manifest's size and checksum and parses;
+    (None, what is wrong) otherwise. The caller holds a lease on the step."""
+    try:
+        data = storage.get_bytes(record.key)
+    except ObjectNotFound:
+        return None, f"shard {record.key} is missing"
+    if len(data) != record.size:
+        return None, f"shard {record.key} has {len(data)} bytes, manifest says {record.size}"
+    checksum = checksum_bytes(data)
+    if checksum != record.checksum:
+        return None, f"shard {record.key} checksum {checksum} != manifest {record.checksum}"
+    try:
+        shard_step, state = read_shard(data)
+    except ShardFormatError as e:
+        return None, f"shard {record.key} unreadable: {e}"
+    if shard_step != step:
+        return None, f"shard {record.key} holds step {shard_step}"
+    return state, None
+
+
+def _pack_common(common: Any) -> str:
+    if common is None:
+        return ""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(common, buf)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def _unpack_common(text: str) -> Any:
+    if not text:
+        return None
+    import torch
+
+    return torch.load(io.BytesIO(base64.b64decode(text)), map_location="cpu", weights_only=False)
+
+
+# Load outcomes agreed across ranks (max wins): a step verifies, fails verification (fall
+# back to the previous one), or does not fit this job at all (stop with the reason).
+_OK, _UNVERIFIED, _MISMATCH = 0, 1, 2
 
 
 class CheckpointEngine:
@@ -185,8 +246,14 @@ class CheckpointEngine:
     def busy(self) -> bool:
         return self._inflight is not None and self._inflight.is_alive()
 
-    def save(self, step: int, state: Any, *, blocking: bool | None = None) -> SaveOutcome:
-        """Snapshot `state` for `step` and persist it (in the background unless blocking)."""
+    def save(self, step: int, state: Any, *, pieces: list[GlobalPiece] | None = None,
+             common: Any = None, blocking: bool | None = None) -> SaveOutcome:
+        """Snapshot `step` and persist it (in the background unless blocking).
+
+        `state`: this rank's local state; `pieces`: its global pieces (every rank passes
+        all it holds; replicas are saved once, see checkpoint.sharded); `common`: state
+        every rank shares, taken from rank 0. Every rank calls this together.
+        """
         start = time.perf_counter()
         busy = self.busy
         if self.on_busy == "skip" and self.world_size > 1:
@@ -207,7 +274,15 @@ class CheckpointEngine:
                 log.warning("checkpoint: step %d waited %.2fs for the persist of step %s "
                             "(raise checkpoint.interval or set on_busy: skip)",
                             step, wait_s, self._inflight_step)
-        snapshot = take_snapshot(step, state, self._buffers)
+        pieces = list(pieces or [])
+        plan = self._save_plan(pieces)
+        saved = [pieces[i] for i in plan.mine]
+        shard_state = {"local": state, "pieces": [
+            {"key": p.key, "global_shape": tuple(p.global_shape), "global_offset": tuple(p.global_offset),
+             "data": p.data, "object": p.is_object} for p in saved]}
+        snapshot = take_snapshot(step, shard_state, self._buffers)
+        snapshot.extra["pieces"] = [p.descriptor() for p in saved]
+        snapshot.extra["common"] = _pack_common(common) if self.rank == 0 else ""
         blocking = (not self.async_save) if blocking is None else blocking
         if blocking:
             self._persist(snapshot)
@@ -221,6 +296,22 @@ class CheckpointEngine:
         self.outcomes.append(outcome)
         return outcome
 
+    def _save_plan(self, pieces: list[GlobalPiece]) -> SavePlan:
+        """Which pieces this rank saves; gathered once per layout (the pieces do not change)."""
+        mine = [(p.identity(), p.nbytes()) for p in pieces]
+        signature = hash(tuple(mine))
+        if self.world_size == 1:
+            return SavePlan(list(range(len(pieces))), [sum(n for _, n in mine)])
+        changed = self._any_rank(signature != getattr(self, "_plan_signature", None))
+        if changed:
+            import torch.distributed as dist
+
+            everyone: list[Any] = [None] * self.world_size
+            dist.all_gather_object(everyone, mine, group=self._control_group)
+            self._plan = assign_savers(everyone, self.rank)
+            self._plan_signature = signature
+        return self._plan
+
     def wait(self) -> PersistReport | None:
         """Block until the in-flight persist (if any) has ended; its report."""
         if self._inflight is not None:
@@ -233,7 +324,8 @@ class CheckpointEngine:
         mine: dict[str, Any] = {"rank": self.rank}
         try:
             written = self._writer.write(snapshot, shard_key(step, self.rank, self.world_size))
-            mine.update(ok=True, key=written.key, size=written.size, checksum=written.checksum)
+            mine.update(ok=True, key=written.key, size=written.size, checksum=written.checksum,
+                        pieces=snapshot.extra["pieces"], common=snapshot.extra["common"])
             if self.after_shard_written is not None:
                 self.after_shard_written(step)
         except Exception as e:  # noqa: BLE001 - reported; the step is simply not committed
@@ -248,9 +340,9 @@ class CheckpointEngine:
             elif self.rank == 0:
                 manifest = Manifest(
                     step=step, world_size=self.world_size, layout=self.layout,
-                    shards=[ShardRecord(r["rank"], r["key"], r["size"], r["checksum"])
+                    shards=[ShardRecord(r["rank"], r["key"], r["size"], r["checksum"], r["pieces"])
                             for r in sorted(results, key=lambda r: r["rank"])],
-                    config_hash=self.config_hash, time=time.time())
+                    config_hash=self.config_hash, time=time.time(), common=mine["common"])
                 try:
                     record = write_commit(self.storage, manifest)
                 except Exception as e:  # noqa: BLE001
@@ -314,11 +406,16 @@ class CheckpointEngine:
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op_name), group=self._control_group)
         return bool(t.item())
 
+    def _reduce_int(self, value: int, op_name: str) -> int:
+        import torch
+        import torch.distributed as dist
+
+        t = torch.tensor([value], dtype=torch.int32)
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op_name), group=self._control_group)
+        return int(t.item())
+
     def _any_rank(self, flag: bool) -> bool:
         return self._reduce_flag(flag, "MAX")
-
-    def _all_ranks(self, flag: bool) -> bool:
-        return flag if self.world_size == 1 else self._reduce_flag(flag, "MIN")
 
     def _broadcast(self, value: Any) -> Any:
         if self.world_size == 1:
@@ -332,20 +429,26 @@ class CheckpointEngine:
     # ----------------------------------------------------------------- loading
 
     def committed(self) -> list[CommitRecord]:
-        return list_committed(self.storage)
+        return committed_checkpoints(self.storage)
 
     def latest(self) -> CommitRecord | None:
         return read_latest(self.storage)
 
-    def load(self, step: int | None = None, map_location: Any = "cpu") -> LoadedCheckpoint | None:
+    def load(self, step: int | None = None, map_location: Any = "cpu", *,
+             requests: list[PieceRequest] | None = None, set_aside: bool = True
+             ) -> LoadedCheckpoint | None:
         """The newest (or the given) committed step that verifies on every rank; None if none.
 
-        Every rank must call this together. A step that fails verification anywhere is
-        skipped by all ranks (they always resume from the same step) and set aside by
-        rank 0 so the next start does not try it again.
+        `requests`: the global pieces this rank needs (any layout); they come back in
+        `LoadedCheckpoint.pieces`, in order. Every rank must call this together. A step
+        that fails verification anywhere is skipped by all ranks (they always resume from
+        the same step) and set aside by rank 0 so the next start does not try it again;
+        a step that does not hold what the job needs raises CheckpointError on every rank.
+        A reader that must not change storage (export) passes set_aside=False.
         """
         if self.busy:
             self.wait()
+        requests = list(requests or [])
         steps = self._broadcast(committed_steps(self.storage) if self.rank == 0 else None)
         if step is not None:
             if step not in steps:
@@ -354,50 +457,69 @@ class CheckpointEngine:
             steps = [step]
         skipped: list[int] = []
         for candidate in reversed(steps):
-            manifest, state, problem = self._read_own_shard(candidate, map_location)
-            if self._all_ranks(problem is None):
+            loaded, problem, outcome = self._read_step(candidate, requests, map_location)
+            agreed = outcome if self.world_size == 1 else self._reduce_int(outcome, "MAX")
+            if agreed == _OK:
                 self._loaded_step = candidate
                 if skipped and self.rank == 0:
-                    self._repoint_latest(manifest)
-                return LoadedCheckpoint(candidate, state, manifest, skipped)
+                    self._repoint_latest(loaded.manifest)
+                loaded.skipped_steps = skipped
+                return loaded
+            if agreed == _MISMATCH:
+                raise CheckpointError(
+                    f"{self.storage.url(step_dir(candidate))}: cannot be loaded by this job: "
+                    f"{problem if outcome == _MISMATCH else 'see the error on another rank'}")
             log.warning("checkpoint: step %d failed verification (%s); falling back to the previous "
                         "committed checkpoint", candidate, problem or "on another rank")
             skipped.append(candidate)
-            if self.rank == 0:
+            if self.rank == 0 and set_aside:
                 self._set_aside(candidate, problem or "failed verification on another rank")
         return None
 
-    def _read_own_shard(self, step: int, map_location: Any) -> tuple[Manifest | None, Any, str | None]:
+    def _read_step(self, step: int, requests: list[PieceRequest], map_location: Any
+                   ) -> tuple[LoadedCheckpoint | None, str | None, int]:
+        """(loaded, problem, outcome) for one step on this rank; reads only the shards it needs."""
         try:
             manifest = read_manifest(self.storage, step)
-        except (ObjectNotFound, ValueError) as e:
-            return None, None, f"manifest unreadable: {e}"
-        if manifest.world_size != self.world_size:
-            raise CheckpointError(
-                f"{self.storage.url(manifest_key(step))}: written by {manifest.world_size} ranks "
-                f"(layout {manifest.layout}), this job has {self.world_size}; resume with the same "
-                "world size (resharding is not supported)")
-        try:
-            shard = manifest.shard_for(self.rank)
-        except KeyError as e:
-            return manifest, None, str(e)
+        except ObjectNotFound as e:
+            return None, f"manifest unreadable: {e}", _UNVERIFIED
+        except ValueError as e:
+            return None, f"manifest unreadable: {e}", (
+                _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
+        same_layout = (manifest.world_size == self.world_size and manifest.layout == self.layout)
+        needed: list[ShardRecord] = []
+        for record in manifest.shards:
+            mine = same_layout and record.rank == self.rank
+            if mine or any(overlaps(r, d) for d in record.pieces for r in requests):
+                needed.append(record)
+        if same_layout and not any(r.rank == self.rank for r in needed):
+            return None, f"manifest of step {step} has no shard for rank {self.rank}", _UNVERIFIED
+        saved: dict[str, list[GlobalPiece]] = {}
+        local = None
         try:
             with lease(self.storage, step, holder=f"rank-{self.rank}"):
-                data = self.storage.get_bytes(shard.key)
-        except ObjectNotFound:
-            return manifest, None, f"shard {shard.key} is missing"
-        if len(data) != shard.size:
-            return manifest, None, f"shard {shard.key} has {len(data)} bytes, manifest says {shard.size}"
-        checksum = checksum_bytes(data)
-        if checksum != shard.checksum:
-            return manifest, None, f"shard {shard.key} checksum {checksum} != manifest {shard.checksum}"
+                for record in needed:
+                    state, problem = read_verified_shard(self.storage, record, step)
+                    if problem is not None:
+                        return None, problem, _UNVERIFIED
+                    if same_layout and record.rank == self.rank:
+                        local = state["local"]
+                    for p in state["pieces"]:
+                        saved.setdefault(p["key"], []).append(GlobalPiece(
+                            p["key"], p["global_shape"], p["global_offset"], p["data"], p["object"]))
+        except StorageError as e:
+            return None, f"storage: {e}", _UNVERIFIED
         try:
-            shard_step, state = read_shard(data, map_location=map_location)
-        except ShardFormatError as e:
-            return manifest, None, f"shard {shard.key} unreadable: {e}"
-        if shard_step != step:
-            return manifest, None, f"shard {shard.key} holds step {shard_step}"
-        return manifest, state, None
+            values = [fill(r, saved.get(r.key, [])) for r in requests]
+        except PieceMismatch as e:
+            return None, str(e), _MISMATCH
+        if str(map_location) != "cpu":
+            values = [v.to(map_location) if hasattr(v, "to") else v for v in values]
+        try:
+            common = _unpack_common(manifest.common)
+        except Exception as e:  # noqa: BLE001 - a damaged manifest: treat like a damaged shard
+            return None, f"manifest common state unreadable: {e}", _UNVERIFIED
+        return LoadedCheckpoint(step, local, manifest, pieces=values, common=common), None, _OK
 
     def _set_aside(self, step: int, reason: str) -> None:
         # Drop the manifest (the step stops being a checkpoint; its shards become orphans for

@@ -2,15 +2,19 @@
 
 Layout under a checkpoint root URL:
 
-    step-00000040/rank-0-of-2.bin     shards, written first by each rank
+    step-00000040/rank-0-of-2.bin     shards, written first by each rank (checkpoint.shard)
     step-00000040/rank-1-of-2.bin
     step-00000040/manifest.json       written LAST, as one object, by rank 0 after every
-                                      rank reported its shard persisted: the commit point
+                                      rank reported its shard persisted: the commit point.
+                                      It indexes every shard's global pieces (key, global
+                                      shape, offset: checkpoint.sharded), so a loader on any
+                                      layout knows which shards to read
     step-00000040/lease-<id>.json     a reader's claim: retention leaves the step alone
     latest.json                       pointer to the newest commit, written after its manifest
 
-A checkpoint exists only once its manifest does. Readers (`list_committed`,
-`read_latest`) are what flows use to find checkpoints to evaluate or resume from.
+A checkpoint exists only once its manifest does. `committed_checkpoints` is THE
+listing: the pretrain flow, the commit announcer, evaluation and rollback all use it;
+`read_latest` is its one-read shortcut for the newest.
 """
 
 from __future__ import annotations
@@ -28,7 +32,11 @@ from infra.storage import ObjectNotFound, Storage, StorageOptions, open_storage
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FORMAT = "forgeflow-checkpoint/1"
+# "sharded" (spec: checkpoint.format) on storage. Format 1 (per-rank state dicts, loadable only
+# on the layout that wrote it) was retired with the reshardable format; its manifests are
+# refused with a message saying so.
+MANIFEST_FORMAT = "forgeflow-checkpoint/2"
+FORMAT_NAMES = {"sharded": MANIFEST_FORMAT}
 MANIFEST_NAME = "manifest.json"
 LATEST_KEY = "latest.json"
 _STEP_DIR = re.compile(r"^step-(\d{8,})/")
@@ -36,7 +44,14 @@ LEASE_TTL_S = 3600.0
 
 
 def step_dir(step: int) -> str:
+    """The one step-folder spelling: step-00000040."""
     return f"step-{step:08d}"
+
+
+def parse_step_dir(name: str) -> int | None:
+    """The step a folder name like step-00000040 names; None for any other name."""
+    m = _STEP_DIR.match(name.rstrip("/") + "/")
+    return int(m.group(1)) if m else None
 
 
 def shard_key(step: int, rank: int, world_size: int) -> str:
@@ -53,6 +68,7 @@ class ShardRecord:
     key: str
     size: int
     checksum: str  # "crc32:<8 hex digits>"
+    pieces: list[dict[str, Any]] = field(default_factory=list)  # GlobalPiece.descriptor()s
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,7 @@ class Manifest:
     config_hash: str = ""
     time: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+    common: str = ""  # base64 of the torch-pickled state every rank shares (from rank 0)
     format: str = MANIFEST_FORMAT
 
     def to_json(self) -> bytes:
@@ -73,7 +90,11 @@ class Manifest:
     def from_json(cls, data: bytes) -> "Manifest":
         raw = json.loads(data)
         if raw.get("format") != MANIFEST_FORMAT:
-            raise ValueError(f"unsupported manifest format {raw.get('format')!r}")
+            old = raw.get("format") == "forgeflow-checkpoint/1"
+            raise ValueError(
+                f"unsupported manifest format {raw.get('format')!r}"
+                + ("; format 1 (per-rank, not reshardable) was retired: resume it with a forgeflow "
+                   "older than the sharded format or start the job afresh" if old else ""))
         raw["shards"] = [ShardRecord(**s) for s in raw["shards"]]
         return cls(**raw)
 
@@ -132,12 +153,22 @@ def committed_steps(storage: Storage) -> list[int]:
     return sorted(s for s, keys in steps_in_listing(storage).items() if manifest_key(s) in keys)
 
 
-def _as_storage(where: str | Storage, options: StorageOptions | None) -> Storage:
-    return where if isinstance(where, Storage) else open_storage(where, options)
+def _as_storage(where: Any, options: StorageOptions | None) -> Storage:
+    if isinstance(where, Storage):
+        return where
+    if not isinstance(where, str):  # a job spec's checkpoint section: its URL and S3 settings
+        from infra.storage import storage_options_from_config
+
+        options = options or storage_options_from_config(where)
+        where = where.url
+    return open_storage(where, options)
 
 
-def list_committed(where: str | Storage, options: StorageOptions | None = None) -> list[CommitRecord]:
-    """Every committed checkpoint under a root, oldest first."""
+def committed_checkpoints(where: Any, options: StorageOptions | None = None) -> list[CommitRecord]:
+    """Every committed checkpoint under a root, oldest first.
+
+    `where`: a root URL or path, an open Storage, or a job spec's `checkpoint` section.
+    """
     storage = _as_storage(where, options)
     out = []
     for step in committed_steps(storage):
@@ -150,7 +181,7 @@ def list_committed(where: str | Storage, options: StorageOptions | None = None) 
     return out
 
 
-def read_latest(where: str | Storage, options: StorageOptions | None = None) -> CommitRecord | None:
+def read_latest(where: Any, options: StorageOptions | None = None) -> CommitRecord | None:
     """The newest commit from the `latest` pointer (one small read); None before the first."""
     storage = _as_storage(where, options)
     try:

@@ -4,10 +4,10 @@ A checkpoint given to `forgeflow eval` / the evaluate-checkpoint flow is either
 
 - an exported Hugging Face folder (has config.json) — a path, file:// or s3:// URL;
   used as it is; or
-- a training checkpoint of either format (dist_checkpointing `step_N/` or the
-  async engine's `step-N/`, local or s3://, or a checkpoint root: its newest
-  committed step) — exported once with `training.export.export_hf` (needs the
-  job spec) into the evaluation's work folder, which then is what trials preload.
+- a training checkpoint (`step-N/`, local or s3://, or a checkpoint root: its
+  newest committed step, found through checkpoint.committed_checkpoints) —
+  exported once with `training.export.export_hf` (needs the job spec) into the
+  evaluation's work folder, which then is what trials preload.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
 from tasks.eval_tasks import (export_checkpoint, inference_trial, metric_job, plan_trials, preload_model,
                               publish_results, remove_preloaded)
-from tasks.checkpoint_events import CHECKPOINT_COMMITTED, committed_checkpoints
+from checkpoint.manifest import committed_checkpoints
+from tasks.checkpoint_events import CHECKPOINT_COMMITTED
 from training.config import JobSpec, load_job_spec
 
 def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
@@ -113,7 +114,7 @@ def evaluate_catch_up(job_spec: str | JobSpec, suite: str = "quick", limit: int 
     """Evaluate committed checkpoints that have no results yet (missed events, downtime)."""
     spec = _spec(job_spec)
     suite_name = load_suite(suite, spec).name
-    todo = pending_checkpoints([url for _, url in committed_checkpoints(spec)], suite_name)[:limit]
+    todo = pending_checkpoints([r.url for r in committed_checkpoints(spec.checkpoint)], suite_name)[:limit]
     print(f"{len(todo)} checkpoint(s) of {spec.name} not yet evaluated with {suite_name}")
     for checkpoint in todo:
         evaluate_checkpoint(checkpoint, suite=suite, job_spec=spec)

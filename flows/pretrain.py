@@ -31,7 +31,8 @@ from diagnosis.recovery import (
     RecoveryPolicy,
     next_attempt,
 )
-from tasks.checkpoint_events import CommitAnnouncer, committed_checkpoints
+from checkpoint.manifest import committed_checkpoints
+from tasks.checkpoint_events import CommitAnnouncer
 from tasks.pretrain_tasks import (
     build_notifier,
     cordon_and_release,
@@ -158,7 +159,7 @@ def pretrain(
         # 5. Decide the next attempt from the table: restart, node check, roll back or stop.
         decided = next_attempt(
             diagnosis, failed_step, history, policy,
-            committed_steps=lambda: [step for step, _ in committed_checkpoints(spec)],
+            committed_steps=lambda: [r.step for r in committed_checkpoints(spec.checkpoint)],
             spike_onset_step=outcome.spike.onset_step if outcome.spike else None,
             oom_suggestion=next_plan_hint(spec, inventory) if diagnosis.root_cause == "OutOfMemoryError" else "",
         )

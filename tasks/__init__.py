@@ -2,6 +2,6 @@
 
     pretrain_tasks     plan, place, launch, watch, diagnose, node check
     launchers          launchers by name: `local`, `prefect`
-    checkpoint_events  committed checkpoints of a job and the event announcing each
+    checkpoint_events  the event announcing each committed checkpoint (CommitAnnouncer)
     eval_tasks         the evaluate-checkpoint flow's tasks
 """

@@ -1,32 +1,19 @@
-"""Committed checkpoints of a job, and the Prefect event that announces each one.
+"""The Prefect event that announces each committed checkpoint of a job.
 
-The training side commits checkpoints (checkpoint.manifest: manifest last,
-then the `latest` pointer); this is where the flows read them and where the
-`forgeflow.checkpoint.committed` event comes from, the event the evaluate
-deployment is triggered by.
+The training side commits checkpoints (checkpoint.manifest: manifest last, then
+the `latest` pointer); `checkpoint.manifest.committed_checkpoints` lists them for
+the flows, and this is where the `forgeflow.checkpoint.committed` event comes
+from, the event the evaluate deployment is triggered by.
 """
 
 from __future__ import annotations
 
 import time
 
+from checkpoint.manifest import committed_checkpoints
 from training.config import JobSpec
 
 CHECKPOINT_COMMITTED = "forgeflow.checkpoint.committed"
-
-
-def committed_checkpoints(spec: JobSpec) -> list[tuple[int, str]]:
-    """(step, URL) of the job's committed checkpoints, oldest first, whichever writer produced them."""
-    if spec.checkpoint.async_save or spec.checkpoint.url.startswith("s3://"):
-        from checkpoint.manifest import list_committed
-        from infra.storage import storage_options_from_config
-
-        return [(r.step, r.url) for r in list_committed(spec.checkpoint.url,
-                                                         storage_options_from_config(spec.checkpoint))]
-    from training.checkpointing import complete_steps, local_root, step_dir_name
-
-    root = local_root(spec.checkpoint.url)
-    return [(s, str(root / step_dir_name(s))) for s in complete_steps(root)]
 
 
 def emit_checkpoint_committed(checkpoint_url: str, job: str, step: int | None = None,
@@ -52,23 +39,22 @@ class CommitAnnouncer:
         self.spec = spec
         self.job_spec_path = job_spec_path
         self.every_s = every_s
-        self.announced: set[int] = {step for step, _ in _list_or_empty(spec)}
+        self.announced: set[int] = {record.step for record in _list_or_empty(spec)}
         self._last = 0.0
 
     def poll(self, force: bool = False) -> list[int]:
         if not force and time.monotonic() - self._last < self.every_s:
             return []
         self._last = time.monotonic()
-        found = _list_or_empty(self.spec)
-        new = [(step, url) for step, url in found if step not in self.announced]
-        for step, url in new:
-            emit_checkpoint_committed(url, self.spec.name, step, self.job_spec_path)
-            self.announced.add(step)
-        return [step for step, _ in new]
+        new = [r for r in _list_or_empty(self.spec) if r.step not in self.announced]
+        for record in new:
+            emit_checkpoint_committed(record.url, self.spec.name, record.step, self.job_spec_path)
+            self.announced.add(record.step)
+        return [record.step for record in new]
 
 
-def _list_or_empty(spec: JobSpec) -> list[tuple[int, str]]:
+def _list_or_empty(spec: JobSpec) -> list:
     try:
-        return committed_checkpoints(spec)
+        return committed_checkpoints(spec.checkpoint)
     except Exception:  # storage hiccup: the next poll lists again; training is not disturbed
         return []

@@ -9,10 +9,9 @@
     spike             loss-spike detection and its marker
     faults            fault injection for drills (off unless asked for)
     runlog            per-rank step log lines and heartbeat files
-    rank_state        RNG and optimizer-state helpers both checkpoint writers share
-    checkpointing     the loop's Checkpointer: dist_checkpointing writer, writer choice
-    async_checkpointer  the loop's Checkpointer over checkpoint.engine (async, S3)
-    checkpoint_reader whole model weights out of a checkpoint (for export)
+    rank_state        RNG streams and the distributed optimizer's checkpoint layout
+    checkpointing     the loop's Checkpointer: megatron's sharded state <-> checkpoint.engine
+    checkpoint_reader whole model weights out of a checkpoint, any layout (for export)
     export            a checkpoint -> Hugging Face LlamaForCausalLM folder
     train             the worker's loop
     cli               `forgeflow prepare | train | export`

@@ -1,42 +1,40 @@
-"""Checkpoint and exact resume with megatron-core `dist_checkpointing`.
+"""The training loop's checkpointer: megatron's sharded state in checkpoint.engine's format.
 
-What a checkpoint holds (one `dist_checkpointing` directory):
+One format ("sharded", `checkpoint.format` in the job spec), written by the async
+engine (checkpoint.engine: host snapshot -> background persist to a path or s3:// ->
+manifest last as the commit point; `async_save: false` persists before returning).
+What a rank hands the engine at a checkpoint step:
 
-    model       the GPTModel's sharded state dict (TP shards reassemble on load)
-    optimizer   megatron optimizer state (Adam moments, step) sharded like the model
-    rng         per-rank RNG states (python, numpy, torch CPU, torch CUDA, megatron's
-                tracker), a ShardedObject indexed by global rank
-    trainer     plain values from rank 0: step, data position, skipped batches, world
-                size, config hash — whatever the training loop passes as `trainer_state`
+    pieces   megatron's sharded state dict of the model and optimizer, flattened to
+             global pieces (key, global shape, global offset: ShardedTensor metadata;
+             stage-local layer numbers already global). The distributed optimizer
+             gives its state in model space ('fully_reshardable', rank_state), so
+             Adam moments reshard like the weights. Replicas are saved once.
+    common   what megatron keeps outside the shards (optimizer param groups, Adam's
+             common step) and the trainer state (step, data position, skips, spike
+             detector): rank 0's copy, stored in the manifest.
+    local    this rank's RNG streams; restored only when the layout that wrote them
+             loads them (same-layout resume stays bit-exact). Another layout keeps
+             its own seeded streams — the model has no dropout, so the loss does not
+             depend on them.
 
-Layout under the checkpoint root (`spec.checkpoint.url`, a local path or file:// URL)::
+Loading builds the same sharded state dict for the loading layout and asks the
+engine for exactly its pieces, which it assembles from whichever shards overlap
+them: any TP / PP / DP layout (and the one-process export) loads any checkpoint.
+This mirrors megatron's own `dist_checkpointing.load` (load_preprocess, fill the
+ShardedTensors, merge the common state, apply factory merges).
 
-    step_00000020/            a COMPLETE checkpoint (only complete ones have this name)
-    step_00000040.partial/    being written, or left by a crash; ignored and replaced
-
-The writer fills `step_N.partial/`, all ranks meet at a barrier, then rank 0 renames
-it to `step_N/` (atomic on one filesystem): a checkpoint exists only once renamed,
-so `latest()` never returns a half-written one. Older complete checkpoints beyond
-`keep_last` are deleted after each save.
-
-The interface (`Checkpointer`: save / latest / load / close) is what the training loop
-uses; the async/S3 engine (checkpoint/engine.py) implements the same methods and can
-reuse `sharded_state()` / `restore_rng_states()` so only the writer differs.
+The interface the loop uses: latest() / load(step, model, optimizer) / save / close.
 """
 
 from __future__ import annotations
 
-import os
-import pickle
-import re
-import shutil
+import logging
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
-from training.model import DistEnv
 from training.rank_state import (
     OPTIMIZER_CHECKPOINT_METADATA,
     capture_rng_states,
@@ -44,213 +42,194 @@ from training.rank_state import (
     restore_rng_states,
 )
 
-_STEP_DIR = re.compile(r"^step_(\d{8})$")
-PARTIAL_SUFFIX = ".partial"
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
 
 
-class Checkpointer(Protocol):
-    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> dict[str, Any] | None: ...
-    def latest(self) -> int | None: ...
-    def load(self, step: int, model, optimizer) -> dict[str, Any]: ...
-    def close(self) -> None: ...
+# --- megatron's sharded state <-> the engine's global pieces ----------------------------------
 
-
-def local_root(url: str) -> Path:
-    """The directory a `file://` URL or bare path names; s3:// belongs to checkpoint.engine."""
-    if url.startswith("file://"):
-        return Path(url[len("file://"):])
-    if "://" in url:
-        raise CheckpointError(
-            f"checkpoint url {url!r}: the local checkpointer handles file:// URLs and paths; "
-            "s3:// needs the async engine (checkpoint.engine)"
-        )
-    return Path(url)
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def complete_steps(root: str | Path) -> list[int]:
-    """Steps of the complete checkpoints under `root`, ascending."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    steps = []
-    for entry in root.iterdir():
-        match = _STEP_DIR.match(entry.name)
-        if match and entry.is_dir():
-            steps.append(int(match.group(1)))
-    return sorted(steps)
-
-
-# --- what goes into a checkpoint --------------------------------------------------------------
-
-def sharded_state(model, optimizer, env: DistEnv, trainer_state: dict[str, Any] | None,
-                  is_loading: bool = False) -> dict[str, Any]:
-    """The sharded state dict that `dist_checkpointing.save/load` take (see module doc)."""
-    from megatron.core.dist_checkpointing.mapping import ShardedObject
-
+def sharded_state(model, optimizer, is_loading: bool = False) -> dict[str, Any]:
+    """The megatron sharded state dict of the model (and optimizer, when given)."""
     model_state = model.sharded_state_dict()
-    if is_loading:
-        from training.megatron_compat import fix_distributed_optimizer_resume
+    state: dict[str, Any] = {"model": model_state}
+    if optimizer is not None:
+        if is_loading:
+            from training.megatron_compat import fix_distributed_optimizer_resume
 
-        fix_distributed_optimizer_resume()
-        ensure_distributed_optimizer_state(optimizer)
-    state = {
-        "model": model_state,
-        "optimizer": optimizer.sharded_state_dict(
-            model_state, is_loading=is_loading, metadata=OPTIMIZER_CHECKPOINT_METADATA(),
-        ),
-        "rng": ShardedObject(
-            "rng_state", None if is_loading else capture_rng_states(),
-            (env.world_size,), (env.rank,), replica_id=0,
-        ),
-    }
-    if trainer_state is not None:
-        state["trainer"] = trainer_state
+            fix_distributed_optimizer_resume()
+            ensure_distributed_optimizer_state(optimizer)  # a fresh one has no Adam state yet
+        state["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=is_loading, metadata=OPTIMIZER_CHECKPOINT_METADATA())
     return state
 
 
-# --- process hygiene ---------------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    """Runs in megatron's queue-manager process: SIGKILL it when its parent dies (Linux)."""
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass  # not Linux: the manager then lingers after a SIGKILLed worker, as upstream
+def _walk(node: Any, path: tuple = ()):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _walk(v, path + (k,))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _walk(v, path + (i,))
+    else:
+        yield path, node
 
 
-def install_write_results_queue() -> None:
-    """Give dist_checkpointing a results queue whose manager process dies with this worker.
+def _piece_geometry(sh) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(global offset, extent) of a ShardedTensor: prepended axes (e.g. the layer) have extent 1."""
+    if sh.flattened_range is not None:
+        raise CheckpointError(f"{sh.key}: flattened shards are not supported; the distributed "
+                              "optimizer must use its fully_reshardable checkpoint format")
+    shape = (1,) * sh.prepend_axis_num + tuple(sh.local_shape)
+    return tuple(sh.global_offset), shape
 
-    megatron-core's FileSystemWriterAsync (dist_checkpointing/strategies/filesystem_async.py:51-56,
-    used by synchronous saves too, :185) lazily starts a spawn-context multiprocessing
-    Manager to collect write results. If the worker is SIGKILLed (OOM killer, a fault) or
-    `os._exit`s, that Manager is orphaned and lives on, holding the worker's stdout/stderr
-    open, so the launcher waiting for EOF hangs. The same Manager started with a
-    parent-death signal disappears with the worker.
+
+def to_pieces(sharded: dict[str, Any]) -> tuple[list, Any]:
+    """(global pieces, megatron's common state) of a sharded state dict, as megatron saves it."""
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor
+    from megatron.core.dist_checkpointing.state_dict_utils import save_preprocess
+
+    from checkpoint.sharded import GlobalPiece
+
+    part, common = save_preprocess(sharded, validate_access_integrity=False)
+    pieces = []
+    for _, sh in _walk(part):
+        if isinstance(sh, ShardedTensor):
+            offset, _ = _piece_geometry(sh)
+            data = sh.data.detach()[(None,) * sh.prepend_axis_num]  # a view, never a copy
+            pieces.append(GlobalPiece(sh.key, tuple(sh.global_shape), offset, data))
+        elif isinstance(sh, ShardedObject):
+            pieces.append(GlobalPiece(sh.key, tuple(sh.global_shape), tuple(sh.global_offset),
+                                      sh.data, is_object=True))
+        else:
+            raise CheckpointError(f"unsupported sharded value {type(sh).__name__} ({getattr(sh, 'key', '')})")
+    return pieces, common
+
+
+def load_sharded(sharded: dict[str, Any], fetch: Callable[[list], tuple[list, Any]]) -> dict[str, Any]:
+    """Fill a loading sharded state dict: `fetch(requests) -> (values, saved common state)`."""
+    from megatron.core.dist_checkpointing.dict_utils import merge
+    from megatron.core.dist_checkpointing.mapping import ShardedObject, ShardedTensor, apply_factory_merges
+    from megatron.core.dist_checkpointing.state_dict_utils import load_preprocess
+    from megatron.core.dist_checkpointing.utils import extract_sharded_base
+
+    from checkpoint.sharded import PieceRequest
+
+    part, nonpersistent, factories = load_preprocess(sharded)
+    part, _ = extract_sharded_base(part)
+    slots, requests = [], []
+    for path, sh in _walk(part):
+        if isinstance(sh, ShardedTensor):
+            offset, shape = _piece_geometry(sh)
+            requests.append(PieceRequest(sh.key, tuple(sh.global_shape), offset, shape, sh.dtype))
+        elif isinstance(sh, ShardedObject):
+            requests.append(PieceRequest(sh.key, tuple(sh.global_shape), tuple(sh.global_offset),
+                                         is_object=True))
+        else:
+            raise CheckpointError(f"unsupported sharded value {type(sh).__name__}")
+        slots.append((path, sh))
+    values, common = fetch(requests)
+    for (path, sh), value in zip(slots, values):
+        if isinstance(sh, ShardedTensor):
+            value = value.view(tuple(sh.local_shape))
+            if sh.data is not None:
+                value = value.to(sh.data.device)
+        node = part
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    common = common if common is not None else {}
+    merge(common, nonpersistent)
+    merge(common, part)
+    return apply_factory_merges(common, factories)
+
+
+def load_model_state(model, loaded_model: dict[str, Any]) -> None:
+    if isinstance(model, torch.nn.ModuleList):  # virtual pipeline stages: "model{i}" per chunk
+        for i, chunk in enumerate(model):
+            chunk.load_state_dict(loaded_model[f"model{i}"])
+    else:
+        model.load_state_dict(loaded_model)
+
+
+# --- the loop's checkpointer --------------------------------------------------------------------
+
+class Checkpointer:
+    """save / latest / load / close over checkpoint.engine, for every rank of the job.
+
+    `after_shards_written(step)` runs on every rank once its shard is persisted and
+    before the commit — the fault injector's hook for `exit_mid_checkpoint`.
     """
-    from megatron.core.dist_checkpointing.strategies import filesystem_async
-    from torch import multiprocessing as mp
-    from multiprocessing.managers import SyncManager
 
-    if filesystem_async._results_queue is not None:
-        return
-    manager = SyncManager(ctx=mp.get_context("spawn"))
-    manager.start(initializer=_die_with_parent)
-    filesystem_async._results_queue = manager.Queue()
-    filesystem_async._forgeflow_manager = manager  # keep it referenced for the process lifetime
+    def __init__(self, checkpoint_cfg, env, after_shards_written: Callable[[int], None] | None = None,
+                 writer: str | None = None):
+        from checkpoint.engine import CheckpointEngine
+        from infra.storage import storage_options_from_config
 
-
-# --- the synchronous local writer -------------------------------------------------------------
-
-class LocalCheckpointer:
-    """Synchronous `dist_checkpointing` save/load to a local (or shared) directory.
-
-    `after_shards_written(step)` is called on every rank after its shards are on disk
-    and before the checkpoint is committed — the fault injector's hook for
-    `exit_mid_checkpoint`; None in normal runs.
-    """
-
-    def __init__(self, root: str | Path, env: DistEnv, keep_last: int = 3,
-                 after_shards_written: Callable[[int], None] | None = None):
-        self.root = Path(root)
         self.env = env
-        self.keep_last = keep_last
-        self.after_shards_written = after_shards_written
-        install_write_results_queue()
-        if env.rank == 0:
-            self.root.mkdir(parents=True, exist_ok=True)
-        torch.distributed.barrier()
+        self.layout = {"dp": env.dp_size, "tp": env.tp_size, "pp": getattr(env, "pp_size", 1)}
+        self.engine = CheckpointEngine(
+            checkpoint_cfg.url, rank=env.rank, world_size=env.world_size, layout=self.layout,
+            keep_last=checkpoint_cfg.keep_last, on_busy=checkpoint_cfg.on_busy,
+            async_save=checkpoint_cfg.async_save, writer=writer,
+            storage_options=storage_options_from_config(checkpoint_cfg),
+            after_shard_written=after_shards_written)
+        self._newest_listed: int | None = None
 
-    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> None:
-        from megatron.core import dist_checkpointing
-
-        final = self.root / step_dir_name(step)
-        partial = self.root / (step_dir_name(step) + PARTIAL_SUFFIX)
-        if self.env.rank == 0:
-            shutil.rmtree(partial, ignore_errors=True)  # a crashed earlier attempt
-            partial.mkdir(parents=True)
-        torch.distributed.barrier()
-        state = sharded_state(model, optimizer, self.env, dict(trainer_state, step=step))
-        dist_checkpointing.save(state, str(partial))
-        if self.after_shards_written is not None:
-            self.after_shards_written(step)
-        torch.distributed.barrier()  # every rank's shards are written
-        if self.env.rank == 0:
-            if final.exists():  # re-saving a step after a restart: replace it whole
-                shutil.rmtree(final)
-            os.replace(partial, final)
-            self._prune()
-        torch.distributed.barrier()
+    def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> dict[str, Any]:
+        pieces, common = to_pieces(sharded_state(model, optimizer))
+        trainer = dict(trainer_state, step=step, layout=self.layout)
+        self.engine.config_hash = str(trainer_state.get("config_hash", ""))
+        outcome = self.engine.save(step, {"rng": capture_rng_states()}, pieces=pieces,
+                                   common={"megatron": common, "trainer": trainer})
+        return {"stall_s": round(outcome.stall_s, 4), "wait_s": round(outcome.wait_s, 4),
+                "skipped": outcome.skipped, "async": self.engine.async_save}
 
     def latest(self) -> int | None:
-        steps = complete_steps(self.root)
-        return steps[-1] if steps else None
+        """The newest committed step (collective). `load()` of it falls back past a newest
+        one that fails verification; the trainer state it returns names the step loaded."""
+        from checkpoint.manifest import committed_steps
 
-    def load(self, step: int, model, optimizer) -> dict[str, Any]:
-        """Restore model, optimizer and this rank's RNG states; returns the trainer state."""
-        from megatron.core import dist_checkpointing
+        steps = self.engine._broadcast(committed_steps(self.engine.storage)
+                                       if self.env.rank == 0 else None)
+        self._newest_listed = steps[-1] if steps else None
+        return self._newest_listed
 
-        path = self.root / step_dir_name(step)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: no complete checkpoint for step {step}")
-        common = dist_checkpointing.load_common_state_dict(str(path))
-        trainer_state = common.get("trainer", {})
-        saved_world = trainer_state.get("world_size")
-        template = sharded_state(model, optimizer, self.env, None, is_loading=True)
-        if saved_world != self.env.world_size:
-            # RNG states are per rank; with another world size they cannot map 1:1. The
-            # model and optimizer reshard; training randomness does not depend on them.
-            del template["rng"]
-        loaded = dist_checkpointing.load(template, str(path))
-        model.load_state_dict(loaded["model"])
+    def load(self, step: int | None, model, optimizer) -> dict[str, Any]:
+        """Restore model, optimizer (any layout) and, on the same layout, RNG; the trainer state."""
+        newest = step is None or step == self._newest_listed
+        box: dict[str, Any] = {}
+
+        def fetch(requests):
+            found = self.engine.load(None if newest else step, requests=requests)
+            if found is None:
+                raise CheckpointError(f"{self.engine.url}: no committed checkpoint verifies")
+            box["found"] = found
+            return found.pieces, found.common["megatron"]
+
+        loaded = load_sharded(sharded_state(model, optimizer, is_loading=True), fetch)
+        found = box["found"]
+        load_model_state(model, loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
-        if "rng" in loaded:
-            restore_rng_states(loaded["rng"])
-        return trainer_state
+        trainer = dict(found.common["trainer"])
+        if found.skipped_steps:
+            log.warning("checkpoint: newer steps %s failed verification; resumed from %d",
+                        found.skipped_steps, found.step)
+        if found.same_layout:
+            restore_rng_states(found.state["rng"])
+        else:
+            log.warning("checkpoint: step %d was written by layout %s (%d ranks); resharded onto %s",
+                        found.step, found.manifest.layout, found.manifest.world_size, self.layout)
+        return trainer
 
     def close(self) -> None:
-        pass
-
-    def _prune(self) -> None:
-        for old in complete_steps(self.root)[: -self.keep_last]:
-            shutil.rmtree(self.root / step_dir_name(old), ignore_errors=True)
+        """Waits for the in-flight persist, so the last checkpoint is committed on exit."""
+        self.engine.close()
 
 
-def open_checkpointer(checkpoint_cfg, env: DistEnv,
+def open_checkpointer(checkpoint_cfg, env,
                       after_shards_written: Callable[[int], None] | None = None) -> Checkpointer:
-    """The checkpointer for a job spec's `checkpoint:` section.
-
-    `async_save: true` (the default) or an s3:// URL: the async engine (checkpoint.engine,
-    via training.async_checkpointer). `async_save: false` on a local path: this module's
-    synchronous dist_checkpointing writer (reshardable, what `forgeflow export` reads).
-    """
-    if checkpoint_cfg.async_save or checkpoint_cfg.url.startswith("s3://"):
-        from training.async_checkpointer import AsyncCheckpointer
-
-        return AsyncCheckpointer(checkpoint_cfg, env, after_shards_written)
-    return LocalCheckpointer(local_root(checkpoint_cfg.url), env, checkpoint_cfg.keep_last,
-                             after_shards_written)
-
-
-def read_trainer_state(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """The plain trainer values of a complete checkpoint (no torch.distributed needed)."""
-    path = Path(checkpoint_dir) / "common.pt"
-    if not path.is_file():
-        raise CheckpointError(f"{checkpoint_dir}: not a dist_checkpointing directory (no common.pt)")
-    try:
-        common = torch.load(path, map_location="cpu", weights_only=False)
-    except (pickle.UnpicklingError, RuntimeError) as e:
-        raise CheckpointError(f"{path}: unreadable ({e})") from None
-    return common.get("trainer", {})
+    """The checkpointer for a job spec's `checkpoint:` section (one format: "sharded")."""
+    return Checkpointer(checkpoint_cfg, env, after_shards_written)

@@ -138,7 +138,11 @@ class CheckpointConfig(_Section):
         default="runs/checkpoints", description="file://PATH, a bare path, or s3://bucket/prefix"
     )
     keep_last: int = Field(default=3, gt=0)
-    async_save: bool = True
+    format: Literal["sharded"] = Field(
+        default="sharded", description="on-storage format (checkpoint.manifest); 'sharded': "
+        "tensors with global shapes and offsets, loadable onto any TP/PP/DP layout")
+    async_save: bool = Field(default=True, description="persist in the background (false: "
+                             "save() returns once the checkpoint is committed)")
     on_busy: Literal["wait", "skip"] = Field(
         default="wait", description="a persist still running at the next checkpoint step"
     )

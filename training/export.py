@@ -26,9 +26,9 @@ No RoPE permutation is needed: megatron's default (non-interleaved) rotary embed
 rotates halves (rotate_half) exactly like HF Llama, with the same inverse frequencies
 1/theta^(2i/d). RMSNorm (x / sqrt(mean(x^2) + eps) * w) is the same in both.
 
-Checkpoints of both formats the worker writes (megatron dist_checkpointing, and the
-async engine's shards, local or s3://) are read by training.checkpoint_reader, which
-also merges tensor-parallel shards into whole matrices.
+Checkpoints (the one "sharded" format, local or s3://, any TP/PP layout) are read
+by training.checkpoint_reader, which loads them onto a one-process, whole-matrix
+layout through the same resharding loader a resuming job uses.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def llama_config(model_cfg: ModelConfig, *, bos_token_id: int | None = None,
     )
 
 
-# --- reading a checkpoint (either format: training.checkpoint_reader) ------------------------
+# --- reading a checkpoint (training.checkpoint_reader) -----------------------------------------
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """The local step directory `path` names (itself, or the newest under a root)."""
@@ -224,9 +224,8 @@ def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, spec: JobSpec,
               tokenizer_dir: str | Path | None = None, dtype: str = "float32") -> Path:
     """Convert a checkpoint the worker wrote into a LlamaForCausalLM folder.
 
-    `checkpoint_dir` is a step directory of either checkpoint format (dist_checkpointing
-    `step_N/`, or the async engine's `step-N/`, local or s3://) or a checkpoint root
-    (its newest committed step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
+    `checkpoint_dir` is a step directory (`step-N/`, local or s3://) or a checkpoint
+    root (its newest committed step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
     """
     from training.checkpoint_reader import CheckpointReadError, locate_checkpoint, read_model_state_dict
 

@@ -1,8 +1,7 @@
-"""One rank's state beyond its tensors, shared by both checkpoint writers.
+"""One rank's state beyond its sharded tensors, for training.checkpointing.
 
-RNG states (python, numpy, torch CPU/CUDA, megatron's tracker) and the distributed
-optimizer's state preparation before a load. Used by training.checkpointing and
-training.async_checkpointer, so neither needs the other.
+RNG states (python, numpy, torch CPU/CUDA, megatron's tracker), how the distributed
+optimizer lays out its checkpoint state, and its state preparation before a load.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint.engine import CheckpointEngine
-from checkpoint.manifest import committed_steps, list_committed, read_latest, shard_key
+from checkpoint.manifest import committed_steps, committed_checkpoints, read_latest, shard_key
 from infra.storage import InvalidCredentials, NoSuchBucket, open_storage
 
 from infra.local_s3 import ACCESS_KEY, SECRET_KEY
@@ -40,7 +40,7 @@ def test_async_persist_to_seaweed_commits_keeps_last_and_loads(seaweed):
         for step in (10, 20, 30):
             assert engine.save(step, _state(step, 2 << 20)).started
         assert engine.wait().committed
-        assert [r.step for r in list_committed(url, options)] == [20, 30]
+        assert [r.step for r in committed_checkpoints(url, options)] == [20, 30]
         assert read_latest(url, options).step == 30
         loaded = engine.load()
     assert loaded.step == 30 and _same(loaded.state, _state(30, 2 << 20))

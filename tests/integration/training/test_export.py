@@ -45,23 +45,19 @@ def _sample_tokens(prepared, n: int, seq: int) -> torch.Tensor:
     return torch.from_numpy(np.array(tokens[: n * seq], dtype=np.int64)).reshape(n, seq)
 
 
-def _save_checkpoint(writer: str, spec, env, root: Path, step: int, model, optimizer) -> None:
-    """A checkpoint written by the worker's own checkpointer of the given format."""
-    from training.async_checkpointer import AsyncCheckpointer
-    from training.checkpointing import open_checkpointer
+def _save_checkpoint(spec, env, root: Path, step: int, model, optimizer) -> None:
+    """A checkpoint written by the worker's own checkpointer."""
+    from training.checkpointing import Checkpointer
 
     cfg = spec.checkpoint.model_copy(update={"url": str(root), "async_save": False})
-    # The engine format, written inline (no writer process to start: faster test).
-    checkpointer = (AsyncCheckpointer(cfg, env, writer="thread") if writer == "engine"
-                    else open_checkpointer(cfg, env))
+    # Persisted inline by a writer thread (no writer process to start: faster test).
+    checkpointer = Checkpointer(cfg, env, writer="thread")
     checkpointer.save(step, model, optimizer, {"world_size": env.world_size,
                                                "config_hash": spec.config_hash()})
     checkpointer.close()
 
 
-@pytest.mark.parametrize("writer", ["dist", "engine"])
-def test_checkpoint_export_matches_megatron_logits(world, writer, tiny_job_dict, tiny_prepared,
-                                                   tmp_path):
+def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_prepared, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from training.export import export_hf
@@ -74,7 +70,7 @@ def test_checkpoint_export_matches_megatron_logits(world, writer, tiny_job_dict,
     _randomise(model)
     optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
     root = tmp_path / "checkpoints"
-    _save_checkpoint(writer, spec, world, root, 7, model, optimizer)
+    _save_checkpoint(spec, world, root, 7, model, optimizer)
 
     tokens = _sample_tokens(tiny_prepared, 2, spec.model.seq_length)
     positions = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
@@ -87,7 +83,7 @@ def test_checkpoint_export_matches_megatron_logits(world, writer, tiny_job_dict,
         "config.json", "generation_config.json", "model.safetensors", "forgeflow.json",
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"])
     provenance = json.loads((out / "forgeflow.json").read_text())
-    assert provenance["step"] == 7 and provenance["checkpoint_format"] == writer
+    assert provenance["step"] == 7 and provenance["checkpoint_format"] == "sharded"
     hf = AutoModelForCausalLM.from_pretrained(out).eval()
     assert type(hf).__name__ == "LlamaForCausalLM" and hf.config.num_key_value_heads == 2
     with torch.no_grad():
@@ -128,7 +124,6 @@ def test_a_wrong_mapping_would_be_caught(world, tiny_job_dict, tiny_prepared, tm
 
 
 def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp_path):
-    from training.checkpointing import LocalCheckpointer
     from training.export import ExportError, export_hf
     from training.model import build_model, build_optimizer, wrap_data_parallel
 
@@ -138,7 +133,7 @@ def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp
 
     model = build_model(spec.model, spec.training)
     optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
-    LocalCheckpointer(tmp_path / "ck", world).save(1, model, optimizer, {"world_size": 1})
+    _save_checkpoint(spec, world, tmp_path / "ck", 1, model, optimizer)
     other = copy.deepcopy(tiny_job_dict)
     other["model"]["hidden_size"] = 128  # not the shape the checkpoint holds
     with pytest.raises(ExportError, match="use the job spec the checkpoint was trained with"):
@@ -151,7 +146,7 @@ def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp
 @pytest.mark.slow  # two torchrun ranks: ~12 s of CPU
 def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepared, tmp_path,
                                                       repo_root):
-    """TP=2 (two gloo processes) checkpoints of both formats -> HF models with the TP logits."""
+    """A TP=2 (two gloo processes) checkpoint -> an HF model with the TP logits."""
     import os
     import subprocess
     import sys
@@ -176,22 +171,21 @@ def test_tensor_parallel_checkpoint_merges_on_export(tiny_job_dict, tiny_prepare
 
     spec = parse_job_spec(job)  # still says tensor_parallel=2: export merges regardless
     assert tp_logits.shape[-1] == spec.model.vocab_size
-    for writer in ("dist", "engine"):
-        out = export_hf(tmp_path / f"ck-{writer}", tmp_path / f"hf-{writer}", spec)
-        hf = AutoModelForCausalLM.from_pretrained(out).eval()
-        with torch.no_grad():
-            diff = (hf(tokens).logits - tp_logits).abs().max().item()
-        assert diff < TOLERANCE, f"{writer}: max |logit diff| {diff:.3g}"
+    out = export_hf(tmp_path / "ck", tmp_path / "hf", spec)
+    hf = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        diff = (hf(tokens).logits - tp_logits).abs().max().item()
+    assert diff < TOLERANCE, f"max |logit diff| {diff:.3g}"
 
 
 def test_engine_checkpoint_on_s3_exports(world, tiny_job_dict, tiny_prepared, tmp_path, monkeypatch):
-    """The async engine's checkpoint in a real S3 endpoint (moto on 127.0.0.1) -> HF folder."""
+    """A checkpoint in a real S3 endpoint (moto on 127.0.0.1) -> HF folder."""
     import boto3
     from moto.server import ThreadedMotoServer
     from transformers import AutoModelForCausalLM
 
     from infra.local_s3 import free_ports
-    from training.async_checkpointer import AsyncCheckpointer
+    from training.checkpointing import Checkpointer
     from training.export import export_hf
     from training.model import build_model, build_optimizer, wrap_data_parallel
 
@@ -211,7 +205,7 @@ def test_engine_checkpoint_on_s3_exports(world, tiny_job_dict, tiny_prepared, tm
         model = build_model(spec.model, spec.training)
         _randomise(model, seed=2)
         optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
-        checkpointer = AsyncCheckpointer(spec.checkpoint, world, writer="thread")
+        checkpointer = Checkpointer(spec.checkpoint, world, writer="thread")
         checkpointer.save(3, model, optimizer, {"world_size": 1})
         checkpointer.close()
 

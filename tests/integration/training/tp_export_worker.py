@@ -4,8 +4,7 @@
 
 Builds the job's GPTModel with its tensor_parallel degree, sets every weight to
 seeded random values, computes the logits of a fixed batch (gathering the
-vocab-parallel shards), and saves a checkpoint in each of the worker's two formats
-(OUT_DIR/ck-dist: dist_checkpointing, OUT_DIR/ck-engine: the async engine's shards).
+vocab-parallel shards), and saves a checkpoint as the worker does (OUT_DIR/ck).
 Rank 0 writes OUT_DIR/logits.pt and OUT_DIR/tokens.pt for the single-process export to match.
 """
 
@@ -20,8 +19,7 @@ import torch
 def main() -> int:
     from megatron.core import parallel_state
 
-    from training.async_checkpointer import AsyncCheckpointer
-    from training.checkpointing import open_checkpointer
+    from training.checkpointing import Checkpointer
     from training.config import load_job_spec
     from training.model import (build_model, build_optimizer, init_distributed,
                                 shutdown_distributed, wrap_data_parallel)
@@ -48,14 +46,11 @@ def main() -> int:
         shards = [torch.empty_like(shard) for _ in range(env.tp_size)]
         torch.distributed.all_gather(shards, shard.contiguous(), group=group)
         optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
-        for writer in ("dist", "engine"):  # both formats
-            cfg = spec.checkpoint.model_copy(update={"url": str(out / f"ck-{writer}"),
-                                                     "async_save": False})
-            # The engine format, written inline (no writer process to start: faster test).
-            checkpointer = (AsyncCheckpointer(cfg, env, writer="thread") if writer == "engine"
-                            else open_checkpointer(cfg, env))
-            checkpointer.save(1, model, optimizer, {"world_size": env.world_size})
-            checkpointer.close()
+        cfg = spec.checkpoint.model_copy(update={"url": str(out / "ck"), "async_save": False})
+        # Persisted inline by a writer thread (no writer process to start: faster test).
+        checkpointer = Checkpointer(cfg, env, writer="thread")
+        checkpointer.save(1, model, optimizer, {"world_size": env.world_size})
+        checkpointer.close()
         if env.rank == 0:
             torch.save(torch.cat(shards, dim=-1), out / "logits.pt")
             torch.save(tokens, out / "tokens.pt")

@@ -10,10 +10,11 @@ import pytest
 import torch
 
 from checkpoint.engine import CheckpointEngine, CheckpointError
+from checkpoint.sharded import GlobalPiece, PieceRequest, assign_savers
 from checkpoint.manifest import (
     apply_retention,
     committed_steps,
-    list_committed,
+    committed_checkpoints,
     manifest_key,
     read_latest,
     shard_key,
@@ -47,7 +48,7 @@ def test_async_saves_commit_in_order_and_load_newest(tmp_path, writer):
             assert outcome.started and not outcome.skipped
         report = engine.wait()
         assert report.committed and report.step == 30, report
-        assert [r.step for r in list_committed(url)] == [20, 30]  # keep_last=2
+        assert [r.step for r in committed_checkpoints(url)] == [20, 30]  # keep_last=2
         assert read_latest(url).step == 30
         loaded = engine.load()
     assert loaded.step == 30
@@ -160,17 +161,43 @@ def test_errors_are_classified_into_clear_types():
     assert isinstance(full, StorageFull) and "keep_last" in str(full)
 
 
-def test_layout_mismatch_is_refused(tmp_path):
+def test_pieces_load_onto_another_cut_and_mismatches_are_refused(tmp_path):
     url = str(tmp_path / "ckpt")
-    with CheckpointEngine(url, writer="thread") as engine:
-        engine.save(10, _state(10), blocking=True)
+    whole = torch.arange(8 * 6, dtype=torch.float32).view(8, 6)
+    # Saved as two row blocks (a TP=2 column-parallel layout) plus an object.
+    pieces = [GlobalPiece("w", (8, 6), (0, 0), whole[:4]), GlobalPiece("w", (8, 6), (4, 0), whole[4:]),
+              GlobalPiece("extra", (1,), (0,), {"note": 1}, is_object=True)]
+    with CheckpointEngine(url, writer="thread", layout={"dp": 1, "tp": 2, "pp": 1}) as engine:
+        engine.save(10, {"rng": 7}, pieces=pieces, common={"trainer": {"step": 10}}, blocking=True)
+    with CheckpointEngine(url, writer="thread") as engine:  # another layout: a column cut
+        loaded = engine.load(requests=[
+            PieceRequest("w", (8, 6), (2, 3), (5, 3), torch.float64),
+            PieceRequest("extra", (1,), (0,), is_object=True)])
+        assert loaded.step == 10 and loaded.state is None and not loaded.same_layout
+        assert torch.equal(loaded.pieces[0], whole[2:7, 3:6].double())
+        assert loaded.pieces[1] == {"note": 1} and loaded.common == {"trainer": {"step": 10}}
+        with pytest.raises(CheckpointError, match="w: the checkpoint holds global shape"):
+            engine.load(requests=[PieceRequest("w", (8, 7), (0, 0), (8, 7))])
+        with pytest.raises(CheckpointError, match="missing_key: not in the checkpoint"):
+            engine.load(requests=[PieceRequest("missing_key", (2,), (0,), (2,))])
     storage = open_storage(url)
     manifest = json.loads(storage.get_bytes(manifest_key(10)))
-    manifest["world_size"] = 4
+    manifest["format"] = "forgeflow-checkpoint/1"
     storage.put_bytes(manifest_key(10), json.dumps(manifest).encode())
     with CheckpointEngine(url, writer="thread") as engine:
-        with pytest.raises(CheckpointError, match="written by 4 ranks"):
+        with pytest.raises(CheckpointError, match="format 1 .* was retired"):
             engine.load()
+
+
+def test_replicated_pieces_are_saved_once_and_spread_over_their_holders():
+    big, small = (("w", (0,), (4,), False), 400), (("n", (0,), (1,), False), 100)
+    own = [("a", (0,), (2,), False), 50]
+    # Ranks 0 and 1 both hold w and n (data-parallel replicas); rank 1 also holds its own piece.
+    everyone = [[big, small], [big, small, tuple(own)]]
+    plans = [assign_savers(everyone, r) for r in (0, 1)]
+    saved = sorted(everyone[r][i][0] for r in (0, 1) for i in plans[r].mine)
+    assert saved == sorted([big[0], small[0], own[0]])  # each piece exactly once
+    assert plans[0].bytes_by_rank == [400, 150]  # the big one on rank 0, the rest on rank 1
 
 
 def test_process_writer_is_restarted_after_its_child_dies(tmp_path):

@@ -1,40 +1,67 @@
-"""The pretrain flow's checkpoint-committed announcements (the evaluate deployment's trigger)."""
+"""The pretrain flow's checkpoint-committed announcements (the evaluate deployment's trigger),
+over real commits: a checkpoint engine writes shards and manifests into a temp folder."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+import pytest
+import torch
 
+from checkpoint.engine import CheckpointEngine
+from checkpoint.manifest import shard_key
+from infra.storage import LocalStorage, StorageUnavailable
 from tasks import checkpoint_events
+from training.config import parse_job_spec
 
 
-def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(monkeypatch):
-    committed = [(10, "s3://b/job/step-10")]  # from an earlier run of the job
+@pytest.fixture
+def job(tmp_path):
+    spec = parse_job_spec({
+        "name": "job", "checkpoint": {"url": str(tmp_path / "ckpt"), "keep_last": 10},
+        "model": {"num_layers": 1, "hidden_size": 8, "num_attention_heads": 1, "vocab_size": 16,
+                  "seq_length": 4},
+        "training": {"global_batch_size": 1, "steps": 1}})
+    engine = CheckpointEngine(spec.checkpoint.url, writer="thread", keep_last=10)
+    yield spec, engine
+    engine.close()
+
+
+def _commit(engine: CheckpointEngine, step: int) -> None:
+    engine.save(step, {"w": torch.full((4,), float(step))}, blocking=True)
+
+
+def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(job, monkeypatch):
+    spec, engine = job
     emitted = []
-    monkeypatch.setattr(checkpoint_events, "committed_checkpoints", lambda spec: list(committed))
     monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed",
                         lambda url, job, step, path: emitted.append((step, url, job, path)))
-    announcer = checkpoint_events.CommitAnnouncer(SimpleNamespace(name="job"), "job.yaml", every_s=3600)
+    _commit(engine, 10)  # from an earlier run of the job
+    announcer = checkpoint_events.CommitAnnouncer(spec, "job.yaml", every_s=3600)
 
     assert announcer.poll(force=True) == [] and emitted == []
-    committed += [(20, "s3://b/job/step-20"), (30, "s3://b/job/step-30")]
+    _commit(engine, 20)
+    # A persist that crashed before its manifest is not a checkpoint: never announced.
+    engine.storage.put_bytes(shard_key(25, 0, 1), b"half a shard")
+    _commit(engine, 30)
     assert announcer.poll() == []  # throttled: storage is listed at most every `every_s`
     assert announcer.poll(force=True) == [20, 30]
     assert announcer.poll(force=True) == []
-    assert emitted == [(20, "s3://b/job/step-20", "job", "job.yaml"), (30, "s3://b/job/step-30", "job", "job.yaml")]
+    root = spec.checkpoint.url
+    assert emitted == [(20, f"{root}/step-00000020", "job", "job.yaml"),
+                       (30, f"{root}/step-00000030", "job", "job.yaml")]
 
 
-def test_a_storage_error_is_retried_on_the_next_poll(monkeypatch):
-    calls = {"n": 0}
-
-    def listing(spec):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise ConnectionError("S3 down")
-        return [(10, "u10")] if calls["n"] >= 3 else []
-
+def test_a_storage_error_is_retried_on_the_next_poll(job, monkeypatch):
+    spec, engine = job
     emitted = []
-    monkeypatch.setattr(checkpoint_events, "committed_checkpoints", listing)
     monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda url, *a: emitted.append(url))
-    announcer = checkpoint_events.CommitAnnouncer(SimpleNamespace(name="job"), "job.yaml")
+    announcer = checkpoint_events.CommitAnnouncer(spec, "job.yaml")
+    _commit(engine, 10)
+    real_list = LocalStorage.list
+
+    def down(self, prefix=""):
+        raise StorageUnavailable("storage down", self.url())
+
+    monkeypatch.setattr(LocalStorage, "list", down)
     assert announcer.poll(force=True) == []  # the outage costs nothing
-    assert announcer.poll(force=True) == [10] and emitted == ["u10"]
+    monkeypatch.setattr(LocalStorage, "list", real_list)
+    assert announcer.poll(force=True) == [10] and emitted[0].endswith("/step-00000010")
