@@ -12,10 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
+
+from infra.atomic_write import atomic_write_json
 
 
 def state_dir(explicit: str | os.PathLike | None = None) -> Path:
@@ -41,16 +42,7 @@ def safe_family_name(job_family: str) -> str:
 
 
 def write_json_atomic(path: Path, data: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=False)
-            handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_json(path, data, indent=2)
 
 
 def read_json(path: Path) -> object | None:

@@ -37,6 +37,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsuite.errors import DuplicateDatasetError, EvalConfigError, UnknownDatasetError
+from infra.atomic_write import atomic_write_json
 from infra.yaml_config import format_validation_error, load_yaml_mapping, validate
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -194,10 +195,8 @@ class PromptCache:
                 except (json.JSONDecodeError, ValidationError):
                     pass  # a corrupt cache entry is rebuilt
             built = dataset._tokenize_all(tokenizer)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".tmp{os.getpid()}-{threading.get_ident()}")
-            tmp.write_text(json.dumps([r.model_dump() for r in built]))
-            os.replace(tmp, path)  # readers in other processes never see half a file
+            # Readers in other processes never see half a file.
+            atomic_write_json(path, [r.model_dump() for r in built])
             return built
 
 

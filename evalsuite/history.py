@@ -12,11 +12,11 @@ cost factor × its sample count stands in.
 from __future__ import annotations
 
 import json
-import os
 import threading
 from pathlib import Path
 
 from evalsuite.datasets import EvalDataset, state_dir
+from infra.atomic_write import atomic_write_json
 
 SMOOTHING = 0.5  # weight of the newest run
 
@@ -96,7 +96,4 @@ class RuntimeHistory:
 
     def save(self) -> None:
         with self._lock:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(self.data, indent=1, sort_keys=True))
-            os.replace(tmp, self.path)
+            atomic_write_json(self.path, self.data, indent=1, sort_keys=True)

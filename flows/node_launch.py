@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from infra.atomic_write import atomic_write
 from infra.launch import LaunchRequest, exit_code_path, node_log_path, start_node
 
 
@@ -33,9 +34,7 @@ def node_launch(request: dict, node: str, grace_s: float = 10.0) -> int:
                 spec.nnodes, spec.nproc_per_node, spec.master_addr, spec.master_port)
     proc = start_node(spec, launch, grace_s)
     code = proc.wait()
-    marker = exit_code_path(launch, node)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    marker.write_text(str(code))
+    atomic_write(exit_code_path(launch, node), str(code))  # the launcher polls it: whole or absent
     if code != 0:
         # A failed run (not a completed one) so the Prefect UI shows which node failed.
         raise RuntimeError(f"torchrun on node {node} exited with code {code}; see {node_log_path(launch, node)}")

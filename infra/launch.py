@@ -25,6 +25,7 @@ from typing import Protocol
 
 import psutil
 
+from infra.atomic_write import atomic_write_json
 from infra.reaper import kill_tree
 
 
@@ -260,10 +261,8 @@ def resolve_rendezvous(spec: NodeLaunch, request: LaunchRequest, timeout_s: floa
     path = rendezvous_path(request)
     if spec.node_rank == 0:
         port = port_free_here()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"master_addr": spec.master_addr, "master_port": port, "node": spec.node}))
-        os.replace(tmp, path)  # readers see the whole file or none
+        # Readers see the whole file or none.
+        atomic_write_json(path, {"master_addr": spec.master_addr, "master_port": port, "node": spec.node})
         return replace(spec, master_port=port)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

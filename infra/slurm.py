@@ -44,6 +44,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from infra.atomic_write import atomic_write
 from infra.launch import (
     LaunchRequest,
     clear_rendezvous,
@@ -404,10 +405,7 @@ def run_node(request_file: Path, grace_s: float) -> int:
     if stopped_by and code == 0:  # torchrun exits 0 when told to stop; a stopped node did not finish
         code = 128 + stopped_by[0]
     marker = exit_code_path(request, name)
-    marker.parent.mkdir(parents=True, exist_ok=True)
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(str(code))
-    os.replace(tmp, marker)
+    atomic_write(marker, str(code))
     return code
 
 

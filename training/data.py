@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from infra.atomic_write import atomic_write_json
 from training.config import JobSpec
 from training.corpus import DataError, Document, corpus_fingerprint, gather_corpus
 from training.sampler import (  # noqa: F401  (re-exported: the worker's entry points)
@@ -281,12 +282,6 @@ def _check_enough_tokens(prepared: PreparedData, seq_length: int) -> None:
             )
 
 
-def _atomic_write_json(path: Path, payload: dict) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def prepare_data(spec: JobSpec, progress: bool = True) -> PreparedData:
     """Make (or reuse) the tokenizer and packed token files for `spec`; see module doc."""
     cfg = spec.data
@@ -312,7 +307,7 @@ def _prepare(spec: JobSpec, documents: list[Document], key: dict, data_dir: Path
              bar) -> PreparedData:
     meta_path = data_dir / META_NAME
     meta_path.unlink(missing_ok=True)  # from here on the directory is "incomplete"
-    for stale in data_dir.glob("*.tmp-*"):  # left by a prepare that was killed
+    for stale in [*data_dir.glob("*.tmp-*"), *data_dir.glob(".*.tmp")]:  # left by a prepare that was killed
         shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
     train_docs, val_docs = split_documents(documents, spec.data.val_fraction)
 
@@ -352,5 +347,5 @@ def _prepare(spec: JobSpec, documents: list[Document], key: dict, data_dir: Path
     meta = {k: v for k, v in asdict(prepared).items()
             if k not in {"data_dir", "tokenizer_dir", "train_path", "val_path", "meta_path", "reused"}}
     meta.update(key, corpus=list(spec.data.corpus), max_corpus_mb=spec.data.max_corpus_mb)
-    _atomic_write_json(meta_path, meta)  # last: now the directory is complete
+    atomic_write_json(meta_path, meta, indent=2)  # last: now the directory is complete
     return prepared
