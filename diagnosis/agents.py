@@ -247,11 +247,6 @@ def failure_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None
     return lines
 
 
-def compressed_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None" = None) -> list[str]:
-    """The kept lines of a compressed log, most telling first (see FailureLines)."""
-    return failure_lines(compressed, library).ordered
-
-
 def build_default_agent(state_dir: str | os.PathLike | None = None, job_family: str | None = None) -> DiagnosisAgents:
     """The agent hook configured from the environment (used by `forgeflow diagnose`).
 

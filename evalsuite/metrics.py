@@ -16,9 +16,7 @@ unbiased estimator of the Codex paper, as in the official harness).
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -30,6 +28,7 @@ from pydantic import BaseModel, Field
 from evalsuite.datasets import DatasetRef, EvalDataset, answer_index
 from evalsuite.records import GenerationRecord, LoglikelihoodRecord, OutputRecord, read_records
 from evalsuite.sandbox import Sandbox, SandboxLimits, humaneval_program
+from infra.atomic_write import atomic_write
 
 
 class ShardScore(BaseModel):
@@ -181,10 +180,7 @@ def run_metric_job(job: MetricJob, sandbox: Sandbox | None = None,
     per_sample = METRICS[dataset.metric].score(dataset, records, sandbox)
     score = ShardScore(dataset=dataset.name, shard=job.shard, output_sha=output_sha,
                        per_sample=per_sample, elapsed_s=time.perf_counter() - started)
-    score_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = score_path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(score.model_dump_json())
-    os.replace(tmp, score_path)
+    atomic_write(score_path, score.model_dump_json())  # a torn score file would be scored again
     return score
 
 
@@ -195,11 +191,3 @@ def aggregate_dataset(dataset: EvalDataset, scores: list[ShardScore]) -> dict[st
 
 def score_path_for(output_dir: str | Path, dataset: str, shard: int) -> Path:
     return Path(output_dir) / "scores" / dataset.replace("/", "__") / f"shard-{shard:04d}.json"
-
-
-def write_json(path: str | Path, payload: Any) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
-    os.replace(tmp, path)

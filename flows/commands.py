@@ -91,12 +91,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _demo_eval(console, spec) -> None:
-    """Evaluate the demo's committed checkpoints (decoupled evaluation), when available."""
-    try:
-        from flows.evaluate import evaluate_committed
-    except ImportError:
-        console.print("[yellow]evaluation flow not available in this build; skipping[/]")
-        return
+    """Evaluate the demo's committed checkpoints (decoupled evaluation)."""
+    from flows.evaluate import evaluate_committed
+
     console.rule("evaluating checkpoints")
     evaluate_committed(spec)
 
