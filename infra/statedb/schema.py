@@ -23,6 +23,9 @@ clusters = sa.Table(
     sa.Column("name", sa.String(200), primary_key=True),
     sa.Column("inter_node_bandwidth_gbps", sa.Float, nullable=False),
     sa.Column("generation", sa.Integer, nullable=False, default=1),  # bumped when the inventory changes
+    # bumped by every scheduling transaction: a process whose last write was version v-1 may keep
+    # its in-memory view of free GPUs and the queue (nobody else changed them)
+    sa.Column("state_version", sa.Integer, nullable=False, server_default="0"),
     sa.Column("registered_at", sa.Float, nullable=False),
     sa.Column("source", sa.Text, nullable=True),  # the file it was registered from
 )
@@ -95,6 +98,8 @@ allocations = sa.Table(
 sa.Index("uq_allocations_live_gpu", allocations.c.cluster, allocations.c.node, allocations.c.gpu_index,
          unique=True, sqlite_where=live, postgresql_where=live)
 sa.Index("ix_allocations_job_live", allocations.c.job_id, sqlite_where=live, postgresql_where=live)
+sa.Index("ix_allocations_live_lease", allocations.c.cluster, allocations.c.lease_expires_at,
+         sqlite_where=live, postgresql_where=live)
 
 allocation_events = sa.Table(
     "allocation_events", metadata,

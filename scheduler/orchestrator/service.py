@@ -7,16 +7,23 @@ resources may have changed — makes one policy pass (`scheduler.policy.schedule
 the simulator's code) that turns queued jobs into allocations. The partial unique
 index on live allocations is the database's own refusal of a double booking, so
 even a bug here could not hand one GPU to two jobs.
+
+Between its own decisions a process keeps its view of the cluster (free GPUs, the
+queue) in memory: each scheduling transaction bumps the cluster's `state_version`
+under the lock, and the view is reused only when the version shows that no other
+process wrote since this one did; otherwise it is read back from the database.
 """
 
 from __future__ import annotations
 
+import bisect
 import getpass
 import os
 import socket
+import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import sqlalchemy as sa
@@ -24,7 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from infra.statedb import is_postgres, open_state_db, read_transaction, write_transaction
 from infra.statedb.schema import allocation_events, allocations, clusters, jobs, nodes
-from scheduler.cluster import Cluster
+from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
 import scheduler.orchestrator.inventory as inventory
@@ -60,6 +67,36 @@ class PassResult:
     considered: int
 
 
+@dataclass
+class _View:
+    """One process's picture of a cluster as of `version` (valid while nobody else writes)."""
+
+    version: int
+    generation: int
+    cluster: Cluster  # private copy: free lists and cordons as of `version`
+    free: FreeGpus  # idle GPUs per type of `cluster`, kept in step with it
+    queue: list[QueuedJob]  # queue order
+    keys: list[tuple]  # (-priority, queued_at, id) of each queued job: the queue order, sorted
+    running: dict[int, Busy]
+
+    key_of: dict[int, tuple] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.key_of = {k[2]: k for k in self.keys}
+
+    def enqueue(self, key: tuple, job: QueuedJob) -> None:
+        at = bisect.bisect(self.keys, key)
+        self.keys.insert(at, key)
+        self.queue.insert(at, job)
+        self.key_of[key[2]] = key
+
+    def unqueue(self, job_id: int) -> None:
+        key = self.key_of.pop(job_id, None)
+        if key is not None:
+            at = bisect.bisect_left(self.keys, key)
+            del self.keys[at], self.queue[at]
+
+
 class Orchestrator:
     """Cluster state, queue and leases in the state database at `url` (default: FORGEFLOW_DB_URL or SQLite)."""
 
@@ -70,17 +107,59 @@ class Orchestrator:
         self.config = config or OrchestratorConfig()
         self.actor = actor or default_actor()
         self._options: dict[int, list[Option]] = {}  # per job, immutable after submit
-        self._run_s: dict[int, float] = {}
+        self._names: dict[int, str] = {}
+        self._job_cluster: dict[int, str] = {}  # a job's cluster never changes
+        self._views: dict[str, _View] = {}
+        self._pending: _View | None = None  # the view being changed by the open transaction
+        self.last_pass: PassResult | None = None
+        self._mutex = threading.RLock()  # one transaction of this object at a time (lease threads)
 
     # ---------------------------------------------------------------- transactions
     @contextmanager
     def _locked(self, cluster: str | None) -> Iterator[tuple[Connection, str]]:
-        with write_transaction(self.engine) as conn:
-            name = inventory.resolve_cluster(conn, cluster)
-            if is_postgres(conn):
-                # The scheduler lock: one decision at a time per cluster (row lock, released at commit).
-                conn.execute(sa.select(clusters.c.name).where(clusters.c.name == name).with_for_update())
-            yield conn, name
+        """A write transaction holding the scheduler lock of the cluster, with this process's view of it."""
+        with self._mutex, self._in_transaction():
+            with write_transaction(self.engine) as conn:
+                name = cluster if cluster is not None else inventory.resolve_cluster(conn, None)
+                # The scheduler lock: the UPDATE row-locks the cluster on PostgreSQL (SQLite's
+                # BEGIN IMMEDIATE already holds the database lock); one decision at a time.
+                row = conn.execute(
+                    sa.update(clusters).where(clusters.c.name == name)
+                    .values(state_version=clusters.c.state_version + 1)
+                    .returning(clusters.c.state_version, clusters.c.generation)).one_or_none()
+                if row is None:
+                    inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
+                version, generation = row
+                view = self._views.pop(name, None)
+                if view is None or view.version != version - 1 or view.generation != generation:
+                    view = None  # someone else wrote since: read the state back
+                self._pending = view
+                yield conn, name
+                if self._pending is not None:
+                    self._pending.version = version
+                    self._views[name] = self._pending
+
+    @contextmanager
+    def _in_transaction(self) -> Iterator[None]:
+        try:
+            yield
+        finally:
+            self._pending = None  # a rolled-back transaction leaves no view behind
+
+    def _view(self, conn: Connection, cname: str) -> _View:
+        """The open transaction's view of the cluster, read from the database when not current."""
+        if self._pending is None:
+            version, generation = conn.execute(sa.select(clusters.c.state_version, clusters.c.generation)
+                                               .where(clusters.c.name == cname)).one()
+            cluster = inventory.load_cluster(conn, cname, generation=generation, url=self.url).copy_state()
+            queue, keys = self._load_queue(conn, cname)
+            running = self._load_running(conn, cname) if self.config.policy == "ect" else {}
+            self._pending = _View(version, generation, cluster, FreeGpus(cluster), queue, keys, running)
+        return self._pending
+
+    def _forget_view(self) -> None:
+        """After a change this process does not mirror in memory (health, expiry, register)."""
+        self._pending = None
 
     def _job_row(self, conn: Connection, job_id: int, *, lock: bool = False):
         query = sa.select(jobs).where(jobs.c.id == job_id)
@@ -90,8 +169,13 @@ class Orchestrator:
         return row
 
     def _cluster_of(self, job_id: int) -> str:
+        if job_id in self._job_cluster:
+            return self._job_cluster[job_id]
         with read_transaction(self.engine) as conn:
-            return self._job_row(conn, job_id).cluster
+            name = conn.execute(sa.select(jobs.c.cluster).where(jobs.c.id == job_id)).scalar_one_or_none()
+        if name is None:
+            raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+        return name
 
     # ---------------------------------------------------------------- inventory and health
     def register(self, cluster: Cluster, *, source: str | None = None) -> dict[str, Any]:
@@ -99,6 +183,7 @@ class Orchestrator:
             if is_postgres(conn):
                 conn.execute(sa.select(clusters.c.name).where(clusters.c.name == cluster.name).with_for_update())
             summary = inventory.register(conn, cluster, source=source, by=self.actor)
+        self._views.pop(cluster.name, None)
         self.reconcile(cluster.name)  # new GPUs: admit what now fits
         return summary
 
@@ -124,6 +209,7 @@ class Orchestrator:
             conn.execute(sa.update(nodes).where(nodes.c.cluster == name, nodes.c.name == node).values(
                 state=state, reason=reason or None, changed_by=by or self.actor, changed_at=time.time()))
             running = inventory.live_jobs_on(conn, name, node)
+            self._forget_view()
             result = self._pass(conn, name) if state == "ready" else None
         return {"cluster": name, "node": node, "state": state, "previous": row.state, "reason": reason or None,
                 "running_jobs": running, "admitted": result.admitted if result else []}
@@ -148,11 +234,16 @@ class Orchestrator:
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
         now = time.time()
         with self._locked(cluster) as (conn, cname):
+            view = self._view(conn, cname)  # as before this job (read back now if not current)
             job_id = conn.execute(sa.insert(jobs).values(
                 cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
                 state="queued", submitted_at=now, queued_at=now, attempts=0, lost_count=0,
                 submitted_by=self.actor).returning(jobs.c.id)).scalar_one()
             self._options[job_id] = list(options.get(self.config.policy, []))
+            self._names[job_id] = name
+            self._job_cluster[job_id] = cname
+            if self._options[job_id]:
+                view.enqueue((-priority, now, job_id), QueuedJob(str(job_id), now, self._options[job_id]))
             self._pass(conn, cname)
         return job_id
 
@@ -169,17 +260,31 @@ class Orchestrator:
             raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
         cluster = self._cluster_of(job_id)
         with self._locked(cluster) as (conn, cname):
-            row = self._job_row(conn, job_id, lock=True)
-            if row.state in DONE:
-                return row.state
+            state = conn.execute(sa.select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+            if state in DONE:
+                return state
             now = time.time()
+            view = self._view(conn, cname)
             freed = self._free_allocations(conn, sa.and_(allocations.c.job_id == job_id), now, "release")
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
-                state=outcome, finished_at=now, reason=reason, placement=row.placement))
+                state=outcome, finished_at=now, reason=reason))
             self._options.pop(job_id, None)
+            self._names.pop(job_id, None)
+            view.running.pop(job_id, None)
+            if state == "queued":
+                view.unqueue(job_id)
+            by_node: dict[str, list[int]] = {}
+            for _, _, _, node, gpu in freed:
+                by_node.setdefault(node, []).append(gpu)
+            try:
+                for node, gpus_freed in by_node.items():
+                    view.cluster.release(node, gpus_freed)
+                    view.free.give_back(view.cluster.node(node).gpu_type, len(gpus_freed))
+            except ClusterError:  # the view disagrees with the database: trust the database
+                self._forget_view()
             if freed:
                 self._pass(conn, cname)
-            return row.state
+            return state
 
     def renew(self, job_id: int) -> float:
         """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed."""
@@ -275,6 +380,8 @@ class Orchestrator:
         freed = self._free_allocations(conn, sa.and_(allocations.c.cluster == cname,
                                                      allocations.c.lease_expires_at < cutoff), now, "expire")
         lost = sorted({j for _, j, *_ in freed})
+        if lost:
+            self._forget_view()  # GPUs freed and jobs re-queued behind this process's back
         for job_id in lost:
             row = self._job_row(conn, job_id)
             if row.state != "running":
@@ -287,57 +394,66 @@ class Orchestrator:
                 finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else "")))
         return lost
 
-    def _queue(self, conn: Connection, cname: str) -> list[QueuedJob]:
-        rows = conn.execute(sa.select(jobs.c.id, jobs.c.queued_at).where(
-            jobs.c.cluster == cname, jobs.c.state == "queued").order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
+    def _load_queue(self, conn: Connection, cname: str) -> tuple[list[QueuedJob], list[tuple]]:
+        rows = conn.execute(sa.select(jobs.c.id, jobs.c.queued_at, jobs.c.priority).where(
+            jobs.c.cluster == cname, jobs.c.state == "queued").order_by(
+            jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
         missing = [r.id for r in rows if r.id not in self._options]
         for start in range(0, len(missing), 500):
             chunk = missing[start:start + 500]
-            for job_id, options in conn.execute(sa.select(jobs.c.id, jobs.c.options).where(jobs.c.id.in_(chunk))):
+            for job_id, name, options in conn.execute(
+                    sa.select(jobs.c.id, jobs.c.name, jobs.c.options).where(jobs.c.id.in_(chunk))):
                 self._options[job_id] = options_from_json(options, self.config.policy)
-        return [QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in rows if self._options[r.id]]
+                self._names[job_id] = name
+        kept = [r for r in rows if self._options[r.id]]
+        return ([QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in kept],
+                [(-r.priority, r.queued_at, r.id) for r in kept])
 
-    def _running(self, conn: Connection, cname: str) -> list[Busy]:
-        out = []
-        for admitted, run_s, placement in conn.execute(sa.select(
-                jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement).where(
+    def _load_running(self, conn: Connection, cname: str) -> dict[int, Busy]:
+        out = {}
+        for job_id, admitted, run_s, placement in conn.execute(sa.select(
+                jobs.c.id, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement).where(
                 jobs.c.cluster == cname, jobs.c.state == "running")):
-            out.append(Busy(placement["gpu_type"], placement["world_size"], admitted + (run_s or 0.0)))
+            out[job_id] = Busy(placement["gpu_type"], placement["world_size"], admitted + (run_s or 0.0))
         return out
 
     def _pass(self, conn: Connection, cname: str) -> PassResult:
         now = time.time()
         expired = self._expire(conn, cname, now)
-        queue = self._queue(conn, cname)
-        if not queue:
-            return PassResult([], expired, 0)
-        cluster = inventory.load_cluster(conn, cname, url=self.url)
-        free = FreeGpus(cluster)
+        view = self._view(conn, cname)
+        result = PassResult([], expired, 0)
+        self.last_pass = result
+        if not view.queue:
+            return result
+        free = view.free
         if not free.any():
-            return PassResult([], expired, 0)
-        running = self._running(conn, cname) if self.config.policy == "ect" else []
-        started, considered = schedule_pass(self.config.policy, now, queue, running, free,
-                                            reservation_depth=self.config.reservation_depth)
+            return result
+        started, result.considered = schedule_pass(
+            self.config.policy, now, view.queue, list(view.running.values()), free,
+            reservation_depth=self.config.reservation_depth)
         if not started:
-            return PassResult([], expired, considered)
+            return result
         lease = now + self.config.lease_s
-        names = dict(conn.execute(sa.select(jobs.c.id, jobs.c.name).where(
-            jobs.c.id.in_([int(q.job_id) for q, _, _ in started]))).all())
-        rows = []
+        rows, updates = [], []
         for queued, opt, placement in started:
             job_id = int(queued.job_id)
-            placement.job = names[job_id]
+            placement.job = self._names.get(job_id) or conn.execute(
+                sa.select(jobs.c.name).where(jobs.c.id == job_id)).scalar_one()
             rows.extend(dict(job_id=job_id, cluster=cname, node=a.node, gpu_index=g, allocated_at=now,
                              lease_expires_at=lease) for a in placement.assignments for g in a.gpus)
-            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
-                state="running", admitted_at=now, attempts=jobs.c.attempts + 1, placement=placement.to_dict(),
-                predicted_run_s=opt.run_s, reason=None))
+            updates.append(dict(jid=job_id, placement=placement.to_dict(), predicted_run_s=opt.run_s))
+            view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + opt.run_s)
+            result.admitted.append(job_id)
+        conn.execute(sa.update(jobs).where(jobs.c.id == sa.bindparam("jid")).values(
+            state="running", admitted_at=now, attempts=jobs.c.attempts + 1, reason=None), updates)
+        for job_id in result.admitted:
+            view.unqueue(job_id)
         # The database refuses a GPU that another live allocation holds (uq_allocations_live_gpu):
-        # an IntegrityError here rolls the whole decision back.
+        # an IntegrityError here rolls the whole decision back (and this process's view with it).
         made = conn.execute(sa.insert(allocations).returning(
             allocations.c.id, allocations.c.job_id, allocations.c.node, allocations.c.gpu_index,
             sort_by_parameter_order=True), rows).all()
         conn.execute(sa.insert(allocation_events), [
             dict(allocation_id=a, job_id=j, cluster=cname, node=n, gpu_index=g, event="allocate", at=now)
             for a, j, n, g in made])
-        return PassResult([int(q.job_id) for q, _, _ in started], expired, considered)
+        return result
