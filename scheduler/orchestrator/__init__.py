@@ -5,8 +5,10 @@
     options     a job's ways to run: MARP plans of a JobSpec, or a plain GPU demand; placements as data
     service     `Orchestrator`: submit, admit (one policy pass, `scheduler.policy`), renew, release,
                 expire leases, cordon / drain / uncordon, wait for admission
+    lease       HeldJob: renew an admitted job's lease in the background, release it on every exit
     views       cluster status and queue snapshots, and the nodes x GPUs table (markdown)
     history     double-booking check over the allocation history
+    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon` and `forgeflow submit`
 
 State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
 through FORGEFLOW_DB_URL). Every change is one write transaction that holds the

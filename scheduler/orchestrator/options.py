@@ -12,7 +12,7 @@ from typing import Any
 
 from scheduler.cluster import Cluster
 from scheduler.placement import NodeAssignment, Placement
-from scheduler.planner import PlannerConfig, gpu_pools, plan_job
+from scheduler.planner import PlannerConfig, gpu_pools, plan_job, worker_planner_config
 from scheduler.policy import POLICIES, Option
 from scheduler.orchestrator.config import OrchestratorError
 
@@ -52,14 +52,19 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
                 f"job asks for {gpus} GPU(s) but the cluster {cluster.name!r} has at most {most} of "
                 f"{'type ' + gpu_type if gpu_type else 'one type'}; ask for fewer, or give no count (MARP sizes it)"
             )
-    config = planner or PlannerConfig()
+    config = planner or worker_planner_config(whole)  # plans the training worker can run
     update: dict[str, Any] = {}
     if gpu_type is not None:
         update["gpu_types"] = (gpu_type,)
     if gpus is not None:
         update["gpu_counts"] = (gpus,)
     plans = plan_job(job, whole, config.model_copy(update=update))
-    steps = job.training.steps
+    return options_from_plans(plans, job.training.steps, whole.gpu_types())
+
+
+def options_from_plans(plans: list[Any], steps: int, fastest_type_first: list[str]) -> dict[str, list[Option]]:
+    """Options from ranked plans (best first): the best plan of each (GPU type, count); the
+    plan object rides along so the submitter can launch the layout it is admitted with."""
     seen: set[tuple[str, int]] = set()
     sized: list[Option] = []
     for p in plans:  # best first: the first plan of a (type, count) is the one to run
@@ -69,7 +74,17 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
         sized.append(Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
                             min_memory_bytes=p.required_memory_bytes, run_s=steps * p.predicted_step_time_s,
                             plan=p, dp=p.dp, tp=p.tp, pp=p.pp))
-    return _by_policy(sized, whole.gpu_types())
+    return _by_policy(sized, fastest_type_first)
+
+
+def plan_for(placement: Placement, options: dict[str, list[Option]]) -> Any:
+    """The plan among `options` that an admitted placement runs (same type, count and layout)."""
+    for opts in options.values():
+        for o in opts:
+            if (o.gpu_type, o.num_gpus, o.dp, o.tp, o.pp) == (
+                    placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp):
+                return o.plan
+    return None
 
 
 def demand_options(cluster: Cluster, num_gpus: int, *, min_memory_gib: float = 0.0, duration_s: float = 3600.0,

@@ -286,6 +286,21 @@ class Orchestrator:
                 self._pass(conn, cname)
             return state
 
+    def requeue(self, job_id: int, reason: str) -> None:
+        """Give a running job's GPUs back and put it in the queue again, at its old place
+        (after a node check cordoned one of its nodes: it is placed anew on healthy ones)."""
+        cluster = self._cluster_of(job_id)
+        with self._locked(cluster) as (conn, cname):
+            row = conn.execute(sa.select(jobs.c.state, jobs.c.submitted_at, jobs.c.priority).where(
+                jobs.c.id == job_id)).one()
+            if row.state != "running":
+                raise OrchestratorError(f"job {job_id} is {row.state}, not running: nothing to re-queue")
+            self._free_allocations(conn, sa.and_(allocations.c.job_id == job_id), time.time(), "release")
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                state="queued", queued_at=row.submitted_at, placement=None, reason=reason))
+            self._forget_view()
+            self._pass(conn, cname)
+
     def renew(self, job_id: int) -> float:
         """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed."""
         until = time.time() + self.config.lease_s

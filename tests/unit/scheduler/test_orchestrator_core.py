@@ -147,3 +147,32 @@ def test_bad_requests_get_one_clear_error(orch, url, tmp_path):
     forget_engines()
     with pytest.raises(StateDbError, match="cannot reach the state database"):
         open_state_db("postgresql+psycopg://nobody@127.0.0.1:1/forgeflow")
+
+
+def test_a_held_job_renews_its_lease_and_is_released_on_every_exit(url):
+    from scheduler.orchestrator.lease import HeldJob
+
+    o = Orchestrator(url, OrchestratorConfig(lease_s=0.3, grace_s=0.0))
+    o.register(parse_cluster(INVENTORY))
+    job = o.submit("held", demand_options(o.cluster(), 8, gpu_type="A10"))
+    with HeldJob(o, job, every_s=0.05) as held:
+        time.sleep(0.8)  # well past one lease: only the renewals keep it
+        o.reconcile()
+        assert o.job(job)["state"] == "running" and held.lost is None
+    assert o.job(job)["state"] == "finished"
+    for exc, outcome in ((RuntimeError("boom"), "failed"), (KeyboardInterrupt(), "cancelled")):
+        other = o.submit("held", demand_options(o.cluster(), 8, gpu_type="A10"))
+        with pytest.raises(type(exc)):
+            with HeldJob(o, other, every_s=0.05):
+                raise exc
+        assert o.job(other)["state"] == outcome
+    assert o.cluster().free_gpus_by_type()["A10"] == 8
+
+
+def test_requeue_after_a_cordon_places_the_job_on_healthy_nodes(orch):
+    job = orch.submit("j", demand_options(orch.cluster(), 4, gpu_type="A10"))
+    bad = next(iter(_where(orch, job)))
+    orch.cordon(bad, reason="node check failed")
+    orch.requeue(job, reason="re-placing after a node check")
+    assert _where(orch, job) == {"a10-0", "a10-1"} - {bad}
+    assert orch.job(job)["attempts"] == 2

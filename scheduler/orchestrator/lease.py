@@ -1,0 +1,70 @@
+"""Holding an admitted job's GPUs: renew the lease in the background, release on every exit.
+
+    with HeldJob(orchestrator, job_id) as held:   # renews every lease_s / 3
+        ...run attempts...                         # held.lost is set if the lease was lost
+    # released: finished on a normal exit, failed on an exception, cancelled on
+    # KeyboardInterrupt / a cancellation (BaseException that is not an Exception)
+
+A process that dies without reaching the `finally` stops renewing; the lease then
+expires and the GPUs go back to the pool (see `Orchestrator._expire`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
+from scheduler.orchestrator.service import Orchestrator
+
+log = logging.getLogger(__name__)
+
+
+class HeldJob:
+    def __init__(self, orchestrator: Orchestrator, job_id: int, *, every_s: float | None = None):
+        self.orchestrator = orchestrator
+        self.job_id = job_id
+        self.every_s = every_s or orchestrator.config.lease_s / 3
+        self.lost: LeaseLostError | None = None
+        self.outcome: str | None = None  # set to override what the exit decides
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.orchestrator.renew(self.job_id)
+            except LeaseLostError as e:
+                self.lost = e
+                log.error("job %s lost its GPUs: %s", self.job_id, e)
+                return
+            except Exception as e:  # a database hiccup: try again next period (the lease has slack)
+                log.warning("lease renewal of job %s failed, retrying: %s", self.job_id, e)
+
+    def __enter__(self) -> "HeldJob":
+        self.orchestrator.renew(self.job_id)
+        self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.job_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def pause(self) -> None:
+        """Stop renewing (the caller releases or re-queues the job itself)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def resume(self, job_id: int | None = None) -> None:
+        if job_id is not None:
+            self.job_id = job_id
+        self._stop = threading.Event()
+        self.__enter__()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.pause()
+        outcome = self.outcome or ("finished" if exc_type is None else
+                                   "failed" if issubclass(exc_type, Exception) else "cancelled")
+        try:
+            self.orchestrator.release(self.job_id, outcome=outcome,
+                                      reason=None if exc is None else f"{type(exc).__name__}: {exc}"[:500])
+        except OrchestratorError as e:
+            log.warning("releasing job %s: %s", self.job_id, e)
