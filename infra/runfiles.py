@@ -18,9 +18,13 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
                               `FORGEFLOW_LOSS_SPIKE onset_step=...` line.
     markers/fault_fired.*     records of injected faults that fired (training.faults).
     markers/finished.json     written by rank 0 after the last step: {"step", "time"}.
+    markers/stopped.json      written by rank 0 after a graceful stop (SIGTERM) once the
+                              stop step's checkpoint is committed: {"step", "checkpoint_step",
+                              "signal", "time"}; every rank then exits EXIT_STOPPED.
 
 Readers of the run directory (the watcher, tests, tools) use the typed readers below:
-`read_heartbeat` / `read_heartbeats` -> `HeartbeatRecord`, `read_spike_marker` -> `SpikeMarker`.
+`read_heartbeat` / `read_heartbeats` -> `HeartbeatRecord`, `read_spike_marker` -> `SpikeMarker`,
+`read_stop_marker` -> `StopMarker`.
 
 Checkpoints live at `spec.checkpoint.url` (see training.checkpointing), not here.
 Errors and tracebacks go to the worker's stderr (torchrun's output), which the
@@ -34,6 +38,11 @@ Exit codes of one worker process:
     EXIT_LOSS_SPIKE     a loss spike that did not recover (marker written first)
     EXIT_FAULT_MID_CHECKPOINT  the exit_mid_checkpoint fault: os._exit while a checkpoint
                         is half written (like a node dying mid-save)
+    EXIT_STOPPED        stopped by request (SIGTERM: Prefect cancellation, scheduler
+                        preemption, `kill`): every rank finished its step, the checkpoint
+                        of that step is committed, markers/stopped.json written. Not a
+                        failure. torchrun reports any non-zero worker exit as its own 1
+                        (or dies of the signal), so watchers read the marker, not the code.
     -9 (shell: 137)     killed by SIGKILL: the oom_kill fault, or the kernel's OOM killer
     (never exits)       the hang fault: the heartbeat stops; a watcher must kill it
 """
@@ -49,6 +58,7 @@ EXIT_OK = 0
 EXIT_EXCEPTION = 1
 EXIT_LOSS_SPIKE = 86  # clear of Python (1), argparse (2), sysexits (64-78), signals (128+n)
 EXIT_FAULT_MID_CHECKPOINT = 44
+EXIT_STOPPED = 87  # next to EXIT_LOSS_SPIKE, clear of the ranges above
 EXIT_SIGKILL = 137  # how a shell/launcher reports a SIGKILLed child (128 + 9)
 
 EXIT_CODE_NAMES = {
@@ -56,6 +66,7 @@ EXIT_CODE_NAMES = {
     EXIT_EXCEPTION: "exception",
     EXIT_LOSS_SPIKE: "loss_spike",
     EXIT_FAULT_MID_CHECKPOINT: "exit_mid_checkpoint",
+    EXIT_STOPPED: "stopped",
     EXIT_SIGKILL: "sigkill",
     -9: "sigkill",
 }
@@ -65,6 +76,7 @@ HEARTBEAT_DIR = "heartbeat"
 MARKERS_DIR = "markers"
 SPIKE_MARKER = "loss_spike.json"
 FINISHED_MARKER = "finished.json"
+STOP_MARKER = "stopped.json"
 
 
 def log_path(run_dir: str | Path, rank: int) -> Path:
@@ -81,6 +93,10 @@ def spike_marker_path(run_dir: str | Path) -> Path:
 
 def finished_marker_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / MARKERS_DIR / FINISHED_MARKER
+
+
+def stop_marker_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / MARKERS_DIR / STOP_MARKER
 
 
 # --- readers -------------------------------------------------------------------------
@@ -150,5 +166,28 @@ def read_spike_marker(run_dir: str | Path, since: float | None = None) -> SpikeM
             z=math.inf if data["z"] is None else float(data["z"]),
             reason=str(data["reason"]), time=float(data.get("time", 0.0)),
         )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+@dataclass(frozen=True)
+class StopMarker:
+    """A graceful stop (written by the worker's rank 0 after the checkpoint commit)."""
+
+    step: int  # the last step trained
+    checkpoint_step: int  # the committed checkpoint to resume from (== step)
+    signal: str  # e.g. "SIGTERM"
+    time: float
+
+
+def read_stop_marker(run_dir: str | Path, since: float | None = None) -> StopMarker | None:
+    """The stop marker, or None if there is none (with `since`: none written since then)."""
+    path = stop_marker_path(run_dir)
+    try:
+        if since is not None and path.stat().st_mtime < since:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return StopMarker(step=int(data["step"]), checkpoint_step=int(data["checkpoint_step"]),
+                          signal=str(data.get("signal", "")), time=float(data.get("time", 0.0)))
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -9,7 +9,11 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   `hang_timeout_s` the job is a Hang and is killed. Before a rank's first
   heartbeat of this attempt, `startup_timeout_s` applies instead: start-up
   (imports, building the model, loading a checkpoint) is slow and silent;
-- the loss-spike marker, written before the worker exits with EXIT_LOSS_SPIKE.
+- the loss-spike marker, written before the worker exits with EXIT_LOSS_SPIKE;
+- the stop marker: after a SIGTERM (Prefect cancellation, preemption) the ranks commit
+  a checkpoint, rank 0 writes markers/stopped.json and they exit EXIT_STOPPED, which
+  torchrun turns into a plain non-zero exit: with this attempt's marker present the
+  outcome is "stopped" (by request, resumable from `stop.checkpoint_step`), not a failure.
 
 The result carries the console logs of every node for the diagnosis.
 """
@@ -24,7 +28,7 @@ from typing import Callable, Literal
 from infra.launch import LaunchedJob
 from infra import runfiles
 
-Status = Literal["finished", "failed", "hang", "spike"]
+Status = Literal["finished", "failed", "hang", "spike", "stopped"]
 
 
 @dataclass
@@ -37,6 +41,7 @@ class AttemptOutcome:
     failed_nodes: list[str] = field(default_factory=list)
     stale_ranks: list[int] = field(default_factory=list)
     spike: runfiles.SpikeMarker | None = None  # this attempt's loss-spike marker
+    stop: runfiles.StopMarker | None = None  # this attempt's graceful-stop marker
 
     @property
     def ok(self) -> bool:
@@ -50,6 +55,7 @@ def watch(
     hang_timeout_s: float = 300.0,
     startup_timeout_s: float = 600.0,
     failure_grace_s: float = 5.0,
+    stop_grace_s: float = 120.0,
     poll_s: float = 0.5,
     on_progress: Callable[[int], None] | None = None,
 ) -> AttemptOutcome:
@@ -70,18 +76,24 @@ def watch(
 
         failed = [node for node, code in codes.items() if code not in (None, 0)]
         if failed:
-            job.wait(timeout=failure_grace_s)  # let the other ranks print their errors
+            # Let the other ranks print their errors — or, when ranks are stopping gracefully
+            # (heartbeat phase "stopping"), finish committing their checkpoint: give them the
+            # job's checkpoint.stop_deadline_s before anything is killed.
+            stopping = any(b.phase == "stopping" for b in current.values())
+            job.wait(timeout=stop_grace_s if stopping else failure_grace_s)
             job.terminate(grace_s=5.0)
             codes = job.poll()
             spike = runfiles.read_spike_marker(run_dir, since=started_wall)
+            stop = runfiles.read_stop_marker(run_dir, since=started_wall)
             return AttemptOutcome(
-                status="spike" if spike else "failed",
+                status="spike" if spike else "stopped" if stop else "failed",
                 exit_codes=codes,
                 last_step=last_step,
                 seconds=time.monotonic() - started,
                 log_paths=job.log_paths(),
-                failed_nodes=failed,
+                failed_nodes=[] if stop and not spike else failed,
                 spike=spike,
+                stop=stop,
             )
         if codes and all(code == 0 for code in codes.values()):
             finished = runfiles.finished_marker_path(run_dir)

@@ -3,7 +3,7 @@
     config            the job spec (pydantic): model shape, batch, parallelism, checkpoint, eval
     corpus / data     which documents, tokenizer training, packed token files (`forgeflow prepare`)
     sampler           deterministic batches from a packed token file
-    model             megatron-core GPTModel (Llama-style), DDP wrapper, optimizer
+    model             megatron-core GPTModel (Llama-style), pipeline stages, DDP wrapper, optimizer
     megatron_compat   CPU patches for megatron-core 0.16.1 (applied only without CUDA)
     schedule          learning-rate schedule
     spike             loss-spike detection and its marker
@@ -13,6 +13,7 @@
     checkpointing     the loop's Checkpointer: megatron's sharded state <-> checkpoint.engine
     checkpoint_reader whole model weights out of a checkpoint, any layout (for export)
     export            a checkpoint -> Hugging Face LlamaForCausalLM folder
-    train             the worker's loop
+    control           what all ranks decide together after a step: graceful stop, time checkpoints
+    train             the worker's loop (megatron's pipeline schedules run each step)
     cli               `forgeflow prepare | train | export`
 """

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, kw_only=True)
 class WorkerCapabilities:
-    # training/model.py builds one GPTModel per rank and the loop has no pipeline schedule.
-    max_pipeline_stages: int = 1
+    # Pipeline stages run with megatron's 1F1B / interleaved schedules (training/train.py),
+    # uneven cuts included (training/model.py); nothing in the worker bounds the count
+    # below model.num_layers, so this is the planner's own search bound.
+    max_pipeline_stages: int = 16
     # Any degree that divides the attention heads, query groups and FFN width.
     max_tensor_parallel: int | None = None
     # The worker uses megatron's local layer spec, whose torch LayerNorm refuses

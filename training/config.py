@@ -107,6 +107,12 @@ class TrainingConfig(_Section):
     precision: Precision = "fp32"
     tensor_parallel: int = Field(default=1, gt=0)
     pipeline_parallel: int = Field(default=1, gt=0)
+    virtual_pipeline_stages: int = Field(
+        default=1, gt=0, description="model chunks per pipeline rank (>1: interleaved 1F1B)")
+    pipeline_stage_layers: list[int] | None = Field(
+        default=None, description="decoder layers per model chunk in layer order "
+        "(pipeline_parallel x virtual_pipeline_stages entries); default: an even split, "
+        "the first chunks taking any remainder")
     use_distributed_optimizer: bool = False
     recompute: Recompute = "none"
     log_interval: int = Field(default=1, gt=0)
@@ -129,11 +135,29 @@ class TrainingConfig(_Section):
                 f"pipeline_parallel > {stages} is not supported by the training worker yet; "
                 f"set pipeline_parallel: {stages} (the planner may still consider pp > {stages})"
             )
+        if self.virtual_pipeline_stages > 1 and self.pipeline_parallel == 1:
+            raise ValueError(
+                f"virtual_pipeline_stages ({self.virtual_pipeline_stages}) needs "
+                "pipeline_parallel > 1; set virtual_pipeline_stages: 1 or raise pipeline_parallel"
+            )
+        chunks = self.pipeline_parallel * self.virtual_pipeline_stages
+        if self.pipeline_stage_layers is not None and (
+                len(self.pipeline_stage_layers) != chunks or min(self.pipeline_stage_layers) < 1):
+            raise ValueError(
+                f"pipeline_stage_layers {self.pipeline_stage_layers} must list {chunks} positive "
+                f"layer counts (pipeline_parallel x virtual_pipeline_stages), one per model chunk"
+            )
         return self
 
 
 class CheckpointConfig(_Section):
     interval: int = Field(default=50, gt=0, description="save every N steps")
+    interval_s: float | None = Field(
+        default=None, gt=0, description="also save when this many seconds passed since the "
+        "last save (whichever of interval / interval_s comes first); rank 0's clock decides")
+    stop_deadline_s: float = Field(
+        default=120.0, gt=0, description="on SIGTERM: seconds from the signal to the committed "
+        "checkpoint of the current step; launchers must give the ranks at least this long")
     url: str = Field(
         default="runs/checkpoints", description="file://PATH, a bare path, or s3://bucket/prefix"
     )
@@ -198,6 +222,23 @@ class JobSpec(_Section):
     fault: FaultConfig = Field(default_factory=FaultConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     run_dir: str = Field(default="runs/{name}", description="logs, heartbeats, markers")
+
+    @model_validator(mode="after")
+    def _pipeline_cut(self) -> "JobSpec":
+        t, layers = self.training, self.model.num_layers
+        chunks = t.pipeline_parallel * t.virtual_pipeline_stages
+        if t.pipeline_stage_layers is not None and sum(t.pipeline_stage_layers) != layers:
+            raise ValueError(
+                f"training.pipeline_stage_layers {t.pipeline_stage_layers} add up to "
+                f"{sum(t.pipeline_stage_layers)} layers but model.num_layers is {layers}; "
+                "make them add up"
+            )
+        if chunks > layers:
+            raise ValueError(
+                f"training.pipeline_parallel x virtual_pipeline_stages = {chunks} model chunks "
+                f"but model.num_layers is {layers}; every chunk needs at least one layer"
+            )
+        return self
 
     @property
     def resolved_run_dir(self) -> Path:

@@ -58,6 +58,17 @@ are relative to site-packages/megatron/core/ of megatron-core==0.16.1.
    constructor runs, `Tensor.type()` without arguments reports a CPU tensor under its
    CUDA type name (the only thing those checks read is the dtype).
 
+9. Pipeline schedules: pipeline_parallel/schedules.py:596, 983, 2138 (no pipelining,
+   interleaved, 1F1B) allocate the token counter with `torch.zeros(..., device="cuda")`.
+   The `torch` that schedules.py sees is replaced by a view of torch whose `zeros` puts
+   a "cuda" request on the CPU; everything else is torch itself. (p2p_communication.py
+   uses torch.cuda.current_device()/synchronize(), covered by items 1-2;
+   schedules.py:418's `torch.autocast("cuda")` runs only with config.autocast_dtype.)
+10. Tied embeddings across pipeline stages: models/common/language_module/
+   language_module.py:244 moves the last stage's copy of the word embeddings to CUDA
+   (`weight.data.cuda()`) before all-reducing it with the first stage; while
+   `setup_embeddings_and_output_layer` runs, `Tensor.cuda()` returns the tensor itself.
+
 Independent of CUDA (applied by `fix_distributed_optimizer_resume()`, GPU runs too):
 without Apex/Transformer Engine, DistributedOptimizer.load_state_dict gives every Adam
 state a "step" (optimizer/distrib_optimizer.py:817-823) and then copies the checkpoint's
@@ -124,6 +135,13 @@ def apply() -> bool:
 
     tp_random._get_cuda_rng_state = _no_cuda_rng_state
     tp_random._set_cuda_rng_state = _set_no_cuda_rng_state
+
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.pipeline_parallel import schedules
+
+    schedules.torch = _TorchZerosOnCpu()
+    LanguageModule.setup_embeddings_and_output_layer = _with_cuda_as_identity(
+        LanguageModule.setup_embeddings_and_output_layer)
     _APPLIED = True
     return True
 
@@ -275,3 +293,31 @@ def _fp32_optimizer_init_cpu(self, optimizer, config, init_state_fn):
     MegatronOptimizer.__init__(self, optimizer, config, init_state_fn)
     self._scale = torch.tensor([1.0], dtype=torch.float)
     self.is_stub_optimizer = optimizer is None
+
+
+class _TorchZerosOnCpu:
+    """`torch` for pipeline_parallel/schedules.py: `zeros(device="cuda")` lands on the CPU (item 9)."""
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def zeros(*args, **kwargs):
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return torch.zeros(*args, **kwargs)
+
+
+def _with_cuda_as_identity(method):
+    """Run `method` while `Tensor.cuda()` returns the tensor unchanged (item 10)."""
+
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        original = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda tensor, *a, **kw: tensor
+        try:
+            return method(*args, **kwargs)
+        finally:
+            torch.Tensor.cuda = original
+
+    return wrapped

@@ -1,12 +1,23 @@
 """The model, its data-parallel wrapper and its optimizer — megatron-core, Llama-style.
 
-    dist = init_distributed(training_cfg.tensor_parallel)   # torch.distributed + megatron groups
+    dist = init_distributed(training_cfg.tensor_parallel,   # torch.distributed + megatron groups
+                            training_cfg.pipeline_parallel, training_cfg.virtual_pipeline_stages)
     model = build_model(spec.model, spec.training)          # GPTModel (RoPE, RMSNorm, SwiGLU, GQA)
     ddp_model = wrap_data_parallel(model, spec.training)     # megatron DDP: grad buffers + all-reduce
     optimizer = build_optimizer(ddp_model, spec.training)    # megatron Adam(W) + grad clipping
 
 Works in one process with world size 1 (memory benchmark, export parity) and under
 torchrun with any world size: gloo on CPU, NCCL on GPU, nothing else differs.
+
+Pipeline parallelism: with `pipeline_parallel` > 1 each rank builds only its stage's
+layers (the first stage holds the embedding, the last the output layer and loss);
+the cut is `pipeline_stage_layers` or an even split whose first stages take any
+remainder (the planner's memory model, scheduler.memory.stage_layers), handed to
+megatron as a `pipeline_model_parallel_layout`. With `virtual_pipeline_stages` V > 1
+a rank holds V model chunks (interleaved 1F1B); `build_model` then returns a
+`ModelChunks` and `wrap_data_parallel` a list of DDP chunks. Initial weights depend
+only on the seed and each parameter's global name (`init_weights_by_global_name`),
+so every TP/PP/VPP layout starts from the same model.
 """
 
 from __future__ import annotations
@@ -39,13 +50,20 @@ class DistEnv:
     dp_size: int
     device: torch.device
     backend: str
+    pp_rank: int = 0
+    pp_size: int = 1
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp_size - 1
 
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(tensor_parallel: int = 1, timeout_s: float = 600.0) -> DistEnv:
+def init_distributed(tensor_parallel: int = 1, pipeline_parallel: int = 1,
+                     virtual_pipeline_stages: int = 1, timeout_s: float = 600.0) -> DistEnv:
     """Start torch.distributed (if not started) and megatron's parallel groups.
 
     Under torchrun the usual RANK/WORLD_SIZE/MASTER_* variables are used. Without them
@@ -69,13 +87,21 @@ def init_distributed(tensor_parallel: int = 1, timeout_s: float = 600.0) -> Dist
                 timeout=timeout,
             )
     world_size = torch.distributed.get_world_size()
-    if world_size % tensor_parallel:
+    model_parallel = tensor_parallel * pipeline_parallel
+    if world_size % model_parallel:
         raise ValueError(
-            f"world size {world_size} is not divisible by tensor_parallel={tensor_parallel}; "
-            "start a multiple of tensor_parallel processes (torchrun --nproc-per-node)"
+            f"world size {world_size} is not divisible by tensor_parallel x pipeline_parallel = "
+            f"{tensor_parallel} x {pipeline_parallel}; start a multiple of {model_parallel} "
+            "processes (torchrun --nproc-per-node)"
         )
     if not parallel_state.model_parallel_is_initialized():
-        parallel_state.initialize_model_parallel(tensor_model_parallel_size=tensor_parallel)
+        # Megatron's rank order: tensor-parallel ranks fastest, then data, then pipeline.
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=tensor_parallel,
+            pipeline_model_parallel_size=pipeline_parallel,
+            virtual_pipeline_model_parallel_size=(
+                virtual_pipeline_stages if virtual_pipeline_stages > 1 else None),
+        )
     if megatron_compat.cuda_absent():
         megatron_compat.init_cpu_rng_tracker()
     device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
@@ -89,6 +115,8 @@ def init_distributed(tensor_parallel: int = 1, timeout_s: float = 600.0) -> Dist
         dp_size=parallel_state.get_data_parallel_world_size(),
         device=device,
         backend=backend,
+        pp_rank=parallel_state.get_pipeline_model_parallel_rank(),
+        pp_size=parallel_state.get_pipeline_model_parallel_world_size(),
     )
 
 
@@ -111,6 +139,31 @@ def _check_cpu_support(training_cfg: TrainingConfig) -> None:
             "mixed-precision optimizer only accepts torch.cuda tensors "
             "(optimizer/optimizer.py:671); use precision: fp32 on CPU"
         )
+
+
+def stage_layer_counts(model_cfg: ModelConfig, training_cfg: TrainingConfig) -> list[int]:
+    """Decoder layers of each model chunk in layer order (pp x vpp entries).
+
+    `training.pipeline_stage_layers` when given; else an even split whose first chunks
+    take any remainder — the cut the planner's memory model prices
+    (scheduler.memory.stage_layers), so a plan runs with the memory it was sized for.
+    """
+    chunks = training_cfg.pipeline_parallel * training_cfg.virtual_pipeline_stages
+    if training_cfg.pipeline_stage_layers is not None:
+        return list(training_cfg.pipeline_stage_layers)
+    base, extra = divmod(model_cfg.num_layers, chunks)
+    return [base + (1 if i < extra else 0) for i in range(chunks)]
+
+
+def pipeline_layout(model_cfg: ModelConfig, training_cfg: TrainingConfig) -> list[list[str]] | None:
+    """megatron's `pipeline_model_parallel_layout` (embedding, decoders, loss per chunk)."""
+    if training_cfg.pipeline_parallel == 1:
+        return None
+    counts = stage_layer_counts(model_cfg, training_cfg)
+    layout = [["decoder"] * n for n in counts]
+    layout[0].insert(0, "embedding")
+    layout[-1].append("loss")
+    return layout
 
 
 def transformer_config(model_cfg: ModelConfig, training_cfg: TrainingConfig):
@@ -147,6 +200,18 @@ def transformer_config(model_cfg: ModelConfig, training_cfg: TrainingConfig):
         attention_dropout=0.0,
         tensor_model_parallel_size=training_cfg.tensor_parallel,
         pipeline_model_parallel_size=training_cfg.pipeline_parallel,
+        virtual_pipeline_model_parallel_size=(
+            training_cfg.virtual_pipeline_stages if training_cfg.virtual_pipeline_stages > 1
+            else None),
+        pipeline_model_parallel_layout=pipeline_layout(model_cfg, training_cfg),
+        pipeline_dtype=params_dtype,
+        # megatron's own defaults (megatron/training/arguments.py): interleaved stages overlap
+        # their point-to-point transfers (isend/irecv ordered even/odd), 1F1B batches them.
+        # Batched transfers with virtual stages and pp=2 pair an activation with a gradient
+        # when both go to the same peer (measured on gloo: wrong activations from the
+        # third micro batch on).
+        overlap_p2p_comm=training_cfg.virtual_pipeline_stages > 1,
+        batch_p2p_comm=training_cfg.virtual_pipeline_stages == 1,
         params_dtype=params_dtype,
         bf16=training_cfg.precision == "bf16",
         fp16=training_cfg.precision == "fp16",
@@ -163,12 +228,35 @@ def transformer_config(model_cfg: ModelConfig, training_cfg: TrainingConfig):
     )
 
 
+class ModelChunks(torch.nn.ModuleList):
+    """A rank's model chunks under interleaved pipeline parallelism (one GPTModel per
+    virtual stage). state_dict()/load_state_dict() are ModuleList's; the sharded state
+    dict nests each chunk under "model{i}" as megatron's own checkpoints do (the tensor
+    keys inside are global, so any layout can load them)."""
+
+    @property
+    def config(self):
+        return self[0].config
+
+    def sharded_state_dict(self, *args, **kwargs) -> dict:
+        return {f"model{i}": chunk.sharded_state_dict(*args, **kwargs)
+                for i, chunk in enumerate(self)}
+
+
+def model_chunks(model) -> list:
+    """The GPTModels a rank holds: [model], or the chunks of a ModelChunks."""
+    return list(model) if isinstance(model, ModelChunks) else [model]
+
+
 def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
     """A megatron-core GPTModel shaped Llama-style. Needs `init_distributed()` first.
 
-    Initial weights depend only on `training_cfg.seed` (the torch CPU generator is
-    seeded here), so every data-parallel rank starts identical.
+    With `virtual_pipeline_stages` > 1 a `ModelChunks` of this rank's GPTModels. Initial
+    weights depend only on `training_cfg.seed` and each parameter's global name
+    (`init_weights_by_global_name`), so every data-parallel rank starts identical and
+    every tensor/pipeline layout starts from the same model.
     """
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -181,23 +269,104 @@ def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
         from megatron.core import tensor_parallel
 
         tensor_parallel.model_parallel_cuda_manual_seed(training_cfg.seed)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=model_cfg.vocab_size,
-        max_sequence_length=model_cfg.seq_length,
-        position_embedding_type="rope",
-        rotary_base=int(model_cfg.rope_theta),
-        share_embeddings_and_output_weights=not model_cfg.untie_embeddings_and_output_weights,
-        parallel_output=True,
-    )
-    if torch.cuda.is_available():
-        model = model.cuda(torch.cuda.current_device())
-    return model
+    virtual = training_cfg.virtual_pipeline_stages
+    chunks = []
+    for vp_stage in range(virtual):
+        vp = vp_stage if virtual > 1 else None
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=model_cfg.vocab_size,
+            max_sequence_length=model_cfg.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp),
+            position_embedding_type="rope",
+            rotary_base=int(model_cfg.rope_theta),
+            share_embeddings_and_output_weights=not model_cfg.untie_embeddings_and_output_weights,
+            parallel_output=True,
+            vp_stage=vp,
+        )
+        if torch.cuda.is_available():
+            chunk = chunk.cuda(torch.cuda.current_device())
+        chunks.append(chunk)
+    for chunk in chunks:
+        init_weights_by_global_name(chunk, training_cfg.seed)
+    return ModelChunks(chunks) if virtual > 1 else chunks[0]
+
+
+# Which init each weight gets (megatron's choices: GPTModel, LanguageModelEmbedding,
+# the local layer spec): the output projections of attention and MLP use the depth-
+# scaled normal, everything else the plain normal; 1-D weights (RMSNorm) stay as built.
+_SCALED_INIT_SUFFIXES = ("self_attention.linear_proj.weight", "mlp.linear_fc2.weight")
+_PLAIN_INIT_SUFFIXES = ("self_attention.linear_qkv.weight", "mlp.linear_fc1.weight",
+                        "embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def global_parameter_name(chunk, local_name: str) -> str:
+    """`decoder.layers.{i}.` of a pipeline stage renamed with the layer's global index."""
+    prefix = "decoder.layers."
+    if not local_name.startswith(prefix):
+        if local_name == "output_layer.weight" and getattr(chunk, "share_embeddings_and_output_weights", False):
+            return "embedding.word_embeddings.weight"  # the last stage's copy of tied weights
+        return local_name
+    index, _, rest = local_name[len(prefix):].partition(".")
+    layer_number = chunk.decoder.layers[int(index)].layer_number  # global, 1-based
+    return f"{prefix}{layer_number - 1}.{rest}"
+
+
+@torch.no_grad()
+def init_weights_by_global_name(chunk, seed: int) -> None:
+    """Re-draw every matrix from a generator seeded by (seed, global parameter name).
+
+    Megatron draws its initial weights from one generator in construction order, so a
+    pipeline stage that starts at layer 3 would draw layer 3 from where layer 0 draws
+    in a one-stage model: the same seed would give a different model on every layout.
+    Here each parameter gets its own stream. Tensor-parallel shards are cut from the
+    full ("master") matrix exactly as megatron's CPU initialisation cuts them
+    (tensor_parallel/layers.py `_initialize_affine_weight_cpu`: split by
+    partition_dim and stride, every tp_size-th piece), so TP does not change it either.
+    """
+    import hashlib
+
+    from megatron.core import parallel_state
+
+    config = chunk.config
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    tp_size = parallel_state.get_tensor_model_parallel_world_size()
+    for local_name, param in chunk.named_parameters():
+        if param.dim() < 2:
+            continue
+        name = global_parameter_name(chunk, local_name)
+        if name.endswith(_SCALED_INIT_SUFFIXES):
+            init = config.output_layer_init_method
+        elif name.endswith(_PLAIN_INIT_SUFFIXES):
+            init = config.embedding_init_method if name.startswith("embedding.") else config.init_method
+        else:
+            raise RuntimeError(f"no initialisation rule for parameter {name!r}; add it to "
+                               "training.model._SCALED_INIT_SUFFIXES or _PLAIN_INIT_SUFFIXES")
+        digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+        generator = torch.Generator(device=param.device).manual_seed(
+            int.from_bytes(digest[:8], "little") & (2**63 - 1))
+        shape = list(param.shape)
+        split = getattr(param, "tensor_model_parallel", False) and tp_size > 1
+        dim = getattr(param, "partition_dim", 0)
+        if split:
+            shape[dim] *= tp_size
+        master = torch.empty(shape, dtype=torch.float32, device=param.device)
+        init(master, generator=generator)
+        if split:
+            stride = getattr(param, "partition_stride", 1)
+            pieces = torch.split(master, param.shape[dim] // stride, dim=dim)
+            master = torch.cat(pieces[tp_rank::tp_size], dim=dim)
+        param.copy_(master.to(param.dtype))
 
 
 def wrap_data_parallel(model, training_cfg: TrainingConfig):
-    """megatron DDP: contiguous fp32 grad buffers, averaged across data-parallel ranks."""
+    """megatron DDP: contiguous fp32 grad buffers, averaged across data-parallel ranks.
+
+    A GPTModel gives one DDP module; a ModelChunks gives a list, one per chunk (only the
+    first bucketed, as megatron's training loop does).
+    """
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
     ddp_config = DistributedDataParallelConfig(
@@ -205,7 +374,10 @@ def wrap_data_parallel(model, training_cfg: TrainingConfig):
         overlap_grad_reduce=False,
         use_distributed_optimizer=training_cfg.use_distributed_optimizer,
     )
-    return DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    wrapped = [DistributedDataParallel(config=chunk.config, ddp_config=ddp_config, module=chunk,
+                                       disable_bucketing=i > 0)
+               for i, chunk in enumerate(model_chunks(model))]
+    return wrapped if isinstance(model, ModelChunks) else wrapped[0]
 
 
 def build_optimizer(ddp_model, training_cfg: TrainingConfig):
@@ -243,8 +415,9 @@ def build_optimizer(ddp_model, training_cfg: TrainingConfig):
         megatron_compat.fix_distributed_optimizer_resume()
     # The standard overrides mark 1-D params (norm weights) wd_mult=0; the per-step
     # schedule (training.schedule.apply_schedule) turns wd_mult into each group's decay.
+    chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
     optimizer = get_megatron_optimizer(
-        config, [ddp_model], config_overrides=get_standard_config_overrides(config)
+        config, chunks, config_overrides=get_standard_config_overrides(config)
     )
     from training.schedule import apply_schedule
 
@@ -253,5 +426,5 @@ def build_optimizer(ddp_model, training_cfg: TrainingConfig):
 
 
 def count_parameters(model) -> int:
-    """Parameters held by this rank (a TP shard holds a slice)."""
+    """Parameters held by this rank (a TP shard holds a slice, a pipeline stage its layers)."""
     return sum(p.numel() for p in model.parameters())

@@ -28,25 +28,70 @@ class StepResult:
     grad_norm: float | None
 
 
-def train_step(ddp_model, optimizer, sampler, step: int, env, cfg, num_micro: int,
-               position_ids: torch.Tensor) -> StepResult:
-    """One optimizer step over `num_micro` micro batches (gradient accumulation)."""
-    from megatron.core import parallel_state
+def install_pipeline_hooks(ddp_chunks: list, optimizer) -> None:
+    """What megatron's schedules call around the micro batches (as megatron's own training
+    loop sets them): no grad all-reduce until the last micro batch, then
+    `finalize_model_grads` (data-parallel all-reduce, tied-embedding grads across pipeline
+    stages), and the optimizer's loss scale (1 in fp32/bf16; the dynamic scale in fp16)."""
+    from megatron.core.distributed import finalize_model_grads
 
-    ddp_model.zero_grad_buffer()
+    config = ddp_chunks[0].config
+    no_sync = [chunk.no_sync for chunk in ddp_chunks]
+    config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    config.grad_scale_func = optimizer.scale_loss
+
+
+def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_micro: int,
+               position_ids: torch.Tensor) -> StepResult:
+    """One optimizer step over `num_micro` micro batches (gradient accumulation).
+
+    Megatron's pipeline schedule runs the micro batches: without pipelining one after
+    another, with `pipeline_parallel` > 1 as 1F1B (interleaved with virtual stages), the
+    activations passing between stages point to point. Every stage reads the same micro
+    batches (the first uses the tokens, the last the labels), so the data order is the
+    same for any layout.
+    """
+    from megatron.core import parallel_state
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def micro_batches():
+        for micro in range(num_micro):
+            tokens, labels = sampler.get_micro_batch(step, env.dp_rank, env.dp_size, micro,
+                                                     cfg.micro_batch_size, cfg.global_batch_size)
+            yield tokens.to(env.device), labels.to(env.device)
+
+    def forward_step(data_iterator, model):
+        tokens, labels = next(data_iterator)
+        output = model(tokens, position_ids, None, labels=labels)  # last stage: [b, s] losses
+
+        def loss_func(token_losses):
+            loss = token_losses.float().mean()  # the schedule divides it by num_micro in place
+            return loss, {"loss": loss.detach().clone()}
+
+        return output, loss_func
+
+    for chunk in ddp_chunks:
+        chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    loss_sum = torch.zeros(1, dtype=torch.float32, device=env.device)
-    for micro in range(num_micro):
-        tokens, labels = sampler.get_micro_batch(step, env.dp_rank, env.dp_size, micro,
-                                                 cfg.micro_batch_size, cfg.global_batch_size)
-        tokens, labels = tokens.to(env.device), labels.to(env.device)
-        token_losses = ddp_model(tokens, position_ids, None, labels=labels)  # [b, s]
-        loss = token_losses.float().mean() / num_micro
-        loss.backward()
-        loss_sum += loss.detach()
-    ddp_model.finish_grad_sync()  # all-reduce (average) grads across data-parallel ranks
+    reported = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=[micro_batches() for _ in ddp_chunks] if len(ddp_chunks) > 1
+        else micro_batches(),
+        model=ddp_chunks if len(ddp_chunks) > 1 else ddp_chunks[0],
+        num_microbatches=num_micro,
+        seq_length=position_ids.shape[1],
+        micro_batch_size=cfg.micro_batch_size,
+    )  # grads are all-reduced across data-parallel ranks by finalize_model_grads
     _, grad_norm, _ = optimizer.step()  # clips to cfg.grad_clip, then AdamW
+
+    loss_sum = torch.zeros(1, dtype=torch.float32, device=env.device)
+    for item in reported:  # only the last pipeline stage has the losses
+        loss_sum += item["loss"] / num_micro
     torch.distributed.all_reduce(loss_sum, group=parallel_state.get_data_parallel_group())
+    if env.pp_size > 1:  # every rank logs (and judges spikes on) the same loss
+        torch.distributed.broadcast(loss_sum, parallel_state.get_pipeline_model_parallel_last_rank(),
+                                    group=parallel_state.get_pipeline_model_parallel_group())
     return StepResult(loss=(loss_sum / env.dp_size).item(), grad_norm=grad_norm)
 
 
@@ -57,6 +102,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     from training.data import micro_batches_per_rank
     from training.faults import FaultInjector, plan_from
     from training.model import build_model, build_optimizer, init_distributed, wrap_data_parallel
+    from training.control import StepControl, write_stop_marker
     from training.runlog import Heartbeat, RankLog
     from training.schedule import apply_schedule
     from training.spike import LossSpikeDetector, format_spike_line, write_spike_marker
@@ -66,7 +112,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         torch.set_num_threads(cfg.torch_threads)
 
     # --- set up -------------------------------------------------------------------------
-    env = init_distributed(cfg.tensor_parallel)
+    env = init_distributed(cfg.tensor_parallel, cfg.pipeline_parallel, cfg.virtual_pipeline_stages)
+    control = StepControl(env, spec.checkpoint)  # SIGTERM -> stop after the current step
     run_dir = spec.resolved_run_dir
     log = RankLog(run_dir, env.rank)
     heartbeat = Heartbeat(run_dir, env.rank)
@@ -81,6 +128,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     model = build_model(spec.model, cfg)
     ddp_model = wrap_data_parallel(model, cfg)
     optimizer = build_optimizer(ddp_model, cfg)
+    ddp_chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
+    install_pipeline_hooks(ddp_chunks, optimizer)
     detector = LossSpikeDetector(spec.spike)
     checkpointer = open_checkpointer(spec.checkpoint, env,
                                      after_shards_written=faults.after_shards_written)
@@ -110,11 +159,12 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     # --- the loop -----------------------------------------------------------------------
     heartbeat.beat(step, phase="start")
     started = time.monotonic()
-    ddp_model.train()
+    for chunk in ddp_chunks:
+        chunk.train()
     while step < cfg.steps:
         t0 = time.monotonic()
         lr = apply_schedule(optimizer, step, cfg)
-        result = train_step(ddp_model, optimizer, sampler, step, env, cfg, num_micro,
+        result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
                             position_ids)
         step += 1
         loss = faults.observed_loss(result.loss)
@@ -133,10 +183,24 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
                           last_healthy_step=spike.last_healthy_step)
                 return runfiles.EXIT_LOSS_SPIKE
 
-        if step % spec.checkpoint.interval == 0 or step == cfg.steps:
-            heartbeat.beat(step, phase="checkpoint")
+        decision = control.after_step()  # every rank: stop requested? checkpoint due by time?
+        stopping = decision.stop and step < cfg.steps  # after the last step: just finish
+        if stopping:
+            control.begin_stop(step)
+        if (step % spec.checkpoint.interval == 0 or step == cfg.steps
+                or decision.checkpoint_due or stopping):
+            heartbeat.beat(step, phase="stopping" if stopping else "checkpoint")
             save_info = checkpointer.save(step, model, optimizer, trainer_state())
+            control.saved()
             log.event("checkpoint_saved", step=step, **(save_info or {}))
+        if stopping:  # graceful stop: wait for the commit, say so, exit "stopped"
+            checkpointer.close()
+            control.finish_stop()
+            if env.rank == 0:
+                write_stop_marker(run_dir, step, control.signal_name)
+            log.event("stopped", step=step, signal=control.signal_name or "peer")
+            log.close()
+            return runfiles.EXIT_STOPPED
 
         faults.after_step(step)
 
@@ -149,14 +213,9 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
 
 
 def _write_finished(run_dir, step: int) -> None:
-    import json
-    import os
+    from infra.atomic_write import atomic_write_json
 
-    path = runfiles.finished_marker_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"step": step, "time": time.time()}), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_json(runfiles.finished_marker_path(run_dir), {"step": step, "time": time.time()})
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

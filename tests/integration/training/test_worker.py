@@ -284,3 +284,51 @@ def test_tensor_parallel_2_trains_the_same_model(tiny_job_dict, tiny_prepared, t
     # float summation order, so the curve matches tp=1 closely (not bitwise).
     reference = [r.loss for r in read_steps(runfiles.log_path(run_dir(tp1), 0))]
     assert losses[:3] == pytest.approx(reference, rel=1e-4)
+
+
+# --- graceful stop ------------------------------------------------------------------------------
+
+def test_sigterm_drill_commits_the_stop_step_and_the_next_run_resumes_bit_exact(
+        dp2_run, tiny_job_dict, tmp_path):
+    """SIGTERM to every rank mid-run (as the launcher's reaper, Slurm or a Prefect
+    cancellation sends it): each rank finishes its step, the checkpoint of that step is
+    committed, the ranks exit EXIT_STOPPED; the next run resumes there and its losses are
+    the uninterrupted run's (dp2_run, same job) to the last printed digit."""
+    import psutil
+
+    spec = write_spec(tiny_job_dict, tmp_path, "stopped", training={"steps": 12},
+                      checkpoint={"interval": 6})
+    rd = run_dir(spec)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "training.train", str(spec)]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while getattr(runfiles.read_heartbeat(runfiles.heartbeat_path(rd, 0)), "step", 0) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "never reached step 2"
+            time.sleep(0.1)
+        ranks = psutil.Process(proc.pid).children()
+        assert len(ranks) == 2
+        for rank in ranks:
+            rank.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stop = runfiles.read_stop_marker(rd)
+    assert stop is not None and 2 <= stop.step < 12 and stop.checkpoint_step == stop.step, err[-3000:]
+    assert stop.signal == "SIGTERM"
+    # torchrun reports both workers' own exit code: "stopped", not a crash
+    assert len(re.findall(rf"exitcode\s*:\s*{runfiles.EXIT_STOPPED}\b", err)) == 2, err[-3000:]
+    for rank in (0, 1):
+        log = runfiles.log_path(rd, rank).read_text()
+        assert f"event=checkpoint_saved step={stop.step}" in log
+        assert f"event=stopped step={stop.step}" in log
+        assert [s for s, _ in logged_losses(spec, rank)][-1] == str(stop.step)  # finished its step
+
+    proc = torchrun(spec, nproc=2)
+    assert proc.returncode == 0, explain(proc)
+    assert f"event=resumed step={stop.step}" in runfiles.log_path(rd, 0).read_text()
+    for rank in (0, 1):
+        assert logged_losses(spec, rank) == logged_losses(dp2_run, rank)

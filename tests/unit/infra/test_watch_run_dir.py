@@ -172,3 +172,36 @@ def test_a_torn_heartbeat_file_is_read_on_the_next_poll(tmp_path):
     path.parent.mkdir(parents=True)
     path.write_text('{"rank": 0, "st')  # half written (a writer without atomic replace)
     assert runfiles.read_heartbeat(path) is None and runfiles.read_heartbeats(tmp_path) == {}
+
+
+def test_a_graceful_stop_is_stopped_not_failed(tmp_path):
+    from training.control import write_stop_marker
+
+    def script(job, n):
+        for beat in job.beats.values():
+            beat.beat(min(n, 4), phase="stopping" if n >= 4 else "train")
+        if n == 6:  # SIGTERM at step 4: checkpoint committed, marker, then torchrun exits 1
+            write_stop_marker(job.run_dir, 4, "SIGTERM")
+            job.codes = {n: 1 for n in NODES}
+
+    outcome, job, _ = _watch(tmp_path, script)
+    assert outcome.status == "stopped" and not outcome.ok
+    assert outcome.stop.checkpoint_step == 4 and outcome.stop.signal == "SIGTERM"
+    assert outcome.failed_nodes == []  # nothing to diagnose
+
+
+def test_a_stop_marker_left_by_an_earlier_attempt_is_ignored(tmp_path):
+    from training.control import write_stop_marker
+
+    write_stop_marker(tmp_path, 2, "SIGTERM")
+    old = time.time() - 3600
+    os.utime(runfiles.stop_marker_path(tmp_path), (old, old))
+
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 3:
+            job.codes["node-a"] = 1
+
+    outcome, _, _ = _watch(tmp_path, script)
+    assert outcome.status == "failed" and outcome.stop is None

@@ -42,10 +42,18 @@ def test_forgeflow_plan_proposes_only_what_the_worker_runs(big_job, capsys):
     assert out["chosen"]["pp"] <= WORKER.max_pipeline_stages
 
 
-def test_more_pipeline_stages_are_an_explicit_what_if(big_job, capsys):
+def test_more_pipeline_stages_are_an_explicit_what_if(big_job, capsys, monkeypatch):
+    # The worker runs pipeline stages now; a worker limited to one stage shows the what-if.
+    import scheduler.planner
+    import training.capabilities
+    import training.config
+
+    one_stage = training.capabilities.WorkerCapabilities(max_pipeline_stages=1)
+    for module in (training.capabilities, scheduler.planner, training.config):
+        monkeypatch.setattr(module, "WORKER", one_stage)
     assert forgeflow(["plan", str(big_job), "--cluster", str(FRENZY), "--json", "--top", "100", "--max-pp", "8"]) == 0
     captured = capsys.readouterr()
-    assert any(p["pp"] > WORKER.max_pipeline_stages for p in json.loads(captured.out)["plans"])
+    assert any(p["pp"] > one_stage.max_pipeline_stages for p in json.loads(captured.out)["plans"])
     assert "what-if" in captured.err and "cannot run them yet" in captured.err
 
 

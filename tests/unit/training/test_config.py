@@ -108,3 +108,22 @@ def test_missing_file_and_bad_override(spec_dir):
     assert spec.training.steps == 3
     with pytest.raises(ConfigError, match="training.stpes"):
         load_job_spec(spec_dir / "ok.yaml", dotted_overrides(["training.stpes=3"]))
+
+
+@pytest.mark.parametrize("training, needle", [
+    ("pipeline_parallel: 2, pipeline_stage_layers: [2, 2]",
+     "add up to 4 layers but model.num_layers is 2"),
+    ("pipeline_parallel: 2, pipeline_stage_layers: [2]", "must list 2 positive layer counts"),
+    ("pipeline_parallel: 2, virtual_pipeline_stages: 2", "4 model chunks but model.num_layers is 2"),
+    ("virtual_pipeline_stages: 2", "needs pipeline_parallel > 1"),
+])
+def test_pipeline_cuts_that_cannot_run_are_refused(spec_dir, training, needle):
+    text = GOOD.replace("steps: 10}", f"steps: 10, {training}}}")
+    assert needle in _error(spec_dir, text)
+
+
+def test_uneven_pipeline_cut_is_accepted(spec_dir):
+    path = spec_dir / "pp.yaml"
+    path.write_text(GOOD.replace("num_layers: 2", "num_layers: 3")
+                    .replace("steps: 10}", "steps: 10, pipeline_parallel: 2, pipeline_stage_layers: [1, 2]}"))
+    assert load_job_spec(path).training.pipeline_stage_layers == [1, 2]
