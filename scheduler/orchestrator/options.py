@@ -74,17 +74,10 @@ def options_from_plans(plans: list[Any], steps: int, fastest_type_first: list[st
         sized.append(Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
                             min_memory_bytes=p.required_memory_bytes, run_s=steps * p.predicted_step_time_s,
                             plan=p, dp=p.dp, tp=p.tp, pp=p.pp))
-    return _by_policy(sized, fastest_type_first)
-
-
-def plan_for(placement: Placement, options: dict[str, list[Option]]) -> Any:
-    """The plan among `options` that an admitted placement runs (same type, count and layout)."""
-    for opts in options.values():
-        for o in opts:
-            if (o.gpu_type, o.num_gpus, o.dp, o.tp, o.pp) == (
-                    placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp):
-                return o.plan
-    return None
+    options = _by_policy(sized, fastest_type_first)
+    # HAS on a live job (ARCHITECTURE.md): walk the ranked plans, take the first the free GPUs satisfy.
+    options["has"] = sized
+    return options
 
 
 def demand_options(cluster: Cluster, num_gpus: int, *, min_memory_gib: float = 0.0, duration_s: float = 3600.0,

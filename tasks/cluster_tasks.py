@@ -1,0 +1,161 @@
+"""Prefect tasks between a flow and the cluster orchestrator: join the shared cluster, queue the
+job, wait for GPUs where people can see it, and show the cluster as a table.
+
+The orchestrator (`scheduler.orchestrator`) keeps the cluster's state in the state
+database every flow shares (FORGEFLOW_DB_URL, else SQLite in the state dir), so two
+flows never place onto the same GPUs and a node one flow cordoned stays cordoned for
+all of them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
+
+from scheduler.cluster import Cluster
+from scheduler.orchestrator import Orchestrator, OrchestratorConfig
+from scheduler.orchestrator.options import options_from_plans
+from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
+from scheduler.placement import Placement, placed_step_time
+from training.config import JobSpec
+
+# A flow renews every lease_s / 3 seconds; a flow that died frees its GPUs lease + grace later.
+FLOW_LEASE_S = 30.0
+FLOW_GRACE_S = 30.0
+WAIT_LOG_EVERY_S = 60.0
+
+
+def cluster_orchestrator(db_url: str | None = None) -> Orchestrator:
+    return Orchestrator(db_url, OrchestratorConfig(lease_s=FLOW_LEASE_S, grace_s=FLOW_GRACE_S))
+
+
+def _slug(text: str) -> str:
+    """Artifact keys: lowercase letters, digits and dashes."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "cluster"
+
+
+def publish_cluster_table(orch: Orchestrator, cluster: str) -> None:
+    """The live cluster table (nodes x GPUs: the job holding each GPU, or the node's cordon)."""
+    status = cluster_status(orch.engine, cluster)
+    create_markdown_artifact(key=f"cluster-{_slug(cluster)}", markdown=cluster_markdown(status),
+                             description=f"Cluster {cluster}: who holds which GPU, and cordoned nodes")
+
+
+@task(name="join-cluster", cache_policy=NO_CACHE)
+def join_cluster(orch: Orchestrator, inventory: Cluster) -> str:
+    """Register the inventory unless the state database already has this cluster (then its
+    registered inventory and node health win); nodes the inventory marks unschedulable
+    (e.g. drained in Slurm) are cordoned in the orchestrator too."""
+    logger = get_run_logger()
+    registered = {n["node"]: n["state"] for n in _nodes_or_none(orch, inventory.name)}
+    if not registered:
+        orch.register(inventory, source="pretrain flow")
+        logger.info("registered cluster %s (%d GPUs) with the orchestrator", inventory.name, inventory.total_gpus)
+    else:
+        logger.info("cluster %s is registered: using its inventory and node health from the state database "
+                    "(`forgeflow cluster register` updates it)", inventory.name)
+    for node in inventory.nodes:
+        if node.cordoned and registered.get(node.name, "ready") == "ready":
+            orch.cordon(node.name, reason="unschedulable in the inventory (e.g. drained in Slurm)",
+                        cluster=inventory.name, by="pretrain flow")
+    publish_cluster_table(orch, inventory.name)
+    return inventory.name
+
+
+def _nodes_or_none(orch: Orchestrator, cluster: str) -> list[dict]:
+    from scheduler.orchestrator import OrchestratorError
+
+    try:
+        return cluster_status(orch.engine, cluster)["nodes"]
+    except OrchestratorError:
+        return []
+
+
+@task(name="submit-job", cache_policy=NO_CACHE)
+def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0) -> tuple[int, list]:
+    """MARP plans on every GPU type of the cluster (the user chose none), queued with the orchestrator.
+    Returns (job id, ranked plans); a job no GPU type can hold fails here with the planner's advice."""
+    from scheduler.planner import plan_job, worker_planner_config
+
+    inventory = orch.cluster(cluster)
+    for node in inventory.nodes:  # size against every node: a cordoned one may come back
+        node.cordoned = False
+    plans = plan_job(spec, inventory, worker_planner_config(inventory))  # only plans the worker runs
+    options = options_from_plans(plans, spec.training.steps, inventory.gpu_types())
+    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority)
+    create_table_artifact(
+        key="pretrain-plans",
+        table=[
+            {"rank": i + 1, "gpu_type": p.gpu_type, "gpus": p.num_gpus, "layout": p.layout,
+             "peak_gib": round(p.required_memory_bytes / 2**30, 2),
+             "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
+            for i, p in enumerate(plans[:10])
+        ],
+        description=f"Ranked plans for {spec.name} on {cluster} (MARP memory, cost-model step time)",
+    )
+    get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s)",
+                          spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()))
+    return job_id, plans
+
+
+@task(name="wait-for-gpus", cache_policy=NO_CACHE)
+def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s: float = 2.0) -> Placement:
+    """Wait in the queue until the policy admits the job; the run shows "waiting for GPUs,
+    position N of M" (a markdown artifact updated on change) and logs at least every minute."""
+    logger = get_run_logger()
+    key = f"queue-{_slug(job)}"
+    shown: dict[str, object] = {"position": None, "logged_at": 0.0}
+    started = time.monotonic()
+
+    def on_wait(position: int, length: int) -> None:
+        now = time.monotonic()
+        if position != shown["position"]:
+            shown["position"] = position
+            snap = queue_snapshot(orch.engine, orch.job(job_id)["cluster"])
+            ahead = "\n".join(f"| {q['position']} | {q['name']} | {q['wants']} |" for q in snap["queued"][:10])
+            holders = "\n".join(f"| {r['name']} | {r['placement']['world_size']}x {r['placement']['gpu_type']} |"
+                                for r in snap["running"][:10] if r.get("placement"))
+            create_markdown_artifact(
+                key=key, description=f"{job}: waiting for GPUs, position {position} of {length}",
+                markdown=(f"## {job}: waiting for GPUs, position {position} of {length}\n\n"
+                          f"| # | queued job | wants |\n|---|---|---|\n{ahead}\n\n"
+                          f"| running job | holds |\n|---|---|\n{holders}\n"))
+        if position != shown.get("logged_position") or now - shown["logged_at"] >= WAIT_LOG_EVERY_S:
+            shown["logged_at"], shown["logged_position"] = now, position
+            logger.info("%s: waiting for GPUs, position %d of %d (%.0f s so far)", job, position, length,
+                        now - started)
+
+    admission = orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait)
+    placement = admission.placement
+    layout = (placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp)
+    placement.plan = next((p for p in plans if (p.gpu_type, p.num_gpus, p.dp, p.tp, p.pp) == layout), None)
+    if placement.plan is not None:
+        placement.predicted_step_time_s = placed_step_time(placement.plan, placement, orch.cluster(
+            orch.job(job_id)["cluster"]))
+    waited = time.monotonic() - started
+    if shown["position"] is not None:
+        create_markdown_artifact(key=key, description=f"{job}: admitted after {waited:.0f} s in the queue",
+                                 markdown=f"## {job}: admitted after {waited:.0f} s in the queue\n")
+    logger.info("%s admitted: %dx %s on %s (dp%d tp%d pp%d)", job, placement.world_size, placement.gpu_type,
+                ", ".join(placement.nodes), placement.dp, placement.tp, placement.pp)
+    create_markdown_artifact(
+        key="pretrain-placement",
+        markdown="## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```",
+        description=f"HAS placement of {job} by the orchestrator",
+    )
+    publish_cluster_table(orch, orch.job(job_id)["cluster"])
+    return placement
+
+
+def withdraw(orch: Orchestrator, job_id: int) -> None:
+    """Take the job out of the queue if it is still waiting (a cancelled or failed flow)."""
+    try:
+        if orch.job(job_id)["state"] == "queued":
+            orch.cancel(job_id, reason="the flow run ended while waiting")
+    except Exception as e:  # cleanup must not mask the flow's own outcome
+        get_run_logger().warning("could not withdraw job %s from the queue: %s", job_id, e)
