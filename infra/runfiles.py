@@ -10,9 +10,14 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
                                lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12`
                               and event lines (`... rank=0 event=checkpoint_saved step=20 ...`);
                               appended across restarts, parse with training.runlog.
-    heartbeat/rank{R}.json    {"rank", "step", "time", "pid", "host", "phase"}, atomically
-                              replaced (tmp + os.replace) at start and after every step;
-                              a heartbeat whose `time` stops advancing means a hang.
+    heartbeat/rank{R}.json    {"rank", "step", "time", "pid", "host", "phase", "step_time_s",
+                              "compute_s"}, atomically replaced (tmp + os.replace) at start
+                              and after every step; a heartbeat whose `time` stops advancing
+                              means a hang. `step_time_s` is the step's wall time (the same on
+                              every rank: collectives wait for the slowest), `compute_s` the
+                              rank's own forward+backward compute in it (megatron's
+                              forward-/backward-compute timers, no waiting on peers): the
+                              straggler signal (infra.watch.StragglerDetector).
     markers/loss_spike.json   written by rank 0 (training.spike.write_spike_marker) before
                               every rank exits with EXIT_LOSS_SPIKE; stderr also gets the
                               `FORGEFLOW_LOSS_SPIKE onset_step=...` line.
@@ -111,7 +116,9 @@ class HeartbeatRecord:
     time: float  # time.time() of the beat
     pid: int
     host: str
-    phase: str  # "start", "train", ...
+    phase: str  # "start", "train", "checkpoint", "stopping"
+    step_time_s: float | None = None  # wall time of the last step
+    compute_s: float | None = None  # this rank's forward+backward compute in the last step
 
 
 @dataclass(frozen=True)
@@ -135,9 +142,15 @@ def read_heartbeat(path: str | Path) -> HeartbeatRecord | None:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         return HeartbeatRecord(rank=int(data["rank"]), step=int(data.get("step", 0)),
                                time=float(data.get("time", 0.0)), pid=int(data.get("pid", 0)),
-                               host=str(data.get("host", "")), phase=str(data.get("phase", "")))
+                               host=str(data.get("host", "")), phase=str(data.get("phase", "")),
+                               step_time_s=_optional_float(data.get("step_time_s")),
+                               compute_s=_optional_float(data.get("compute_s")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _optional_float(value) -> float | None:
+    return None if value is None else float(value)
 
 
 def read_heartbeats(run_dir: str | Path) -> dict[int, HeartbeatRecord]:

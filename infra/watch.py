@@ -15,6 +15,12 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   torchrun turns into a plain non-zero exit: with this attempt's marker present the
   outcome is "stopped" (by request, resumable from `stop.checkpoint_step`), not a failure.
 
+- stragglers: each heartbeat carries the rank's compute time in its last step
+  (`compute_s`); a rank whose compute stays above `straggler_factor` x the median of
+  the others for `straggler_patience` consecutive samples is reported through
+  `on_straggler` (node and rank) while the job keeps running — before a timeout or a
+  failure makes it anyone's problem — and listed in the outcome.
+
 The result carries the console logs of every node for the diagnosis.
 """
 
@@ -42,10 +48,90 @@ class AttemptOutcome:
     stale_ranks: list[int] = field(default_factory=list)
     spike: runfiles.SpikeMarker | None = None  # this attempt's loss-spike marker
     stop: runfiles.StopMarker | None = None  # this attempt's graceful-stop marker
+    stragglers: list["Straggler"] = field(default_factory=list)  # reported while it ran
 
     @property
     def ok(self) -> bool:
         return self.status == "finished"
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank persistently slower than the others (what the alert says)."""
+
+    rank: int
+    node: str  # the launch's node name, or the heartbeat's host
+    host: str
+    step: int  # the step at which it was confirmed
+    compute_s: float  # its compute time in that step
+    others_median_s: float  # the other ranks' median compute time in the same sample
+    samples: int  # consecutive slow samples
+
+    @property
+    def ratio(self) -> float:
+        return self.compute_s / self.others_median_s if self.others_median_s > 0 else float("inf")
+
+    def summary(self) -> str:
+        return (f"rank {self.rank} on {self.node} is {self.ratio:.1f}x slower than the others "
+                f"({self.compute_s:.3f} s vs median {self.others_median_s:.3f} s of compute per "
+                f"step, {self.samples} samples in a row, at step {self.step})")
+
+
+class StragglerDetector:
+    """Finds ranks whose per-step compute time stays above `factor` x the others' median.
+
+    Compute time, not step time: the step's wall time is the same on every rank (the
+    gradient all-reduce waits for the slowest), while the compute time of a slow rank
+    alone is high. A sample is taken whenever every rank has reported a newer step than
+    in the last sample; a rank is slow in a sample if its compute exceeds `factor` x the
+    median of the other ranks' (and at least `min_compute_s`, so microsecond noise on an
+    idle stage never counts). `patience` slow samples in a row confirm it; each rank is
+    reported once per detector."""
+
+    def __init__(self, world_size: int, factor: float = 2.0, patience: int = 3,
+                 min_compute_s: float = 0.001, rank_nodes: dict[int, str] | None = None):
+        self.world_size = world_size
+        self.factor = factor
+        self.patience = patience
+        self.min_compute_s = min_compute_s
+        self.rank_nodes = rank_nodes or {}
+        self.strikes: dict[int, int] = {}
+        self.reported: dict[int, Straggler] = {}
+        self._sampled_step = -1
+
+    def update(self, beats: dict[int, runfiles.HeartbeatRecord]) -> list[Straggler]:
+        """Feed the latest heartbeats; returns the stragglers confirmed by this sample."""
+        timed = {r: b for r, b in beats.items() if b.compute_s is not None}
+        if self.world_size < 2 or len(timed) < self.world_size:
+            return []
+        oldest = min(b.step for b in timed.values())
+        if oldest <= self._sampled_step:
+            return []
+        self._sampled_step = max(b.step for b in timed.values())
+        found = []
+        for rank, beat in timed.items():
+            others = sorted(b.compute_s for r, b in timed.items() if r != rank)
+            median = others[len(others) // 2] if len(others) % 2 else (
+                others[len(others) // 2 - 1] + others[len(others) // 2]) / 2
+            slow = beat.compute_s >= self.min_compute_s and beat.compute_s > self.factor * median
+            self.strikes[rank] = self.strikes.get(rank, 0) + 1 if slow else 0
+            if self.strikes[rank] >= self.patience and rank not in self.reported:
+                straggler = Straggler(rank=rank, node=self.rank_nodes.get(rank, beat.host),
+                                      host=beat.host, step=beat.step, compute_s=beat.compute_s,
+                                      others_median_s=median, samples=self.strikes[rank])
+                self.reported[rank] = straggler
+                found.append(straggler)
+        return found
+
+
+def _rank_nodes(job) -> dict[int, str]:
+    """global rank -> node name, from the launch request when the job carries one."""
+    request = getattr(job, "request", None)
+    out: dict[int, str] = {}
+    for node in getattr(request, "nodes", None) or []:
+        for local in range(node.nproc_per_node):
+            out[node.first_global_rank + local] = node.node
+    return out
 
 
 def watch(
@@ -58,8 +144,13 @@ def watch(
     stop_grace_s: float = 120.0,
     poll_s: float = 0.5,
     on_progress: Callable[[int], None] | None = None,
+    straggler_factor: float = 2.0,
+    straggler_patience: int = 3,
+    on_straggler: Callable[[Straggler], None] | None = None,
 ) -> AttemptOutcome:
     run_dir = Path(run_dir)
+    stragglers = StragglerDetector(world_size, straggler_factor, straggler_patience,
+                                   rank_nodes=_rank_nodes(job))
     started_wall = time.time()
     started = time.monotonic()
     last_reported = -1
@@ -73,6 +164,9 @@ def watch(
             if on_progress and last_step != last_reported:
                 on_progress(last_step)
                 last_reported = last_step
+            for straggler in stragglers.update(current):
+                if on_straggler:
+                    on_straggler(straggler)
 
         failed = [node for node, code in codes.items() if code not in (None, 0)]
         if failed:
@@ -94,11 +188,13 @@ def watch(
                 failed_nodes=[] if stop and not spike else failed,
                 spike=spike,
                 stop=stop,
+                stragglers=list(stragglers.reported.values()),
             )
         if codes and all(code == 0 for code in codes.values()):
             finished = runfiles.finished_marker_path(run_dir)
             status: Status = "finished" if finished.exists() and finished.stat().st_mtime >= started_wall else "failed"
-            return AttemptOutcome(status, codes, last_step, time.monotonic() - started, job.log_paths())
+            return AttemptOutcome(status, codes, last_step, time.monotonic() - started, job.log_paths(),
+                                  stragglers=list(stragglers.reported.values()))
 
         now = time.time()
         stale = []
@@ -118,5 +214,6 @@ def watch(
                 seconds=time.monotonic() - started,
                 log_paths=job.log_paths(),
                 stale_ranks=stale,
+                stragglers=list(stragglers.reported.values()),
             )
         time.sleep(poll_s)

@@ -197,7 +197,8 @@ class SpikeConfig(_Section):
     skip_batches: int = Field(default=0, ge=0, description="batches to skip after a rollback")
 
 
-FaultKind = Literal["cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error"]
+FaultKind = Literal["cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
+                    "slow_rank"]
 
 
 class FaultConfig(_Section):

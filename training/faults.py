@@ -21,6 +21,10 @@ failure prints, because the diagnosis rules match on those lines:
                          (EXIT_FAULT_MID_CHECKPOINT) after this rank's shards are written and
                          before the checkpoint is committed: it stays `.partial`
     script_error         a KeyError from a missing batch field, as a user script bug shows
+    slow_rank            from step k+1 on, the rank sleeps SLOW_RANK_SLEEP_S in every micro
+                         batch's forward pass (inside its compute, as a throttled GPU or a
+                         noisy neighbour is slow): it never fails, every rank's step slows
+                         down to its pace, and only its compute time shows who it is
 
 `rank` (default 0) is the global rank that fails; loss_spike applies to all ranks.
 
@@ -46,8 +50,10 @@ from infra import runfiles
 from training.config import FaultConfig
 
 ENV_VAR = "FORGEFLOW_FAULT"
-KINDS = ("cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error")
+KINDS = ("cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
+         "slow_rank")
 LOSS_SPIKE_FACTOR = 8.0
+SLOW_RANK_SLEEP_S = 0.2
 
 # PyTorch's text for an asynchronous CUDA fault (c10/cuda/CUDAException.cpp, torch 2.x).
 CUDA_ILLEGAL_ACCESS_MESSAGE = (
@@ -104,6 +110,7 @@ class FaultInjector:
         self.rank = rank
         self.run_dir = Path(run_dir)
         self._spiking = False
+        self._slow = False
         if plan is not None and (self._applies_here() and self._already_fired()):
             self.plan = None  # fired in an earlier attempt of this run: let the restart recover
 
@@ -117,6 +124,9 @@ class FaultInjector:
         if plan.kind == "loss_spike":
             self._record_fired()
             self._spiking = True
+        elif plan.kind == "slow_rank":
+            self._record_fired()
+            self._slow = True
         elif plan.kind == "cuda_error":
             self._record_fired()
             _raise_cuda_illegal_memory_access()
@@ -133,6 +143,11 @@ class FaultInjector:
     def observed_loss(self, loss: float) -> float:
         """The loss as the log and the spike detector see it (scaled during an injected spike)."""
         return loss * LOSS_SPIKE_FACTOR if self._spiking else loss
+
+    def in_forward(self) -> None:
+        """Called in every micro batch's forward pass: the slow_rank fault."""
+        if self._slow:
+            time.sleep(SLOW_RANK_SLEEP_S)
 
     def after_shards_written(self, step: int) -> None:
         """Checkpointer hook: the exit_mid_checkpoint fault."""

@@ -169,8 +169,48 @@ class Heartbeat:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._host = socket.gethostname()
 
-    def beat(self, step: int, phase: str = "train") -> None:
+    def beat(self, step: int, phase: str = "train", step_time_s: float | None = None,
+             compute_s: float | None = None) -> None:
         payload = {"rank": self.rank, "step": step, "time": time.time(), "pid": os.getpid(),
                    "host": self._host, "phase": phase}
+        if step_time_s is not None:
+            payload.update(step_time_s=round(step_time_s, 6), compute_s=round(compute_s or 0.0, 6))
         # No fsync: the next beat replaces a lost one, and one per step would slow the loop.
         atomic_write(self.path, json.dumps(payload), durable=False)
+
+
+class ComputeTimers:
+    """megatron's `config.timers` hook, keeping only this rank's compute time.
+
+    The pipeline schedules time each micro batch's forward and backward as
+    'forward-compute' / 'backward-compute' (pipeline_parallel/schedules.py) and the
+    transfers and gradient all-reduce under other names; `take()` returns the
+    forward+backward seconds since the last call. Unlike the step's wall time, which
+    every rank shares because collectives wait for the slowest, it shows which rank
+    is slow."""
+
+    COMPUTE = ("forward-compute", "backward-compute")
+
+    def __init__(self) -> None:
+        self._total = 0.0
+        self._started: dict[str, float] = {}
+
+    def __call__(self, name: str, log_level: int | None = None) -> "_Timer":
+        return _Timer(self, name)
+
+    def take(self) -> float:
+        total, self._total = self._total, 0.0
+        return total
+
+
+class _Timer:
+    def __init__(self, owner: ComputeTimers, name: str):
+        self.owner, self.name = owner, name
+
+    def start(self, barrier: bool = False) -> None:
+        self.owner._started[self.name] = time.perf_counter()
+
+    def stop(self, barrier: bool = False) -> None:
+        began = self.owner._started.pop(self.name, None)
+        if began is not None and self.name in ComputeTimers.COMPUTE:
+            self.owner._total += time.perf_counter() - began

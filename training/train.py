@@ -28,22 +28,27 @@ class StepResult:
     grad_norm: float | None
 
 
-def install_pipeline_hooks(ddp_chunks: list, optimizer) -> None:
+def install_pipeline_hooks(ddp_chunks: list, optimizer):
     """What megatron's schedules call around the micro batches (as megatron's own training
     loop sets them): no grad all-reduce until the last micro batch, then
     `finalize_model_grads` (data-parallel all-reduce, tied-embedding grads across pipeline
-    stages), and the optimizer's loss scale (1 in fp32/bf16; the dynamic scale in fp16)."""
+    stages), and the optimizer's loss scale (1 in fp32/bf16; the dynamic scale in fp16).
+    Returns the ComputeTimers megatron now reports this rank's compute time to."""
     from megatron.core.distributed import finalize_model_grads
+
+    from training.runlog import ComputeTimers
 
     config = ddp_chunks[0].config
     no_sync = [chunk.no_sync for chunk in ddp_chunks]
     config.no_sync_func = no_sync[0] if len(no_sync) == 1 else no_sync
     config.finalize_model_grads_func = finalize_model_grads
     config.grad_scale_func = optimizer.scale_loss
+    config.timers = ComputeTimers()
+    return config.timers
 
 
 def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_micro: int,
-               position_ids: torch.Tensor) -> StepResult:
+               position_ids: torch.Tensor, faults=None) -> StepResult:
     """One optimizer step over `num_micro` micro batches (gradient accumulation).
 
     Megatron's pipeline schedule runs the micro batches: without pipelining one after
@@ -63,6 +68,8 @@ def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_mi
 
     def forward_step(data_iterator, model):
         tokens, labels = next(data_iterator)
+        if faults is not None:
+            faults.in_forward()  # the slow_rank drill
         output = model(tokens, position_ids, None, labels=labels)  # last stage: [b, s] losses
 
         def loss_func(token_losses):
@@ -129,7 +136,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     ddp_model = wrap_data_parallel(model, cfg)
     optimizer = build_optimizer(ddp_model, cfg)
     ddp_chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
-    install_pipeline_hooks(ddp_chunks, optimizer)
+    compute_timers = install_pipeline_hooks(ddp_chunks, optimizer)
     detector = LossSpikeDetector(spec.spike)
     checkpointer = open_checkpointer(spec.checkpoint, env,
                                      after_shards_written=faults.after_shards_written)
@@ -165,10 +172,10 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         t0 = time.monotonic()
         lr = apply_schedule(optimizer, step, cfg)
         result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
-                            position_ids)
+                            position_ids, faults)
         step += 1
         loss = faults.observed_loss(result.loss)
-        heartbeat.beat(step)
+        heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())
 
         if step % cfg.log_interval == 0 or step == cfg.steps:
             log.step(step, loss, lr, result.grad_norm,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from types import SimpleNamespace
 from pathlib import Path
 
 from infra import runfiles
@@ -205,3 +206,24 @@ def test_a_stop_marker_left_by_an_earlier_attempt_is_ignored(tmp_path):
 
     outcome, _, _ = _watch(tmp_path, script)
     assert outcome.status == "failed" and outcome.stop is None
+
+
+def test_a_rank_whose_compute_stays_slow_is_reported_once_with_its_node(tmp_path):
+    reported = []
+
+    def script(job, n):
+        step = n // 2 + 1  # every rank advances a step every other poll
+        job.beats[0].beat(step, step_time_s=0.5, compute_s=0.10)
+        # rank 1: slow in steps 3-4 only (not persistent), then from step 8 on
+        job.beats[1].beat(step, step_time_s=0.5, compute_s=0.35 if step in (3, 4) or step >= 8 else 0.11)
+        if step == 14:
+            _finish(job, step)
+
+    job = ScriptedJob(tmp_path, script)
+    job.request = SimpleNamespace(nodes=[SimpleNamespace(node="node-a", first_global_rank=0, nproc_per_node=1),
+                                         SimpleNamespace(node="node-b", first_global_rank=1, nproc_per_node=1)])
+    outcome = watch(job, tmp_path, world_size=2, on_straggler=reported.append,
+                    straggler_factor=2.0, straggler_patience=3, **FAST)
+    assert outcome.status == "finished"
+    assert [(s.rank, s.node, s.step) for s in reported] == [(1, "node-b", 10)]
+    assert abs(reported[0].ratio - 3.5) < 1e-9 and outcome.stragglers == reported

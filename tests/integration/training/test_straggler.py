@@ -1,0 +1,52 @@
+"""Straggler detection while training runs: a genuinely slow rank, found by the watcher.
+
+Two local "nodes" of one rank each (LocalLauncher: torchrun under the reaper, as the
+pretrain flow launches), the slow_rank fault on rank 1 from step 2 on (it sleeps in
+every micro batch's forward pass, inside its compute). Both ranks' step times slow down
+together — the gradient all-reduce waits for rank 1 — so the heartbeat's per-rank
+compute time is what names it. The report must come while the job still runs, and the
+job must finish: a straggler is reported, not failed.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+
+import yaml
+
+from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
+from infra.watch import watch
+
+
+def test_a_slow_rank_is_reported_with_its_node_while_training_goes_on(
+        tiny_job_dict, tiny_prepared, tmp_path, free_port):
+    spec = copy.deepcopy(tiny_job_dict)
+    spec.update(name="straggler", run_dir=str(tmp_path / "run"))
+    spec["training"]["steps"] = 12
+    spec["checkpoint"] = {**spec["checkpoint"], "url": str(tmp_path / "ckpt"), "interval": 100}
+    path = tmp_path / "straggler.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+
+    request = LaunchRequest("straggler", local_node_launches(["node-a", "node-b"], 1, free_port),
+                            ["-m", "training.train", str(path)], tmp_path / "run",
+                            env={"FORGEFLOW_FAULT": "slow_rank@2:1", "OMP_NUM_THREADS": "1"})
+    job = LocalLauncher().start(request)
+    reported = []
+
+    def on_straggler(straggler):
+        reported.append((straggler, job.poll()))
+
+    try:
+        outcome = watch(job, tmp_path / "run", request.world_size, poll_s=0.1,
+                        on_straggler=on_straggler)
+    finally:
+        job.terminate(grace_s=5.0)
+    assert outcome.status == "finished", [p.read_text()[-3000:] for p in job.log_paths().values()]
+    assert len(reported) == 1
+    straggler, codes_then = reported[0]
+    assert (straggler.rank, straggler.node) == (1, "node-b") and straggler.host == os.uname().nodename
+    assert straggler.ratio > 2.0 and straggler.samples >= 3 and 2 < straggler.step < 12
+    assert any(code is None for code in codes_then.values())  # reported while it was running
+    assert [s.rank for s in outcome.stragglers] == [1]
