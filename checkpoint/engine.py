@@ -487,10 +487,13 @@ class CheckpointEngine:
             return None, f"manifest unreadable: {e}", (
                 _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
         same_layout = (manifest.world_size == self.world_size and manifest.layout == self.layout)
+        by_key: dict[str, list[PieceRequest]] = {}
+        for r in requests:
+            by_key.setdefault(r.key, []).append(r)
         needed: list[ShardRecord] = []
         for record in manifest.shards:
             mine = same_layout and record.rank == self.rank
-            if mine or any(overlaps(r, d) for d in record.pieces for r in requests):
+            if mine or any(overlaps(r, d) for d in record.pieces for r in by_key.get(d["key"], ())):
                 needed.append(record)
         if same_layout and not any(r.rank == self.rank for r in needed):
             return None, f"manifest of step {step} has no shard for rank {self.rank}", _UNVERIFIED
