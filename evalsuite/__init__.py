@@ -2,12 +2,14 @@
 
     datasets.py     registry of datasets (HumanEval, perplexity, JSONL tasks from YAML), prompt cache
     backends.py     inference backends (transformers, vLLM) writing one JSONL schema (records.py)
-    trials.py       a trial: one model load, inference over shards; resumable; thread or process
+    trials.py       a trial: one model load, inference over shards; resumable; in a thread or its own
+                    process that sees only its slot's devices (CUDA_VISIBLE_DEVICES, pinned cores)
     preload.py      precursor job: checkpoint from storage into /dev/shm once per node
     sandbox.py      process-per-program HumanEval execution with limits and isolation
     metrics.py      metric jobs on CPU workers (exact match, multiple choice, perplexity, pass@k)
     history.py      runtime history (per dataset, backend, model size) for predictions
-    coordinator.py  decompose (split/batch), assign (LPT over slots), execute (CPU metric pool)
+    coordinator.py  decompose (split/batch), assign (LPT over slots): the plan
+    executor.py     the one loop that runs a plan, records runtime history; pluggable submitters
     runner.py       the whole pipeline in one call; suite.py: suite YAML; reporting.py: results/plots
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
 """

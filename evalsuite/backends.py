@@ -257,10 +257,21 @@ class TransformersBackend(Backend):
 
 @register_backend("vllm")
 class VllmBackend(Backend):
-    """vLLM's offline engine, `LLM(model=local_path)`. Untested here: needs CUDA and the [gpu] extra."""
+    """vLLM's offline engine, `LLM(model=local_path)`. Needs CUDA and the [gpu] extra; not run here.
+
+    One engine per slot: the trial's own process sees only its slot's GPUs
+    (CUDA_VISIBLE_DEVICES), and the engine's tensor-parallel size is their count
+    (`evalsuite.trials.backend_options_for`). vLLM cannot be pointed at one GPU of
+    several from inside a process, so a device other than the visible ones is refused.
+    """
 
     def __init__(self, model_path: str | Path, options: BackendOptions) -> None:
         super().__init__(model_path, options)
+        if options.device not in ("auto", "cuda", "cuda:0"):
+            raise EvalConfigError(
+                f"backend 'vllm' runs on the GPUs its process sees (CUDA_VISIBLE_DEVICES), not device "
+                f"{options.device!r}: give the suite devices per slot (e.g. [cuda:0, 'cuda:1,2']) with "
+                "isolation: process")
         try:
             from vllm import LLM
         except ImportError as e:

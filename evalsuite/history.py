@@ -59,7 +59,8 @@ class RuntimeHistory:
 
     def gpu_s(self, dataset: EvalDataset, backend: str, model_key: str, samples: int) -> float:
         entry = self.data.get(self.key(dataset.name, backend, model_key))
-        rate = entry["gpu_s_per_sample"] if entry else dataset.gpu_s_per_sample
+        # An entry may hold only metric times (a resumed run skipped inference): default the rest.
+        rate = entry["gpu_s_per_sample"] if entry and "gpu_s_per_sample" in entry else dataset.gpu_s_per_sample
         return rate * samples
 
     def metric_s(self, dataset: EvalDataset, backend: str, model_key: str, samples: int) -> float:
@@ -72,7 +73,7 @@ class RuntimeHistory:
         return self.data.get(f"load|{backend}|{model_key}|{source}", {}).get("load_s", default)
 
     def knows(self, dataset: str, backend: str, model_key: str) -> bool:
-        return self.key(dataset, backend, model_key) in self.data
+        return "gpu_s_per_sample" in self.data.get(self.key(dataset, backend, model_key), {})
 
     def _blend(self, key: str, field: str, value: float) -> None:
         entry = self.data.setdefault(key, {})

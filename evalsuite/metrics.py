@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field
 
 from evalsuite.datasets import DatasetRef, EvalDataset, answer_index
 from evalsuite.records import GenerationRecord, LoglikelihoodRecord, OutputRecord, read_records
-from evalsuite.sandbox import Sandbox, SandboxLimits, humaneval_program
+from evalsuite.sandbox import NO_OS_ISOLATION, Sandbox, SandboxLimits, humaneval_program
 from infra.atomic_write import atomic_write
 
 
@@ -37,6 +37,7 @@ class ShardScore(BaseModel):
     output_sha: str            # the output file these scores belong to
     per_sample: list[dict[str, Any]]
     elapsed_s: float
+    warnings: list[str] = Field(default_factory=list)   # e.g. programs ran without OS-level isolation
 
 
 class MetricJob(BaseModel):
@@ -138,7 +139,8 @@ class PassAtK(Metric):
             runs = [sandbox.run(humaneval_program(problem, c), timeout_s=dataset.options.timeout_s)
                     for c in rec.outputs]
             out.append({"index": rec.sample_index, "task_id": problem["task_id"],
-                        "passed": [r.passed for r in runs], "results": [r.result for r in runs]})
+                        "passed": [r.passed for r in runs], "results": [r.result for r in runs],
+                        "isolation": sorted({r.isolation for r in runs})})
         return out
 
     def aggregate(self, dataset, per_sample):
@@ -178,8 +180,11 @@ def run_metric_job(job: MetricJob, sandbox: Sandbox | None = None,
     if dataset.metric == "pass_at_k" and sandbox is None:
         sandbox = Sandbox(job.sandbox)
     per_sample = METRICS[dataset.metric].score(dataset, records, sandbox)
+    # Programs run without the OS sandbox: said in the score, and so in the report and results.
+    unisolated = any(i != "bwrap" for s in per_sample for i in s.get("isolation", []))
     score = ShardScore(dataset=dataset.name, shard=job.shard, output_sha=output_sha,
-                       per_sample=per_sample, elapsed_s=time.perf_counter() - started)
+                       per_sample=per_sample, elapsed_s=time.perf_counter() - started,
+                       warnings=[f"{dataset.name}: {NO_OS_ISOLATION}"] if unisolated else [])
     atomic_write(score_path, score.model_dump_json())  # a torn score file would be scored again
     return score
 

@@ -4,8 +4,15 @@ For a checkpoint at `ROOT/NAME` (a step directory, or an exported folder) the
 results of suite S go to `ROOT/eval/NAME/S.json` through `infra.storage`
 (file:// or s3://) — beside the checkpoint rather than inside it, so checkpoint
 retention and verification never see foreign files. The catch-up flow treats a
-checkpoint as evaluated once that file exists; `plot_progress` reads them all
-and draws each metric against the training step.
+checkpoint as evaluated once that file exists.
+
+Results over time: `write_score_history` keeps `ROOT/eval/scores-S.jsonl`, one
+line per (step, dataset, metric), rebuilt from the per-checkpoint files after
+each one is written (so two evaluations finishing together cannot lose a line
+for good: the next rebuild restores it). `trend_chart_png` draws score against
+step per dataset; `trend_markdown` puts that chart inline (a base64 PNG data
+URI: the Prefect UI renders it, where it would not load a file:// image) above
+a step-by-metric table, for a Prefect markdown artifact.
 """
 
 from __future__ import annotations
@@ -70,42 +77,113 @@ def load_all_results(root: str, suite: str) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: (r.get("step") is None, r.get("step") or 0, r.get("checkpoint_name", "")))
 
 
-def results_table(results: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
-    return [{"dataset": ds, "metric": m, "value": round(v, 6)}
-            for ds, metrics in sorted(results.items()) for m, v in sorted(metrics.items())]
+def scores_key(suite: str) -> str:
+    return f"eval/scores-{suite}.jsonl"
 
 
-def plot_progress(rows: list[dict[str, Any]], out_png: str | Path) -> Path | None:
-    """One panel per (dataset, metric): value against step (or checkpoint order)."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    for i, row in enumerate(rows):
-        x = row.get("step") if row.get("step") is not None else i
-        for ds, metrics in row.get("results", {}).items():
-            for metric, value in metrics.items():
-                if metric != "tokens":
-                    series.setdefault(f"{ds} · {metric}", []).append((x, value))
-    if not series:
+def score_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (step, dataset, metric) from per-checkpoint results (load_all_results)."""
+    rows = []
+    for i, r in enumerate(results):
+        step = r.get("step") if r.get("step") is not None else i
+        for ds, metrics in sorted(r.get("results", {}).items()):
+            for metric, value in sorted(metrics.items()):
+                rows.append({"step": step, "checkpoint": r.get("checkpoint", ""), "dataset": ds, "metric": metric,
+                             "value": value, "time": r.get("time")})
+    return rows
+
+
+def write_score_history(root: str, suite: str) -> tuple[str, list[dict[str, Any]]]:
+    """Rebuild `ROOT/eval/scores-SUITE.jsonl` from every checkpoint's results; (URL, rows)."""
+    from infra.storage import open_storage
+
+    rows = score_rows(load_all_results(root, suite))
+    storage = open_storage(root)
+    try:
+        storage.put_bytes(scores_key(suite), "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows).encode())
+        return storage.url(scores_key(suite)), rows
+    finally:
+        storage.close()
+
+
+def read_score_history(root: str, suite: str) -> list[dict[str, Any]]:
+    from infra.storage import open_storage
+
+    storage = open_storage(root)
+    try:
+        if not storage.exists(scores_key(suite)):
+            return []
+        return [json.loads(line) for line in storage.get_bytes(scores_key(suite)).decode().splitlines() if line]
+    finally:
+        storage.close()
+
+
+# Counts, not scores: they would dwarf the scores on a shared axis.
+_NOT_SCORES = {"tokens"}
+
+
+def trend_chart_png(rows: list[dict[str, Any]], title: str = "") -> bytes | None:
+    """Score against training step, one panel per dataset (a line per metric); PNG bytes."""
+    panels: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for r in rows:
+        if r["metric"] not in _NOT_SCORES:
+            panels.setdefault(r["dataset"], {}).setdefault(r["metric"], []).append((r["step"], r["value"]))
+    if not panels:
         return None
+    import io
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    n = len(series)
+    n = len(panels)
     cols = min(3, n)
     rows_n = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.0 * rows_n), squeeze=False)
-    for ax, (name, points) in zip(axes.flat, sorted(series.items())):
-        points.sort()
-        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o")
-        ax.set_title(name, fontsize=9)
-        ax.set_xlabel("step")
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.0 * cols, 2.8 * rows_n), squeeze=False)
+    for ax, (dataset, metrics) in zip(axes.flat, sorted(panels.items())):
+        for metric, points in sorted(metrics.items()):
+            points.sort()
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=metric)
+        ax.set_title(dataset, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # steps are whole numbers
+        ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
         ax.axis("off")
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out_png, dpi=90)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
     plt.close(fig)
-    return out_png
+    return buf.getvalue()
+
+
+def trend_markdown(rows: list[dict[str, Any]], title: str) -> str:
+    """Markdown for a Prefect artifact: the trend chart inline, then score by step."""
+    import base64
+
+    lines = [f"## {title}", ""]
+    png = trend_chart_png(rows, title)
+    if png:
+        lines += [f"![score vs step](data:image/png;base64,{base64.b64encode(png).decode()})", ""]
+    columns = sorted({(r["dataset"], r["metric"]) for r in rows if r["metric"] not in _NOT_SCORES})
+    by_step: dict[Any, dict[tuple[str, str], float]] = {}
+    for r in rows:
+        by_step.setdefault(r["step"], {})[(r["dataset"], r["metric"])] = r["value"]
+    if columns:
+        lines.append("| step | " + " | ".join(f"{d} {m}" for d, m in columns) + " |")
+        lines.append("|---:|" + "---:|" * len(columns))
+        for step in sorted(by_step):
+            cells = [f"{by_step[step][c]:.4g}" if c in by_step[step] else "" for c in columns]
+            lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def results_table(results: dict[str, dict[str, float]]) -> list[dict[str, Any]]:
+    return [{"dataset": ds, "metric": m, "value": round(v, 6)}
+            for ds, metrics in sorted(results.items()) for m, v in sorted(metrics.items())]

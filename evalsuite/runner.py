@@ -1,7 +1,9 @@
 """Evaluate one exported checkpoint with a suite: preload → plan → trials → metrics → results.
 
 This is the whole pipeline in one call for the command line and plain Python;
-the Prefect flow (flows/evaluate.py) runs the same steps as separate tasks.
+the Prefect flow (flows/evaluate.py) runs the same steps as separate tasks, with
+the same `build_plan` and the same executor (`evalsuite.executor.execute`), only
+a different submitter.
 """
 
 from __future__ import annotations
@@ -13,8 +15,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from evalsuite.coordinator import (Plan, Policy, RunReport, assign, decompose, estimate_costs, execute,
-                                   format_plan, slot_names)
+from evalsuite.coordinator import Plan, Policy, assign, decompose, estimate_costs, format_plan, slot_names
+from evalsuite.executor import LocalSubmitter, RunReport, execute
 from evalsuite.history import RuntimeHistory, model_size_key
 from evalsuite.preload import preloaded
 from evalsuite.sandbox import Sandbox
@@ -32,14 +34,17 @@ def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, h
                        load_s=history.load_s(suite.backend, model_key, source="shm" if policy.preload else "storage"),
                        policy=policy,
                        target_trial_s=suite.target_trial_s, backend_options=suite.backend_options)
-    slots = slot_names(suite.slots, suite.devices)
+    slots = slot_names(suite.slots)
     plan = assign(trials, slots, policy)
-    device_of = dict(zip(slots, suite.devices or [None] * len(slots)))
+    plan.devices = dict(zip(slots, suite.slot_devices()))
+    plan.model_key = model_key
+    plan.history_used = sorted({ds.name for _, ds in datasets if history.knows(ds.name, suite.backend, model_key)})
     slot_of = {tid: s for s, ids in plan.assignment.items() for tid in ids}
     for t in plan.trials:
         t.model_path = preloaded_path if policy.preload else ""
         t.model_source = model_source
-        t.device = device_of[slot_of[t.trial_id]]
+        t.devices = list(plan.devices[slot_of[t.trial_id]])
+        t.isolation = suite.isolation
     return plan
 
 
@@ -60,8 +65,11 @@ def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, p
                           model_source=model_source, preloaded_path=str(local or ""))
         echo(format_plan(plan))
         sandbox = Sandbox(suite.sandbox, cores=_metric_cores(suite.metric_workers))
-        report = execute(plan, history=history, model_key=model_size_key(model_path), isolation=suite.isolation,
-                         metric_workers=suite.metric_workers, sandbox=sandbox, on_event=on_event)
+        submitter = LocalSubmitter(len(plan.slots), suite.metric_workers or sandbox.concurrency, sandbox)
+        try:
+            report = execute(plan, submitter, history=history, sandbox_limits=suite.sandbox, on_event=on_event)
+        finally:
+            submitter.close()
     echo(report.format())
     write_results(output_dir / "results.json", report, suite, model_source, preload_s)
     return report
@@ -84,7 +92,8 @@ def _metric_cores(workers: int | None) -> list[int] | None:
 def results_payload(report: RunReport, suite: SuiteConfig, model_source: str, preload_s: float = 0.0) -> dict:
     return {"model": model_source, "suite": suite.name, "backend": suite.backend, "time": time.time(),
             "results": report.results, "failed": report.failed_datasets, "makespan_s": report.makespan_s,
-            "predicted_makespan_s": report.predicted_makespan_s, "preload_s": preload_s}
+            "predicted_makespan_s": report.predicted_makespan_s, "preload_s": preload_s,
+            "warnings": report.warnings, "history_used": report.history_used}
 
 
 def write_results(path: str | Path, report: RunReport, suite: SuiteConfig, model_source: str,

@@ -4,38 +4,59 @@ Each program runs in a fresh interpreter (`python -I -B`: no user site, no
 PYTHONPATH, no bytecode writes) started in its own session (so its whole
 process group can be killed), with an empty temporary directory as cwd and
 HOME, and a scrubbed environment (the evaluator's credentials are not
-inherited). Before the program's first line runs, a small guard inside the child:
+inherited).
+
+**The operating system holds it** where it can (`isolation == "bwrap"`): the
+interpreter starts under bubblewrap (Debian's `bubblewrap` package) with the
+whole filesystem bound read-only except the program's own temporary directory
+(a private /dev, read-only too, and /proc of its own PID namespace), in fresh
+user, PID, IPC, UTS and network namespaces (no interface but a down loopback),
+as an unprivileged uid. So nothing the program's Python can reach — `io.FileIO`,
+`_io.open`, `os.open`, ctypes, `socket.SocketType` — writes outside its
+directory or connects anywhere: the kernel refuses. When its PID namespace's
+first process dies every process of the program dies with it.
+
+**Fallback, said loudly** (`isolation == "python-guard"`): without bubblewrap
+or namespaces (no root, no unprivileged user namespaces) the program runs under
+the Python-level guard alone (below) plus a network namespace if one can be
+made; every result carries its isolation, and the metric job's score carries a
+warning that the report prints.
+
+In both cases, before the program's first line runs, a small guard inside the child:
 
 - pins itself to one reserved core (`os.sched_setaffinity`), so concurrent
   programs and inference threads do not share a core with it;
-- sets hard resource limits: RLIMIT_CPU (the timeout counts CPU seconds, so a
-  busy machine does not turn a passing program into a timeout), RLIMIT_AS
-  (memory), RLIMIT_FSIZE (file size), RLIMIT_NPROC (no new processes for a
-  non-root user) and no core dumps;
-- moves into a fresh network namespace when the kernel allows it (root or
-  unprivileged user namespaces): no interface but a down loopback;
+- sets hard resource limits: RLIMIT_CPU (CPU seconds), RLIMIT_AS (memory),
+  RLIMIT_FSIZE (file size), RLIMIT_NPROC (no new processes for a non-root
+  user) and no core dumps;
 - blocks, at the Python level, sockets, subprocesses, fork/exec/spawn,
   signalling other processes (os.kill/killpg), ctypes and the resource module,
-  and refuses file writes outside its directory.
+  and refuses file writes outside its directory (accidents and the usual
+  idioms; the OS sandbox is what holds against code written to get around it);
+- tells the evaluator it is about to start the program. The wall-clock limit
+  (the configured timeout plus a small slack, as the official harness's 3 s)
+  counts from then, so interpreter start-up on a busy machine neither eats the
+  program's time nor lets a sleeping program hold its core much longer.
 
-The parent enforces a wall-clock timeout and always kills the child's process
-group. Pass/fail comes back over a private pipe tagged with a per-run random
-token, so a program that exits early (``os._exit(0)``) or prints "passed"
-does not pass.
+The parent always kills the child's process group. Pass/fail comes back over a
+private pipe tagged with a per-run random token, so a program that exits early
+(``os._exit(0)``) or prints "passed" does not pass.
 
-Limits of this sandbox: the Python-level blocks stop accidents and the usual
-hostile idioms, not code written to defeat this particular guard (the kernel
-limits and the network namespace still hold). For adversarial code, run the
-metric workers inside a container (gVisor, Firecracker) as well.
+Limits: RLIMIT_NPROC does not bind root, so a fork bomb written around the guard
+is bounded by the wall clock and the PID namespace, not by a process count; for
+hostile code at scale add a cgroup (pids.max) or run metric workers in gVisor /
+Firecracker as well.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import queue
 import secrets
+import select
 import shutil
 import signal
 import subprocess
@@ -43,6 +64,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -62,14 +84,15 @@ def _guard():
     os.close(devnull); os.close(out)
     if cfg["core"] is not None:
         os.sched_setaffinity(0, {cfg["core"]})
-    isolated = False
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
-        isolated = libc.unshare(CLONE_NEWNET) == 0 or libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
-    except Exception:
-        pass
+    isolated = cfg["os_sandbox"]             # bubblewrap made the namespaces already
+    if not isolated:
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
+            isolated = libc.unshare(CLONE_NEWNET) == 0 or libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0
+        except Exception:
+            pass
     for limit, value in ((resource.RLIMIT_CPU, cfg["cpu_s"]), (resource.RLIMIT_AS, cfg["memory_bytes"]),
                          (resource.RLIMIT_FSIZE, cfg["file_bytes"]), (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(limit, (value, value))
@@ -131,6 +154,7 @@ def _guard():
     dumps = json.dumps
     with real_open("program.py", encoding="utf-8") as f:
         source = f.read()
+    write(report, (prefix + "ready\n").encode())   # the wall clock starts now
     try:
         exec(compile(source, "program.py", "exec"), {"__name__": "__main__", "__builtins__": builtins})
         message = passed
@@ -146,8 +170,12 @@ _guard()
 class SandboxLimits(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float = Field(default=3.0, gt=0, description="CPU seconds a program may use")
-    wall_slack_s: float = Field(default=10.0, ge=0, description="extra wall time (start-up, a busy machine)")
+    timeout_s: float = Field(default=3.0, gt=0, description="seconds a program may run (CPU and wall clock)")
+    wall_slack_s: float = Field(default=1.0, ge=0,
+                                description="extra wall seconds after the program starts (scheduling noise)")
+    startup_s: float = Field(default=60.0, gt=0, description="wall seconds for the interpreter to start")
+    isolation: Literal["auto", "bwrap", "python-guard"] = Field(
+        default="auto", description="auto: bubblewrap when it works here, else the Python guard (warned)")
     memory_mb: int = Field(default=1024, gt=64)
     file_size_mb: int = Field(default=16, gt=0)
 
@@ -156,7 +184,43 @@ class ExecutionResult(BaseModel):
     passed: bool
     result: str                  # "passed", "timed out", or "failed: <why>"
     network_isolated: bool = False
+    isolation: str = "python-guard"   # "bwrap": the OS holds it; "python-guard": the fallback
     wall_s: float
+
+
+NO_OS_ISOLATION = ("HumanEval programs ran WITHOUT operating-system isolation (no bubblewrap or no "
+                   "namespaces here): only the Python-level guard held; install bubblewrap "
+                   "(apt-get install bubblewrap) and allow user namespaces, or run metric workers in a container")
+
+_BWRAP_WORKS: dict[str, bool] = {}
+
+
+def bwrap_available() -> bool:
+    """Whether bubblewrap exists here and can make its namespaces (probed once per process)."""
+    exe = shutil.which("bwrap")
+    if exe is None:
+        return False
+    if exe not in _BWRAP_WORKS:
+        try:
+            probe = subprocess.run([exe, *_bwrap_args(Path(tempfile.gettempdir())), "--", "/bin/true"],
+                                   capture_output=True, timeout=30)
+            _BWRAP_WORKS[exe] = probe.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_WORKS[exe] = False
+        if not _BWRAP_WORKS[exe]:
+            logging.getLogger(__name__).warning("bwrap is installed but cannot create namespaces here: %s",
+                                                NO_OS_ISOLATION)
+    return _BWRAP_WORKS[exe]
+
+
+def _bwrap_args(workdir: Path) -> list[str]:
+    # Read-only root; a private, read-only /dev; /proc of the program's own PID namespace;
+    # the program's directory the only writable place. Fresh user/PID/IPC/UTS/net namespaces,
+    # an unprivileged uid inside; bwrap (PID 1 of the namespace) dies with the evaluator.
+    return ["--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev", "--proc", "/proc",
+            "--bind", str(workdir), str(workdir), "--chdir", str(workdir),
+            "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534",
+            "--die-with-parent", "--new-session"]
 
 
 class Sandbox:
@@ -174,6 +238,15 @@ class Sandbox:
         self.workdir_root = Path(workdir_root) if workdir_root else None
         if self.workdir_root:
             self.workdir_root.mkdir(parents=True, exist_ok=True)
+        mode = self.limits.isolation
+        if mode == "auto":
+            mode = "bwrap" if bwrap_available() else "python-guard"
+        elif mode == "bwrap" and not bwrap_available():
+            raise RuntimeError("sandbox isolation 'bwrap' was asked for, but bubblewrap is missing or cannot "
+                               "create namespaces here; install it (apt-get install bubblewrap) or use 'auto'")
+        self.isolation = mode
+        if mode != "bwrap":
+            logging.getLogger(__name__).warning(NO_OS_ISOLATION)
 
     @property
     def concurrency(self) -> int:
@@ -187,24 +260,59 @@ class Sandbox:
         try:
             (workdir / "program.py").write_text(program, encoding="utf-8")
             tag = secrets.token_hex(16)
-            config = {"tag": tag, "core": core, "cpu_s": max(1, math.ceil(timeout)),
+            os_sandbox = self.isolation == "bwrap"
+            config = {"tag": tag, "core": core, "cpu_s": max(1, math.ceil(timeout)), "os_sandbox": os_sandbox,
                       "memory_bytes": self.limits.memory_mb << 20, "file_bytes": self.limits.file_size_mb << 20}
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "TMPDIR": str(workdir),
                    "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
-            proc = subprocess.Popen(
-                [sys.executable, "-I", "-B", "-c", _GUARD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                stderr=subprocess.DEVNULL, cwd=workdir, env=env, start_new_session=True, close_fds=True)
+            command = [sys.executable, "-I", "-B", "-c", _GUARD]
+            if os_sandbox:
+                os.chmod(workdir, 0o777)   # writable by the sandbox's unprivileged uid
+                (workdir / "program.py").chmod(0o644)
+                command = [shutil.which("bwrap") or "bwrap", *_bwrap_args(workdir), "--", *command]
+            proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL, cwd=workdir, env=env, start_new_session=True,
+                                    close_fds=True)
             try:
-                out, _ = proc.communicate(json.dumps(config).encode() + b"\n",
-                                          timeout=timeout + self.limits.wall_slack_s)
-            except subprocess.TimeoutExpired:
-                out = b""
+                out = _communicate(proc, json.dumps(config).encode() + b"\n", tag,
+                                   startup_s=self.limits.startup_s, run_s=timeout + self.limits.wall_slack_s)
             finally:
                 _kill_group(proc)
-            return _parse_report(out, tag, proc.returncode, time.perf_counter() - started)
+            result = _parse_report(out, tag, proc.returncode, time.perf_counter() - started)
+            return result.model_copy(update={"isolation": self.isolation})
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
             self._free.put(core)
+
+
+def _communicate(proc: subprocess.Popen, config: bytes, tag: str, *, startup_s: float, run_s: float) -> bytes:
+    """The child's report; waits `startup_s` for its ready line, then `run_s` for the program."""
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        proc.stdin.write(config)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    ready = (tag + " ready\n").encode()
+    out = b""
+    deadline = time.monotonic() + startup_s
+    started = False
+    fd = proc.stdout.fileno()
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return out      # killed by the caller: timed out
+        readable, _, _ = select.select([fd], [], [], left)
+        if not readable:
+            continue
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            proc.wait()
+            return out
+        out += chunk
+        if not started and ready in out:
+            started = True
+            deadline = time.monotonic() + run_s
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -222,12 +330,14 @@ def _kill_group(proc: subprocess.Popen) -> None:
 
 def _parse_report(out: bytes, tag: str, returncode: int | None, wall_s: float) -> ExecutionResult:
     for line in out.decode("utf-8", errors="replace").splitlines():
-        if line.startswith(tag + " "):
+        if line.startswith(tag + " ") and line != tag + " ready":
             body = json.loads(line[len(tag) + 1:])
             return ExecutionResult(passed=body["result"] == "passed", result=body["result"],
                                    network_isolated=body["isolated"], wall_s=wall_s)
     # No report: killed by a limit (SIGXCPU/SIGKILL for CPU time, SIGXFSZ for file size)
     # or by the wall-clock timeout, or it exited before finishing.
+    if returncode is not None and returncode > 128:
+        returncode = -(returncode - 128)   # bubblewrap passes a killed program's signal on as 128 + N
     if returncode in (-signal.SIGXCPU, -signal.SIGKILL) or returncode is None:
         return ExecutionResult(passed=False, result="timed out", wall_s=wall_s)
     if returncode == -signal.SIGXFSZ:

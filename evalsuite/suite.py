@@ -45,7 +45,9 @@ class SuiteConfig(BaseModel):
     backend: str = "transformers"
     backend_options: dict[str, Any] = Field(default_factory=dict)
     slots: int = Field(default=1, gt=0)
-    devices: list[str] | None = Field(default=None, description="one per slot, e.g. [cuda:0, cuda:1]")
+    devices: list[str | list[str]] | None = Field(
+        default=None, description="one device set per slot: [cuda:0, cuda:1], ['cuda:0,1', 'cuda:2,3'] (two "
+                                  "GPUs per slot: vLLM tensor parallel 2), [cpu, cpu] or [cpu:0, cpu:1] (pinned)")
     metric_workers: int | None = Field(default=None, gt=0, description="default: one per core")
     isolation: Literal["thread", "process"] = Field(
         default="thread", description="run each trial in a thread or a fresh process (GPUs: process)")
@@ -65,7 +67,33 @@ class SuiteConfig(BaseModel):
                              "and devices: [cuda:0, ...] (one per slot)")
         if self.devices is not None and len(self.devices) != self.slots:
             raise ValueError(f"devices lists {len(self.devices)} device(s) for {self.slots} slot(s); give one per slot")
+        if self.backend == "vllm" and self.devices is not None and self.isolation == "thread":
+            raise ValueError("vLLM sees the GPUs of its process: a slot's devices need isolation: process")
+        for devices in self.slot_devices():
+            bad = [d for d in devices if not (d in ("cpu", "cuda") or d.startswith(("cpu:", "cuda:")))]
+            if bad:
+                raise ValueError(f"devices: {bad} is not a device; use cuda:N, cpu or cpu:CORE")
+            if len([d for d in devices if d.startswith("cuda")]) > 1 and self.isolation == "thread":
+                raise ValueError(f"a slot with several GPUs ({devices}) runs its engine in its own process: "
+                                 "set isolation: process")
         return self
+
+    def slot_devices(self) -> list[list[str]]:
+        """Each slot's device set ('cuda:0,1' -> [cuda:0, cuda:1]); [] per slot when none are given."""
+        if self.devices is None:
+            return [[] for _ in range(self.slots)]
+        out = []
+        for entry in self.devices:
+            items = entry if isinstance(entry, list) else [entry]
+            devices: list[str] = []
+            for item in items:
+                kind, _, rest = str(item).strip().partition(":")
+                if kind == "cuda" and rest:
+                    devices += [f"cuda:{i.strip()}" for i in rest.split(",") if i.strip()]
+                else:
+                    devices.append(str(item).strip())
+            out.append(devices)
+        return out
 
     def refs(self) -> list[DatasetRef]:
         return [DatasetRef(name=d.name, options=d.options, task_file=self.task_file_of.get(d.name))

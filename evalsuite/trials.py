@@ -2,9 +2,18 @@
 
 `Trial` is a plain, serialisable description (pydantic). `run_trial(trial)` runs
 it in the current thread; `python -m evalsuite.trials < trial.json` runs the same
-function in a fresh process (what a process pool or a remote worker does, with
-its own CUDA_VISIBLE_DEVICES). A shard whose output file is already complete is
-skipped, so re-running a trial after a crash redoes only the unfinished shards.
+function in a fresh process. `execute_trial(trial)` picks between the two by the
+trial's `isolation`, and is what every executor (threads for the CLI, Prefect
+tasks for the flow) calls.
+
+A trial runs on its slot's devices: a slot is a set of devices (`["cuda:2",
+"cuda:3"]`, or `["cpu"]`). In its own process the trial sees only those GPUs
+(`CUDA_VISIBLE_DEVICES`), so one engine per slot owns them; a vLLM engine's
+tensor-parallel size is the slot's GPU count. A CPU slot may name cores
+(`cpu:0,1`): the trial process is pinned to them, the CPU twin of a GPU set.
+
+A shard whose output file is already complete is skipped, so re-running a trial
+after a crash redoes only the unfinished shards.
 """
 
 from __future__ import annotations
@@ -12,12 +21,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -51,7 +62,8 @@ class Trial(BaseModel):
     model_source: str = ""         # where it lives in storage: loaded from there when not preloaded
     output_dir: str
     prompt_cache_dir: str | None = None
-    device: str | None = None      # e.g. "cuda:3": the slot's GPU (process isolation sets CUDA_VISIBLE_DEVICES)
+    devices: list[str] = Field(default_factory=list)   # the slot's devices, e.g. ["cuda:2", "cuda:3"]; [] = auto
+    isolation: Literal["thread", "process"] = "thread"  # in the executor's thread, or a fresh process
     predicted_load_s: float = 0.0
     predicted_gpu_s: float = 0.0
     predicted_metric_s: float = 0.0
@@ -74,6 +86,13 @@ class TrialResult(BaseModel):
     load_s: float
     shards: list[ShardTiming]
     total_s: float
+    worker: dict[str, str] = Field(default_factory=dict)   # where it ran: host, pid, visible GPUs, cores
+
+
+def _worker_info() -> dict[str, str]:
+    return {"host": socket.gethostname(), "pid": str(os.getpid()),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "(all)"),
+            "cpu_affinity": ",".join(map(str, sorted(os.sched_getaffinity(0))))}
 
 
 def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None) -> TrialResult:
@@ -86,7 +105,10 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
                for s in trial.shards if s not in todo]
     if not todo:
         return TrialResult(trial_id=trial.trial_id, load_s=0.0, shards=timings,
-                           total_s=time.perf_counter() - started)
+                           total_s=time.perf_counter() - started, worker=_worker_info())
+    if not trial.model_path and not trial.model_source:
+        raise TrialError(f"trial {trial.trial_id}: neither model_path (a local folder) nor model_source "
+                         "(a storage URL) is set; build trials with evalsuite.runner.build_plan(model_source=...)")
     scratch = None
     model_path = trial.model_path
     if model_path and not Path(model_path).is_dir() and trial.model_source:
@@ -103,9 +125,7 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
         copy_from_storage(trial.model_source, scratch)
         model_path = str(scratch)
     try:
-        options = dict(trial.backend_options)
-        if trial.device and "device" not in options:
-            options["device"] = trial.device
+        options = backend_options_for(trial)
         backend = load_backend(trial.backend, model_path, options)
         load_s = time.perf_counter() - started
         cache = PromptCache(trial.prompt_cache_dir) if trial.prompt_cache_dir else PromptCache()
@@ -131,7 +151,7 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     return TrialResult(trial_id=trial.trial_id, load_s=load_s, shards=timings,
-                       total_s=time.perf_counter() - started)
+                       total_s=time.perf_counter() - started, worker=_worker_info())
 
 
 def _tokenizer(model_path: str):
@@ -140,14 +160,56 @@ def _tokenizer(model_path: str):
     return AutoTokenizer.from_pretrained(model_path)
 
 
-def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialResult:
-    """The same trial in a fresh interpreter (its own GPU via CUDA_VISIBLE_DEVICES)."""
-    env = dict(os.environ)
-    if trial.device and trial.device.startswith("cuda:"):
-        env["CUDA_VISIBLE_DEVICES"] = trial.device.split(":", 1)[1]
-        trial = trial.model_copy(update={"device": "cuda"})
+def cuda_indices(devices: list[str]) -> list[str]:
+    """GPU indices of a slot's devices ("cuda:3" -> "3"); [] when it has none."""
+    return [d.split(":", 1)[1] for d in devices if d.startswith("cuda:")]
+
+
+def cpu_cores(devices: list[str]) -> set[int]:
+    """Cores a CPU slot is pinned to ("cpu:0,1" -> {0, 1}); empty: no pinning."""
+    cores: set[int] = set()
+    for d in devices:
+        if d.startswith("cpu:"):
+            cores.update(int(c) for c in d.split(":", 1)[1].split(",") if c.strip())
+    return cores
+
+
+def backend_options_for(trial: Trial) -> dict:
+    """The backend options of a trial on its slot: the device, and vLLM's tensor parallel size."""
+    options = dict(trial.backend_options)
+    gpus = [d for d in trial.devices if d.startswith("cuda")]
+    if gpus and "device" not in options:
+        # In its own process the slot's GPUs are renumbered from 0 (CUDA_VISIBLE_DEVICES).
+        options["device"] = "cuda" if len(gpus) > 1 or gpus == ["cuda"] else gpus[0]
+    elif trial.devices and all(d == "cpu" or d.startswith("cpu:") for d in trial.devices):
+        options.setdefault("device", "cpu")
+    if trial.backend == "vllm" and gpus:
+        tp = options.get("tensor_parallel_size")
+        if tp is not None and tp != len(gpus):
+            raise TrialError(f"trial {trial.trial_id}: tensor_parallel_size {tp} but its slot has {len(gpus)} "
+                             f"GPU(s) {gpus}; drop tensor_parallel_size (the slot decides) or change devices")
+        options["tensor_parallel_size"] = len(gpus)
+    return options
+
+
+def trial_environment(trial: Trial, base: dict[str, str] | None = None) -> tuple[dict[str, str], Trial]:
+    """The environment of a trial's own process, and the trial as that process sees its devices."""
+    env = dict(os.environ if base is None else base)
+    gpus = cuda_indices(trial.devices)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        trial = trial.model_copy(update={"devices": ["cuda"] if len(gpus) == 1 else
+                                         [f"cuda:{i}" for i in range(len(gpus))]})
+    elif trial.devices and all(d == "cpu" or d.startswith("cpu:") for d in trial.devices):
+        env["CUDA_VISIBLE_DEVICES"] = ""   # a CPU slot never grabs a GPU
     root = Path(__file__).resolve().parents[1]
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    return env, trial
+
+
+def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialResult:
+    """The same trial in a fresh interpreter that sees only its slot's devices."""
+    env, trial = trial_environment(trial)
     proc = subprocess.run([sys.executable, "-m", "evalsuite.trials"], input=trial.model_dump_json(),
                           capture_output=True, text=True, env=env, timeout=timeout_s)
     if proc.returncode != 0:
@@ -156,8 +218,18 @@ def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialR
     return TrialResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 
+def execute_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None) -> TrialResult:
+    """Run a trial the way its slot asks: in this thread, or in its own process with its devices."""
+    if trial.isolation == "process":
+        return run_trial_in_process(trial)
+    return run_trial(trial, on_progress=on_progress)
+
+
 def _main() -> int:
     trial = Trial.model_validate_json(sys.stdin.read())
+    cores = cpu_cores(trial.devices)
+    if cores:
+        os.sched_setaffinity(0, cores)
     result = run_trial(trial)
     print(json.dumps(result.model_dump()))
     return 0

@@ -7,10 +7,12 @@ import threading
 
 import pytest
 
-from evalsuite.coordinator import DatasetCost, Policy, assign, decompose, execute
+from evalsuite.coordinator import DatasetCost, Policy, assign, decompose
+from evalsuite.executor import LocalSubmitter, execute
 from evalsuite.datasets import DatasetRef
 from evalsuite.history import RuntimeHistory, model_size_key
 from evalsuite.runner import build_plan
+from evalsuite.sandbox import Sandbox
 from evalsuite.suite import load_suite
 
 
@@ -89,8 +91,12 @@ def test_execute_runs_each_trial_once_within_slot_capacity_and_updates_history(t
             elif kind == "trial_done":
                 running[info["slot"]] -= 1
 
-    report = execute(plan, history=history, model_key=model_size_key(tiny_model), on_event=on_event,
-                     metric_workers=2)
+    assert plan.model_key == model_size_key(tiny_model) and plan.history_used == []
+    submitter = LocalSubmitter(slots=2, metric_workers=2, sandbox=Sandbox())
+    try:
+        report = execute(plan, submitter, history=history, on_event=on_event)
+    finally:
+        submitter.close()
     started = [t for kind, t, _ in events if kind == "trial_started"]
     assert sorted(started) == sorted(t.trial_id for t in plan.trials)          # exactly once
     assert max(peak.values()) == 1                                             # never two per slot
@@ -111,6 +117,7 @@ def test_execute_runs_each_trial_once_within_slot_capacity_and_updates_history(t
         assert entry["gpu_s_per_sample"] > 0 and "metric_s_per_sample" in entry
     # The next plan's predictions come from the history, not the default factors.
     replanned = build_plan(suite, model_path=str(tiny_model), output_dir=tmp_path / "out2", history=saved)
+    assert replanned.history_used == ["arith-em", "capitals-mc", "perplexity"]
     arith = next(s for t in replanned.trials for s in t.shards if s.dataset.name == "arith-em")
     per_sample = saved.data[RuntimeHistory.key("arith-em", "transformers", key)]["gpu_s_per_sample"]
     assert arith.predicted_gpu_s == pytest.approx(per_sample * arith.samples)
