@@ -16,4 +16,5 @@
     control           what all ranks decide together after a step: graceful stop, time checkpoints
     train             the worker's loop (megatron's pipeline schedules run each step)
     cli               `forgeflow prepare | train | export`
+    offload/          Mobius offloaded fine-tuning: stages in host memory, prefetched to the device
 """
