@@ -133,7 +133,8 @@ class AttemptOverrides:
 
     `tasks.pretrain_tasks.worker_args` is the one place that turns it into worker arguments."""
 
-    skip_batches: int = 0  # batches skipped after the resume step (a spike rollback)
+    skip_batches: int = 0  # batches skipped after a spike rollback ...
+    skip_from_step: int | None = None  # ... from the one the spike's onset step trained
 
 
 @dataclass(frozen=True)
@@ -192,10 +193,14 @@ def next_attempt(
                 Action.STOP.value,
                 suggestion="checkpoint more often (checkpoint.interval) or relax the spike detector (spike.*)",
             )
+        # Replay the healthy steps after the checkpoint, then skip from the onset's batch on:
+        # skipping from the checkpoint instead would train the spike's batches again.
         return NextAttempt(
             action, decision.reason,
-            f"{action.value} — resume from checkpoint step {resume}, skip {policy.skip_batches} batches",
-            resume_from=resume, overrides=AttemptOverrides(skip_batches=policy.skip_batches),
+            f"{action.value} — resume from checkpoint step {resume}, replay to step {onset - 1}, "
+            f"skip {policy.skip_batches} batches from the one step {onset} trained",
+            resume_from=resume,
+            overrides=AttemptOverrides(skip_batches=policy.skip_batches, skip_from_step=onset),
         )
     if action is Action.RESTART:
         return NextAttempt(action, decision.reason, f"{action.value} after {decision.backoff_s:.0f}s backoff",

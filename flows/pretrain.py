@@ -2,7 +2,9 @@
 
     plan and place  →  launch  →  watch  →  done?  →  diagnose  →  act  →  launch again …
 
-It stops when training finishes, when the diagnosis says a restart cannot help,
+It stops when training finishes, when the job is asked to stop (SIGTERM, e.g. a
+cancellation: the ranks commit a checkpoint of their current step first and the
+next run resumes there), when the diagnosis says a restart cannot help,
 or when the restart budget or the circuit breaker says so; every failure, its
 diagnosis and the action taken are alerted (Slack, or printed) and kept as
 artifacts. The decisions themselves (including which checkpoint the next attempt
@@ -149,6 +151,11 @@ def pretrain(
         result.final_step = max(result.final_step, outcome.last_step)
         if outcome.ok:
             break
+        if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
+            result.stopped_because = (f"stopped by request ({outcome.stop.signal}) after step "
+                                      f"{outcome.stop.step}; checkpoint {outcome.stop.checkpoint_step} "
+                                      "is committed and the next run resumes from it")
+            break
 
         # 4. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
         detected_at = time.time()
@@ -201,7 +208,8 @@ def pretrain(
             "checkpoints": spec.checkpoint.url,
         }))
     else:
-        send_alert(notifier, Alert(f"{spec.name} stopped: {result.stopped_because}", "error",
+        severity = "warning" if outcome.status == "stopped" else "error"
+        send_alert(notifier, Alert(f"{spec.name} stopped: {result.stopped_because}", severity,
                                    {"attempts": str(result.attempts), "last step": str(result.final_step)}))
     return result
 

@@ -107,6 +107,8 @@ def worker_args(spec_path: str, placement: Placement, resume_from_step: int | No
     sets = plan_overrides(placement)
     if overrides.skip_batches:
         sets.append(f"spike.skip_batches={overrides.skip_batches}")
+    if overrides.skip_from_step is not None:
+        sets.append(f"spike.skip_from_step={overrides.skip_from_step}")
     for item in sets:
         args += ["--set", item]
     if resume_from_step is not None:
@@ -152,9 +154,12 @@ def run_attempt(
     port = free_port()  # a fresh rendezvous port per attempt: the last one may linger in TIME_WAIT
     launches = [replace(l, master_port=port) for l in placement.launch_specs()]
     args = worker_args(spec_path, placement, resume_from_step, overrides)
+    # torchrun SIGKILLs its ranks 30 s after forwarding a SIGTERM unless told to wait longer
+    env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(spec.checkpoint.stop_deadline_s) + 5), **env}
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
-    job = make_launcher(launcher).start(request)
+    stop_s = spec.checkpoint.stop_deadline_s + 10.0  # SIGTERM: commit, then exit
+    job = make_launcher(launcher, grace_s=stop_s).start(request)
 
     def progress(step: int) -> None:
         if progress_artifact_id is not None:
@@ -162,10 +167,34 @@ def run_attempt(
         if announcer is not None:  # evaluation starts while training goes on
             announcer.poll()
 
+    def straggler(found) -> None:  # reported while the job runs: nothing has failed (yet)
+        logger.warning("straggler: %s", found.summary())
+        report_straggler(spec.name, attempt, found)
+
     try:
-        return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s, on_progress=progress)
+        return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
+                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler)
     finally:
-        job.terminate(grace_s=5.0)  # no-op when already gone; never leave ranks behind
+        # no-op when already gone; never leave ranks behind. On a cancellation of this flow
+        # the ranks get SIGTERM here and commit the current step before the grace runs out.
+        job.terminate(grace_s=stop_s)
+
+
+def report_straggler(job: str, attempt: int, found) -> None:
+    """A straggling rank: an artifact and an alert naming its node and rank."""
+    create_markdown_artifact(
+        key=f"straggler-{job}-{attempt}-rank{found.rank}".lower().replace("_", "-").replace(".", "-"),
+        markdown=(f"## {job}: straggler in attempt {attempt}\n\n"
+                  "| rank | node | host | step | compute (s) | others' median (s) | x slower |\n"
+                  "|---|---|---|---|---|---|---|\n"
+                  f"| {found.rank} | {found.node} | {found.host} | {found.step} | {found.compute_s:.3f} "
+                  f"| {found.others_median_s:.3f} | {found.ratio:.1f} |\n"),
+        description=f"{job}: rank {found.rank} on {found.node} is slow",
+    )
+    send_alert(build_notifier(), Alert(f"{job}: straggler — rank {found.rank} on {found.node}", "warning", {
+        "rank": str(found.rank), "node": found.node, "host": found.host, "step": str(found.step),
+        "slower by": f"{found.ratio:.1f}x (compute {found.compute_s:.3f} s vs {found.others_median_s:.3f} s)",
+    }))
 
 
 @task(name="diagnose-attempt", cache_policy=NO_CACHE)

@@ -195,6 +195,10 @@ class SpikeConfig(_Section):
     z_threshold: float = Field(default=6.0, gt=0)
     patience: int = Field(default=5, gt=0, description="a spike must persist this many steps")
     skip_batches: int = Field(default=0, ge=0, description="batches to skip after a rollback")
+    skip_from_step: int | None = Field(
+        default=None, gt=0, description="the spike's onset step (as logged): the skipped batches "
+        "start with the one that step trained, so the steps between the checkpoint and the onset "
+        "replay their batches; default: the resumed step")
 
 
 FaultKind = Literal["cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",

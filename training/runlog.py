@@ -2,12 +2,14 @@
 
 Line format (one per logged step, stable — the flow, diagnosis and benchmarks parse it)::
 
-    2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21234512 lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12
+    2026-11-22T08:00:00.123Z rank=0 step=12 loss=3.21234512 lr=1.000e-04 grad_norm=0.5213 tokens_per_s=12345.6 elapsed_s=10.12 batch=11
 
 A UTC timestamp with milliseconds, then space-separated `key=value` pairs with no
 spaces inside values. `step` is the number of optimizer steps completed (1 after
 the first step). `loss` is the data-parallel mean over the global batch, printed
-with 9 significant digits so the float32 value round-trips exactly. Event lines
+with 9 significant digits so the float32 value round-trips exactly. `batch` (the
+worker writes it; older lines lack it) is the global batch index — the data position —
+the step trained: after a spike rollback it shows which batches were skipped. Event lines
 use the same shape with `event=NAME` (e.g. `event=checkpoint_saved step=20`).
 """
 
@@ -44,6 +46,7 @@ class StepRecord:
     grad_norm: float
     tokens_per_s: float
     elapsed_s: float
+    batch: int | None = None  # the global batch (data position) the step trained
 
 
 @dataclass(frozen=True)
@@ -63,12 +66,14 @@ _STEP_FIELDS = ("step", "loss", "lr", "grad_norm", "tokens_per_s", "elapsed_s")
 
 
 def format_step_line(rank: int, step: int, loss: float, lr: float, grad_norm: float | None,
-                     tokens_per_s: float, elapsed_s: float, now: float | None = None) -> str:
+                     tokens_per_s: float, elapsed_s: float, now: float | None = None,
+                     batch: int | None = None) -> str:
     gn = float("nan") if grad_norm is None else grad_norm
-    return (
+    line = (
         f"{utc_timestamp(now)} rank={rank} step={step} loss={loss:.9g} lr={lr:.3e} "
         f"grad_norm={gn:.4f} tokens_per_s={tokens_per_s:.1f} elapsed_s={elapsed_s:.2f}"
     )
+    return line if batch is None else f"{line} batch={batch}"
 
 
 def format_event_line(rank: int, event: str, now: float | None = None, **fields: object) -> str:
@@ -111,6 +116,7 @@ def parse_step_line(line: str) -> StepRecord | None:
         time=parsed.time, rank=parsed.rank, step=int(f["step"]), loss=float(f["loss"]),
         lr=float(f["lr"]), grad_norm=float(f["grad_norm"]),
         tokens_per_s=float(f["tokens_per_s"]), elapsed_s=float(f["elapsed_s"]),
+        batch=int(f["batch"]) if "batch" in f else None,
     )
 
 
@@ -144,8 +150,9 @@ class RankLog:
         self._file = open(self.path, "a", encoding="utf-8", buffering=1)
 
     def step(self, step: int, loss: float, lr: float, grad_norm: float | None,
-             tokens_per_s: float, elapsed_s: float) -> str:
-        line = format_step_line(self.rank, step, loss, lr, grad_norm, tokens_per_s, elapsed_s)
+             tokens_per_s: float, elapsed_s: float, batch: int | None = None) -> str:
+        line = format_step_line(self.rank, step, loss, lr, grad_norm, tokens_per_s, elapsed_s,
+                                batch=batch)
         self._file.write(line + "\n")
         return line
 

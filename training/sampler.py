@@ -22,16 +22,19 @@ trained at world size 1 and 2.
 
 Data position vs step. The *data position* is the number of global batches
 consumed before a step ("consumed_batches"). It equals the step unless batches
-were skipped: after a loss spike the flow rolls back to a healthy checkpoint and
-tells the worker to skip K batches. With S the first step the resumed worker
-trains (the checkpoint's completed-step count), the worker records that as
-``skips = skips.skip_from_step(S, K)``: data positions
-``[position_for_step(S), position_for_step(S) + K)`` are never trained on, and
-step S trains on the first batch after them. Skips are kept as a set of
-data-position ranges (merged), so applying the same rollback twice (a retried
-restart) changes nothing, and rolling back further than an earlier skip keeps
-that skip. The worker saves ``skips.to_list()`` with its checkpoint and
-restores it with ``SkippedBatches.from_list``.
+were skipped: after a loss spike the flow rolls back to the newest checkpoint
+committed before the spike's onset and tells the worker to skip K batches from
+the onset's on (``spike.skip_batches``, ``spike.skip_from_step``). With O the
+onset step as logged (it trained the batch of step counter O-1), the worker
+records ``skips = skips.skip_from_step(O - 1, K)``: data positions
+``[position_for_step(O-1), position_for_step(O-1) + K)`` are never trained on;
+the steps between the checkpoint and the onset replay their batches exactly, and
+the onset step trains the first batch after the window. (Without an onset the
+window starts at the resumed step.) Skips are kept as a set of data-position
+ranges (merged), so applying the same rollback twice (a retried restart) changes
+nothing, and rolling back further than an earlier skip keeps that skip. The
+worker saves ``skips.to_list()`` with its checkpoint and restores it with
+``SkippedBatches.from_list``; every step line carries ``batch=`` (the position).
 """
 
 from __future__ import annotations

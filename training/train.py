@@ -148,8 +148,14 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         step = state["step"]
         skips = SkippedBatches.from_list(state.get("skips"))
         detector.load_state_dict(state.get("spike_detector", {}))
-        if spec.spike.skip_batches:  # a rollback after a loss spike: skip the bad batches
-            skips = skips.skip_from_step(step, spec.spike.skip_batches)
+        if spec.spike.skip_batches:  # a rollback after a loss spike: skip the spike's batches
+            # The onset step O trained the batch of step counter O-1: the steps from the
+            # checkpoint up to the onset replay their batches, the spike's are skipped.
+            onset = spec.spike.skip_from_step
+            first = step if onset is None else onset - 1
+            if first < step:
+                log.event("skip_window_before_resume", onset_step=onset, resumed_step=step)
+            skips = skips.skip_from_step(first, spec.spike.skip_batches)
         log.event("resumed", step=step, skipped_batches=skips.total)
     sampler = BatchSampler(PackedTokens(prepared.train_path, spec.model.seq_length, prepared.dtype),
                            cfg.seed, skips)
@@ -171,6 +177,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     while step < cfg.steps:
         t0 = time.monotonic()
         lr = apply_schedule(optimizer, step, cfg)
+        batch = skips.position_for_step(step)  # the global batch this step trains
         result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
                             position_ids, faults)
         step += 1
@@ -180,7 +187,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         if step % cfg.log_interval == 0 or step == cfg.steps:
             log.step(step, loss, lr, result.grad_norm,
                      tokens_per_s=tokens_per_step / max(time.monotonic() - t0, 1e-9),
-                     elapsed_s=time.monotonic() - started)
+                     elapsed_s=time.monotonic() - started, batch=batch)
             spike = detector.update(step, loss)  # same loss on every rank: same decision
             if spike is not None:
                 if env.rank == 0:

@@ -73,13 +73,14 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
     assert "resume from checkpoint step 20" in result.failures[1].action
     assert len(failing_slack.messages) >= 3  # two failures + completion were attempted
 
-    # Reference: the same layout, uninterrupted, skipping the same 5 batches after step 20.
+    # Reference: the same layout, uninterrupted, skipping the same 5 batches from the spike's
+    # onset on (loss_spike@26 spikes the loss logged at step 27); steps 21-26 replay theirs.
     spec = load_job_spec(job)
     sets, world = _plan_sets(spec)
     ref_job = make_job("reference")
     ref_spec = load_job_spec(ref_job)
     assert _run_worker(ref_job, tmp_path, sets + ["training.steps=20"], world) == 0
-    assert _run_worker(ref_job, tmp_path, sets + ["spike.skip_batches=5"], world, ["--resume-from-step", "20"]) == 0
+    assert _run_worker(ref_job, tmp_path, sets + ["spike.skip_batches=5", "spike.skip_from_step=27"], world, ["--resume-from-step", "20"]) == 0
     got = _model_tensors(spec.checkpoint.url, 40, world)
     want = _model_tensors(ref_spec.checkpoint.url, 40, world)
     for rank in range(world):

@@ -332,3 +332,46 @@ def test_sigterm_drill_commits_the_stop_step_and_the_next_run_resumes_bit_exact(
     assert f"event=resumed step={stop.step}" in runfiles.log_path(rd, 0).read_text()
     for rank in (0, 1):
         assert logged_losses(spec, rank) == logged_losses(dp2_run, rank)
+
+
+# --- loss-spike rollback aligned to the spike -------------------------------------------------------
+
+def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches(
+        tiny_job_dict, tiny_prepared, tmp_path):
+    """The decision table picks the checkpoint before the onset; the worker replays the
+    steps up to the onset with their own batches and skips K batches from the onset's."""
+    from checkpoint.manifest import committed_checkpoints
+    from diagnosis.recovery import FailureRecord, RecoveryHistory, RecoveryPolicy, next_attempt
+    from diagnosis.vocabulary import Diagnosis
+    from training.config import load_job_spec
+
+    spec = write_spec(tiny_job_dict, tmp_path, "spike-skip", training={"steps": 16},
+                      checkpoint={"interval": 4},
+                      spike={"enabled": True, "min_history": 5, "window": 20, "patience": 3})
+    first = worker(spec, fault="loss_spike@10")  # the loss logged from step 11 on is 8x
+    assert first.returncode == runfiles.EXIT_LOSS_SPIKE, explain(first)
+    onset = runfiles.read_spike_marker(run_dir(spec)).onset_step
+    assert onset == 11
+    history = RecoveryHistory([FailureRecord("LossSpike", 13)])
+    decided = next_attempt(Diagnosis("LossSpike", "training", True), 13, history,
+                           RecoveryPolicy(skip_batches=3), spike_onset_step=onset,
+                           committed_steps=lambda: [c.step for c in committed_checkpoints(
+                               load_job_spec(spec).checkpoint)])
+    assert decided.resume_from == 8 and decided.overrides.skip_from_step == 11
+    # the worker arguments tasks.pretrain_tasks.worker_args makes of these overrides
+    cmd = [sys.executable, "-m", "training.train", str(spec), "--resume-from-step", "8",
+           "--set", f"spike.skip_batches={decided.overrides.skip_batches}",
+           "--set", f"spike.skip_from_step={decided.overrides.skip_from_step}"]
+    second = subprocess.run(cmd, cwd=REPO, env=worker_env("loss_spike@10"), capture_output=True,
+                            text=True, timeout=TIMEOUT_S)
+    assert second.returncode == 0, explain(second)
+
+    records = read_steps(runfiles.log_path(run_dir(spec), 0), latest_only=False)
+    before, after = records[:13], records[13:]
+    assert [(r.step, r.batch) for r in before] == [(s, s - 1) for s in range(1, 14)]
+    spike_batches = {10, 11, 12}  # the 3 batches from the one step 11 (the onset) trained
+    assert [(r.step, r.batch) for r in after] == [(9, 8), (10, 9), (11, 13), (12, 14), (13, 15),
+                                                  (14, 16), (15, 17), (16, 18)]
+    assert not spike_batches & {r.batch for r in after}
+    # the replayed steps before the onset are the same training, to the last printed digit
+    assert [r.loss for r in after[:2]] == [r.loss for r in before[8:10]]

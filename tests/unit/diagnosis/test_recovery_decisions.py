@@ -109,8 +109,10 @@ def test_spike_rolls_back_before_the_onset_and_skips_batches_as_a_typed_override
     attempt, listed = _next(_diag("LossSpike"), step=31, committed=[10, 20, 30], onset=26, skip_batches=7)
     assert listed and attempt.action is Action.ROLLBACK and not attempt.stops
     assert attempt.resume_from == 20
-    assert attempt.overrides == AttemptOverrides(skip_batches=7)
-    assert "resume from checkpoint step 20, skip 7 batches" in attempt.text
+    # the skipped batches start at the onset's, not at the checkpoint's: steps 21-25 replay
+    assert attempt.overrides == AttemptOverrides(skip_batches=7, skip_from_step=26)
+    assert "resume from checkpoint step 20, replay to step 25, skip 7 batches from the one step 26 trained" \
+        in attempt.text
 
 
 def test_spike_without_an_onset_rolls_back_before_the_failed_step():
