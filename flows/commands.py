@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     s = subparsers.add_parser("deploy", help="create the work pool, deployments, automation and limits "
                                              "on the Prefect server PREFECT_API_URL points at")
-    s.add_argument("--cluster", default="local", help="inventory whose GPU types get concurrency limits")
+    s.add_argument("--cluster", default="local", help="inventory to register with the orchestrator (default: this machine)")
     s.add_argument("--pool", default="forgeflow")
     s.set_defaults(func=_deploy)
 

@@ -2,9 +2,10 @@
 
 On the server PREFECT_API_URL points at, it creates or updates
   1. the process work pool the deployments run on;
-  2. one global concurrency limit per GPU type of the inventory, its limit the
-     type's GPU count: the pretrain flow holds one slot per placed GPU while an
-     attempt runs, so two flows are never placed onto the same GPUs;
+  2. the cluster inventory, registered with the orchestrator (`scheduler.orchestrator`,
+     state in FORGEFLOW_DB_URL, else SQLite in the state dir): pretrain flows queue
+     there and are admitted onto GPUs nobody holds, so two flows are never placed onto
+     the same GPUs (no Prefect concurrency limit is involved);
   3. the deployments of prefect.yaml (pretrain, node-launch, diagnose-failure,
      evaluate on-commit and catch-up), by running `prefect deploy --all`;
   4. the automation that alerts Slack when a pretrain flow run crashes or its
@@ -21,8 +22,6 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import urlparse
-
-from flows.pretrain import gpu_limit_name
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOMATION_NAME = "forgeflow: pretrain crashed or silent"
@@ -43,24 +42,16 @@ def ensure_work_pool(pool: str) -> None:
             print(f"work pool {pool!r} exists")
 
 
-def ensure_gpu_limits(cluster_source: str) -> dict[str, int]:
-    """One limit per GPU type, sized to the inventory's GPUs of that type."""
-    from prefect import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitUpdate
-
+def ensure_cluster_registered(cluster_source: str) -> dict:
+    """Register (or update) the inventory with the orchestrator; node health already there is kept."""
+    from infra.statedb import database_url, redact
+    from tasks.cluster_tasks import cluster_orchestrator
     from tasks.pretrain_tasks import load_cluster
 
-    cluster = load_cluster(cluster_source)
-    counts: dict[str, int] = {}
-    for node in cluster.nodes:
-        counts[node.gpu_type] = counts.get(node.gpu_type, 0) + node.gpu_count
-    with get_client(sync_client=True) as client:
-        for gpu_type, count in sorted(counts.items()):
-            name = gpu_limit_name(gpu_type)
-            client.upsert_global_concurrency_limit_by_name(name, count)
-            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=count, active=True))
-            print(f"concurrency limit {name!r}: {count} GPU(s)")
-    return counts
+    summary = cluster_orchestrator().register(load_cluster(cluster_source), source=cluster_source)
+    print(f"cluster {summary['cluster']!r} registered with the orchestrator: {summary['nodes']} nodes, "
+          f"{summary['gpus']} GPUs (state database {redact(database_url())})")
+    return summary
 
 
 def deploy_prefect_yaml(pool: str) -> None:
@@ -145,7 +136,7 @@ def deploy_all(cluster: str = "local", pool: str = "forgeflow") -> int:
               "at it (e.g. http://127.0.0.1:4200/api); deployments need a server to live on")
         return 2
     ensure_work_pool(pool)
-    ensure_gpu_limits(cluster)
+    ensure_cluster_registered(cluster)
     deploy_prefect_yaml(pool)
     ensure_automation()
     print(f"next: `prefect worker start --pool {pool} --work-queue default` for the flows, and on every GPU "

@@ -28,6 +28,7 @@ from training.config import JobSpec
 FLOW_LEASE_S = 30.0
 FLOW_GRACE_S = 30.0
 WAIT_LOG_EVERY_S = 60.0
+INVENTORY_CORDON = "unschedulable in the inventory"
 
 
 def cluster_orchestrator(db_url: str | None = None) -> Orchestrator:
@@ -48,21 +49,28 @@ def publish_cluster_table(orch: Orchestrator, cluster: str) -> None:
 
 @task(name="join-cluster", cache_policy=NO_CACHE)
 def join_cluster(orch: Orchestrator, inventory: Cluster) -> str:
-    """Register the inventory unless the state database already has this cluster (then its
-    registered inventory and node health win); nodes the inventory marks unschedulable
+    """Register the inventory with the orchestrator, or update it when its nodes changed (the
+    node health recorded there is kept either way); nodes the inventory marks unschedulable
     (e.g. drained in Slurm) are cordoned in the orchestrator too."""
     logger = get_run_logger()
-    registered = {n["node"]: n["state"] for n in _nodes_or_none(orch, inventory.name)}
-    if not registered:
+    known = _nodes_or_none(orch, inventory.name)
+    registered = {n["node"]: n["state"] for n in known}
+    shape = {(n["node"], n["gpu_type"], n["gpu_count"]) for n in known}
+    if shape != {(n.name, n.gpu_type, n.gpu_count) for n in inventory.nodes}:
         orch.register(inventory, source="pretrain flow")
         logger.info("registered cluster %s (%d GPUs) with the orchestrator", inventory.name, inventory.total_gpus)
     else:
-        logger.info("cluster %s is registered: using its inventory and node health from the state database "
-                    "(`forgeflow cluster register` updates it)", inventory.name)
-    for node in inventory.nodes:
+        logger.info("cluster %s is registered with the orchestrator; node health comes from there",
+                    inventory.name)
+    reasons = {n["node"]: n["reason"] or "" for n in known}
+    for node in inventory.nodes:  # mirror what the batch system says (a cordon of ours stays ours)
         if node.cordoned and registered.get(node.name, "ready") == "ready":
-            orch.cordon(node.name, reason="unschedulable in the inventory (e.g. drained in Slurm)",
+            orch.cordon(node.name, reason=f"{INVENTORY_CORDON} (e.g. drained in Slurm)",
                         cluster=inventory.name, by="pretrain flow")
+        elif not node.cordoned and registered.get(node.name) == "cordoned" \
+                and reasons.get(node.name, "").startswith(INVENTORY_CORDON):
+            orch.uncordon(node.name, reason="schedulable again in the inventory", cluster=inventory.name,
+                          by="pretrain flow")
     publish_cluster_table(orch, inventory.name)
     return inventory.name
 
@@ -80,9 +88,14 @@ def _nodes_or_none(orch: Orchestrator, cluster: str) -> list[dict]:
 def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0) -> tuple[int, list]:
     """MARP plans on every GPU type of the cluster (the user chose none), queued with the orchestrator.
     Returns (job id, ranked plans); a job no GPU type can hold fails here with the planner's advice."""
-    from scheduler.planner import plan_job, worker_planner_config
+    from scheduler.planner import PlannerError, plan_job, worker_planner_config
 
     inventory = orch.cluster(cluster)
+    if not inventory.schedulable_nodes():
+        held = ", ".join(f"{n['node']} ({n['state']}: {n['reason'] or 'no reason given'})"
+                         for n in cluster_status(orch.engine, cluster)["nodes"])
+        raise PlannerError(f"cluster {cluster!r} has no schedulable node: {held}; "
+                           "`forgeflow cluster uncordon NODE` returns one to service")
     for node in inventory.nodes:  # size against every node: a cordoned one may come back
         node.cordoned = False
     plans = plan_job(spec, inventory, worker_planner_config(inventory))  # only plans the worker runs

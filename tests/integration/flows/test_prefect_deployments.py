@@ -10,7 +10,9 @@ import psutil
 import pytest
 
 from flows.deploy import AUTOMATION_NAME, deploy_all
-from flows.pretrain import gpu_limit_name, pretrain
+from infra.statedb import open_state_db
+from scheduler.orchestrator.views import cluster_status
+from flows.pretrain import pretrain
 
 POOL = "forgeflow-test"
 
@@ -32,7 +34,7 @@ def deployed(use_prefect_server, two_node_cluster, monkeypatch):
         slack.close()
 
 
-def test_deploy_creates_pool_deployments_limits_and_automation(deployed):
+def test_deploy_creates_pool_deployments_cluster_and_automation(deployed):
     from prefect import get_client
     from prefect.automations import Automation
 
@@ -46,16 +48,17 @@ def test_deploy_creates_pool_deployments_limits_and_automation(deployed):
             assert d.parameter_openapi_schema["properties"], f"{name} has no parameter schema"
         assert "job_spec" in deployments["pretrain"].parameter_openapi_schema["properties"]
         assert "log_url" in deployments["diagnose-failure"].parameter_openapi_schema["properties"]
-        limit = client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu"))
-        assert limit.limit == 2 and limit.active
+    # The inventory is registered with the orchestrator that every flow places through.
+    status = cluster_status(open_state_db(), "two-cpu-nodes")
+    assert [n["node"] for n in status["nodes"]] == ["node-a", "node-b"] and status["free_by_type"] == {"cpu": 2}
     automation = Automation.read(name=AUTOMATION_NAME)
     assert automation.enabled
-    # Re-running deploy is idempotent: still one automation, same limit.
+    # Re-running deploy is idempotent: still one automation; another inventory is registered too.
     assert deploy_all(cluster=str(deployed.repo_root / "configs" / "clusters" / "frenzy-testbed.yaml"),
                       pool=POOL) == 0
     with get_client(sync_client=True) as client:
         assert len(client.read_automations_by_name(AUTOMATION_NAME)) == 1
-        assert client.read_global_concurrency_limit_by_name(gpu_limit_name("A100-80G")).limit == 4
+    assert cluster_status(open_state_db(), "frenzy-testbed")["gpus_by_type"]["A100-80G"] == 4
 
 
 def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed, make_job, two_node_cluster):
@@ -125,24 +128,3 @@ def test_cancelling_the_flow_run_kills_every_training_process(deployed, make_job
         time.sleep(0.5)
     alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert not alive, f"training ranks outlived the cancelled flow run: {alive}"
-
-
-def test_a_running_attempt_holds_its_gpus_in_the_type_limit(deployed, two_node_cluster):
-    """Two flows cannot be placed onto the same GPUs: the second waits for the slots."""
-    from types import SimpleNamespace
-
-    from prefect import get_client
-    from prefect.concurrency.sync import concurrency
-
-    from flows.pretrain import gpu_slots
-
-    assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0  # cpu limit: 2 GPUs
-    placement = SimpleNamespace(gpu_type="cpu", world_size=2)
-    with gpu_slots(placement):
-        with get_client(sync_client=True) as client:
-            assert client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu")).active_slots == 2
-        with pytest.raises(TimeoutError):
-            with concurrency(gpu_limit_name("cpu"), occupy=1, timeout_seconds=3, strict=True):
-                pass
-    with get_client(sync_client=True) as client:
-        assert client.read_global_concurrency_limit_by_name(gpu_limit_name("cpu")).active_slots == 0
