@@ -194,19 +194,37 @@ class ComputeTimers:
     transfers and gradient all-reduce under other names; `take()` returns the
     forward+backward seconds since the last call. Unlike the step's wall time, which
     every rank shares because collectives wait for the slowest, it shows which rank
-    is slow."""
+    is slow. On a GPU the intervals are CUDA events (kernels run asynchronously, so host
+    time would measure launches), read once per step in `take()` with no extra sync."""
 
     COMPUTE = ("forward-compute", "backward-compute")
 
     def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda.is_available()
         self._total = 0.0
-        self._started: dict[str, float] = {}
+        self._started: dict[str, object] = {}
+        self._intervals: list[tuple[object, object]] = []  # CUDA (start, stop) events
 
     def __call__(self, name: str, log_level: int | None = None) -> "_Timer":
         return _Timer(self, name)
 
+    def _mark(self):
+        if self._cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
     def take(self) -> float:
         total, self._total = self._total, 0.0
+        if self._intervals:
+            self._intervals[-1][1].synchronize()
+            total += sum(a.elapsed_time(b) for a, b in self._intervals) / 1000.0
+            self._intervals.clear()
         return total
 
 
@@ -215,9 +233,15 @@ class _Timer:
         self.owner, self.name = owner, name
 
     def start(self, barrier: bool = False) -> None:
-        self.owner._started[self.name] = time.perf_counter()
+        if self.name in ComputeTimers.COMPUTE:
+            self.owner._started[self.name] = self.owner._mark()
 
     def stop(self, barrier: bool = False) -> None:
         began = self.owner._started.pop(self.name, None)
-        if began is not None and self.name in ComputeTimers.COMPUTE:
-            self.owner._total += time.perf_counter() - began
+        if began is None:
+            return
+        ended = self.owner._mark()
+        if self.owner._cuda:
+            self.owner._intervals.append((began, ended))
+        else:
+            self.owner._total += ended - began

@@ -100,3 +100,21 @@ def test_heartbeat_is_replaced_atomically_and_readable(tmp_path):
     # nothing but the heartbeat itself is left in the folder (the temp file was renamed)
     assert [p.name for p in beat.path.parent.iterdir()] == ["rank1.json"]
     json.loads(beat.path.read_text())
+
+
+def test_compute_timers_sum_only_forward_and_backward_compute():
+    import time
+
+    from training.runlog import ComputeTimers
+
+    timers = ComputeTimers()
+    timers("forward-recv", log_level=2).start()  # waiting on a peer: not this rank's compute
+    time.sleep(0.01)
+    timers("forward-recv").stop()
+    assert timers.take() == 0.0
+    for name in ("forward-compute", "backward-compute"):
+        timers(name, log_level=2).start()
+        time.sleep(0.01)
+        timers(name).stop()
+    assert timers.take() >= 0.02  # both intervals, at least as long as the sleeps
+    assert timers.take() == 0.0  # take() resets
