@@ -89,7 +89,9 @@ def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
 def plan_overrides(placement: Placement) -> list[str]:
     """The plan's layout as worker `--set` overrides (the user did not choose it)."""
     plan = placement.plan
-    out = [f"training.tensor_parallel={placement.tp}"]
+    # tp and pp from the placement: its ranks follow megatron's order (tp, dp, pp), so the
+    # worker's pipeline stages land on the GPUs the placement's cross mapping chose for them
+    out = [f"training.tensor_parallel={placement.tp}", f"training.pipeline_parallel={placement.pp}"]
     if plan is not None:
         out += [
             f"training.micro_batch_size={plan.micro_batch_size}",

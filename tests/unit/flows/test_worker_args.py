@@ -38,3 +38,10 @@ def test_rollback_attempt_resumes_from_its_step_and_skips_batches():
     args = worker_args("job.yaml", placement, resume_from_step=20, overrides=AttemptOverrides(skip_batches=7))
     assert _sets(args) == plan_overrides(placement) + ["spike.skip_batches=7"]
     assert args[-2:] == ["--resume-from-step", "20"]
+
+
+def test_the_plans_tensor_and_pipeline_degrees_reach_the_worker():
+    placement = _placement()
+    sets = _sets(worker_args("job.yaml", placement))
+    assert f"training.tensor_parallel={placement.tp}" in sets
+    assert f"training.pipeline_parallel={placement.pp}" in sets
