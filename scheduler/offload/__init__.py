@@ -3,4 +3,5 @@
     profile    per-layer time/bytes profiles and the server's GPUs, memory and PCIe links
     partition  the mixed-integer program: number of stages and contiguous layer-to-stage cuts
     mapping    cross mapping: stage positions onto GPUs with least root-complex contention; stream priority
+    measure    profiles and host-to-device bandwidth measured on the target device; hardware from the inventory
 """

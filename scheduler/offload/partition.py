@@ -227,15 +227,19 @@ def default_max_stages(num_layers: int, num_gpus: int) -> int:
     return min(num_layers, max(4 * num_gpus, 8))
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB / 10 else f"{nbytes / 2**20:.2f} MiB"
+
+
 def explain_infeasible(profile: ModelProfile, hw: OffloadHardware) -> str:
     worst = max(range(profile.num_layers), key=lambda i: max(stage_memory(profile, hw, [1] * profile.num_layers)[i], 0))
     need = max(stage_memory(profile, hw, [1] * profile.num_layers))
     layer = profile.layers[worst]
     return (
         f"no partition of the {profile.num_layers} layers fits {hw.num_gpus} GPU(s) with "
-        f"{hw.gpu_memory_bytes / GIB:.2f} GiB each: even one layer per stage needs "
-        f"{need / GIB:.2f} GiB on a GPU (layer {layer.name!r}: weights {layer.param_bytes / GIB:.2f} GiB, "
-        f"activations {layer.activation_bytes / GIB:.2f} GiB per micro batch, plus the prefetched stage); "
+        f"{_size(hw.gpu_memory_bytes)} each: even one layer per stage needs "
+        f"{_size(need)} on a GPU (layer {layer.name!r}: weights {_size(layer.param_bytes)}, "
+        f"activations {_size(layer.activation_bytes)} per micro batch, plus the prefetched stage); "
         f"use a smaller micro batch (more micro batches), a shorter sequence, or GPUs with more memory"
     )
 
