@@ -1,6 +1,6 @@
 """The `pretrain` flow: the on-call runbook for a pretraining job, automated.
 
-    plan and place  →  launch  →  watch  →  done?  →  diagnose  →  act  →  launch again …
+    plan and queue  →  hold GPUs  →  launch  →  watch  →  done?  →  diagnose  →  act  →  launch again …
 
 It stops when training finishes, when the job is asked to stop (SIGTERM, e.g. a
 cancellation: the ranks commit a checkpoint of their current step first and the
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from prefect import flow, get_run_logger
@@ -34,16 +33,24 @@ from diagnosis.recovery import (
     next_attempt,
 )
 from checkpoint.manifest import committed_checkpoints
+from scheduler.orchestrator.lease import HeldJob
 from tasks.checkpoint_events import CommitAnnouncer
+from tasks.cluster_tasks import (
+    Seat,
+    cluster_orchestrator,
+    join_cluster,
+    publish_cluster_table,
+    submit_job,
+    wait_for_gpus,
+    withdraw,
+)
 from tasks.pretrain_tasks import (
     build_notifier,
-    cordon_and_release,
     diagnose_attempt,
     load_cluster,
     loss_curve,
     next_plan_hint,
     node_check,
-    plan_and_place,
     prepare_data,
     preflight_storage,
     run_attempt,
@@ -63,32 +70,6 @@ class PretrainResult:
     stopped_because: str = ""
 
 
-def gpu_limit_name(gpu_type: str) -> str:
-    """The global concurrency limit holding a GPU type's GPUs (`forgeflow deploy` creates one
-    per type in the inventory, its limit the type's GPU count)."""
-    return f"forgeflow-gpus-{gpu_type}"
-
-
-@contextmanager
-def gpu_slots(placement):
-    """Hold one slot per placed GPU for as long as the attempt runs.
-
-    Without a Prefect server, or without a limit of that name on it, this is a no-op.
-    A training attempt outlives many lease periods, so a lease-renewal hiccup must not
-    kill it (raise_on_lease_renewal_failure=False); the slots are released when the
-    attempt ends, so diagnosis and back-off do not hold GPUs.
-    """
-    from prefect.concurrency.sync import concurrency
-    from prefect.settings import PREFECT_API_URL
-
-    if not PREFECT_API_URL.value():  # ephemeral API (make demo): no other flow to share GPUs with
-        yield
-        return
-    with concurrency(gpu_limit_name(placement.gpu_type), occupy=placement.world_size, strict=False,
-                     lease_duration=300, raise_on_lease_renewal_failure=False):
-        yield
-
-
 @flow(name="pretrain", log_prints=True)
 def pretrain(
     job_spec: str,
@@ -100,6 +81,7 @@ def pretrain(
     backoff_s: float = 5.0,
     drill_faults: list[str] | None = None,
     launcher: str = "local",
+    priority: int = 0,
 ) -> PretrainResult:
     """Train a job to completion through failures, with nobody watching.
 
@@ -115,20 +97,48 @@ def pretrain(
             (e.g. ["cuda_error@30:1", "loss_spike@70"]); empty in production.
         launcher: "local" (every node's torchrun on this machine) or "prefect" (one
             node-launch run per node, on the work queue named after the node).
+        priority: the job's place in the shared cluster's queue (higher goes first).
     """
-    logger = get_run_logger()
     spec = load_job_spec(job_spec)
+    # 1. Fail fast on what would fail later: data and checkpoint storage.
+    prepare_data(spec)
+    preflight_storage(spec)
+
+    # 2. Queue for GPUs. The user chose none: the planner sizes the job on every GPU type and
+    #    the cluster orchestrator, shared by every flow, admits it when the policy finds room
+    #    (HAS best fit) — never onto GPUs another job holds, never onto a cordoned node.
+    inventory = load_cluster(cluster)
+    orchestrator = cluster_orchestrator()
+    cluster_name = join_cluster(orchestrator, inventory)
+    job_id, plans = submit_job(orchestrator, spec, cluster_name, priority)
+    try:
+        placement = wait_for_gpus(orchestrator, job_id, plans, spec.name)
+        # 3. Hold the GPUs while attempts run: the lease is renewed in the background and the
+        #    GPUs are released however the flow ends (a flow that dies stops renewing and its
+        #    lease expires).
+        with HeldJob(orchestrator, job_id) as held:
+            seat = Seat(orchestrator, job_id, held, cluster_name, plans, spec.name)
+            result = _train(job_spec, spec, inventory, placement, seat, max_restarts=max_restarts,
+                            hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
+                            breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
+                            launcher=launcher)
+            held.outcome = ("finished" if result.finished else
+                            "cancelled" if result.stopped_because.startswith("stopped by request") else "failed")
+    finally:
+        withdraw(orchestrator, job_id)  # a run cancelled while it waits leaves the queue
+        publish_cluster_table(orchestrator, cluster_name)
+    return result
+
+
+def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_timeout_s: float,
+           skip_batches: int, breaker_count: int, backoff_s: float, drill_faults: list[str] | None,
+           launcher: str) -> PretrainResult:
+    """The runbook's loop on the GPUs the job holds: launch, watch, diagnose, act, launch again."""
+    logger = get_run_logger()
     notifier = build_notifier()
     policy = RecoveryPolicy(max_restarts=max_restarts, breaker_count=breaker_count, backoff_s=backoff_s,
                             skip_batches=skip_batches)
     drills = list(drill_faults or [])
-
-    # 1. Size and place: the user did not choose GPUs, the planner does.
-    inventory = load_cluster(cluster)
-    placement = plan_and_place(spec, inventory)
-    # 2. Fail fast on what would fail later: data and checkpoint storage.
-    prepare_data(spec)
-    preflight_storage(spec)
 
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
@@ -139,13 +149,11 @@ def pretrain(
     attempt = 0
     while True:
         env = {"FORGEFLOW_FAULT": drills[attempt]} if attempt < len(drills) and drills[attempt] else {}
-        # 3. Launch one torchrun per node and watch it, holding the placed GPUs in the
-        #    GPU type's global concurrency limit so no other flow is placed onto them.
+        # 4. Launch one torchrun per node on the held GPUs and watch it.
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
             result.failures[-1].relaunched_at = time.time()
-        with gpu_slots(placement):
-            outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
-                                  hang_timeout_s, env, progress, launcher, announcer)
+        outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
+                              hang_timeout_s, env, progress, launcher, announcer)
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)
@@ -157,13 +165,13 @@ def pretrain(
                                       "is committed and the next run resumes from it")
             break
 
-        # 4. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
+        # 5. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
         detected_at = time.time()
         diagnosis = diagnose_attempt(spec, outcome, attempt)
         diagnosed_at = time.time()
         failed_step = outcome.last_step
         history.failures.append(FailureRecord(diagnosis.root_cause, failed_step))
-        # 5. Decide the next attempt from the table: restart, node check, roll back or stop.
+        # 6. Decide the next attempt from the table: restart, node check, roll back or stop.
         decided = next_attempt(
             diagnosis, failed_step, history, policy,
             committed_steps=lambda: [r.step for r in committed_checkpoints(spec.checkpoint)],
@@ -173,13 +181,13 @@ def pretrain(
         logger.warning("attempt %d %s at step %d: %s -> %s (%s)", attempt, outcome.status, failed_step,
                        diagnosis.root_cause, decided.action.value, decided.reason)
 
-        # 6. Act, and say what was done and why. A node check cordons the faulty nodes and
+        # 7. Act, and say what was done and why. A node check cordons the faulty nodes and
         #    places the job again on healthy ones.
         if decided.checks_nodes:
             report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher)
-            if report.faulty:
-                cordon_and_release(inventory, placement, report.faulty)
-                placement = plan_and_place(spec, inventory)
+            if report.faulty:  # cordoned for every flow; placed again on healthy nodes
+                placement = seat.replace(report.faulty, inventory,
+                                         f"failed the node check after attempt {attempt}")
             decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
         resume_from, overrides = decided.resume_from, decided.overrides
 
@@ -197,7 +205,7 @@ def pretrain(
         history.restarts += 1
         attempt += 1
 
-    # 7. Report: loss curve, completion (or the reason it stopped).
+    # 8. Report: loss curve, completion (or the reason it stopped).
     loss_curve(spec)
     if outcome.ok:
         result.finished = True

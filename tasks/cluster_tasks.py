@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from dataclasses import dataclass
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -19,6 +20,7 @@ from prefect.cache_policies import NO_CACHE
 
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig
+from scheduler.orchestrator.lease import HeldJob
 from scheduler.orchestrator.options import options_from_plans
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
 from scheduler.placement import Placement, placed_step_time
@@ -172,3 +174,38 @@ def withdraw(orch: Orchestrator, job_id: int) -> None:
             orch.cancel(job_id, reason="the flow run ended while waiting")
     except Exception as e:  # cleanup must not mask the flow's own outcome
         get_run_logger().warning("could not withdraw job %s from the queue: %s", job_id, e)
+
+
+@task(name="cordon-faulty-nodes", cache_policy=NO_CACHE)
+def cordon_faulty(orch: Orchestrator, cluster: str, inventory: Cluster, faulty: list[str], why: str) -> None:
+    """Cordon the nodes the node check found faulty, in the orchestrator (for every flow, across
+    restarts) and, on a Slurm-managed cluster, in Slurm too so no other Slurm job lands there."""
+    for name in faulty:
+        orch.cordon(name, reason=why, cluster=cluster, by="pretrain flow")
+        inventory.cordon(name)
+        if inventory.slurm is not None and inventory.slurm.drain_on_cordon:
+            from infra.slurm import drain_node
+
+            drain_node(name, f"forgeflow: {why}", inventory.slurm)
+    publish_cluster_table(orch, cluster)
+
+
+@dataclass
+class Seat:
+    """A flow's admitted job on the shared cluster: what it needs to be placed again."""
+
+    orchestrator: Orchestrator
+    job_id: int
+    held: HeldJob
+    cluster: str
+    plans: list
+    job: str
+
+    def replace(self, faulty: list[str], inventory: Cluster, why: str) -> Placement:
+        """Cordon the faulty nodes, give the GPUs back and wait to be placed on healthy ones."""
+        cordon_faulty(self.orchestrator, self.cluster, inventory, faulty, f"{why} (job {self.job})")
+        self.held.pause()
+        self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
+        placement = wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job)
+        self.held.resume()
+        return placement
