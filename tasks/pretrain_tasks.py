@@ -1,7 +1,8 @@
 """Prefect tasks of the pretrain flow: thin, typed wrappers over infra/, training/, diagnosis/.
 
 Each task is one step of the on-call runbook; the logic lives in the libraries so
-it can be tested and used without Prefect.
+it can be tested and used without Prefect. Queueing for GPUs and placement on the
+shared cluster are in tasks/cluster_tasks.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
-from prefect.artifacts import create_markdown_artifact, create_table_artifact, update_progress_artifact
+from prefect.artifacts import create_markdown_artifact, update_progress_artifact
 
 from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
@@ -39,37 +40,6 @@ def load_cluster(cluster: str) -> Cluster:
     from scheduler.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
 
     return detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
-
-
-@task(name="plan-and-place", cache_policy=NO_CACHE)
-def plan_and_place(spec: JobSpec, cluster: Cluster) -> Placement:
-    """MARP sizing + HAS placement; the ranked plans and the placement become artifacts."""
-    from scheduler.placement import place_plans
-    from scheduler.planner import plan_job, worker_planner_config
-
-    plans = plan_job(spec, cluster, worker_planner_config(cluster))  # only plans the worker runs
-    placement = place_plans(plans, cluster, job=spec.name, allocate=True)
-    if placement is None:
-        raise RuntimeError(
-            f"no plan for {spec.name} fits the free GPUs of {cluster.name} now "
-            f"(best plan needs {plans[0].num_gpus}x {plans[0].gpu_type}); free GPUs or wait"
-        )
-    create_table_artifact(
-        key="pretrain-plans",
-        table=[
-            {"rank": i + 1, "gpu_type": p.gpu_type, "gpus": p.num_gpus, "layout": p.layout,
-             "peak_gib": round(p.required_memory_bytes / 2**30, 2),
-             "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
-            for i, p in enumerate(plans[:10])
-        ],
-        description=f"Ranked plans for {spec.name} on {cluster.name} (MARP memory, cost-model step time)",
-    )
-    create_markdown_artifact(
-        key="pretrain-placement",
-        markdown="## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```",
-        description=f"HAS placement of {spec.name}",
-    )
-    return placement
 
 
 def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
@@ -223,16 +193,6 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
     # when no rule names a cause; it opens the embedding model and Chroma only then.
     return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang",
                         agent=build_default_agent(job_family=spec.name))
-
-
-def cordon_and_release(cluster: Cluster, placement: Placement, faulty: list[str]) -> None:
-    """Take the nodes the node check found faulty out of scheduling and give the job's
-    GPUs back, so that placing it again lands on healthy nodes only."""
-    from scheduler.placement import release_placement
-
-    for name in faulty:
-        cluster.cordon(name)
-    release_placement(cluster, placement)
 
 
 @task(name="node-check", cache_policy=NO_CACHE)
