@@ -67,14 +67,16 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def default_nproc(tensor_parallel: int = 1) -> int:
+def default_nproc(model_parallel: int = 1) -> int:
+    """Every GPU (on CPU: 2 ranks at most), rounded down to whole model replicas
+    (tensor_parallel x pipeline_parallel ranks each)."""
     import torch
 
     if torch.cuda.is_available():
         n = torch.cuda.device_count()
     else:
         n = min(2, os.cpu_count() or 1)
-    return max(tensor_parallel, n - n % tensor_parallel)
+    return max(model_parallel, n - n % model_parallel)
 
 
 def torchrun_command(config: str, nproc: int, overrides: list[str],
@@ -108,10 +110,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    nproc = args.nproc or default_nproc(spec.training.tensor_parallel)
-    if nproc % spec.training.tensor_parallel:
-        print(f"error: --nproc {nproc} is not a multiple of training.tensor_parallel="
-              f"{spec.training.tensor_parallel}", file=sys.stderr)
+    model_parallel = spec.training.tensor_parallel * spec.training.pipeline_parallel
+    nproc = args.nproc or default_nproc(model_parallel)
+    if nproc % model_parallel:
+        print(f"error: --nproc {nproc} is not a multiple of training.tensor_parallel x "
+              f"pipeline_parallel = {model_parallel}", file=sys.stderr)
         return 2
     cmd = torchrun_command(args.config, nproc, args.set, args.resume_from_step)
     print(f"run dir: {spec.resolved_run_dir}  (logs/, heartbeat/, markers/)", flush=True)
