@@ -19,8 +19,17 @@ Three measurements (figures printed, the last line one JSON object):
    prior-based: runtimes are known from earlier checkpoints).
 3. Model load time of a ~25M-parameter model from S3 storage (a moto S3 server
    on 127.0.0.1) vs from its /dev/shm preload.
+4. `history_used_in_flow`: the evaluate-checkpoint Prefect flow (ephemeral API)
+   run twice on the tiny model with a fresh runtime history: 1 when the second
+   run's plan predicted every dataset from the runtimes the first run recorded
+   (the flow and the CLI share one executor, which records them).
+   `speedup_2node_real` (two local worker nodes vs one) stays null here: the
+   multi-node path (evaluate-checkpoint with `nodes`, tested in
+   tests/integration/flows/test_evaluate_nodes.py) needs a Prefect server and
+   one worker per node, and two "nodes" on one 2-core box share its cores, so
+   their makespan would say nothing about two machines.
 
-Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real]
+Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only]
 """
 
 from __future__ import annotations
@@ -347,9 +356,44 @@ def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
             "load_s_shm": sorted(shm_s)[len(shm_s) // 2]}
 
 
+FLOW_SUITE = """
+name: flowbench
+backend: transformers
+backend_options: {batch_size: 8, torch_threads: 1, device: cpu}
+slots: 2
+metric_workers: 1
+datasets:
+  - name: arith-em
+  - name: capitals-mc
+  - name: humaneval
+    options: {limit: 4, max_new_tokens: 32}
+"""
+
+
+def history_in_flow(work: Path) -> dict[str, object]:
+    """Run the evaluate-checkpoint flow twice; did the second plan use the first run's runtimes?"""
+    os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a fresh home migrates first
+    from evalsuite.fixtures import make_tiny_checkpoint
+    from flows.evaluate import evaluate_checkpoint
+
+    ckpt = make_tiny_checkpoint(work / "flow-ckpts" / "step-00000010")
+    shutil.rmtree(ckpt / "data")
+    suite = work / "flow-suite.yaml"
+    suite.write_text(FLOW_SUITE)
+    history = str(work / "flow-history.json")
+    runs = [evaluate_checkpoint(str(ckpt), suite=str(suite), output_dir=str(work / f"flow-{i}"),
+                                preload_root=str(work / "shm"), history_path=history) for i in range(2)]
+    datasets = set(runs[1]["results"])
+    return {"first": runs[0]["history_used"], "second": runs[1]["history_used"],
+            "used": int(not runs[0]["history_used"] and set(runs[1]["history_used"]) == datasets)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-real", action="store_true", help="simulation only")
+    parser.add_argument("--flow-only", action="store_true", help="simulation + the Prefect flow's history check")
     args = parser.parse_args()
 
     params = SimParams()
@@ -368,8 +412,19 @@ def main() -> int:
               f"{r['split_baseline_s'] / 60:.1f} min -> coordinator {r['speedup_vs_split_baseline']:.2f}x faster")
     headline = {"speedup_1node": round(sim[1]["speedup"], 3), "speedup_4node": round(sim[4]["speedup"], 3),
                 "ratio_to_lower_bound_4node": round(sim[4]["ratio_to_lower_bound"], 3),
-                "speedup_real_cpu": None, "load_s_storage": None, "load_s_shm": None}
-    if not args.skip_real:
+                "speedup_real_cpu": None, "load_s_storage": None, "load_s_shm": None,
+                "speedup_2node_real": None, "history_used_in_flow": None}
+    if args.flow_only:
+        work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
+        os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
+        try:
+            flow = history_in_flow(work)
+            print(f"Prefect flow, two runs: datasets predicted from history: first {flow['first']}, "
+                  f"second {flow['second']}")
+            headline.update(history_used_in_flow=flow["used"])
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    elif not args.skip_real:
         work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
         os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
         try:
@@ -381,6 +436,10 @@ def main() -> int:
                   f"{loads['load_s_storage']:.2f}s, from /dev/shm {loads['load_s_shm']:.2f}s")
             headline.update(speedup_real_cpu=round(real["speedup"], 3),
                             load_s_storage=round(loads["load_s_storage"], 3), load_s_shm=round(loads["load_s_shm"], 3))
+            flow = history_in_flow(work)
+            print(f"Prefect flow, two runs: datasets predicted from history: first {flow['first']}, "
+                  f"second {flow['second']}")
+            headline.update(history_used_in_flow=flow["used"])
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(headline))

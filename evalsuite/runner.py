@@ -24,19 +24,24 @@ from evalsuite.suite import SuiteConfig
 
 
 def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, history: RuntimeHistory,
-               policy: Policy | None = None, model_source: str = "", preloaded_path: str = "") -> Plan:
-    """Trials for `suite`, balanced over its slots with predicted times from `history`."""
+               policy: Policy | None = None, model_source: str = "", preloaded_path: str = "",
+               nodes: list[str] | None = None) -> Plan:
+    """Trials for `suite`, balanced over its slots with predicted times from `history`.
+
+    With `nodes`, every node contributes the suite's slots (same device sets on each):
+    slot "NODE/slotK", and each trial carries the node that runs it."""
     policy = policy or Policy()
     model_key = model_size_key(model_path)
     datasets = [(ref, ref.resolve()) for ref in suite.refs()]
     costs = estimate_costs(datasets, history, suite.backend, model_key)
-    trials = decompose(costs, slots=suite.slots, backend=suite.backend, output_dir=str(output_dir),
+    per_node = slot_names(suite.slots)
+    slots = [f"{n}/{s}" for n in nodes for s in per_node] if nodes else per_node
+    trials = decompose(costs, slots=len(slots), backend=suite.backend, output_dir=str(output_dir),
                        load_s=history.load_s(suite.backend, model_key, source="shm" if policy.preload else "storage"),
                        policy=policy,
                        target_trial_s=suite.target_trial_s, backend_options=suite.backend_options)
-    slots = slot_names(suite.slots)
     plan = assign(trials, slots, policy)
-    plan.devices = dict(zip(slots, suite.slot_devices()))
+    plan.devices = {slot: devices for slot, devices in zip(slots, suite.slot_devices() * max(1, len(nodes or [])))}
     plan.model_key = model_key
     plan.history_used = sorted({ds.name for _, ds in datasets if history.knows(ds.name, suite.backend, model_key)})
     slot_of = {tid: s for s, ids in plan.assignment.items() for tid in ids}
@@ -45,6 +50,7 @@ def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, h
         t.model_source = model_source
         t.devices = list(plan.devices[slot_of[t.trial_id]])
         t.isolation = suite.isolation
+        t.node = slot_of[t.trial_id].split("/", 1)[0] if nodes else ""
     return plan
 
 

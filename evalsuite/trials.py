@@ -64,6 +64,7 @@ class Trial(BaseModel):
     prompt_cache_dir: str | None = None
     devices: list[str] = Field(default_factory=list)   # the slot's devices, e.g. ["cuda:2", "cuda:3"]; [] = auto
     isolation: Literal["thread", "process"] = "thread"  # in the executor's thread, or a fresh process
+    node: str = ""                 # the node whose slot runs it ("" = where the executor runs)
     predicted_load_s: float = 0.0
     predicted_gpu_s: float = 0.0
     predicted_metric_s: float = 0.0

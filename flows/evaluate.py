@@ -31,9 +31,12 @@ from evalsuite.history import RuntimeHistory
 from evalsuite.reporting import has_results
 from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
-from tasks.eval_tasks import (PrefectSubmitter, export_checkpoint, jobs_for_evaluation, plan_trials, preload_model,
-                              publish_results, register_for_evaluation, remove_preloaded)
 from checkpoint.manifest import committed_checkpoints
+from evalsuite.trials import Trial
+from infra.atomic_write import atomic_write
+from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, export_checkpoint, inference_trial,
+                              jobs_for_evaluation, plan_trials, preload_model, publish_results,
+                              register_for_evaluation, remove_preloaded, run_on_node, wait_all)
 from training.config import JobSpec, load_job_spec
 
 
@@ -44,7 +47,8 @@ def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
 @flow(name="evaluate-checkpoint", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=16))
 def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | JobSpec | None = None,
                         output_dir: str | None = None, preload_root: str | None = None,
-                        history_path: str | None = None) -> dict[str, Any]:
+                        history_path: str | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
+    """Evaluate one checkpoint; with `nodes` (work queues of node workers), on every node's slots."""
     spec = _spec(job_spec)
     suite_config = load_suite(suite, spec, {"preload_root": preload_root} if preload_root else None)
     if spec is not None:
@@ -56,23 +60,56 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
     # 1. One HF folder per checkpoint, then one copy of it in this node's shared memory.
     source = export_checkpoint(checkpoint, spec, str(out))
     local = preload_model(source, suite_config.preload_root)
+    node_runs = []
     try:
+        # 1b. Across nodes: a precursor on each node (its own work queue) preloads it there too.
+        if nodes:
+            node_runs = [run_on_node(n, "preload", {"source": source, "preload_root": suite_config.preload_root},
+                                     str(out / "node-results" / f"preload-{n}.txt"), f"preload on {n}")
+                         for n in nodes]
+            wait_all(node_runs)
         # 2. Trials balanced over slots with predicted times from the runtime history.
-        plan = plan_trials(suite_config, local, source, str(out), history_path)
-        # 3. One chain of trials per slot, each trial a task run; metric jobs start as soon
-        #    as a trial's outputs exist. The executor is the CLI's: it records the runtimes
-        #    this run measures, so the next plan balances on them.
-        report = execute(plan, PrefectSubmitter(), history=RuntimeHistory(history_path),
-                         sandbox_limits=suite_config.sandbox)
+        plan = plan_trials(suite_config, local, source, str(out), history_path, nodes)
+        # 3. One chain of trials per slot, each trial a task run (or a run on its node's queue);
+        #    metric jobs start as soon as a trial's outputs exist. The executor is the CLI's: it
+        #    records the runtimes this run measures, so the next plan balances on them.
+        progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
+                                    f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
+        submitter = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
+        report = execute(plan, submitter, history=RuntimeHistory(history_path),
+                         sandbox_limits=suite_config.sandbox, on_event=progress)
     finally:
-        # 4. The preload goes, also when something failed.
+        # 4. The preloads go, also when something failed: this node's, and each node's.
         remove_preloaded(source, suite_config.preload_root)
+        if node_runs:
+            wait_all([run_on_node(n, "remove-preload", {"source": source, "preload_root": suite_config.preload_root},
+                                  str(out / "node-results" / f"remove-{n}.txt"), f"remove preload on {n}")
+                      for n in nodes])
 
     print(report.format())
     payload = results_payload(report, suite_config, source)
     # 5. Publish: results beside the checkpoint, the job's scores per step, table + trend artifacts.
     published = publish_results(checkpoint, suite_config.name, payload, str(out), spec.name if spec else None)
     return {**payload, **published}
+
+
+@flow(name="evaluate-node-work", log_prints=True)
+def evaluate_node_work(action: str, node: str, result_path: str, source: str = "", preload_root: str | None = None,
+                       trial: dict | None = None) -> str:
+    """One node's part of a multi-node evaluation, run on that node's work queue:
+    `preload` (the precursor), `trial` (one inference trial on this node's slot), `remove-preload`."""
+    if action == "preload":
+        done = preload_model(source, preload_root)
+    elif action == "remove-preload":
+        remove_preloaded(source, preload_root)
+        done = "removed"
+    elif action == "trial":
+        done = inference_trial(Trial.model_validate(trial)).model_dump_json()
+    else:
+        raise ValueError(f"unknown action {action!r}; expected preload, trial or remove-preload")
+    atomic_write(Path(result_path), done)   # the evaluating flow reads it: whole or absent
+    print(f"node {node}: {action} done")
+    return result_path
 
 
 def pending_checkpoints(checkpoints: list[str], suite_name: str) -> list[str]:

@@ -68,13 +68,13 @@ def remove_preloaded(source: str, root: str | None) -> None:
 
 @task(name="plan-trials", cache_policy=NO_CACHE)
 def plan_trials(suite: SuiteConfig, model_path: str, model_source: str, output_dir: str,
-                history_path: str | None = None) -> Plan:
+                history_path: str | None = None, nodes: list[str] | None = None) -> Plan:
     """Decompose and balance the suite with the runtime history's predictions; log the plan."""
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import build_plan
 
     plan = build_plan(suite, model_path=model_path, output_dir=output_dir, history=RuntimeHistory(history_path),
-                      model_source=model_source, preloaded_path=model_path)
+                      model_source=model_source, preloaded_path=model_path, nodes=nodes)
     get_run_logger().info("%s", format_plan(plan))
     return plan
 
@@ -140,6 +140,107 @@ class PrefectSubmitter:
 
     def wait_first(self, handles: list[PrefectFuture]) -> PrefectFuture:
         return next(as_completed(handles))
+
+
+EVAL_NODE_DEPLOYMENT = "evaluate-node-work/eval-node-work"
+
+
+class _NodeRun:
+    """A run of the node-work deployment; result() is what the run left in its result file."""
+
+    def __init__(self, flow_run_id: Any, result_path: str, what: str) -> None:
+        self.flow_run_id, self.result_path, self.what = flow_run_id, result_path, what
+        self.state: Any = None
+
+    def done(self) -> bool:
+        from prefect import get_client
+
+        with get_client(sync_client=True) as client:
+            self.state = client.read_flow_run(self.flow_run_id).state
+        return bool(self.state and self.state.is_final())
+
+    def result(self) -> Any:
+        from evalsuite.errors import TrialError
+
+        if not (self.state and self.state.is_completed()):
+            name = self.state.name if self.state else "unknown"
+            raise TrialError(f"{self.what}: node flow run {self.flow_run_id} ended {name}: "
+                             f"{getattr(self.state, 'message', '')}")
+        return Path(self.result_path).read_text()
+
+
+def run_on_node(node: str, action: str, parameters: dict[str, Any], result_path: str, what: str) -> _NodeRun:
+    """Start the node-work deployment on `node`'s work queue (that node's process worker)."""
+    from prefect.deployments import run_deployment
+
+    run = run_deployment(EVAL_NODE_DEPLOYMENT, parameters={"action": action, "node": node,
+                                                          "result_path": result_path, **parameters},
+                         work_queue_name=node, timeout=0)
+    return _NodeRun(run.id, result_path, what)
+
+
+def wait_all(runs: list[_NodeRun], poll_s: float = 1.0) -> list[str]:
+    """Wait for every node run; raise the first failure after all ended (so none is left running)."""
+    import time
+
+    while not all(r.done() for r in runs):
+        time.sleep(poll_s)
+    return [r.result() for r in runs]
+
+
+class NodeSubmitter(PrefectSubmitter):
+    """Trials on their slot's node: runs of the node-work deployment on that node's work queue.
+    Metric jobs stay task runs of this flow (CPU work, never in a GPU slot)."""
+
+    def __init__(self, result_dir: str, poll_s: float = 1.0) -> None:
+        self.result_dir, self.poll_s = Path(result_dir), poll_s
+        self.result_dir.mkdir(parents=True, exist_ok=True)
+
+    def submit_trial(self, trial: Trial, on_progress: Callable[[str, int], None] | None) -> Any:
+        result_path = str(self.result_dir / f"{trial.trial_id}.json")
+        Path(result_path).unlink(missing_ok=True)
+        run = run_on_node(trial.node, "trial", {"trial": trial.model_dump(mode="json")}, result_path,
+                          f"trial {trial.trial_id} on {trial.node}")
+        return _TrialRun(run)
+
+    def wait_first(self, handles: list[Any]) -> Any:
+        import time
+
+        while True:
+            for h in handles:
+                if (h.done() if isinstance(h, _TrialRun) else h.state.is_final()):
+                    return h
+            time.sleep(self.poll_s)
+
+
+class _TrialRun:
+    def __init__(self, run: _NodeRun) -> None:
+        self.run = run
+
+    def done(self) -> bool:
+        return self.run.done()
+
+    def result(self) -> TrialResult:
+        return TrialResult.model_validate_json(self.run.result())
+
+
+class ProgressArtifact:
+    """The executor's events as a Prefect progress artifact: trials and metric jobs done, of all."""
+
+    def __init__(self, key: str, description: str) -> None:
+        self.key, self.description = _artifact_key(key), description
+        self.artifact_id = None
+        self.total = self.done = 0
+
+    def __call__(self, kind: str, info: dict[str, Any]) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        if kind == "plan":
+            self.total = info["trials"] + info["shards"]
+            self.artifact_id = create_progress_artifact(0.0, key=self.key, description=self.description)
+        elif kind in ("trial_done", "trial_failed", "metric_done", "metric_failed") and self.artifact_id:
+            self.done += 1
+            update_progress_artifact(self.artifact_id, round(100.0 * self.done / max(1, self.total), 1))
 
 
 @task(name="publish-results", cache_policy=NO_CACHE)

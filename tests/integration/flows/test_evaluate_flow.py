@@ -68,6 +68,8 @@ def test_evaluate_checkpoint_flow_records_history_and_runs_on_dask(prefect_api, 
     assert not any(p for p in shm.iterdir() if not p.name.endswith(".lock")), "preload not removed"
     artifact = Artifact.get("eval-step-00000010-flowtest")
     assert artifact is not None and "capitals-mc" in str(artifact.data)
+    progress = Artifact.get("eval-progress-step-00000010-flowtest")
+    assert progress is not None and progress.type == "progress" and float(progress.data) == 100.0
     # The flow's run measured its runtimes: the first plan had no history, the store has it now.
     assert first["history_used"] == []
     recorded, key = RuntimeHistory(history), model_size_key(root / "step-00000010")

@@ -119,3 +119,16 @@ def test_vllm_takes_its_gpus_from_its_process_and_is_optional(tmp_path):
     if importlib.util.find_spec("vllm") is None:     # the CPU environment: a clear error, no import at load
         with pytest.raises(BackendUnavailableError, match=r"forgeflow\[gpu\]"):
             load_backend("vllm", tmp_path, {"device": "cuda"})
+
+
+def test_every_node_of_an_allocation_brings_the_suites_slots(tiny_model, tmp_path):
+    suite = _suite(tiny_model, slots=2, isolation="process", devices=["cuda:0", "cuda:1,2"], target_trial_s=0.05)
+    plan = build_plan(suite, model_path=str(tiny_model), output_dir=tmp_path, history=RuntimeHistory(tmp_path / "h"),
+                      nodes=["node-a", "node-b"])
+    assert plan.slots == ["node-a/slot0", "node-a/slot1", "node-b/slot0", "node-b/slot1"]
+    assert plan.devices["node-b/slot1"] == ["cuda:1", "cuda:2"]
+    for slot, ids in plan.assignment.items():
+        for tid in ids:
+            assert plan.trial(tid).node == slot.split("/")[0]
+            assert plan.trial(tid).devices == plan.devices[slot]
+    assert {plan.trial(t).node for ids in plan.assignment.values() for t in ids} == {"node-a", "node-b"}
