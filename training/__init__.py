@@ -1,6 +1,7 @@
 """forgeflow: training — what torchrun starts on every rank, and what it reads and writes.
 
     config            the job spec (pydantic): model shape, batch, parallelism, checkpoint, eval
+    capabilities      what the worker can run (pipeline stages, TP, recompute, ...): planner and flow read it
     corpus / data     which documents, tokenizer training, packed token files (`forgeflow prepare`)
     sampler           deterministic batches from a packed token file
     model             megatron-core GPTModel (Llama-style), pipeline stages, DDP wrapper, optimizer
