@@ -35,6 +35,7 @@ from diagnosis.recovery import (
 from checkpoint.manifest import committed_checkpoints
 from scheduler.orchestrator.lease import HeldJob
 from tasks.checkpoint_events import CommitAnnouncer
+from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
     Seat,
     cluster_orchestrator,
@@ -144,6 +145,8 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
     history = RecoveryHistory()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
     announcer = CommitAnnouncer(spec, str(job_spec))  # triggers the evaluate-checkpoint deployment
+    if spec.eval.suite:  # the job asked for evaluation: the catch-up deployment covers it from now on
+        register_for_evaluation(spec, ",".join(spec.eval.suite))
     resume_from: int | None = None  # None: the newest committed checkpoint
     overrides = AttemptOverrides()
     attempt = 0
