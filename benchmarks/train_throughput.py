@@ -1,4 +1,5 @@
-"""Training throughput of configs/tiny-cpu.yaml at world size 1 and 2 (torchrun, gloo on CPU).
+"""Training throughput of configs/tiny-cpu.yaml at world size 1 and 2 (torchrun, gloo on CPU),
+and with two pipeline stages (PP=2, megatron's 1F1B schedule) on the same 2 processes.
 
     .venv/bin/python benchmarks/train_throughput.py [--steps 30] [--warmup 5] [--config ...]
 
@@ -10,7 +11,15 @@ World size 1 uses every core for intra-op threads; world size 2 gets one thread 
 rank (torchrun's default), so both use the whole machine. OMP_WAIT_POLICY=PASSIVE
 unless set: spinning OpenMP threads collapse throughput on a shared machine.
 
-The last line is the JSON object {"tokens_per_s_ws1": ..., "tokens_per_s_ws2": ...}.
+PP=2 runs the same job on 2 ranks as two pipeline stages (2 layers each, 1F1B over the
+2 micro batches of the global batch) instead of two data-parallel replicas: same
+processes, threads, global batch and data, so tokens_per_s_pp2 vs tokens_per_s_ws2 is
+the price of pipelining this model (point-to-point activations, the pipeline bubble:
+with 2 micro batches and 2 stages a third of each stage's time is idle) on a machine
+where data parallelism fits. Pipelining exists for models that do not fit one device.
+
+The last line is the JSON object {"tokens_per_s_ws1": ..., "tokens_per_s_ws2": ...,
+"tokens_per_s_pp2": ...}.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ from training.config import dotted_overrides, load_job_spec  # noqa: E402
 from training.runlog import read_steps  # noqa: E402
 
 
-def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path) -> dict:
-    run_dir = workdir / f"ws{nproc}"
+def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path,
+            pipeline_parallel: int = 1) -> dict:
+    run_dir = workdir / f"ws{nproc}-pp{pipeline_parallel}"
     overrides = [f"training.steps={steps}", f"run_dir={run_dir}",
+                 f"training.pipeline_parallel={pipeline_parallel}",
                  f"checkpoint.url={run_dir / 'ckpt'}", f"checkpoint.interval={steps}",
                  "checkpoint.async_save=false"]
     spec = load_job_spec(config, dotted_overrides(overrides))
@@ -57,7 +68,7 @@ def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path) -> 
     start, end = records[warmup - 1], records[-1]
     tokens = (end.step - start.step) * spec.training.global_batch_size * spec.model.seq_length
     seconds = end.elapsed_s - start.elapsed_s
-    return {"world_size": nproc, "threads_per_rank": threads, "steps_timed": end.step - start.step,
+    return {"world_size": nproc, "pipeline_parallel": pipeline_parallel, "threads_per_rank": threads, "steps_timed": end.step - start.step,
             "seconds": seconds, "tokens_per_s": tokens / seconds,
             "first_loss": records[0].loss, "last_loss": end.loss}
 
@@ -81,14 +92,15 @@ def main() -> int:
           f"{os.cpu_count()} CPU cores")
     results = {}
     with tempfile.TemporaryDirectory(prefix="forgeflow-throughput-") as tmp:
-        for nproc in (1, 2):
-            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp))
-            results[nproc] = r
-            print(f"world size {nproc} ({r['threads_per_rank']} thread(s)/rank): "
+        for key, nproc, pp in (("ws1", 1, 1), ("ws2", 2, 1), ("pp2", 2, 2)):
+            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp), pipeline_parallel=pp)
+            results[key] = r
+            print(f"world size {nproc}, pp {pp} ({r['threads_per_rank']} thread(s)/rank): "
                   f"{r['tokens_per_s']:,.0f} tokens/s over {r['steps_timed']} steps "
                   f"({r['seconds']:.1f} s); loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
-    print(json.dumps({"tokens_per_s_ws1": round(results[1]["tokens_per_s"], 1),
-                      "tokens_per_s_ws2": round(results[2]["tokens_per_s"], 1)}))
+    print(json.dumps({"tokens_per_s_ws1": round(results["ws1"]["tokens_per_s"], 1),
+                      "tokens_per_s_ws2": round(results["ws2"]["tokens_per_s"], 1),
+                      "tokens_per_s_pp2": round(results["pp2"]["tokens_per_s"], 1)}))
     return 0
 
 
