@@ -96,8 +96,9 @@ def pretrain(
         backoff_s: first wait before a restart in place (doubles on repeats).
         drill_faults: fault drills, one per attempt, as FORGEFLOW_FAULT values
             (e.g. ["cuda_error@30:1", "loss_spike@70"]); empty in production.
-        launcher: "local" (every node's torchrun on this machine) or "prefect" (one
-            node-launch run per node, on the work queue named after the node).
+        launcher: "local" (every node's torchrun on this machine), "prefect" (one
+            node-launch run per node, on the work queue named after the node) or "slurm"
+            (one batch job per attempt; the cluster file's `slurm:` section says where).
         priority: the job's place in the shared cluster's queue (higher goes first).
     """
     spec = load_job_spec(job_spec)
@@ -156,7 +157,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
             result.failures[-1].relaunched_at = time.time()
         outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
-                              hang_timeout_s, env, progress, launcher, announcer)
+                              hang_timeout_s, env, progress, launcher, announcer, cluster=inventory)
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)
@@ -187,7 +188,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         # 7. Act, and say what was done and why. A node check cordons the faulty nodes and
         #    places the job again on healthy ones.
         if decided.checks_nodes:
-            report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher)
+            report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory)
             if report.faulty:  # cordoned for every flow; placed again on healthy nodes
                 placement = seat.replace(report.faulty, inventory,
                                          f"failed the node check after attempt {attempt}")

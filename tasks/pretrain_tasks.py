@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -21,7 +20,7 @@ from prefect.artifacts import create_markdown_artifact, update_progress_artifact
 from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
-from infra.launch import LaunchRequest
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import Alert, Notifier
 from scheduler.placement import Placement
@@ -30,16 +29,19 @@ from tasks.launchers import make_launcher
 from training.config import JobSpec
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def load_cluster(cluster: str) -> Cluster:
+    """The inventory; on a Slurm-managed cluster (a `slurm:` section), nodes Slurm will not
+    run work on (drained, down) are cordoned, so forgeflow never places onto them."""
     from scheduler.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
 
-    return detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
+    inventory = detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
+    if inventory.slurm is not None:
+        from infra.slurm import unschedulable_nodes
+
+        for name in unschedulable_nodes(inventory.slurm):
+            if name in {n.name for n in inventory.nodes}:
+                inventory.cordon(name)
+    return inventory
 
 
 def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
@@ -117,21 +119,24 @@ def run_attempt(
     progress_artifact_id=None,
     launcher: str = "local",
     announcer=None,
+    cluster: Cluster | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
-    event for each checkpoint that commits meanwhile."""
+    event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
+    cluster's submission settings (partition, account, time limit)."""
     logger = get_run_logger()
-    port = free_port()  # a fresh rendezvous port per attempt: the last one may linger in TIME_WAIT
-    launches = [replace(l, master_port=port) for l in placement.launch_specs()]
+    # A fresh rendezvous port per attempt (the last one may linger in TIME_WAIT), chosen by
+    # node rank 0 on itself when it starts: a port free on the flow's machine proves nothing there.
+    launches = [replace(l, master_port=CHOOSE_ON_NODE_0) for l in placement.launch_specs()]
     args = worker_args(spec_path, placement, resume_from_step, overrides)
     # torchrun SIGKILLs its ranks 30 s after forwarding a SIGTERM unless told to wait longer
     env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(spec.checkpoint.stop_deadline_s) + 5), **env}
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
     stop_s = spec.checkpoint.stop_deadline_s + 10.0  # SIGTERM: commit, then exit
-    job = make_launcher(launcher, grace_s=stop_s).start(request)
+    job = make_launcher(launcher, cluster=cluster, gpu_type=placement.gpu_type, grace_s=stop_s).start(request)
 
     def progress(step: int) -> None:
         if progress_artifact_id is not None:
@@ -197,13 +202,15 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
 
 @task(name="node-check", cache_policy=NO_CACHE)
 def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str],
-               launcher: str = "local") -> NodeCheckReport:
+               launcher: str = "local", cluster: Cluster | None = None) -> NodeCheckReport:
     """Two-round pairwise collective test of the placement's nodes, run through the
     same launcher as training (on a cluster: on the nodes themselves)."""
     addresses = {launch.node: launch.address for launch in placement.launch_specs()}
     runner = LauncherWorldRunner(
-        make_launcher(launcher, grace_s=2.0), Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
+        make_launcher(launcher, grace_s=2.0, cluster=cluster, gpu_type=placement.gpu_type),
+        Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
         rendezvous_host=lambda node: addresses.get(node, "127.0.0.1"),
+        free_port=lambda: CHOOSE_ON_NODE_0,  # each world's first node picks its own port
     )
     return two_round_check(placement.nodes, runner)
 

@@ -80,3 +80,25 @@ def slurm_job(slurm_data_dir: Path, tmp_path: Path):
         return path
 
     return make
+
+
+@pytest.fixture
+def slurm_cluster(slurm, tmp_path: Path) -> Path:
+    """A cluster file for the local Slurm: its one node (CPU 'devices' = its CPUs) and a slurm: section."""
+    path = tmp_path / "cluster-slurm.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "local-slurm",
+        "nodes": [{"name": slurm.node, "gpu_type": "cpu", "gpu_count": 2, "gpu_memory_gib": 4,
+                   "peak_tflops": 0.05, "address": slurm.node}],
+        "slurm": {"partition": "debug", "slurm_conf": str(slurm.conf), "poll_s": 1.0},
+    }, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A Prefect API for flows run in this process (a fresh home's migrations take a while)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield
