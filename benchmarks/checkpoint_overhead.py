@@ -9,12 +9,20 @@ to it). Checkpoints go to a local SeaweedFS S3 server started here (and, reporte
 separately, to local disk). Measured side by side in one run:
 
 - stall per checkpoint: a synchronous save (snapshot + upload + commit in the loop)
-  vs the async engine's save() (snapshot only), for both writers;
+  vs the async engine's save() (snapshot only), for both writers. Both in the one
+  checkpoint format ("sharded": megatron's sharded state dict flattened to global
+  pieces, training/checkpointing.py), so the stall includes building that state;
 - snapshot copy bandwidth vs a plain torch copy_ of the same number of bytes;
 - end-to-end persist throughput vs a raw s3fs upload of the same shard file;
 - step-time slowdown while a persist runs in the background: median step time during
   the persist vs the median of steps right before and right after it (process writer
   and thread writer).
+
+Fair baseline (issue 17 item 7): every engine is warmed by one save first (buffers
+allocated, connections open); then rounds interleave the synchronous S3 save and the
+two async writers, rotating which goes first, and each figure is the median over the
+rounds (--rounds, default 3). The synchronous save is the same engine in blocking
+mode: the same bytes and commit protocol, only without the background persist.
 
 The last line is one JSON object with the headline keys.
 """
@@ -25,6 +33,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,14 +72,22 @@ def build_training(args):
         optimizer.step()
         return time.perf_counter() - start
 
-    def state(step_no: int) -> dict:
+    def save(engine, step_no: int):
+        """What training.checkpointing.Checkpointer.save hands the engine, built the same way."""
+        from training.checkpointing import sharded_state, to_pieces
         from training.rank_state import capture_rng_states
 
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "rng": capture_rng_states(), "trainer": {"step": step_no}}
+        pieces, common = to_pieces(sharded_state(model, optimizer))
+        return engine.save(step_no, {"rng": capture_rng_states()}, pieces=pieces,
+                           common={"megatron": common, "trainer": {"step": step_no}})
+
+    def tensors() -> list:
+        from training.checkpointing import sharded_state, to_pieces
+
+        return [p.data for p in to_pieces(sharded_state(model, optimizer))[0] if not p.is_object]
 
     params = sum(p.numel() for p in model.parameters())
-    return env, step, state, params
+    return env, step, save, tensors, params
 
 
 def memcpy_gbps(nbytes: int, repeats: int = 3) -> float:
@@ -104,7 +121,8 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--baseline-steps", type=int, default=4)
-    p.add_argument("--rounds", type=int, default=2, help="alternating process/thread rounds")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="interleaved rounds (sync S3, async process, async thread); medians")
     p.add_argument("--workdir", default=None, help="where SeaweedFS and local checkpoints live")
     args = p.parse_args()
 
@@ -115,7 +133,7 @@ def main() -> int:
     from infra.storage import open_storage
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ckpt-bench-"))
-    env, step, state, params = build_training(args)
+    env, step, save, tensors, params = build_training(args)
     step()  # creates the Adam state the checkpoint must hold
     print(f"model: {params / 1e6:.1f}M parameters, hidden {args.hidden}, {args.layers} layers, "
           f"vocab {args.vocab}; training on 1 intra-op thread")
@@ -129,25 +147,55 @@ def main() -> int:
         options = server.options()
         s3 = lambda name: f"s3://{bucket}/{name}"  # noqa: E731
 
-        # ---- synchronous saves (the stall is the whole save) ----------------------------------
+        # ---- local disk: sync vs async (process writer), each warmed, median of the rounds ------
+        samples: dict[str, dict[str, list[float]]] = {}
+
+        def pool(key: str) -> dict[str, list[float]]:
+            return samples.setdefault(key, {"baseline": [], "during": [], "stall": [], "persist": []})
+
+        def async_round(engine, key: str, step_no: int, nbytes: int) -> None:
+            baseline = [step() for _ in range(args.baseline_steps)]
+            outcome = save(engine, step_no)
+            during = steps_while(lambda: engine.busy, step)
+            report = engine.wait()
+            assert report.committed, report
+            baseline += [step() for _ in range(args.baseline_steps)]
+            p = pool(key)
+            p["baseline"] += baseline
+            p["during"] += during
+            p["stall"].append(outcome.stall_s)
+            p["persist"].append(nbytes / report.persist_s / 1e6)
+            print(f"async {key:14s} (save {step_no}): stall {outcome.stall_s * 1e3:7.1f} ms, "
+                  f"persist {p['persist'][-1]:.0f} MB/s in {report.persist_s:.1f}s; step "
+                  f"{statistics.median(baseline):.3f}s idle vs "
+                  f"{statistics.median(during) if during else float('nan'):.3f}s during persist "
+                  f"({len(during)} steps)")
+
+        def sync_round(engine, key: str, step_no: int) -> None:
+            outcome = save(engine, step_no)
+            assert engine.reports[-1].committed, engine.reports[-1]
+            pool(key)["stall"].append(outcome.stall_s)
+            print(f"sync  {key:14s} (save {step_no}): stall {outcome.stall_s * 1e3:7.1f} ms")
+
         with CheckpointEngine(str(workdir / "local-sync"), async_save=False, writer="thread",
-                              keep_last=1) as engine:
-            engine.save(1, state(1))  # first use: buffers allocated, page faults
-            outcome = engine.save(2, state(2))
-            nbytes = outcome.bytes
-            out["stall_s_sync_local"] = outcome.stall_s
-            local_shard = workdir / "local-sync" / "step-00000002" / "rank-0-of-1.bin"
-        print(f"checkpoint: {nbytes / 1e9:.2f} GB per save (model + Adam state + RNG)")
-        with CheckpointEngine(s3("sync"), async_save=False, writer="thread", keep_last=1,
-                              storage_options=options) as engine:
-            outcome = engine.save(1, state(1))
-            out["stall_s_sync"] = outcome.stall_s
-            out["sync_persist_mb_s"] = nbytes / outcome.stall_s / 1e6
+                              keep_last=1) as sync_local, \
+                CheckpointEngine(str(workdir / "async-process"), writer="process",
+                                 keep_last=1) as async_local:
+            nbytes = save(sync_local, 1).bytes  # warm: buffers allocated, pages faulted in
+            save(async_local, 1)
+            async_local.wait()
+            # The same bytes for the raw-upload comparison (retention drops step 1 later).
+            shutil.copyfile(workdir / "local-sync" / "step-00000001" / "rank-0-of-1.bin",
+                            workdir / "raw-shard.bin")
+            print(f"checkpoint: {nbytes / 1e9:.2f} GB per save (model + Adam state + RNG)")
+            for r in range(args.rounds):
+                sync_round(sync_local, "sync_local", 2 + r)
+                async_round(async_local, "process_local", 2 + r, nbytes)
 
         # ---- raw s3fs upload of the same bytes -------------------------------------------------
         fs = open_storage(s3("raw"), options).fs
         start = time.perf_counter()
-        fs.put_file(str(local_shard), f"{bucket}/raw/shard.bin")
+        fs.put_file(str(workdir / "raw-shard.bin"), f"{bucket}/raw/shard.bin")
         out["raw_s3fs_mb_s"] = nbytes / (time.perf_counter() - start) / 1e6
 
         # ---- snapshot copy vs a plain memcpy of the same bytes, interleaved, best of 3 ---------
@@ -158,7 +206,7 @@ def main() -> int:
         snap_best = memcpy_best = 0.0
         for shared in (True, False):  # the process writer's shared buffers, the thread writer's
             buffers = HostBuffers(shared=shared)
-            current = state(3)
+            current = {"pieces": tensors()}
             take_snapshot(3, current, buffers)  # first use: allocation and page faults
             for _ in range(3):
                 snap = take_snapshot(3, current, buffers)
@@ -169,45 +217,41 @@ def main() -> int:
         out["memcpy_gb_s"] = memcpy_best
         out["snapshot_gb_s"] = snap_best
 
-        # ---- async saves: stall, snapshot bandwidth, persist throughput, step slowdown ---------
-        # Rounds alternate which writer goes first, and each writer's samples are pooled
-        # over rounds: on a shared machine a neighbour's burst should not decide the winner.
-        phases = [("process", "local", 0)]
-        for r in range(args.rounds):
-            order = ("process", "thread") if r % 2 == 0 else ("thread", "process")
-            phases += [(w, "s3", r) for w in order]
-        samples: dict[str, dict[str, list[float]]] = {}
-        for writer, target, r in phases:
-            url = s3(f"async-{writer}-{r}") if target == "s3" else str(workdir / f"async-{writer}")
-            with CheckpointEngine(url, writer=writer, keep_last=1, storage_options=options) as engine:
-                engine.save(1, state(1))  # first use: allocate and fault in the buffers
+        # ---- S3: sync vs both async writers, warmed, interleaved rounds, medians ---------------
+        # Each round rotates which of the three goes first, so neither a neighbour's burst nor
+        # the order decides a figure.
+        with CheckpointEngine(s3("sync"), async_save=False, writer="thread", keep_last=1,
+                              storage_options=options) as sync_s3, \
+                CheckpointEngine(s3("async-process"), writer="process", keep_last=1,
+                                 storage_options=options) as process_s3, \
+                CheckpointEngine(s3("async-thread"), writer="thread", keep_last=1,
+                                 storage_options=options) as thread_s3:
+            engines = {"sync": sync_s3, "process": process_s3, "thread": thread_s3}
+            for engine in engines.values():  # warm every path the same way
+                save(engine, 1)
                 engine.wait()
-                baseline = [step() for _ in range(args.baseline_steps)]
-                outcome = engine.save(2, state(2))
-                during = steps_while(lambda: engine.busy, step)
-                report = engine.wait()
-                assert report.committed, report
-                baseline += [step() for _ in range(args.baseline_steps)]
-            key = f"{writer}_{target}"
-            pool = samples.setdefault(key, {"baseline": [], "during": [], "stall": [], "persist": []})
-            pool["baseline"] += baseline
-            pool["during"] += during
-            pool["stall"].append(outcome.stall_s)
-            pool["persist"].append(nbytes / report.persist_s / 1e6)
-            print(f"async {writer:7s} -> {target:5s} (round {r}): stall {outcome.stall_s * 1e3:7.1f} ms, "
-                  f"persist {pool['persist'][-1]:.0f} MB/s in {report.persist_s:.1f}s; step "
-                  f"{statistics.median(baseline):.3f}s idle vs "
-                  f"{statistics.median(during) if during else float('nan'):.3f}s during persist "
-                  f"({len(during)} steps)")
-        for key, pool in samples.items():
-            out[f"stall_s_async_{key}"] = statistics.median(pool["stall"])
-            out[f"persist_mb_s_{key}"] = statistics.median(pool["persist"])
-            out[f"steps_during_persist_{key}"] = len(pool["during"])
-            if pool["during"]:
+            names = list(engines)
+            for r in range(args.rounds):
+                for name in names[r % 3:] + names[:r % 3]:
+                    if name == "sync":
+                        sync_round(sync_s3, "sync_s3", 2 + r)
+                    else:
+                        async_round(engines[name], f"{name}_s3", 2 + r, nbytes)
+        sync_stalls = samples["sync_s3"]["stall"]
+        out["stall_s_sync"] = statistics.median(sync_stalls)
+        out["sync_persist_mb_s"] = nbytes / out["stall_s_sync"] / 1e6
+        out["stall_s_sync_local"] = statistics.median(samples["sync_local"]["stall"])
+        for key, p in samples.items():
+            if key.startswith("sync"):
+                continue
+            out[f"stall_s_async_{key}"] = statistics.median(p["stall"])
+            out[f"persist_mb_s_{key}"] = statistics.median(p["persist"])
+            out[f"steps_during_persist_{key}"] = len(p["during"])
+            if p["during"]:
                 # Medians: one step stolen by a neighbour should not count as checkpoint
                 # overhead (nor hide it).
-                out[f"step_slowdown_{key}"] = (statistics.median(pool["during"])
-                                               / statistics.median(pool["baseline"]) - 1)
+                out[f"step_slowdown_{key}"] = (statistics.median(p["during"])
+                                               / statistics.median(p["baseline"]) - 1)
     finally:
         server.stop()
         from training.model import shutdown_distributed

@@ -145,6 +145,12 @@ def test_resume_on_other_layouts_continues_the_loss_curve(prepared_job, uninterr
 
     u_root, u_losses = uninterrupted
     assert sorted(u_losses) == list(range(1, 13))
+    # Fully parallel saves: the data-parallel replicas are saved once, split evenly.
+    manifest = read_manifest(open_storage(str(u_root)), 4)
+    sizes = [s.size for s in manifest.shards]
+    assert len(sizes) == 2 and max(sizes) < 1.1 * min(sizes), sizes
+    saved = [(p["key"], tuple(p["global_offset"])) for s in manifest.shards for p in s.pieces]
+    assert len(saved) == len(set(saved))  # no piece written twice
 
     # (TP2, PP1, DP1) from U's step 4, the checkpoint uploaded to SeaweedFS S3.
     url = f"s3://{seaweed.make_bucket()}/tp2"
