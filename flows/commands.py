@@ -33,6 +33,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                              "on the Prefect server PREFECT_API_URL points at")
     s.add_argument("--cluster", default="local", help="inventory to register with the orchestrator (default: this machine)")
     s.add_argument("--pool", default="forgeflow")
+    s.add_argument("--pool-type", default="process", choices=["process", "kubernetes"],
+                   help="process: workers on the machines; kubernetes: flow runs as Kubernetes Jobs "
+                        "(a base job template with memory-backed /dev/shm and the S3 Secret; workers need "
+                        "prefect-kubernetes)")
     s.set_defaults(func=_deploy)
 
 
@@ -101,4 +105,4 @@ def _demo_eval(console, spec) -> None:
 def _deploy(args: argparse.Namespace) -> int:
     from flows.deploy import deploy_all
 
-    return deploy_all(cluster=args.cluster, pool=args.pool)
+    return deploy_all(cluster=args.cluster, pool=args.pool, pool_type=args.pool_type)

@@ -29,17 +29,32 @@ WEBHOOK_BLOCK_NAME = "forgeflow-slack"
 HEARTBEAT_SILENCE_S = 120  # three missed heartbeats at a 30 s frequency
 
 
-def ensure_work_pool(pool: str) -> None:
+def ensure_work_pool(pool: str, pool_type: str = "process") -> None:
+    """A `process` pool (workers on the machines), or a `kubernetes` pool whose base job
+    template (infra.kubernetes.prefect_base_job_template) runs each flow run as a Job."""
     from prefect import get_client
-    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.client.schemas.actions import WorkPoolCreate, WorkPoolUpdate
     from prefect.exceptions import ObjectAlreadyExists
 
+    if pool_type not in ("process", "kubernetes"):
+        raise ValueError(f"unknown pool type {pool_type!r}: use 'process' or 'kubernetes'")
+    template: dict = {}
+    if pool_type == "kubernetes":
+        from infra.kubernetes import prefect_base_job_template
+
+        template = prefect_base_job_template()
     with get_client(sync_client=True) as client:
         try:
-            client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            print(f"work pool {pool!r} created (type process)")
+            client.create_work_pool(WorkPoolCreate(name=pool, type=pool_type, base_job_template=template))
+            print(f"work pool {pool!r} created (type {pool_type})")
         except ObjectAlreadyExists:
-            print(f"work pool {pool!r} exists")
+            existing = client.read_work_pool(pool)
+            if existing.type != pool_type:
+                raise RuntimeError(f"work pool {pool!r} exists with type {existing.type!r}, not {pool_type!r}: "
+                                   "choose another --pool name or delete it (`prefect work-pool delete`)") from None
+            if template:
+                client.update_work_pool(pool, WorkPoolUpdate(base_job_template=template))
+            print(f"work pool {pool!r} exists (type {pool_type})")
 
 
 def ensure_cluster_registered(cluster_source: str) -> dict:
@@ -130,12 +145,12 @@ def ensure_automation() -> bool:
     return True
 
 
-def deploy_all(cluster: str = "local", pool: str = "forgeflow") -> int:
+def deploy_all(cluster: str = "local", pool: str = "forgeflow", pool_type: str = "process") -> int:
     if not os.environ.get("PREFECT_API_URL"):
         print("PREFECT_API_URL is not set: start a server (`prefect server start`) and point PREFECT_API_URL "
               "at it (e.g. http://127.0.0.1:4200/api); deployments need a server to live on")
         return 2
-    ensure_work_pool(pool)
+    ensure_work_pool(pool, pool_type)
     ensure_cluster_registered(cluster)
     deploy_prefect_yaml(pool)
     ensure_automation()

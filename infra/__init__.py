@@ -8,6 +8,8 @@
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
     slurm_local   a real single-host Slurm (slurmctld + slurmd + munge) for tests and benchmarks
+    kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,
+                  evaluation Jobs, the Prefect kubernetes work pool's base job template
     reaper        run a command so none of its descendants outlives its starter
     watch         follow a launched job until it finishes, fails, hangs or spikes
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes

@@ -1,0 +1,349 @@
+"""The Kubernetes launcher: each training attempt is one indexed Job plus a headless Service.
+
+    Service <job>-a<K>   (headless: clusterIP None) — gives pod <job>-a<K>-0 the DNS name
+                          <job>-a<K>-0.<job>-a<K>, the rendezvous host of every node
+    Job     <job>-a<K>   completionMode: Indexed, completions = parallelism = nodes,
+                          backoffLimit 0 (a restart is the flow's decision, after diagnosis);
+                          pod i runs torchrun --node-rank=$(JOB_COMPLETION_INDEX)
+                          with nvidia.com/gpu: G, a memory-backed /dev/shm, the run
+                          directory on a shared volume and S3 credentials from a Secret
+
+With the Kubeflow training operator installed, `pytorch_job_manifest` gives the
+same attempt as one PyTorchJob (Master + Worker replicas; the operator sets
+MASTER_ADDR/RANK itself). Evaluation trials get `evaluation_job_manifest`: one
+GPU, the memory-backed /dev/shm the preload copies the exported checkpoint into.
+
+Every manifest here is validated against the Kubernetes API schema in the tests
+(the `kubernetes` client's models: each object round-trips through its model
+without losing a field). No Kubernetes cluster was available while this was
+written: `KubernetesLauncher` (create, poll pod states per index, delete) has
+not run against a real API server; see the README.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from infra.launch import LaunchRequest, node_log_path, wait_for_exit
+
+RENDEZVOUS_PORT = 29500  # each pod has its own network namespace: a fixed port is free there
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class KubernetesSettings(BaseModel):
+    """Where and how attempts run on Kubernetes: the `kubernetes:` part of a deployment."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    namespace: str = "forgeflow"
+    image: str = Field(description="the forgeflow image (python with torch, megatron-core and this repo)")
+    run_volume_claim: str = Field(description="a ReadWriteMany PVC holding run directories (heartbeats, logs)")
+    run_mount: str = "/runs"
+    s3_secret: str | None = Field(default="forgeflow-s3", description="Secret with AWS_ACCESS_KEY_ID/SECRET (envFrom)")
+    shm_size: str = "64Gi"
+    cpu_per_gpu: str = "8"
+    memory_per_gpu: str = "64Gi"
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    service_account: str | None = None
+    python: str = "python"
+
+
+def object_name(request: LaunchRequest) -> str:
+    """A DNS-1123 label naming the attempt's Job and Service (lowercase, <= 52 chars for pod names)."""
+    base = re.sub(r"[^a-z0-9-]+", "-", request.job_name.lower()).strip("-") or "job"
+    return f"{base[:40].rstrip('-')}-a{request.attempt}"
+
+
+def _labels(request: LaunchRequest) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "forgeflow", "forgeflow/job": object_name(request).rsplit("-a", 1)[0],
+            "forgeflow/attempt": str(request.attempt)}
+
+
+def _volumes(settings: KubernetesSettings) -> tuple[list[dict], list[dict]]:
+    volumes = [
+        # /dev/shm: gloo/NCCL shared memory and the evaluation preload, in RAM not the node's disk.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+        {"name": "runs", "persistentVolumeClaim": {"claimName": settings.run_volume_claim}},
+    ]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}, {"name": "runs", "mountPath": settings.run_mount}]
+    return volumes, mounts
+
+
+def _env(request: LaunchRequest, settings: KubernetesSettings) -> tuple[list[dict], list[dict]]:
+    env = [{"name": k, "value": v} for k, v in sorted(request.env.items())]
+    env += [{"name": "PYTHONUNBUFFERED", "value": "1"},
+            {"name": "FORGEFLOW_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    env_from = [{"secretRef": {"name": settings.s3_secret}}] if settings.s3_secret else []
+    return env, env_from
+
+
+def _resources(gpus: int, settings: KubernetesSettings) -> dict:
+    if gpus == 0:
+        return {"requests": {"cpu": "1", "memory": "4Gi"}}
+    cpu = str(int(settings.cpu_per_gpu) * gpus)
+    mem_gi = int(settings.memory_per_gpu.removesuffix("Gi")) * gpus
+    return {"requests": {"cpu": cpu, "memory": f"{mem_gi}Gi", GPU_RESOURCE: str(gpus)},
+            "limits": {GPU_RESOURCE: str(gpus), "memory": f"{mem_gi}Gi"}}
+
+
+def headless_service_manifest(request: LaunchRequest, settings: KubernetesSettings) -> dict:
+    name = object_name(request)
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": _labels(request)},
+        "spec": {"clusterIP": "None", "selector": {"job-name": name},
+                 "publishNotReadyAddresses": True,  # rendezvous happens before any readiness
+                 "ports": [{"name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT}]},
+    }
+
+
+def torchrun_container_args(request: LaunchRequest, settings: KubernetesSettings) -> list[str]:
+    name = object_name(request)
+    nproc = max(n.nproc_per_node for n in request.nodes)
+    log_dir = f"{settings.run_mount}/{name}/torchrun"
+    return [settings.python, "-m", "torch.distributed.run", f"--nnodes={len(request.nodes)}",
+            "--node-rank=$(JOB_COMPLETION_INDEX)", f"--nproc-per-node={nproc}",
+            f"--master-addr={name}-0.{name}", f"--master-port={RENDEZVOUS_PORT}",
+            "--max-restarts=0", "--monitor-interval=1", "--tee=3", f"--log-dir={log_dir}",
+            *request.worker_args]
+
+
+def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu") -> dict:
+    """One indexed Job: pod i is node rank i (hostname <name>-i under the headless Service)."""
+    name = object_name(request)
+    nodes = len(request.nodes)
+    gpus = 0 if gpu_type == "cpu" else max(n.nproc_per_node for n in request.nodes)
+    volumes, mounts = _volumes(settings)
+    env, env_from = _env(request, settings)
+    pod_spec: dict[str, Any] = {
+        "subdomain": name, "restartPolicy": "Never",
+        "containers": [{
+            "name": "torchrun", "image": settings.image,
+            "command": torchrun_container_args(request, settings),
+            "env": env, "envFrom": env_from, "resources": _resources(gpus, settings),
+            "volumeMounts": mounts, "ports": [{"containerPort": RENDEZVOUS_PORT, "name": "rendezvous"}],
+        }],
+        "volumes": volumes,
+        "terminationGracePeriodSeconds": 60,  # SIGTERM: ranks commit their checkpoint and exit
+    }
+    if settings.node_selector:
+        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.tolerations:
+        pod_spec["tolerations"] = list(settings.tolerations)
+    if settings.service_account:
+        pod_spec["serviceAccountName"] = settings.service_account
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": _labels(request)},
+        "spec": {
+            "completionMode": "Indexed", "completions": nodes, "parallelism": nodes,
+            "backoffLimit": 0,
+            "ttlSecondsAfterFinished": 7 * 24 * 3600,
+            "template": {"metadata": {"labels": {**_labels(request), "job-name": name}}, "spec": pod_spec},
+        },
+    }
+
+
+def pytorch_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu") -> dict:
+    """The same attempt as a Kubeflow PyTorchJob (training operator), one Master + N-1 Workers."""
+    job = training_job_manifest(request, settings, gpu_type)
+    template = job["spec"]["template"]
+    container = template["spec"]["containers"][0]
+    nproc = max(n.nproc_per_node for n in request.nodes)
+    # The operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nodes) and RANK (node rank).
+    container["name"] = "pytorch"
+    container["command"] = [settings.python, "-m", "torch.distributed.run", f"--nnodes={len(request.nodes)}",
+                            "--node-rank=$(RANK)", f"--nproc-per-node={nproc}", "--master-addr=$(MASTER_ADDR)",
+                            "--master-port=$(MASTER_PORT)", "--max-restarts=0", *request.worker_args]
+    template["spec"].pop("subdomain")
+
+    def replicas(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "Never", "template": template}
+
+    specs = {"Master": replicas(1)}
+    if len(request.nodes) > 1:
+        specs["Worker"] = replicas(len(request.nodes) - 1)
+    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": job["metadata"],
+            "spec": {"runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running"}, "pytorchReplicaSpecs": specs}}
+
+
+def evaluation_job_manifest(name: str, command: list[str], settings: KubernetesSettings, gpus: int = 1,
+                            env: dict[str, str] | None = None) -> dict:
+    """One evaluation trial: GPUs, the memory-backed /dev/shm it preloads the checkpoint into,
+    S3 credentials to read the exported checkpoint, the run volume for generations."""
+    request = LaunchRequest(name, [_single_node()], [], Path(settings.run_mount), env=env or {})
+    volumes, mounts = _volumes(settings)
+    env_list, env_from = _env(request, settings)
+    label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:52]
+    return {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": label, "namespace": settings.namespace,
+                     "labels": {"app.kubernetes.io/name": "forgeflow", "forgeflow/role": "evaluation"}},
+        "spec": {"backoffLimit": 1, "ttlSecondsAfterFinished": 24 * 3600, "template": {
+            "metadata": {"labels": {"app.kubernetes.io/name": "forgeflow", "forgeflow/role": "evaluation"}},
+            "spec": {"restartPolicy": "Never", "volumes": volumes, "containers": [{
+                "name": "evaluate", "image": settings.image, "command": list(command), "env": env_list,
+                "envFrom": env_from, "resources": _resources(gpus, settings), "volumeMounts": mounts}]},
+        }},
+    }
+
+
+def _single_node():
+    from infra.launch import NodeLaunch
+
+    return NodeLaunch(node="pod", address="", node_rank=0, nnodes=1, nproc_per_node=1, cuda_visible_devices="",
+                      master_addr="", master_port=0, first_global_rank=0)
+
+
+# --- the launcher (needs a cluster: not run here) --------------------------------
+
+
+@dataclass
+class KubernetesJob:
+    request: LaunchRequest
+    settings: KubernetesSettings
+    name: str
+    _exit: dict[int, int] = field(default_factory=dict)
+    _read_at: float = -1e9
+    poll_s: float = 2.0
+
+    def poll(self) -> dict[str, int | None]:
+        """Exit code per node from its pod (label batch.kubernetes.io/job-completion-index): one
+        list call per `poll_s` whatever the node count."""
+        if time.monotonic() - self._read_at >= self.poll_s:
+            from kubernetes import client
+
+            pods = client.CoreV1Api().list_namespaced_pod(self.settings.namespace, label_selector=f"job-name={self.name}")
+            for pod in pods.items:
+                index = int(pod.metadata.labels.get("batch.kubernetes.io/job-completion-index", "-1"))
+                for status in pod.status.container_statuses or []:
+                    if status.state and status.state.terminated is not None:
+                        self._exit[index] = int(status.state.terminated.exit_code)
+            self._read_at = time.monotonic()
+        return {n.node: self._exit.get(n.node_rank) for n in self.request.nodes}
+
+    def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        return wait_for_exit(self.poll, timeout, any_exit, interval_s=1.0)
+
+    def terminate(self, grace_s: float = 10.0) -> None:
+        from kubernetes import client
+
+        body = client.V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=int(grace_s))
+        for delete in (lambda: client.BatchV1Api().delete_namespaced_job(self.name, self.settings.namespace, body=body),
+                       lambda: client.CoreV1Api().delete_namespaced_service(self.name, self.settings.namespace)):
+            try:
+                delete()
+            except client.ApiException as e:
+                if e.status != 404:
+                    raise
+
+    def log_paths(self) -> dict[str, Path]:
+        return {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
+
+
+class KubernetesLauncher:
+    """Create the attempt's headless Service and indexed Job (kubeconfig or in-cluster config)."""
+
+    def __init__(self, settings: KubernetesSettings, gpu_type: str = "cpu", grace_s: float = 10.0):
+        self.settings = settings
+        self.gpu_type = gpu_type
+        self.grace_s = grace_s
+
+    def start(self, request: LaunchRequest) -> KubernetesJob:
+        from kubernetes import client, config
+
+        try:
+            config.load_incluster_config()
+        except config.ConfigException:
+            config.load_kube_config()
+        client.CoreV1Api().create_namespaced_service(self.settings.namespace,
+                                                     headless_service_manifest(request, self.settings))
+        client.BatchV1Api().create_namespaced_job(self.settings.namespace,
+                                                  training_job_manifest(request, self.settings, self.gpu_type))
+        return KubernetesJob(request, self.settings, object_name(request))
+
+
+# --- the Prefect work pool the flows themselves run in -----------------------------
+
+
+def prefect_base_job_template(settings: KubernetesSettings | None = None) -> dict:
+    """A base job template for a Prefect `kubernetes` work pool (prefect-kubernetes' format:
+    `job_configuration` with `{{ variable }}` placeholders, `variables` as a JSON schema).
+
+    Flow runs (pretrain, evaluate, diagnose) are light: they orchestrate, and the GPUs
+    belong to the Jobs the launcher creates. The pod still gets the memory-backed
+    /dev/shm (the evaluation preload on a node) and the S3 credentials Secret."""
+    image = settings.image if settings else "forgeflow:latest"
+    namespace = settings.namespace if settings else "forgeflow"
+    secret = settings.s3_secret if settings else "forgeflow-s3"
+    container: dict[str, Any] = {
+        "name": "prefect-job", "image": "{{ image }}", "args": "{{ command }}", "env": "{{ env }}",
+        "imagePullPolicy": "{{ image_pull_policy }}",
+        "resources": {"requests": {"cpu": "{{ cpu }}", "memory": "{{ memory }}"}},
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if secret:
+        container["envFrom"] = [{"secretRef": {"name": secret}}]
+    job_manifest = {
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"generateName": "{{ name }}-", "namespace": "{{ namespace }}", "labels": "{{ labels }}"},
+        "spec": {"backoffLimit": 0, "ttlSecondsAfterFinished": "{{ finished_job_ttl }}", "template": {"spec": {
+            "restartPolicy": "Never", "serviceAccountName": "{{ service_account_name }}",
+            "containers": [container],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "{{ shm_size }}"}}],
+        }}},
+    }
+    variables = {
+        "image": {"type": "string", "default": image, "title": "Image", "description": "the forgeflow image"},
+        "namespace": {"type": "string", "default": namespace, "title": "Namespace"},
+        "service_account_name": {"type": "string", "default": "forgeflow", "title": "Service account",
+                                 "description": "needs create/delete on jobs, services and pods (the launcher)"},
+        "image_pull_policy": {"type": "string", "default": "IfNotPresent", "enum": ["IfNotPresent", "Always", "Never"]},
+        "cpu": {"type": "string", "default": "2"},
+        "memory": {"type": "string", "default": "8Gi"},
+        "shm_size": {"type": "string", "default": "16Gi", "title": "/dev/shm size (memory-backed)"},
+        "finished_job_ttl": {"type": "integer", "default": 86400},
+        "name": {"type": "string", "default": "forgeflow-flow"},
+        "command": {"type": "array", "items": {"type": "string"}, "default": None},
+        "env": {"type": "object", "additionalProperties": {"type": "string"}, "default": {}},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}, "default": {}},
+    }
+    return {
+        "job_configuration": {
+            "command": "{{ command }}", "env": "{{ env }}", "labels": "{{ labels }}", "name": "{{ name }}",
+            "namespace": "{{ namespace }}", "job_manifest": job_manifest, "cluster_config": None,
+            "job_watch_timeout_seconds": None, "pod_watch_timeout_seconds": 300, "stream_output": True,
+        },
+        "variables": {"type": "object", "properties": variables},
+    }
+
+
+def render_template(template: dict) -> dict:
+    """The job manifest with every `{{ variable }}` replaced by its default (what a worker
+    submits when a deployment overrides nothing); used to check the template's Job."""
+    defaults = {k: v.get("default") for k, v in template["variables"]["properties"].items()}
+    defaults["command"] = defaults["command"] or ["prefect", "flow-run", "execute"]
+
+    def fill(value):
+        if isinstance(value, dict):
+            return {k: fill(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [fill(v) for v in value]
+        if isinstance(value, str):
+            match = re.fullmatch(r"\{\{ (\w+) \}\}", value)
+            if match:
+                return defaults[match.group(1)]
+            return re.sub(r"\{\{ (\w+) \}\}", lambda m: str(defaults[m.group(1)]), value)
+        return value
+
+    manifest = fill(template["job_configuration"]["job_manifest"])
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": k, "value": v} for k, v in (container.get("env") or {}).items()]
+    return manifest
