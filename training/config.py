@@ -202,7 +202,7 @@ class SpikeConfig(_Section):
 
 
 FaultKind = Literal["cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
-                    "slow_rank"]
+                    "slow_rank", "sigterm"]
 
 
 class FaultConfig(_Section):

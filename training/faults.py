@@ -21,6 +21,9 @@ failure prints, because the diagnosis rules match on those lines:
                          (EXIT_FAULT_MID_CHECKPOINT) after this rank's shards are written and
                          before the checkpoint is committed: it stays `.partial`
     script_error         a KeyError from a missing batch field, as a user script bug shows
+    sigterm              SIGTERM to this rank after step k, as a scheduler's preemption, a
+                         cancellation or `kill` delivers it: the ranks stop gracefully (they
+                         commit a checkpoint of the step they agree on and exit EXIT_STOPPED)
     slow_rank            from step k+1 on, the rank sleeps SLOW_RANK_SLEEP_S in every micro
                          batch's forward pass (inside its compute, as a throttled GPU or a
                          noisy neighbour is slow): it never fails, every rank's step slows
@@ -51,7 +54,7 @@ from training.config import FaultConfig
 
 ENV_VAR = "FORGEFLOW_FAULT"
 KINDS = ("cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
-         "slow_rank")
+         "slow_rank", "sigterm")
 LOSS_SPIKE_FACTOR = 8.0
 SLOW_RANK_SLEEP_S = 0.2
 
@@ -127,6 +130,9 @@ class FaultInjector:
         elif plan.kind == "slow_rank":
             self._record_fired()
             self._slow = True
+        elif plan.kind == "sigterm":
+            self._record_fired()
+            os.kill(os.getpid(), signal.SIGTERM)
         elif plan.kind == "cuda_error":
             self._record_fired()
             _raise_cuda_illegal_memory_access()
