@@ -13,7 +13,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 
 def atomic_write(path: str | Path, data: bytes | str, *, durable: bool = True) -> Path:
@@ -22,14 +22,23 @@ def atomic_write(path: str | Path, data: bytes | str, *, durable: bool = True) -
     `durable=False` skips both fsyncs: for files rewritten so often that the next
     write replaces a lost one anyway (heartbeats), where an fsync per write would
     cost more than the file is worth."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    atomic_write_chunks(path, [payload], durable=durable)
+    return Path(path)
+
+
+def atomic_write_chunks(path: str | Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:
+    """`atomic_write` of a sequence of buffers (e.g. a checkpoint shard's pinned host
+    tensors, written without joining them first); returns the bytes written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name of its own per writer: two processes replacing the same file never share a temp.
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    payload = data.encode("utf-8") if isinstance(data, str) else data
+    size = 0
     try:
         with open(tmp, "xb") as f:  # created with the umask's permissions, like a plain write
-            f.write(payload)
+            for chunk in chunks:
+                size += f.write(memoryview(chunk).cast("B"))
             if durable:
                 f.flush()
                 os.fsync(f.fileno())
@@ -39,7 +48,7 @@ def atomic_write(path: str | Path, data: bytes | str, *, durable: bool = True) -
         raise
     if durable:
         _fsync_dir(path.parent)
-    return path
+    return size
 
 
 def atomic_write_json(path: str | Path, payload: Any, *, durable: bool = True, **dumps: Any) -> Path:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 
+from infra.atomic_write import atomic_write_chunks
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -351,48 +353,16 @@ class LocalStorage(Storage):
         return classify_error(exc, self.url(key)) or StorageError(f"{self.url(key)}: {exc}", self.url(key))
 
     def put_chunks(self, key: str, chunks: Sequence[memoryview | bytes]) -> int:
-        path = self._path(key)
-        # Write a temporary sibling, fsync, then rename: a crash never leaves a half object
-        # under the final name.
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-        size = 0
+        # A temporary sibling, fsynced, then renamed (and the folder fsynced): a crash never
+        # leaves a half object under the final name.
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "wb", buffering=0) as f:
-                for chunk in chunks:
-                    view = memoryview(chunk).cast("B")
-                    while view:
-                        written = f.write(view)
-                        size += written
-                        view = view[written:]
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-            self._fsync_dir(path.parent)
-        except BaseException as e:
-            try:
-                tmp.unlink(missing_ok=True)
-            except OSError:
-                pass
-            if isinstance(e, Exception):
-                raise self._wrap(e, key) from e
-            raise
-        return size
+            return atomic_write_chunks(self._path(key), chunks)
+        except Exception as e:
+            raise self._wrap(e, key) from e
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_chunks(key, [data])
 
-    @staticmethod
-    def _fsync_dir(directory: Path) -> None:
-        try:
-            fd = os.open(directory, os.O_RDONLY)
-        except OSError:
-            return
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
 
     def get_bytes(self, key: str) -> bytes:
         try:
