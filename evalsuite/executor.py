@@ -21,7 +21,8 @@ calls (`submit_trial`, `submit_metric`, `wait_first`):
 
 - `LocalSubmitter` (here): a thread per slot and a CPU thread pool for metrics;
   each trial runs in that thread or in its own process with its slot's devices,
-  as the trial's `isolation` says (`evalsuite.trials.execute_trial`);
+  as the trial's `isolation` says (`evalsuite.trials.execute_trial`); an in-thread
+  trial reuses its slot thread's engine when that already holds the model;
 - `tasks.eval_tasks.PrefectSubmitter`: the same calls as Prefect task runs
   (threads, Dask workers, or other machines), visible in the Prefect UI.
 """
@@ -39,7 +40,7 @@ from evalsuite.coordinator import Plan
 from evalsuite.history import RuntimeHistory
 from evalsuite.metrics import MetricJob, ShardScore, aggregate_dataset, run_metric_job, score_path_for
 from evalsuite.sandbox import Sandbox, SandboxLimits
-from evalsuite.trials import ShardSpec, Trial, TrialResult, execute_trial
+from evalsuite.trials import EngineCache, ShardSpec, Trial, TrialResult, execute_trial
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -99,9 +100,10 @@ class LocalSubmitter:
         self.sandbox = sandbox
         self._trials = cf.ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="slot")
         self._metrics = cf.ThreadPoolExecutor(max_workers=max(1, metric_workers), thread_name_prefix="metric")
+        self.engines = EngineCache()   # in-thread trials: one engine per slot thread, reused across trials
 
     def submit_trial(self, trial: Trial, on_progress: Callable[[str, int], None] | None) -> cf.Future:
-        return self._trials.submit(execute_trial, trial, on_progress)
+        return self._trials.submit(execute_trial, trial, on_progress, self.engines)
 
     def submit_metric(self, job: MetricJob) -> cf.Future:
         return self._metrics.submit(run_metric_job, job, self.sandbox)
@@ -113,6 +115,7 @@ class LocalSubmitter:
     def close(self) -> None:
         self._trials.shutdown(wait=True)
         self._metrics.shutdown(wait=True)
+        self.engines.close()
 
 
 def prepare(plan: Plan) -> None:

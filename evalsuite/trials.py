@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -88,6 +89,7 @@ class TrialResult(BaseModel):
     shards: list[ShardTiming]
     total_s: float
     worker: dict[str, str] = Field(default_factory=dict)   # where it ran: host, pid, visible GPUs, cores
+    engine_reused: bool = False    # its slot's engine already held the model: no load
 
 
 def _worker_info() -> dict[str, str]:
@@ -96,8 +98,61 @@ def _worker_info() -> dict[str, str]:
             "cpu_affinity": ",".join(map(str, sorted(os.sched_getaffinity(0))))}
 
 
-def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None) -> TrialResult:
-    """Run every shard of `trial`; complete shards are skipped (resume)."""
+class EngineCache:
+    """One inference engine per slot: a slot's next trial of the same model (same folder, backend
+    and options) reuses the engine its last trial loaded instead of loading it again.
+
+    Kept per executor thread (the local executor runs one trial per slot at a time on as many
+    threads as slots); `close()` releases them all when the plan is done.
+    """
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._open: list = []
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(backend: str, model_path: str, options: dict) -> tuple:
+        return backend, model_path, json.dumps(options, sort_keys=True, default=str)
+
+    def holds(self, backend: str, model_path: str, options: dict) -> bool:
+        entry = getattr(self._local, "entry", None)
+        return bool(entry) and entry[0] == self._key(backend, model_path, options)
+
+    def get(self, backend: str, model_path: str, options: dict):
+        from evalsuite.backends import load_backend
+
+        key = self._key(backend, model_path, options)
+        entry = getattr(self._local, "entry", None)
+        if entry and entry[0] == key:
+            return entry[1]
+        self.drop()
+        engine = load_backend(backend, model_path, options)
+        self._local.entry = (key, engine)
+        with self._lock:
+            self._open.append(engine)
+        return engine
+
+    def drop(self) -> None:
+        """Close this thread's engine (another model comes, or its trial failed)."""
+        entry = getattr(self._local, "entry", None)
+        self._local.entry = None
+        if entry:
+            with self._lock:
+                self._open.remove(entry[1])
+            entry[1].close()
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self._open = self._open, []
+        for engine in engines:
+            engine.close()
+
+
+def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None,
+              engines: EngineCache | None = None) -> TrialResult:
+    """Run every shard of `trial`; complete shards are skipped (resume). With `engines`, the
+    slot's engine is reused when it already holds this model."""
     from evalsuite.backends import load_backend
 
     started = time.perf_counter()
@@ -127,7 +182,10 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
         model_path = str(scratch)
     try:
         options = backend_options_for(trial)
-        backend = load_backend(trial.backend, model_path, options)
+        reuse = engines is not None and scratch is None   # a per-trial scratch copy is never seen again
+        reused = reuse and engines.holds(trial.backend, model_path, options)
+        backend = engines.get(trial.backend, model_path, options) if reuse else \
+            load_backend(trial.backend, model_path, options)
         load_s = time.perf_counter() - started
         cache = PromptCache(trial.prompt_cache_dir) if trial.prompt_cache_dir else PromptCache()
         try:
@@ -144,15 +202,20 @@ def run_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = Non
                     writer.close()
                 timings.append(ShardTiming(dataset=dataset.name, shard=spec.shard, samples=spec.samples,
                                            seconds=time.perf_counter() - t0, skipped=False))
+        except BaseException:
+            if reuse:
+                engines.drop()          # a failed trial may leave its engine in a bad state
+            raise
         finally:
-            backend.close()
+            if not reuse:
+                backend.close()
     except Exception as e:
         raise TrialError(f"trial {trial.trial_id} failed: {type(e).__name__}: {e}") from e
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
     return TrialResult(trial_id=trial.trial_id, load_s=load_s, shards=timings,
-                       total_s=time.perf_counter() - started, worker=_worker_info())
+                       total_s=time.perf_counter() - started, worker=_worker_info(), engine_reused=reused)
 
 
 def _tokenizer(model_path: str):
@@ -219,11 +282,12 @@ def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialR
     return TrialResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 
-def execute_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None) -> TrialResult:
+def execute_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None,
+                  engines: EngineCache | None = None) -> TrialResult:
     """Run a trial the way its slot asks: in this thread, or in its own process with its devices."""
     if trial.isolation == "process":
         return run_trial_in_process(trial)
-    return run_trial(trial, on_progress=on_progress)
+    return run_trial(trial, on_progress=on_progress, engines=engines)
 
 
 def _main() -> int:

@@ -102,6 +102,8 @@ def test_execute_runs_each_trial_once_within_slot_capacity_and_updates_history(t
     assert max(peak.values()) == 1                                             # never two per slot
     assert not report.failed_datasets
     assert set(report.results) == {"arith-em", "capitals-mc", "perplexity"}
+    # One engine per slot: more trials than slots, so some trial found its slot's engine loaded.
+    assert any(o.result.engine_reused for o in report.outcomes)
     assert 0.0 <= report.results["capitals-mc"]["accuracy"] <= 1.0
     # Every metric job ran after its trial's inference finished.
     for tid in started:
