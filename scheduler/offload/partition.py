@@ -143,7 +143,7 @@ def stage_memory(profile: ModelProfile, hw: OffloadHardware, sizes: list[int]) -
 
 def step_time(profile: ModelProfile, hw: OffloadHardware, sizes: list[int]) -> StepBreakdown:
     """The modelled step time of a partition given as stage sizes (layers per stage)."""
-    q, m, n, bw = _stage_quantities(profile, sizes), profile.microbatches, hw.num_gpus, hw.h2d_bytes_per_s
+    q, m, n, bw = _stage_quantities(profile, sizes), profile.microbatches, hw.num_gpus, hw.effective_h2d_bytes_per_s
     S = len(q)
 
     def get(s, k):
@@ -254,7 +254,7 @@ def solve_per_layer(
     num_stages: int | None = None,
 ) -> Partition:
     """The MIP optimum (or the best incumbent at the time limit). Raises NoFeasiblePartition."""
-    L, n, m, bw = profile.num_layers, hw.num_gpus, profile.microbatches, hw.h2d_bytes_per_s
+    L, n, m, bw = profile.num_layers, hw.num_gpus, profile.microbatches, hw.effective_h2d_bytes_per_s
     S = num_stages or min(L, max_stages or default_max_stages(L, n))
     M = float(hw.gpu_memory_bytes)
     lay = profile.layers
@@ -421,7 +421,7 @@ def _solve_counts(profile: ModelProfile, hw: OffloadHardware, S: int, time_limit
                   bound_only: bool = False):
     """Fixed stage count S: integer n_s = decoder layers in stage s (embedding in stage 0, head in
     stage S-1). The same step-time and memory model as `step_time`/`stage_memory`."""
-    lay, n, m, ib = profile.layers, hw.num_gpus, profile.microbatches, 1.0 / hw.h2d_bytes_per_s
+    lay, n, m, ib = profile.layers, hw.num_gpus, profile.microbatches, 1.0 / hw.effective_h2d_bytes_per_s
     emb, blk, head = lay[0], lay[1], lay[-1]
     K = len(lay) - 2
     M = float(hw.gpu_memory_bytes)

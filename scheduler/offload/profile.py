@@ -65,6 +65,17 @@ class OffloadHardware:
         if self.root_complex is not None and len(self.root_complex) != self.num_gpus:
             raise ValueError(f"root_complex lists {len(self.root_complex)} GPUs, num_gpus is {self.num_gpus}")
 
+    @property
+    def effective_h2d_bytes_per_s(self) -> float:
+        """What one GPU gets when every GPU under its root complex copies at once (the partition
+        plans for this: Mobius's pipeline keeps most GPUs prefetching most of the time)."""
+        if not self.root_complex_bytes_per_s:
+            return self.h2d_bytes_per_s
+        from collections import Counter
+
+        sharing = max(Counter(self.root_complex or (0,) * self.num_gpus).values())
+        return min(self.h2d_bytes_per_s, self.root_complex_bytes_per_s / sharing)
+
     def with_memory(self, gpu_memory_bytes: int) -> "OffloadHardware":
         return replace(self, gpu_memory_bytes=int(gpu_memory_bytes))
 
