@@ -61,6 +61,7 @@ class InfeasibleJobError(PlannerError):
     def __init__(self, message: str, alternatives: list[str]):
         super().__init__(message)
         self.alternatives = alternatives
+        self.offload_plan = None  # a scheduler.offload.plan.OffloadPlan when host memory can hold it
 
 
 class PlannerConfig(BaseModel):
@@ -459,7 +460,18 @@ def plan_job(
         raise PlannerError(f"cluster {cluster.name!r} has no schedulable node (all are cordoned)")
     plans = plan_on_pools(request, pools, config)
     if not plans:
-        raise InfeasibleJobError(*_explain_infeasible(request, pools, config))
+        message, alternatives = _explain_infeasible(request, pools, config)
+        # Mobius: nothing fits GPU memory, but the model may fit host DRAM with stages swapped
+        # through the GPUs (`forgeflow finetune` runs such a plan).
+        from scheduler.offload.plan import plan_offload
+
+        offload = plan_offload(request.model, request.global_batch, cluster, memory_margin=config.memory_margin)
+        if offload is not None:
+            alternatives.append(offload.summary())
+            message += f"; offload: {offload.summary()}"
+        error = InfeasibleJobError(message, alternatives)
+        error.offload_plan = offload
+        raise error
     return plans
 
 
