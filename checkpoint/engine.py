@@ -428,6 +428,10 @@ class CheckpointEngine:
 
     # ----------------------------------------------------------------- loading
 
+    def committed_steps(self) -> list[int]:
+        """Committed steps as rank 0 lists them (collective: every rank gets the same list)."""
+        return self._broadcast(committed_steps(self.storage) if self.rank == 0 else None)
+
     def committed(self) -> list[CommitRecord]:
         return committed_checkpoints(self.storage)
 
@@ -449,7 +453,7 @@ class CheckpointEngine:
         if self.busy:
             self.wait()
         requests = list(requests or [])
-        steps = self._broadcast(committed_steps(self.storage) if self.rank == 0 else None)
+        steps = self.committed_steps()
         if step is not None:
             if step not in steps:
                 raise CheckpointError(f"{self.url}: step {step} is not a committed checkpoint "

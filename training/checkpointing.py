@@ -190,10 +190,7 @@ class Checkpointer:
     def latest(self) -> int | None:
         """The newest committed step (collective). `load()` of it falls back past a newest
         one that fails verification; the trainer state it returns names the step loaded."""
-        from checkpoint.manifest import committed_steps
-
-        steps = self.engine._broadcast(committed_steps(self.engine.storage)
-                                       if self.env.rank == 0 else None)
+        steps = self.engine.committed_steps()
         self._newest_listed = steps[-1] if steps else None
         return self._newest_listed
 
