@@ -1,0 +1,94 @@
+"""Two pretrain deployment runs on a real Prefect server share a cluster sized for one job:
+the second waits in the orchestrator's queue (visible in its artifact), then runs when the
+first finishes; cancelling a waiting run takes it out of the queue."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from flows.deploy import deploy_all
+from scheduler.orchestrator import Orchestrator
+
+POOL = "forgeflow-queue-test"
+ONE_SLOT = {
+    "name": "one-slot",
+    "nodes": [{"name": "solo", "gpu_type": "cpu", "gpu_count": 1, "gpu_memory_gib": 4, "peak_tflops": 0.05,
+               "address": "127.0.0.1"}],
+}
+
+
+def _job(orch: Orchestrator, name: str) -> dict | None:
+    from scheduler.orchestrator.views import queue_snapshot
+
+    snap = queue_snapshot(orch.engine, "one-slot", include_done=50)
+    return next((j for j in snap["queued"] + snap["running"] + snap["ended"] if j["name"] == name), None)
+
+
+def _until(what, check, timeout_s: float = 300.0, every_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            print(f"[{time.strftime('%H:%M:%S')}] {what}: done")
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _final_state(client, run_id, timeout_s: float = 600.0):
+    return _until(f"flow run {run_id} to end", lambda: (s := client.read_flow_run(run_id).state).is_final() and s,
+                  timeout_s)
+
+
+@pytest.mark.slow
+def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(use_prefect_server, make_job,
+                                                                                tmp_path):
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    inventory = tmp_path / "one-slot.yaml"
+    inventory.write_text(yaml.safe_dump(ONE_SLOT, sort_keys=False))
+    assert deploy_all(cluster=str(inventory), pool=POOL) == 0
+    use_prefect_server.start_worker(POOL, "default")
+    orch = Orchestrator()
+
+    def start(name: str, steps: int):
+        job = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
+        parameters = {"job_spec": str(job), "cluster": str(inventory), "launcher": "local"}
+        return run_deployment("pretrain/pretrain", parameters=parameters, timeout=0, as_subflow=False)
+
+    first = start("queue-first", 10)
+    _until("the first job to hold the GPU", lambda: (j := _job(orch, "queue-first")) and j["state"] == "running")
+    second = start("queue-second", 10)
+    _until("the second job to queue", lambda: (j := _job(orch, "queue-second")) and j["state"] == "queued")
+
+    with get_client(sync_client=True) as client:
+        def waiting_artifact():
+            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second.id])))
+            return [a for a in artifacts if a.key == "queue-queue-second"
+                    and "waiting for GPUs, position 1 of 1" in (a.data or "")]
+        assert _until("the waiting artifact", waiting_artifact, timeout_s=120)
+        assert _final_state(client, first.id).is_completed()
+        assert _final_state(client, second.id).is_completed()
+    one, two = _job(orch, "queue-first"), _job(orch, "queue-second")
+    assert one["state"] == two["state"] == "finished"
+    assert two["admitted_at"] >= one["finished_at"]  # it ran only once the first gave the GPU back
+
+    holder = start("queue-holder", 100000)
+    _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
+    waiter = start("queue-waiter", 10)
+    _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")
+    with get_client(sync_client=True) as client:
+        client.set_flow_run_state(waiter.id, Cancelling(), force=True)
+        assert _final_state(client, waiter.id, 180).is_cancelled()
+        assert _job(orch, "queue-waiter")["state"] == "cancelled"  # out of the queue, never admitted
+        client.set_flow_run_state(holder.id, Cancelling(), force=True)
+        assert _final_state(client, holder.id, 180).is_cancelled()
+    held = _job(orch, "queue-holder")
+    assert held["state"] in ("cancelled", "finished")  # released in `finally` (a graceful stop counts as either)
+    assert orch.cluster("one-slot").free_gpus_by_type() == {"cpu": 1}
