@@ -56,7 +56,7 @@ ENV_VAR = "FORGEFLOW_FAULT"
 KINDS = ("cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
          "slow_rank", "sigterm")
 LOSS_SPIKE_FACTOR = 8.0
-SLOW_RANK_SLEEP_S = 0.2
+SLOW_RANK_SLEEP_S = 0.5
 
 # PyTorch's text for an asynchronous CUDA fault (c10/cuda/CUDAException.cpp, torch 2.x).
 CUDA_ILLEGAL_ACCESS_MESSAGE = (
