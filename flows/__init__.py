@@ -4,6 +4,8 @@
     node_launch  one node's share of a training attempt (runs on that node's work queue)
     diagnose     the `diagnose-failure` flow
     evaluate     evaluate checkpoints as they are committed, and catch up on a schedule
+    finetune     Mobius offloaded fine-tuning: profile, partition, map, run, checkpoint, evaluate
+    finetune_cli `forgeflow finetune JOB.yaml` (imports Prefect only when it runs)
     deploy       `forgeflow deploy`: pool, deployments, limits, automations
     commands     Prefect-aware subcommands: pretrain, demo, deploy
     cli          the `forgeflow` entry point

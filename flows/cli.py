@@ -19,6 +19,7 @@ _COMMAND_MODULES = (
     "diagnosis.cli",    # diagnose, rules
     "evalsuite.cli",    # eval
     "flows.commands",   # pretrain, demo, deploy (Prefect-aware)
+    "flows.finetune_cli",  # finetune (Mobius offload; Prefect-aware)
 )
 
 

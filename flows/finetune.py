@@ -1,0 +1,157 @@
+"""The `finetune` flow: fine-tune a model larger than GPU memory with Mobius's offloaded pipeline.
+
+The runbook it replaces:
+
+    1. plan       does the model fit a device? (it must not, or plain training is the better tool)
+    2. profile    time and size one layer on the device the workers will use
+    3. partition  the MIP: how many stages, which layers each
+    4. map        stage positions onto GPUs so prefetches do not share a root complex
+    5. run        W workers under torchrun; stages swapped through the devices
+    6. checkpoint the fine-tuned weights, through the checkpoint package (manifest last)
+    7. evaluate   through the evaluation flow, on the fine-tuned HF folder
+
+Run: `forgeflow finetune JOB.yaml` or `python -m flows.finetune JOB.yaml`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+
+
+@task(name="offload-profile", cache_policy=NO_CACHE)
+def profile_model(model_dir: str, micro_batch: int, seq_length: int, microbatches: int, device: str):
+    from scheduler.offload.measure import measure_copy_bandwidth, measure_profile
+
+    profile = measure_profile(model_dir, micro_batch=micro_batch, seq_length=seq_length,
+                              microbatches=microbatches, device=device)
+    return profile, measure_copy_bandwidth(device)
+
+
+@task(name="offload-partition", cache_policy=NO_CACHE)
+def partition_model(profile, hardware, max_stages, time_limit_s):
+    from scheduler.offload.partition import solve_partition
+
+    return solve_partition(profile, hardware, max_stages=max_stages, time_limit_s=time_limit_s)
+
+
+@task(name="offload-run", cache_policy=NO_CACHE)
+def run_workers(run_config, workers: int) -> list[dict]:
+    from training.offload.launch import run_local
+
+    return run_local(run_config, workers)
+
+
+@task(name="offload-checkpoint", cache_policy=NO_CACHE)
+def checkpoint_weights(model_folder: str, url: str, step: int) -> str:
+    """The fine-tuned weights as a committed checkpoint (snapshot, persist, manifest last)."""
+    from safetensors.torch import load_file
+
+    from checkpoint.engine import CheckpointEngine
+
+    engine = CheckpointEngine(url, async_save=False, preflight=False)
+    try:
+        engine.save(step, {"model": load_file(str(Path(model_folder) / "model.safetensors"))},
+                    common={"format": "hf-llama", "source": model_folder}, blocking=True)
+        engine.wait()
+    finally:
+        engine.close()
+    return url
+
+
+@flow(name="finetune", log_prints=True)
+def finetune(spec_path: str, evaluate: bool = True) -> dict:
+    import torch
+
+    from scheduler.offload.mapping import cross_map
+    from scheduler.offload.profile import OffloadHardware
+    from training.offload.executor import OffloadRunConfig
+    from training.offload.spec import load_finetune_spec
+
+    spec = load_finetune_spec(spec_path)
+    t, o = spec.training, spec.offload
+    run_dir = spec.resolved_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+
+    # 1. Plan: the device memory each worker may use, against what the model needs.
+    if o.device_budget_mib is not None:
+        budget = int(o.device_budget_mib * 2**20)
+    elif cuda:
+        budget = int(torch.cuda.get_device_properties(0).total_memory * (1 - o.memory_margin))
+    else:
+        raise ValueError("on CPU give offload.device_budget_mib: it stands for one GPU's memory")
+
+    # 2. Profile one decoder layer (all are alike) on this device, and the copy bandwidth.
+    profile, bandwidth = profile_model(spec.model_dir, t.micro_batch_size, t.seq_length, t.microbatches, device)
+    model_bytes = profile.param_bytes
+    print(f"model {model_bytes / 2**20:.1f} MiB of weights (+ grads + Adam in host memory); device budget "
+          f"{budget / 2**20:.1f} MiB per worker; host->device {bandwidth / 1e9:.2f} GB/s")
+
+    # 3. Partition for W devices of that budget.
+    root_complexes = None
+    if cuda:
+        from scheduler.cluster import detect_local_cluster
+
+        node = detect_local_cluster().nodes[0]
+        root_complexes = tuple(node.pcie_root_complex[:o.workers]) if node.pcie_root_complex else None
+    hardware = OffloadHardware(o.workers, budget, bandwidth, root_complex=root_complexes)
+    part = partition_model(profile, hardware, o.max_stages, o.time_limit_s)
+    print(f"partition: {part.num_stages} stages {part.stage_sizes}, predicted step {part.step.total_s:.3f} s "
+          f"({'optimal' if part.optimal else part.note})")
+
+    # 4. Map positions onto GPUs (root complexes known only on a real GPU server).
+    gpus = list(range(o.workers))
+    mapping = cross_map(gpus, root_complexes, num_stages=part.num_stages).gpus if root_complexes else tuple(gpus)
+
+    # 5. Run.
+    run_config = OffloadRunConfig(
+        model_dir=spec.model_dir, stages=part.stages, steps=t.steps, micro_batch_size=t.micro_batch_size,
+        microbatches=t.microbatches, seq_length=t.seq_length, lr=t.lr, weight_decay=t.weight_decay,
+        grad_clip=t.grad_clip, seed=t.seed, device_budget_bytes=budget, optimizer_on=o.optimizer_on,
+        data=spec.data, gpu_of_rank=list(mapping), out_dir=str(run_dir / "offload"),
+    )
+    reports = run_workers(run_config, o.workers)
+    losses = reports[0]["losses"]
+    peaks = [r["device_peak_bytes"] for r in reports]
+    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}; device peak per worker {[round(p / 2**20, 2) for p in peaks]} MiB")
+    tuned = str(run_dir / "offload" / "model")
+
+    # 6. Checkpoint through the checkpoint package.
+    url = spec.checkpoint_url or f"file://{(run_dir / 'checkpoints').resolve()}"
+    checkpoint_weights(tuned, url, t.steps)
+
+    result = {
+        "name": spec.name, "model_bytes": model_bytes, "device_budget_bytes": budget, "device_peak_bytes": peaks,
+        "partition": part.to_dict(), "gpu_of_position": list(mapping), "losses": losses,
+        "step_times_s": reports[0]["step_times_s"], "finetuned_model": tuned, "checkpoint_url": url,
+    }
+    create_markdown_artifact(
+        key=f"finetune-{spec.name}".lower().replace("_", "-").replace(".", "-"),
+        markdown=(f"### Fine-tuning {spec.name} (Mobius offload)\n\n| | |\n|---|---|\n"
+                  f"| stages | {part.num_stages} {part.stage_sizes} |\n| predicted step | {part.step.total_s:.3f} s |\n"
+                  f"| measured step (median) | {sorted(reports[0]['step_times_s'])[len(losses) // 2]:.3f} s |\n"
+                  f"| loss | {losses[0]:.4f} → {losses[-1]:.4f} |\n"
+                  f"| device peak / budget | {max(peaks) / 2**20:.2f} / {budget / 2**20:.2f} MiB |\n"),
+        description="offloaded fine-tuning")
+
+    # 7. Evaluate the fine-tuned folder through the evaluation flow.
+    if evaluate and spec.eval_suite:
+        from flows.evaluate import evaluate_checkpoint
+
+        result["evaluation"] = evaluate_checkpoint(tuned, suite=spec.eval_suite,
+                                                   output_dir=str(run_dir / "eval"))
+    (run_dir / "finetune.json").write_text(json.dumps(result, indent=1, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m flows.finetune JOB.yaml   (or: forgeflow finetune JOB.yaml)")
+    print(json.dumps(finetune(sys.argv[1]), default=str)[-2000:])
