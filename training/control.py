@@ -48,7 +48,9 @@ class StepControl:
         self.signal_time: float | None = None
         self.last_save = clock()
         self._watchdog: threading.Timer | None = None
-        if install_handler:
+        # signal handlers can only be installed from the main thread (the worker's, under
+        # torchrun); elsewhere (an in-process caller's thread) SIGTERM keeps its default.
+        if install_handler and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, _frame) -> None:
