@@ -1,7 +1,12 @@
-"""Recovery of the pretrain flow on the local launcher: time to resume, lost work, goodput.
+"""Recovery of the pretrain flow: time to resume, lost work, goodput (local or Slurm launcher).
 
     .venv/bin/python benchmarks/recovery.py [--config configs/tiny-cpu.yaml] [--faults 2]
-        [--fault-every-s 300] [--interval 25]
+        [--fault-every-s 300] [--interval 25] [--launcher local|slurm]
+
+With `--launcher slurm` every attempt (and node check) is a Slurm batch job: on the
+cluster SLURM_CONF names, or on a single-host Slurm this script starts (root,
+Debian's slurm-wlm + munge); the restart phase then includes sbatch, Slurm's
+scheduling and srun.
 
 Two real runs of the `pretrain` flow (Prefect's ephemeral API, torchrun on CPU),
 one after the other on the same job and data:
@@ -77,12 +82,41 @@ def write_job(config: str, work: Path, name: str, steps: int, interval: int) -> 
     return path
 
 
+LAUNCH = {"launcher": "local", "cluster": "local"}  # --launcher slurm: a local Slurm's cluster file
+
+
+def slurm_cluster_file(work: Path) -> Path:
+    """A cluster file for Slurm (`--launcher slurm`): the one of SLURM_CONF if set, else a
+    single-host Slurm started here (infra.slurm_local; needs root and slurm-wlm + munge)."""
+    import atexit
+
+    import yaml
+
+    from infra.slurm_local import LocalSlurm, node_name
+
+    conf = os.environ.get("SLURM_CONF")
+    if not conf:
+        slurm = LocalSlurm(work / "slurm").start()
+        atexit.register(slurm.stop)
+        conf = str(slurm.conf)
+        os.environ["SLURM_CONF"] = conf
+    cpus = max(1, min(2, os.cpu_count() or 1))
+    path = work / "cluster-slurm.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "recovery-slurm",
+        "nodes": [{"name": node_name(), "gpu_type": "cpu", "gpu_count": cpus, "gpu_memory_gib": 8,
+                   "peak_tflops": 0.05, "address": node_name()}],
+        "slurm": {"slurm_conf": conf, "poll_s": 1.0},
+    }, sort_keys=False))
+    return path
+
+
 def run_flow(job: Path, drills: list[str]) -> tuple[object, float]:
     from flows.pretrain import pretrain
 
     started = time.time()
-    result = pretrain(str(job), cluster="local", backoff_s=1.0, hang_timeout_s=300,
-                      drill_faults=drills or None, max_restarts=len(drills) + 2)
+    result = pretrain(str(job), cluster=LAUNCH["cluster"], launcher=LAUNCH["launcher"], backoff_s=1.0,
+                      hang_timeout_s=300, drill_faults=drills or None, max_restarts=len(drills) + 2)
     return result, time.time() - started
 
 
@@ -121,13 +155,19 @@ def main() -> None:
     parser.add_argument("--fault-every-s", type=float, default=300.0)
     parser.add_argument("--interval", type=int, default=25, help="checkpoint interval in steps")
     parser.add_argument("--calibrate-steps", type=int, default=30)
+    parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                        help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="forgeflow-recovery-"))
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    # A fresh home's migrations can outlast the ephemeral server's default 20 s on a busy machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.pop("SLACK_WEBHOOK_URL", None)
+    if args.launcher == "slurm":
+        LAUNCH.update(launcher="slurm", cluster=str(slurm_cluster_file(work)))
 
     from infra import runfiles
     from training.config import load_job_spec
@@ -172,6 +212,7 @@ def main() -> None:
     print(f"with {len(per_fault)} faults: {wall_faults:.1f} s wall (goodput {useful / wall_faults:.3f})")
     print(f"(hang detection is the heartbeat timeout itself, {300:.0f} s by default in the flow; not included)")
     headline = {
+        "launcher": args.launcher,
         "seconds_to_resume_p50": round(statistics.median(p["seconds_to_resume"] for p in per_fault), 2),
         "lost_steps_max": max(p["lost_steps"] for p in per_fault),
         "checkpoint_interval_steps": args.interval,
