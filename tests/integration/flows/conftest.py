@@ -146,14 +146,15 @@ def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 class PrefectServer:
-    """`prefect server start` on 127.0.0.1 with its own home and SQLite file, plus workers."""
+    """`prefect server start` on 127.0.0.1 with its own home and SQLite file (or `database_url`,
+    e.g. postgresql+asyncpg://...), plus workers."""
 
-    def __init__(self, home: Path, port: int, repo_root: Path):
+    def __init__(self, home: Path, port: int, repo_root: Path, database_url: str | None = None):
         self.home = home
         self.repo_root = repo_root
         self.url = f"http://127.0.0.1:{port}/api"
         self.env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=self.url,
-                        PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
+                        PREFECT_API_DATABASE_CONNECTION_URL=database_url or f"sqlite+aiosqlite:///{home / 'prefect.db'}",
                         PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1",
                         PREFECT_WORKER_PREFETCH_SECONDS="5", PREFECT_RUNNER_HEARTBEAT_FREQUENCY="30",
                         PREFECT_LOGGING_LEVEL="WARNING", FORGEFLOW_ROOT=str(repo_root))
@@ -162,7 +163,7 @@ class PrefectServer:
         self.server = self._spawn("server", [sys.executable, "-m", "prefect", "server", "start",
                                              "--host", "127.0.0.1", "--port", str(port)])
         self.workers: list[subprocess.Popen] = []
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180  # PostgreSQL migrations take a minute on 2 cores
         while time.monotonic() < deadline:
             if self.server.poll() is not None:
                 raise RuntimeError(f"prefect server exited: {(self.logs / 'server.log').read_text()[-3000:]}")
@@ -172,7 +173,7 @@ class PrefectServer:
                         return
             except OSError:
                 time.sleep(0.5)
-        raise RuntimeError("prefect server did not answer /api/health in 120 s")
+        raise RuntimeError("prefect server did not answer /api/health in 180 s")
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
         log = open(self.logs / f"{name}.log", "ab")
