@@ -30,8 +30,11 @@ def main() -> None:
         decision = control.after_step()
         if decision.checkpoint_due:
             control.saved()
-        print(json.dumps({"rank": env.rank, "step": step, "due": decision.checkpoint_due,
-                          "stop": decision.stop}), flush=True)
+        # one write() per line: both ranks share torchrun's stdout pipe, and print() writes the
+        # text and its newline separately, so two ranks' lines could interleave on one line
+        line = json.dumps({"rank": env.rank, "step": step, "due": decision.checkpoint_due,
+                           "stop": decision.stop})
+        os.write(sys.stdout.fileno(), (line + "\n").encode())
     shutdown_distributed()
 
 
