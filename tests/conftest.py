@@ -43,3 +43,11 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """Packed tokens for tests.tiny_job's model and data, prepared once per session."""
+    from tests.tiny_job import prepare_tiny_data
+
+    return prepare_tiny_data(tmp_path_factory.mktemp("tiny-data"))

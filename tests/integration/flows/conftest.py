@@ -3,7 +3,6 @@ and a Slack-compatible HTTP receiver on 127.0.0.1."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import signal
@@ -20,45 +19,21 @@ import pytest
 import yaml
 
 TINY_JOB = {
-    "name": "flow-tiny",
-    "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
-              "ffn_hidden_size": 128, "vocab_size": 512, "seq_length": 64},
     "training": {"global_batch_size": 8, "micro_batch_size": 2, "steps": 40, "lr": 1.0e-3,
                  "min_lr": 1.0e-4, "warmup_steps": 2, "seed": 1234,
                  "lr_decay_steps": 40},  # fixed, so a reference run cut at step 20 keeps the schedule
-    "data": {"corpus": ["stdlib"], "max_corpus_mb": 1.0, "val_fraction": 0.05},
     "checkpoint": {"interval": 10, "keep_last": 10, "async_save": True},
     "spike": {"window": 20, "min_history": 5, "patience": 3},
 }
 
 
-@pytest.fixture(scope="session")
-def flow_data_dir(tmp_path_factory) -> Path:
-    from training.config import parse_job_spec
-    from training.data import prepare_data
-
-    data_dir = tmp_path_factory.mktemp("flow-data")
-    job = copy.deepcopy(TINY_JOB)
-    job["data"]["data_dir"] = str(data_dir)
-    prepare_data(parse_job_spec(job), progress=False)
-    return data_dir
-
-
 @pytest.fixture
-def make_job(flow_data_dir: Path, tmp_path: Path):
+def make_job(tiny_data_dir: Path, tmp_path: Path):
     """Write a job spec under tmp_path (its own run dir and checkpoints); returns its path."""
+    from tests.tiny_job import write_tiny_job
 
     def make(name: str = "flow-tiny", **sections) -> Path:
-        job = copy.deepcopy(TINY_JOB)
-        job["name"] = name
-        job["data"]["data_dir"] = str(flow_data_dir)
-        job["checkpoint"]["url"] = str(tmp_path / name / "checkpoints")
-        job["run_dir"] = str(tmp_path / name / "run")
-        for section, values in sections.items():
-            job.setdefault(section, {}).update(values)
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(job, sort_keys=False))
-        return path
+        return write_tiny_job(TINY_JOB, tiny_data_dir, tmp_path, name, **sections)
 
     return make
 

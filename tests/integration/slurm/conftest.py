@@ -7,7 +7,6 @@ machine's CPUs); tests that need it skip with the reason when Slurm cannot run h
 
 from __future__ import annotations
 
-import copy
 import os
 from pathlib import Path
 
@@ -15,12 +14,8 @@ import pytest
 import yaml
 
 TINY_JOB = {
-    "name": "slurm-tiny",
-    "model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
-              "ffn_hidden_size": 128, "vocab_size": 512, "seq_length": 64},
     "training": {"global_batch_size": 8, "micro_batch_size": 2, "steps": 12, "lr": 1.0e-3,
                  "min_lr": 1.0e-4, "warmup_steps": 2, "seed": 1234},
-    "data": {"corpus": ["stdlib"], "max_corpus_mb": 1.0, "val_fraction": 0.05},
     "checkpoint": {"interval": 6, "keep_last": 4, "async_save": False},
 }
 
@@ -51,33 +46,13 @@ def slurm(tmp_path_factory):
             os.environ["SLURM_CONF"] = old
 
 
-@pytest.fixture(scope="session")
-def slurm_data_dir(tmp_path_factory) -> Path:
-    from training.config import parse_job_spec
-    from training.data import prepare_data
-
-    data_dir = tmp_path_factory.mktemp("slurm-data")
-    job = copy.deepcopy(TINY_JOB)
-    job["data"]["data_dir"] = str(data_dir)
-    prepare_data(parse_job_spec(job), progress=False)
-    return data_dir
-
-
 @pytest.fixture
-def slurm_job(slurm_data_dir: Path, tmp_path: Path):
+def slurm_job(tiny_data_dir: Path, tmp_path: Path):
     """Write a tiny job spec (its own run dir and checkpoints) under tmp_path; returns its path."""
+    from tests.tiny_job import write_tiny_job
 
     def make(name: str = "slurm-tiny", **sections) -> Path:
-        job = copy.deepcopy(TINY_JOB)
-        job["name"] = name
-        job["data"]["data_dir"] = str(slurm_data_dir)
-        job["checkpoint"]["url"] = str(tmp_path / name / "checkpoints")
-        job["run_dir"] = str(tmp_path / name / "run")
-        for section, values in sections.items():
-            job.setdefault(section, {}).update(values)
-        path = tmp_path / f"{name}.yaml"
-        path.write_text(yaml.safe_dump(job, sort_keys=False))
-        return path
+        return write_tiny_job(TINY_JOB, tiny_data_dir, tmp_path, name, **sections)
 
     return make
 
