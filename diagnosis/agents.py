@@ -11,8 +11,10 @@ named a root cause. In order:
    diagnosis, then learns a diagnosis rule from it; without an LLM it answers with
    a low-confidence retrieval vote.
 
-Configuration comes from `AgentsConfig` (or the environment: FORGEFLOW_LLM_MODEL,
-FORGEFLOW_LLM_BASE_URL, OPENAI_API_KEY, FORGEFLOW_CHROMA_URL). Nothing heavy is
+Configuration comes from `AgentsConfig` (or the environment: FORGEFLOW_LLM_MODEL plus
+the standard OPENAI_BASE_URL / OPENAI_API_KEY, FORGEFLOW_LLM_BASE_URL to override the URL
+for forgeflow alone, FORGEFLOW_CHROMA_URL). Both agents reach the endpoint that
+`LLMConfig.endpoint` resolves. Nothing heavy is
 imported or loaded until the hook actually runs.
 """
 

@@ -290,7 +290,7 @@ class FailureAgent:
         config = self.llm_config
         llm = OpenAILike(
             model=config.model,
-            api_base=config.base_url or "https://api.openai.com/v1",
+            api_base=config.endpoint,  # the same resolution as the log agent's client
             api_key=config.api_key.get_secret_value(),
             is_chat_model=True,
             context_window=config.context_window,

@@ -26,8 +26,10 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
 logger = logging.getLogger(__name__)
 
 ENV_MODEL = "FORGEFLOW_LLM_MODEL"
-ENV_BASE_URL = "FORGEFLOW_LLM_BASE_URL"
+ENV_BASE_URL = "FORGEFLOW_LLM_BASE_URL"  # forgeflow's own override, wins over the standard one
+ENV_STANDARD_BASE_URL = "OPENAI_BASE_URL"  # what the openai client and most tools read
 ENV_API_KEY = "OPENAI_API_KEY"
+PUBLIC_BASE_URL = "https://api.openai.com/v1"
 
 # Local OpenAI-compatible servers (vLLM, llama.cpp) accept any key, but the
 # `openai` client refuses to start without one.
@@ -57,7 +59,8 @@ class LLMConfig(BaseModel):
 
     model: str = Field(min_length=1, description="model name the endpoint serves")
     base_url: str | None = Field(
-        default=None, description="OpenAI-compatible base URL ending in /v1; None = api.openai.com"
+        default=None,
+        description="OpenAI-compatible base URL ending in /v1; None = $OPENAI_BASE_URL, else api.openai.com",
     )
     api_key: SecretStr = SecretStr(PLACEHOLDER_API_KEY)
     timeout_s: float = Field(default=60.0, gt=0, description="per HTTP request")
@@ -66,26 +69,47 @@ class LLMConfig(BaseModel):
     max_tokens: int = Field(default=1024, gt=0)
     context_window: int = Field(default=8192, gt=0, description="for llama-index prompt packing")
 
+    @property
+    def endpoint(self) -> str:
+        """The one base URL every agent talks to (the openai client and llama-index alike).
+
+        Resolved here, once, so no client falls back to its own default: an explicit
+        `base_url`, else FORGEFLOW_LLM_BASE_URL, else the standard OPENAI_BASE_URL,
+        else the public endpoint.
+        """
+        return (
+            self.base_url
+            or os.environ.get(ENV_BASE_URL)
+            or os.environ.get(ENV_STANDARD_BASE_URL)
+            or PUBLIC_BASE_URL
+        )
+
     @classmethod
     def from_env(cls, **overrides: Any) -> "LLMConfig | None":
         """The config the environment describes, or None when no model is named.
 
-        Explicit `overrides` win over the environment. No model means no LLM: the
-        agents then fall back to rules and retrieval instead of failing.
+        The model is forgeflow's setting (FORGEFLOW_LLM_MODEL); the endpoint and key
+        are the standard OPENAI_BASE_URL / OPENAI_API_KEY (FORGEFLOW_LLM_BASE_URL
+        overrides the URL for forgeflow alone). Explicit `overrides` win over the
+        environment. No model means no LLM: the agents then fall back to rules and
+        retrieval instead of failing.
         """
         values: dict[str, Any] = {}
         if os.environ.get(ENV_MODEL):
             values["model"] = os.environ[ENV_MODEL]
-        if os.environ.get(ENV_BASE_URL):
-            values["base_url"] = os.environ[ENV_BASE_URL]
+        own_base_url = os.environ.get(ENV_BASE_URL)
+        if own_base_url or os.environ.get(ENV_STANDARD_BASE_URL):
+            values["base_url"] = own_base_url or os.environ[ENV_STANDARD_BASE_URL]
         if os.environ.get(ENV_API_KEY):
             values["api_key"] = os.environ[ENV_API_KEY]
         values.update({k: v for k, v in overrides.items() if v is not None})
         if not values.get("model"):
-            if values.get("base_url"):
+            # OPENAI_BASE_URL alone is set for many tools; only forgeflow's own
+            # URL without a model is a half-finished forgeflow configuration.
+            if own_base_url or overrides.get("base_url"):
                 raise LLMConfigError(
                     f"an LLM base URL is set ({values['base_url']}) but no model: "
-                    f"set {ENV_MODEL} or pass model=..."
+                    f"set {ENV_MODEL}=<model the endpoint serves> or pass model=..."
                 )
             return None
         try:
@@ -129,7 +153,7 @@ class ChatLLM:
         # The client's own retry loop is bounded by max_retries and backs off;
         # it retries timeouts, connection errors, 408/409/429 and 5xx.
         self._client = openai.OpenAI(
-            base_url=config.base_url,
+            base_url=config.endpoint,
             api_key=config.api_key.get_secret_value(),
             timeout=config.timeout_s,
             max_retries=config.max_retries,
@@ -188,7 +212,7 @@ class ChatLLM:
             raise
 
     def _where(self) -> str:
-        return self.config.base_url or "api.openai.com"
+        return self.config.endpoint
 
 
 ModelT = TypeVar("ModelT", bound=BaseModel)

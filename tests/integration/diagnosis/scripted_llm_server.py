@@ -39,6 +39,7 @@ class LLMRequest:
 
     path: str
     body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
 
     @property
     def messages(self) -> list[dict[str, Any]]:
@@ -180,7 +181,7 @@ class _Handler(BaseHTTPRequestHandler):
         if not (path.endswith("/v1/chat/completions") or path.endswith("/v1/completions")):
             self._send_json(404, {"error": {"message": f"no route {self.path}"}})
             return
-        request = LLMRequest(path=path, body=body)
+        request = LLMRequest(path=path, body=body, headers={k.lower(): v for k, v in self.headers.items()})
         reply = self.scripted._next_reply(request)
         if reply.delay_s and self.scripted._stopping.wait(reply.delay_s):
             return
