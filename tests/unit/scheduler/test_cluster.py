@@ -31,8 +31,15 @@ def test_crius_cluster_has_1280_gpus_of_four_types():
     cluster = load_cluster(REPO / "configs/clusters/crius-sim.yaml")
     assert cluster.total_gpus == 1280
     assert set(cluster.gpu_types()) == {"A100-40G", "A40", "A10", "V100-32G"}
-    assert all(n.gpu_count == 8 and n.pcie_root_complex is not None for n in cluster.nodes)
-    assert len({n.name for n in cluster.nodes}) == 160
+    # Crius Table 1's node shapes: A100 80 x 4, A40 160 x 2, A10 160 x 2, V100 20 x 16.
+    shapes: dict[str, set[tuple[int, str]]] = {}
+    for n in cluster.nodes:
+        assert n.pcie_root_complex is not None and len(n.pcie_root_complex) == n.gpu_count
+        shapes.setdefault(n.gpu_type, set()).add((n.gpu_count, n.intra_link))
+    assert shapes == {"A100-40G": {(4, "NVLink")}, "A40": {(2, "PCIe")}, "A10": {(2, "PCIe")},
+                      "V100-32G": {(16, "NVLink")}}
+    assert cluster.total_gpus_by_type() == {"A100-40G": 320, "A40": 320, "A10": 320, "V100-32G": 320}
+    assert len({n.name for n in cluster.nodes}) == 80 + 160 + 160 + 20
 
 
 def test_catalogue_fills_defaults_and_explicit_values_win():

@@ -108,12 +108,12 @@ def test_place_plans_allocates_ranks_and_renders_one_torchrun_per_node():
     before = cluster.free_gpus_by_type()["A100-40G"]
     placement = place_plans(plans, cluster, job="j13", allocate=True)
     assert placement is not None and placement.plan is plans[0]
-    assert placement.world_size == 32 and len(placement.assignments) == 4  # 4 full 8-GPU nodes
+    assert placement.world_size == 32 and len(placement.assignments) == 8  # 8 full 4-GPU nodes
     assert cluster.free_gpus_by_type()["A100-40G"] == before - 32
     ranks = [r for a in placement.assignments for r in a.ranks]
     assert ranks == list(range(32))
     specs = placement.launch_specs()
-    assert [s.node_rank for s in specs] == [0, 1, 2, 3] and all(s.nnodes == 4 for s in specs)
+    assert [s.node_rank for s in specs] == list(range(8)) and all(s.nnodes == 8 for s in specs)
     assert sum(s.nproc_per_node for s in specs) == 32
     assert specs[0].master_addr == placement.master_addr == placement.assignments[0].address
     for spec, a in zip(specs, placement.assignments):
