@@ -18,10 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--hang-timeout", type=float, default=300.0, help="seconds without a heartbeat = hang")
     p.add_argument("--drill", action="append", default=[], metavar="KIND@STEP[:RANK]",
                    help="inject a fault drill into the next attempt (repeatable, one per attempt)")
-    p.add_argument("--launcher", choices=("local", "prefect", "slurm"), default="local",
+    p.add_argument("--launcher", choices=("local", "prefect", "slurm", "kubernetes"), default="local",
                    help="local: every node's torchrun on this machine; prefect: a node-launch run per node "
                         "on the work queue named after it (needs `forgeflow deploy` and one worker per node); "
-                        "slurm: one sbatch job per attempt (the cluster file's slurm: section)")
+                        "slurm: one sbatch job per attempt (the cluster file's slurm: section); "
+                        "kubernetes: one indexed Job per attempt (the cluster file's kubernetes: section)")
     p.set_defaults(func=_pretrain)
 
     d = subparsers.add_parser("demo", help="the main job end to end on this machine (make demo)")

@@ -16,8 +16,10 @@ GPU, the memory-backed /dev/shm the preload copies the exported checkpoint into.
 Every manifest here is validated against the Kubernetes API schema in the tests
 (the `kubernetes` client's models: each object round-trips through its model
 without losing a field). No Kubernetes cluster was available while this was
-written: `KubernetesLauncher` (create, poll pod states per index, delete) has
-not run against a real API server; see the README.
+written: `KubernetesLauncher` (create, poll pod states per index, copy each pod's
+log to the run directory, delete) runs in the tests against a small local HTTP server
+that answers the API paths it uses in the API's JSON shapes, through the real
+`kubernetes` client; it has not run against a real API server (see the README).
 """
 
 from __future__ import annotations
@@ -53,6 +55,10 @@ class KubernetesSettings(BaseModel):
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     service_account: str | None = None
     python: str = "python"
+    kubeconfig: str | None = Field(
+        default=None, description="kubeconfig file of the API server; None: the in-cluster service account "
+        "when the flow runs in a pod, else $KUBECONFIG or ~/.kube/config")
+    context: str | None = Field(default=None, description="kubeconfig context; None: its current context")
 
 
 def object_name(request: LaunchRequest) -> str:
@@ -202,30 +208,102 @@ def _single_node():
                       master_addr="", master_port=0, first_global_rank=0)
 
 
-# --- the launcher (needs a cluster: not run here) --------------------------------
+# --- the launcher -------------------------------------------------------------------
+
+CONTAINER = "torchrun"
+INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # label since 1.28, annotation before
+
+
+def api_client(settings: KubernetesSettings):
+    """A client of the cluster's API server: the kubeconfig the settings name, else the pod's
+    service account (the flow runs in the cluster), else $KUBECONFIG / ~/.kube/config."""
+    from kubernetes import client, config
+
+    if settings.kubeconfig is None:
+        try:
+            configuration = client.Configuration()
+            config.load_incluster_config(client_configuration=configuration)
+            return client.ApiClient(configuration)
+        except config.ConfigException:
+            pass
+    try:
+        return config.new_client_from_config(config_file=settings.kubeconfig, context=settings.context)
+    except (config.ConfigException, OSError) as e:
+        where = settings.kubeconfig or "$KUBECONFIG or ~/.kube/config"
+        raise RuntimeError(f"cannot reach Kubernetes: no in-cluster service account and no usable kubeconfig "
+                           f"({where}: {e}); set kubernetes.kubeconfig in the cluster file or run the flow "
+                           f"in a pod of the cluster") from None
+
+
+def pod_index(pod) -> int:
+    """The node rank of an indexed Job's pod (-1 when it has none)."""
+    meta = pod.metadata
+    value = (meta.labels or {}).get(INDEX_KEY) or (meta.annotations or {}).get(INDEX_KEY)
+    return int(value) if value is not None else -1
 
 
 @dataclass
 class KubernetesJob:
+    """A running attempt: the indexed Job's pods, read with one list call per `poll_s`.
+
+    Each pod's console (torchrun and every rank, `--tee`) is copied from the API server to
+    the node's log file in the run directory (`infra.launch.node_log_path`, where the local
+    and Slurm launchers write theirs) when its container ends, and for every pod before the
+    Job is deleted, so diagnosis reads it even after the pods are gone."""
+
     request: LaunchRequest
     settings: KubernetesSettings
     name: str
-    _exit: dict[int, int] = field(default_factory=dict)
-    _read_at: float = -1e9
+    api: Any = None  # kubernetes.client.ApiClient
     poll_s: float = 2.0
+    api_calls: int = 0
+    _exit: dict[int, int] = field(default_factory=dict)
+    _captured: set[int] = field(default_factory=set)
+    _read_at: float = -1e9
+
+    def _pods(self) -> list:
+        from kubernetes import client
+
+        self.api_calls += 1
+        return client.CoreV1Api(self.api).list_namespaced_pod(
+            self.settings.namespace, label_selector=f"job-name={self.name}").items
+
+    def _node_of(self, index: int) -> str | None:
+        return next((n.node for n in self.request.nodes if n.node_rank == index), None)
+
+    def capture_log(self, pod, index: int) -> Path | None:
+        """Copy one pod's container log to its node's log file (None if the pod has no log yet)."""
+        from kubernetes import client
+
+        node = self._node_of(index)
+        if node is None:
+            return None
+        try:
+            self.api_calls += 1
+            text = client.CoreV1Api(self.api).read_namespaced_pod_log(
+                pod.metadata.name, self.settings.namespace, container=CONTAINER)
+        except client.ApiException as e:
+            if e.status in (400, 404):  # container not started yet, or the pod is gone
+                return None
+            raise
+        path = node_log_path(self.request, node)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".partial")
+        tmp.write_text(text if text.endswith("\n") or not text else text + "\n")
+        tmp.replace(path)
+        return path
 
     def poll(self) -> dict[str, int | None]:
-        """Exit code per node from its pod (label batch.kubernetes.io/job-completion-index): one
-        list call per `poll_s` whatever the node count."""
+        """Exit code per node from its pod's container; its log is captured as it ends."""
         if time.monotonic() - self._read_at >= self.poll_s:
-            from kubernetes import client
-
-            pods = client.CoreV1Api().list_namespaced_pod(self.settings.namespace, label_selector=f"job-name={self.name}")
-            for pod in pods.items:
-                index = int(pod.metadata.labels.get("batch.kubernetes.io/job-completion-index", "-1"))
-                for status in pod.status.container_statuses or []:
-                    if status.state and status.state.terminated is not None:
+            for pod in self._pods():
+                index = pod_index(pod)
+                for status in (pod.status.container_statuses or []) if pod.status else []:
+                    if status.name == CONTAINER and status.state and status.state.terminated is not None:
                         self._exit[index] = int(status.state.terminated.exit_code)
+                if index in self._exit and index not in self._captured:
+                    if self.capture_log(pod, index) is not None:
+                        self._captured.add(index)
             self._read_at = time.monotonic()
         return {n.node: self._exit.get(n.node_rank) for n in self.request.nodes}
 
@@ -233,12 +311,25 @@ class KubernetesJob:
         return wait_for_exit(self.poll, timeout, any_exit, interval_s=1.0)
 
     def terminate(self, grace_s: float = 10.0) -> None:
+        """Capture every pod's log not yet captured (a hang's diagnosis needs them), then
+        delete the Job (its pods with it) and the Service; gone already is fine."""
         from kubernetes import client
 
+        try:
+            for pod in self._pods():
+                index = pod_index(pod)
+                if index not in self._captured and self.capture_log(pod, index) is not None and index in self._exit:
+                    self._captured.add(index)
+        except client.ApiException as e:
+            if e.status != 404:
+                raise
         body = client.V1DeleteOptions(propagation_policy="Foreground", grace_period_seconds=int(grace_s))
-        for delete in (lambda: client.BatchV1Api().delete_namespaced_job(self.name, self.settings.namespace, body=body),
-                       lambda: client.CoreV1Api().delete_namespaced_service(self.name, self.settings.namespace)):
+        for delete in (lambda: client.BatchV1Api(self.api).delete_namespaced_job(
+                           self.name, self.settings.namespace, body=body),
+                       lambda: client.CoreV1Api(self.api).delete_namespaced_service(
+                           self.name, self.settings.namespace)):
             try:
+                self.api_calls += 1
                 delete()
             except client.ApiException as e:
                 if e.status != 404:
@@ -249,7 +340,7 @@ class KubernetesJob:
 
 
 class KubernetesLauncher:
-    """Create the attempt's headless Service and indexed Job (kubeconfig or in-cluster config)."""
+    """Create the attempt's headless Service and indexed Job through the cluster's API server."""
 
     def __init__(self, settings: KubernetesSettings, gpu_type: str = "cpu", grace_s: float = 10.0):
         self.settings = settings
@@ -257,17 +348,21 @@ class KubernetesLauncher:
         self.grace_s = grace_s
 
     def start(self, request: LaunchRequest) -> KubernetesJob:
-        from kubernetes import client, config
+        from kubernetes import client
 
+        api = api_client(self.settings)
+        job = KubernetesJob(request, self.settings, object_name(request), api=api)
+        client.CoreV1Api(api).create_namespaced_service(self.settings.namespace,
+                                                        headless_service_manifest(request, self.settings))
+        job.api_calls += 1
         try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        client.CoreV1Api().create_namespaced_service(self.settings.namespace,
-                                                     headless_service_manifest(request, self.settings))
-        client.BatchV1Api().create_namespaced_job(self.settings.namespace,
-                                                  training_job_manifest(request, self.settings, self.gpu_type))
-        return KubernetesJob(request, self.settings, object_name(request))
+            client.BatchV1Api(api).create_namespaced_job(
+                self.settings.namespace, training_job_manifest(request, self.settings, self.gpu_type))
+            job.api_calls += 1
+        except BaseException:
+            job.terminate(grace_s=0)  # no Service left behind
+            raise
+        return job
 
 
 # --- the Prefect work pool the flows themselves run in -----------------------------

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
+from infra.kubernetes import KubernetesSettings
 from infra.slurm import SlurmSettings
 from infra.yaml_config import load_yaml_mapping, validate
 from scheduler.gpus import CPU_DEVICE, PCIE4_X16_GBPS, lookup_gpu, match_device_name
@@ -153,7 +154,17 @@ class Cluster(BaseModel):
     slurm: SlurmSettings | None = Field(
         default=None, description="the cluster is Slurm-managed: partition, account, time limit for "
         "`launcher: slurm` (node names are Slurm's); None: not Slurm-managed")
+    kubernetes: KubernetesSettings | None = Field(
+        default=None, description="the cluster runs attempts as Kubernetes Jobs: image, namespace, the run "
+        "volume claim for `launcher: kubernetes`; None: no Kubernetes")
     _index: dict[str, Node] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_manager(self) -> "Cluster":
+        if self.slurm is not None and self.kubernetes is not None:
+            raise ValueError("the cluster has both a 'slurm' and a 'kubernetes' section; a cluster's nodes are "
+                             "managed by one of them: keep the one that starts jobs on these nodes")
+        return self
 
     @model_validator(mode="after")
     def _unique_names(self) -> "Cluster":

@@ -1,9 +1,10 @@
-"""Launchers the pretrain flow can use, by name: `local`, `prefect` and `slurm`.
+"""Launchers the pretrain flow can use, by name: `local`, `prefect`, `slurm` and `kubernetes`.
 
 `PrefectLauncher` implements `infra.launch.Launcher` here rather than in infra/,
 because libraries never import Prefect. It starts one run of the `node-launch`
 deployment (flows/node_launch.py) per node on the work queue named after the
-node, and follows those runs. (`slurm` is a library launcher: infra/slurm.py.)
+node, and follows those runs. (`slurm` and `kubernetes` are library launchers:
+infra/slurm.py, infra/kubernetes.py.)
 Like the local launcher it assumes the job's run
 directory is on storage every node sees (NFS, Lustre, or one machine): the
 watcher reads every rank's heartbeat and the diagnosis every node's log there.
@@ -152,13 +153,29 @@ def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
     return SlurmLauncher(settings=settings, gpu_type=gpu_type, grace_s=grace_s)
 
 
+def _kubernetes_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
+    from infra.kubernetes import KubernetesLauncher
+
+    settings = getattr(cluster, "kubernetes", None)
+    if settings is None:  # unlike Slurm there are no defaults: the image and the run volume are the site's
+        where = f"cluster {cluster.name!r}" if cluster is not None else "the pretrain run (no cluster file given)"
+        raise ValueError(
+            f"launcher 'kubernetes' needs a 'kubernetes:' section in the cluster file, and {where} has none: "
+            "add one with at least 'image' (the forgeflow image) and 'run_volume_claim' (a ReadWriteMany PVC "
+            "for run directories), e.g.\n  kubernetes:\n    image: registry.example/forgeflow:1.0\n"
+            "    run_volume_claim: forgeflow-runs\nor pick another launcher (local, prefect, slurm)")
+    return KubernetesLauncher(settings, gpu_type=gpu_type, grace_s=grace_s)
+
+
 LAUNCHERS = {
     "local": lambda grace_s, cluster=None, gpu_type="cpu": LocalLauncher(grace_s=grace_s),
     "prefect": lambda grace_s, cluster=None, gpu_type="cpu": PrefectLauncher(grace_s=grace_s),
     "slurm": _slurm_launcher,
+    "kubernetes": _kubernetes_launcher,
 }
 """Launchers by the name a pretrain flow parameter gives; each is built from the grace time,
-the cluster inventory (a Slurm cluster's `slurm:` section) and the placed GPU type."""
+the cluster inventory (a Slurm cluster's `slurm:` section, a Kubernetes one's `kubernetes:`)
+and the placed GPU type."""
 
 
 def make_launcher(name: str, grace_s: float = 10.0, cluster=None, gpu_type: str = "cpu"):

@@ -1,0 +1,226 @@
+"""A small Kubernetes API server for the launcher's tests: real HTTP, the API's paths and JSON.
+
+It answers exactly the calls `infra.kubernetes.KubernetesLauncher` makes, in the shapes the
+real API server uses (objects with apiVersion/kind/metadata, `PodList`, `Status` bodies with
+the real codes and reasons: 201 on create, 409 AlreadyExists, 404 NotFound, 400 while a
+container is waiting, 422 Invalid), so the real `kubernetes` client talks to it unchanged:
+
+    POST   /api/v1/namespaces/{ns}/services                 create a Service
+    DELETE /api/v1/namespaces/{ns}/services/{name}
+    POST   /apis/batch/v1/namespaces/{ns}/jobs              create a Job (+ its indexed pods)
+    DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}       delete it and its pods
+    GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v   list pods (equality selectors)
+    GET    /api/v1/namespaces/{ns}/pods/{name}/log?container=c
+
+Posted objects must deserialize into the client's model of their kind (as the API server
+validates them), or the answer is 422. There are no kubelets: a test moves a pod's container
+to running or terminated with `run_pod` / `finish_pod`, and sets what its log says.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _status(code: int, reason: str, message: str) -> dict:
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
+class KubeApiServer:
+    def __init__(self) -> None:
+        self.services: dict[tuple[str, str], dict] = {}
+        self.jobs: dict[tuple[str, str], dict] = {}
+        self.pods: dict[tuple[str, str], dict] = {}
+        self.logs: dict[tuple[str, str], str] = {}
+        self.requests: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # quiet
+                pass
+
+            def _send(self, code: int, body, content_type: str = "application/json") -> None:
+                data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self, method: str) -> None:
+                url = urlparse(self.path)
+                body = None
+                if int(self.headers.get("Content-Length") or 0):
+                    body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests.append((method, url.path))
+                    code, answer, ctype = server.route(method, url.path.strip("/").split("/"),
+                                                       parse_qs(url.query), body)
+                self._send(code, answer, ctype)
+
+            def do_GET(self) -> None:
+                self._handle("GET")
+
+            def do_POST(self) -> None:
+                self._handle("POST")
+
+            def do_DELETE(self) -> None:
+                self._handle("DELETE")
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> "KubeApiServer":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def kubeconfig(self, path) -> str:
+        """A kubeconfig file naming this server (what `kubectl config` would write)."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "test",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "test", "user": {"token": "test-token"}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test", "namespace": "forgeflow"}}],
+        }
+        path.write_text(json.dumps(config))
+        return str(path)
+
+    # --- what a kubelet would do ----------------------------------------------------------
+
+    def pod_of(self, job: str, index: int, namespace: str = "forgeflow") -> dict:
+        return next(p for (ns, _), p in self.pods.items()
+                    if ns == namespace and p["metadata"]["labels"].get("job-name") == job
+                    and p["metadata"]["labels"].get(INDEX_LABEL) == str(index))
+
+    def _set_state(self, pod: dict, state: dict, phase: str, log: str | None) -> None:
+        container = pod["spec"]["containers"][0]
+        pod["status"]["phase"] = phase
+        pod["status"]["containerStatuses"] = [{
+            "name": container["name"], "image": container["image"], "imageID": "sha256:" + "0" * 64,
+            "ready": phase == "Running", "restartCount": 0, "started": phase == "Running", "state": state,
+        }]
+        if log is not None:
+            self.logs[(pod["metadata"]["namespace"], pod["metadata"]["name"])] = log
+
+    def run_pod(self, job: str, index: int, log: str = "") -> None:
+        with self.lock:
+            self._set_state(self.pod_of(job, index), {"running": {"startedAt": _now()}}, "Running", log)
+
+    def finish_pod(self, job: str, index: int, exit_code: int, log: str) -> None:
+        with self.lock:
+            state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                    "startedAt": _now(), "finishedAt": _now()}}
+            self._set_state(self.pod_of(job, index), state, "Succeeded" if exit_code == 0 else "Failed", log)
+
+    # --- the API --------------------------------------------------------------------------
+
+    def route(self, method: str, parts: list[str], query: dict, body):
+        if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[2] == "namespaces":
+            ns, kind, rest = parts[3], parts[4], parts[5:]
+            if kind == "services":
+                return self._crud(method, ns, rest, body, self.services, "Service", "V1Service", "v1")
+            if kind == "pods" and method == "GET":
+                if not rest:
+                    return self._list_pods(ns, query)
+                if len(rest) == 2 and rest[1] == "log":
+                    return self._log(ns, rest[0], query)
+        if parts[:3] == ["apis", "batch", "v1"] and len(parts) >= 6 and parts[3] == "namespaces" and parts[5] == "jobs":
+            return self._crud(method, parts[4], parts[6:], body, self.jobs, "Job", "V1Job", "batch/v1")
+        return 404, _status(404, "NotFound", f"the server could not find the requested resource ({method} "
+                                              f"/{'/'.join(parts)})"), "application/json"
+
+    def _crud(self, method, ns, rest, body, store, kind, model, api_version):
+        if method == "POST" and not rest:
+            from kubernetes.client import ApiClient
+
+            try:
+                ApiClient()._ApiClient__deserialize(body, model)
+            except (ValueError, TypeError) as e:
+                return 422, _status(422, "Invalid", f"{kind} is invalid: {e}"), "application/json"
+            if body.get("kind") != kind or body.get("apiVersion") != api_version:
+                return 400, _status(400, "BadRequest", f"expected {api_version} {kind}"), "application/json"
+            name = body["metadata"]["name"]
+            if (ns, name) in store:
+                return 409, _status(409, "AlreadyExists", f'{kind.lower()}s "{name}" already exists'), \
+                    "application/json"
+            obj = json.loads(json.dumps(body))
+            obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion="1",
+                                   creationTimestamp=_now())
+            store[(ns, name)] = obj
+            if kind == "Job":
+                self._create_pods(ns, obj)
+            return 201, obj, "application/json"
+        if method == "DELETE" and len(rest) == 1:
+            name = rest[0]
+            if (ns, name) not in store:
+                return 404, _status(404, "NotFound", f'{kind.lower()}s "{name}" not found'), "application/json"
+            gone = store.pop((ns, name))
+            if kind == "Service":  # the API answers a Service's deletion with the object (OpenAPI: V1Service)
+                return 200, gone, "application/json"
+            if kind == "Job":  # foreground propagation: its pods go with it
+                for key in [k for k, p in self.pods.items() if k[0] == ns and
+                            p["metadata"]["labels"].get("job-name") == name]:
+                    del self.pods[key]
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": {"name": name, "kind": kind.lower() + "s"}}, "application/json"
+        return 405, _status(405, "MethodNotAllowed", f"{method} not supported here"), "application/json"
+
+    def _create_pods(self, ns: str, job: dict) -> None:
+        """The Job controller's part: one pod per completion index, labelled as 1.28+ does."""
+        name, template = job["metadata"]["name"], job["spec"]["template"]
+        for index in range(job["spec"]["completions"]):
+            pod_name = f"{name}-{index}-{uuid.uuid4().hex[:5]}"
+            labels = {**template["metadata"].get("labels", {}), "job-name": name, INDEX_LABEL: str(index)}
+            spec = json.loads(json.dumps(template["spec"]))
+            spec["hostname"] = f"{name}-{index}"
+            self.pods[(ns, pod_name)] = {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": ns, "labels": labels, "uid": str(uuid.uuid4()),
+                             "annotations": {INDEX_LABEL: str(index)}, "creationTimestamp": _now()},
+                "spec": spec, "status": {"phase": "Pending"},
+            }
+
+    def _list_pods(self, ns: str, query: dict):
+        wanted = {}
+        for term in (query.get("labelSelector") or [""])[0].split(","):
+            if term:
+                key, _, value = term.partition("=")
+                wanted[key] = value
+        items = [p for (pns, _), p in sorted(self.pods.items())
+                 if pns == ns and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
+                     "items": items}, "application/json"
+
+    def _log(self, ns: str, name: str, query: dict):
+        pod = self.pods.get((ns, name))
+        if pod is None:
+            return 404, _status(404, "NotFound", f'pods "{name}" not found'), "application/json"
+        container = (query.get("container") or [pod["spec"]["containers"][0]["name"]])[0]
+        if container not in [c["name"] for c in pod["spec"]["containers"]]:
+            return 400, _status(400, "BadRequest", f"container {container} is not valid for pod {name}"), \
+                "application/json"
+        if not pod["status"].get("containerStatuses"):
+            return 400, _status(400, "BadRequest", f'container "{container}" in pod "{name}" is waiting to start: '
+                                                   "ContainerCreating"), "application/json"
+        return 200, self.logs.get((ns, name), ""), "text/plain"
