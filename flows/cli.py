@@ -34,7 +34,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_temporary_server(environ=None) -> None:
+    """Without a server configured, Prefect starts a temporary one for the command; it would try
+    to send anonymous telemetry and, with no way out (a cluster node, an air-gapped machine),
+    log `Failed to send telemetry` errors mid-run. Off unless the user set it; it must be in the
+    environment before that server starts (it is a subprocess and inherits it)."""
+    import os
+
+    environ = os.environ if environ is None else environ
+    environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_temporary_server()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

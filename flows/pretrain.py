@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from prefect import flow, get_run_logger
+from prefect import runtime as prefect_runtime
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from infra.notify import Alert
@@ -141,6 +142,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
     policy = RecoveryPolicy(max_restarts=max_restarts, breaker_count=breaker_count, backoff_s=backoff_s,
                             skip_batches=skip_batches)
     drills = list(drill_faults or [])
+    flow_run_id = prefect_runtime.flow_run.id
 
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
@@ -153,6 +155,9 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
     attempt = 0
     while True:
         env = {"FORGEFLOW_FAULT": drills[attempt]} if attempt < len(drills) and drills[attempt] else {}
+        # A drill fires once per flow run: its "fired" record in the run directory carries this
+        # run's id, so a new flow run of the same job drills again instead of skipping silently.
+        env["FORGEFLOW_FAULT_SCOPE"] = str(flow_run_id or "")
         # 4. Launch one torchrun per node on the held GPUs and watch it.
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
             result.failures[-1].relaunched_at = time.time()

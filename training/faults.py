@@ -31,11 +31,14 @@ failure prints, because the diagnosis rules match on those lines:
 
 `rank` (default 0) is the global rank that fails; loss_spike applies to all ranks.
 
-Fires once. Before firing, the failing rank records
-`{run_dir}/markers/fault_fired.{kind}@{step}.rank{R}`; a restarted worker that finds
-the record does not fire again, so a restart (from a checkpoint before or after step
+Fires once per flow run. Before firing, the failing rank records
+`{run_dir}/markers/fault_fired.{kind}@{step}.rank{R}[.{scope}]`; a restarted worker that
+finds the record does not fire again, so a restart (from a checkpoint before or after step
 k) recovers, as it would after a transient real failure. A run resumed at a step
-already past k never reaches the firing point either.
+already past k never reaches the firing point either. `scope` is `FORGEFLOW_FAULT_SCOPE`
+(the pretrain flow sets it to its flow run's id): a drill that fired in an earlier flow
+run of the same job, in the same run directory, fires again in a new flow run. Without a
+scope (a worker started by hand) the record holds for the run directory.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ from infra import runfiles
 from training.config import FaultConfig
 
 ENV_VAR = "FORGEFLOW_FAULT"
+SCOPE_ENV_VAR = "FORGEFLOW_FAULT_SCOPE"  # who the fire-once record belongs to (a flow run id)
 KINDS = ("cuda_error", "hang", "oom_kill", "loss_spike", "exit_mid_checkpoint", "script_error",
          "slow_rank", "sigterm")
 LOSS_SPIKE_FACTOR = 8.0
@@ -108,10 +112,13 @@ def plan_from(fault_cfg: FaultConfig | None, environ: dict[str, str] | None = No
 class FaultInjector:
     """Hooks the training loop calls; every method is a no-op when no fault is planned."""
 
-    def __init__(self, plan: FaultPlan | None, rank: int, run_dir: str | Path):
+    def __init__(self, plan: FaultPlan | None, rank: int, run_dir: str | Path, scope: str | None = None):
         self.plan = plan
         self.rank = rank
         self.run_dir = Path(run_dir)
+        scope = os.environ.get(SCOPE_ENV_VAR, "") if scope is None else scope
+        # a file-name-safe form of the scope (a flow run id is a UUID; be strict anyway)
+        self.scope = re.sub(r"[^A-Za-z0-9_-]", "-", scope.strip())
         self._spiking = False
         self._slow = False
         if plan is not None and (self._applies_here() and self._already_fired()):
@@ -173,7 +180,8 @@ class FaultInjector:
 
     def _marker(self) -> Path:
         p = self.plan
-        return self.run_dir / runfiles.MARKERS_DIR / f"fault_fired.{p.kind}@{p.at_step}.rank{self.rank}"
+        name = f"fault_fired.{p.kind}@{p.at_step}.rank{self.rank}" + (f".{self.scope}" if self.scope else "")
+        return self.run_dir / runfiles.MARKERS_DIR / name
 
     def _already_fired(self) -> bool:
         return self._marker().exists()
@@ -183,7 +191,7 @@ class FaultInjector:
         marker.parent.mkdir(parents=True, exist_ok=True)
         with open(marker, "w", encoding="utf-8") as f:
             json.dump({"kind": self.plan.kind, "at_step": self.plan.at_step, "rank": self.rank,
-                       "time": time.time(), "pid": os.getpid()}, f)
+                       "scope": self.scope, "time": time.time(), "pid": os.getpid()}, f)
             f.flush()
             os.fsync(f.fileno())  # must survive the SIGKILL / os._exit that follows
 

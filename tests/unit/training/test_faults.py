@@ -83,3 +83,22 @@ def test_exit_mid_checkpoint_ignores_checkpoints_before_its_step(tmp_path):
     injector = FaultInjector(FaultPlan("exit_mid_checkpoint", 10), rank=0, run_dir=tmp_path)
     injector.after_shards_written(5)  # returns: an earlier checkpoint is written normally
     assert not (tmp_path / "markers").exists()
+
+
+def test_a_drill_fires_once_per_flow_run_scope(tmp_path, monkeypatch):
+    """The fired record is the flow run's: a restart in the same flow run recovers, a new flow
+    run of the same job (same run directory) drills again."""
+    plan = FaultPlan("script_error", 3, 0)
+    first_run = FaultInjector(plan, rank=0, run_dir=tmp_path, scope="run-a")
+    with pytest.raises(KeyError):
+        first_run.after_step(3)
+    assert FaultInjector(plan, rank=0, run_dir=tmp_path, scope="run-a").plan is None  # restart: recovers
+    monkeypatch.setenv("FORGEFLOW_FAULT_SCOPE", "run-b")  # how the pretrain flow passes it
+    next_run = FaultInjector(plan, rank=0, run_dir=tmp_path)
+    assert next_run.plan == plan
+    with pytest.raises(KeyError):
+        next_run.after_step(3)
+    fired = sorted(p.name for p in (tmp_path / "markers").iterdir())
+    assert fired == ["fault_fired.script_error@3.rank0.run-a", "fault_fired.script_error@3.rank0.run-b"]
+    # a scope never escapes the markers folder
+    assert FaultInjector(plan, rank=0, run_dir=tmp_path, scope="../x y")._marker().parent == tmp_path / "markers"
