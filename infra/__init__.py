@@ -14,6 +14,7 @@
     watch         follow a launched job until it finishes, fails, hangs or spikes
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes
     nodecheck_worker  one rank of a node-check world
+    node_faults   physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
     notify        alerts: Slack incoming webhook, or printed and kept
     statedb       the state database (SQLite file / PostgreSQL): engines, schema, Alembic migrations
 """

@@ -6,7 +6,9 @@ world that fails (or is slow) become suspects. Round 2 pairs each suspect with
 a node that passed round 1. A node is *faulty* only if it failed in both rounds,
 and a *straggler* if its worlds took more than `straggler_factor` × the median
 world time in both rounds: a single failing world cannot tell which of its two
-members is to blame, the second pairing can.
+members is to blame, the second pairing can. When every world of round 1 failed (two
+nodes, one of them dead) there is no good partner: round 2 then runs each suspect alone,
+and a node that fails even alone is faulty.
 
 `two_round_check` is the algorithm over any `run_world(nodes) -> WorldResult`;
 `LauncherWorldRunner` runs a world for real: one torchrun per node (through a
@@ -86,9 +88,7 @@ def two_round_check(
         report.healthy = list(nodes)
         return report
     if not healthy_partners:
-        report.unresolved = suspects
-        report.healthy = []
-        return report
+        return _check_alone(nodes, first, suspects, failed1, run_world, report)
 
     # Round 2: each suspect with a healthy node, spreading suspects over partners.
     worlds = [(s, healthy_partners[i % len(healthy_partners)]) for i, s in enumerate(suspects)]
@@ -112,6 +112,32 @@ def two_round_check(
             report.stragglers.append(suspect)
     bad = set(report.faulty) | set(report.stragglers)
     report.healthy = [n for n in nodes if n not in bad]
+    return report
+
+
+def _check_alone(nodes: list[str], first: list[WorldResult], suspects: list[str], failed: set[str],
+                 run_world: Callable[[list[tuple[str, ...]]], list[WorldResult]],
+                 report: NodeCheckReport) -> NodeCheckReport:
+    """Round 2 when every world failed (e.g. a job on two nodes, one of them dead): no node is
+    known good to pair a suspect with, so each suspect runs a world of its own (its GPUs, its
+    host, its launcher). In a failed world, the members that fail alone are faulty and the ones
+    that pass alone are cleared; a failed world whose members all pass alone points at the link
+    between them, which names no node (unresolved). A slow world cannot be judged alone either."""
+    second = run_world([(s,) for s in suspects])  # disjoint: all at once
+    report.rounds.append(second)
+    alone_ok = {r.nodes[0]: r.ok for r in second}
+    unresolved: set[str] = set()
+    for world in first:
+        members = [n for n in world.nodes if n in alone_ok]
+        if world.ok:  # slow, not failed
+            unresolved.update(members)
+            continue
+        broken = [n for n in members if n in failed and not alone_ok[n]]
+        report.faulty.extend(broken)
+        if not broken:
+            unresolved.update(members)
+    report.unresolved = [n for n in nodes if n in unresolved]
+    report.healthy = [n for n in nodes if n not in unresolved and n not in report.faulty]
     return report
 
 

@@ -55,9 +55,19 @@ def test_two_broken_nodes_in_different_worlds():
     assert sorted(report.faulty) == ["a", "f"]
 
 
-def test_no_healthy_partner_leaves_suspects_unresolved():
-    report = two_round_check(list("ab"), _runner(broken=["a"]))
-    assert report.unresolved == ["a", "b"] and report.faulty == []
+def test_two_nodes_one_broken_round_two_checks_each_alone():
+    log = []
+    report = two_round_check(list("ab"), _runner(broken=["b"], log=log))
+    assert log[1] == [("a",), ("b",)]  # no good partner: each suspect in a world of its own
+    assert report.faulty == ["b"] and report.healthy == ["a"] and report.unresolved == []
+
+
+def test_a_broken_link_between_two_good_nodes_names_no_node():
+    def link_down(worlds):  # a and b each work alone; together they fail
+        return [WorldResult(tuple(w), len(w) == 1, 1.0) for w in worlds]
+
+    report = two_round_check(list("ab"), link_down)
+    assert report.unresolved == ["a", "b"] and report.faulty == [] and report.healthy == []
 
 
 def test_round_two_never_puts_one_node_in_two_concurrent_worlds():
