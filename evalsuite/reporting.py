@@ -11,8 +11,8 @@ line per (step, dataset, metric), rebuilt from the per-checkpoint files after
 each one is written (so two evaluations finishing together cannot lose a line
 for good: the next rebuild restores it). `trend_chart_png` draws score against
 step per dataset; `trend_markdown` puts that chart inline (a base64 PNG data
-URI: the Prefect UI renders it, where it would not load a file:// image) above
-a step-by-metric table, for a Prefect markdown artifact.
+URI through infra.charts: the Prefect UI renders it, where it would not load a
+file:// image) above a step-by-metric table, for a Prefect markdown artifact.
 """
 
 from __future__ import annotations
@@ -130,18 +130,14 @@ def trend_chart_png(rows: list[dict[str, Any]], title: str = "") -> bytes | None
             panels.setdefault(r["dataset"], {}).setdefault(r["metric"], []).append((r["step"], r["value"]))
     if not panels:
         return None
-    import io
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
+
+    from infra.charts import figure_png, new_figure
 
     n = len(panels)
     cols = min(3, n)
     rows_n = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows_n, cols, figsize=(4.0 * cols, 2.8 * rows_n), squeeze=False)
+    fig, axes = new_figure((4.0 * cols, 2.8 * rows_n), rows_n, cols, squeeze=False)
     for ax, (dataset, metrics) in zip(axes.flat, sorted(panels.items())):
         for metric, points in sorted(metrics.items()):
             points.sort()
@@ -157,20 +153,17 @@ def trend_chart_png(rows: list[dict[str, Any]], title: str = "") -> bytes | None
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    return buf.getvalue()
+    return figure_png(fig, dpi=90)
 
 
 def trend_markdown(rows: list[dict[str, Any]], title: str) -> str:
     """Markdown for a Prefect artifact: the trend chart inline, then score by step."""
-    import base64
+    from infra.charts import markdown_image
 
     lines = [f"## {title}", ""]
     png = trend_chart_png(rows, title)
     if png:
-        lines += [f"![score vs step](data:image/png;base64,{base64.b64encode(png).decode()})", ""]
+        lines += [markdown_image("score vs step", png), ""]
     columns = sorted({(r["dataset"], r["metric"]) for r in rows if r["metric"] not in _NOT_SCORES})
     by_step: dict[Any, dict[tuple[str, str], float]] = {}
     for r in rows:

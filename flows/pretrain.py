@@ -215,7 +215,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         attempt += 1
 
     # 8. Report: loss curve, completion (or the reason it stopped).
-    loss_curve(spec)
+    loss_curve(spec, [f"{f.root_cause}: {f.action.split(' — ')[0]}" for f in result.failures])
     if outcome.ok:
         result.finished = True
         title = f"{spec.name} finished: step {result.final_step} after {result.attempts} attempt(s)"

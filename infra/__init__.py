@@ -16,5 +16,6 @@
     nodecheck_worker  one rank of a node-check world
     node_faults   physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
     notify        alerts: Slack incoming webhook, or printed and kept
+    charts        a matplotlib figure -> PNG -> inline data-URI markdown image (renders in the Prefect UI)
     statedb       the state database (SQLite file / PostgreSQL): engines, schema, Alembic migrations
 """

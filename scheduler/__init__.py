@@ -7,6 +7,7 @@
     cost_model    predicted step time of a plan (compute, TP/PP/DP communication)
     planner       Crius cells: every runnable (dp, tp, pp, micro-batch, recompute) plan, ranked
     placement     HAS best-fit placement and Mobius cross mapping: node -> GPUs -> ranks
+    placement_chart  the placement picture: nodes x GPUs, the job's ranks and stages on them
     offload/      Mobius: fine-tune beyond GPU memory (profiles, partition MIP, cross mapping, simulator)
     traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
     policy        the scheduling policies (FCFS, HAS, ECT): one pass, run by simulator and orchestrator

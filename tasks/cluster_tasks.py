@@ -160,11 +160,23 @@ def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s
                 ", ".join(placement.nodes), placement.dp, placement.tp, placement.pp)
     create_markdown_artifact(
         key="pretrain-placement",
-        markdown="## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```",
+        markdown=_placement_markdown(placement, orch, job_id),
         description=f"HAS placement of {job} by the orchestrator",
     )
     publish_cluster_table(orch, orch.job(job_id)["cluster"])
     return placement
+
+
+def _placement_markdown(placement: Placement, orch: Orchestrator, job_id: int) -> str:
+    """The placement picture (nodes x GPUs, inline) over the table and JSON; the JSON alone if the
+    picture cannot be drawn (a picture is never worth failing the run for)."""
+    from scheduler.placement_chart import placement_markdown
+
+    try:
+        return placement_markdown(placement, orch.cluster(orch.job(job_id)["cluster"]))
+    except Exception as e:
+        get_run_logger().warning("placement picture not drawn: %s: %s", type(e).__name__, e)
+        return "## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```"
 
 
 def withdraw(orch: Orchestrator, job_id: int) -> None:

@@ -241,38 +241,19 @@ def send_alert(notifier: Notifier, alert: Alert) -> bool:
 
 
 @task(name="loss-curve", cache_policy=NO_CACHE)
-def loss_curve(spec: JobSpec) -> Path | None:
-    """Plot rank 0's loss over steps (all attempts: restarts overwrite replayed steps)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def loss_curve(spec: JobSpec, failure_labels: list[str] | None = None) -> Path | None:
+    """Rank 0's loss over steps, attempt by attempt (failures, rollbacks and checkpoints marked:
+    training.loss_chart), as an artifact whose chart is inline (it renders in the Prefect UI) and
+    as `loss_curve.png` in the run directory. `failure_labels`: the flow's diagnoses, in order."""
     from infra import runfiles
-    from training.runlog import read_steps
+    from training.loss_chart import loss_curve_report
 
     path = runfiles.log_path(spec.resolved_run_dir, 0)
-    if not path.exists():
-        return None
-    records = read_steps(path, latest_only=True)
-    if not records:
-        return None
     out = spec.resolved_run_dir / "loss_curve.png"
-    fig, ax = plt.subplots(figsize=(7, 3.5))
-    ax.plot([r.step for r in records], [r.loss for r in records], lw=1.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    ax.set_title(f"{spec.name}: training loss")
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    create_markdown_artifact(
-        key="pretrain-loss-curve",
-        markdown=f"## Loss curve\n![loss curve]({out.resolve().as_uri()})\n\nFile: `{out.resolve()}`\n\n"
-        f"Last logged step {records[-1].step}: loss {records[-1].loss:.4f}",
-        description=f"Loss curve of {spec.name}",
-    )
+    report = loss_curve_report(path, spec.name, failure_labels, png_path=out) if path.exists() else None
+    if report is None:
+        return None
+    create_markdown_artifact(key="pretrain-loss-curve", markdown=report.markdown, description=report.summary)
     return out
 
 
