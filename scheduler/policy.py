@@ -16,6 +16,18 @@ the cluster's free lists; the pass allocates on the `Cluster` object it is given
           that completes first given when each GPU type frees up; a job that must
           wait reserves its slot (the first `reservation_depth` do), so later jobs
           only backfill around it.
+``easy``  FCFS with EASY backfilling, what Slurm sites run (a baseline): queue order,
+          each job its requested GPUs (first option that is free, first-fit); the
+          first job that cannot start gets a reservation — the earliest time its
+          GPUs free up, read off the running jobs' *predicted* ends — and a later
+          job may start now only if it does not delay that reservation (it is
+          predicted to end before it, or it uses GPUs the head job will not need,
+          or another GPU type).
+``sjf``   shortest job first on estimates (a baseline): the queue ordered by each
+          job's shortest predicted run time, opportunistic, requested GPUs, first-fit.
+
+Every policy sees predicted run times only (`Option.run_s`, `Busy.end_s`); the
+simulator draws actual run times around them (`scheduler.traces.apply_runtime_noise`).
 """
 
 from __future__ import annotations
@@ -27,9 +39,12 @@ from typing import Any, Iterable, Literal, Protocol, Sequence
 from scheduler.cluster import Cluster, Node
 from scheduler.placement import GpuRequest, Placement, allocate_placement, build_placement, first_fit_select, has_select
 
-Policy = Literal["fcfs", "has", "ect"]
-POLICIES: tuple[str, ...] = ("fcfs", "has", "ect")
-POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + HRRN + backfill (ours)"}
+Policy = Literal["fcfs", "has", "ect", "easy", "sjf"]
+POLICIES: tuple[str, ...] = ("fcfs", "has", "ect", "easy", "sjf")
+POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT + HRRN + backfill (ours)",
+                 "easy": "FCFS + EASY backfill", "sjf": "SJF (estimates)"}
+# Policies whose pass reads the running jobs' predicted ends (the others ignore `running`).
+USES_RUNNING: frozenset[str] = frozenset({"ect", "easy"})
 
 
 @dataclass(frozen=True)
@@ -122,6 +137,16 @@ class FreeGpus:
         self.by_type[gpu_type] = self.by_type.get(gpu_type, 0) + count
 
 
+def expected_end(predicted_end_s: float, now: float) -> float:
+    """When a running job is expected to free its GPUs, from its predicted end.
+
+    A job past its predicted end still holds its GPUs: expect it to overrun by as much
+    again, rather than to free them now (which sends waiting jobs after GPUs that are
+    not free, and lets a reservation be set at a time already gone).
+    """
+    return predicted_end_s if predicted_end_s > now else 2 * now - predicted_end_s
+
+
 def schedule_pass(
     policy: str,
     now: float,
@@ -151,12 +176,27 @@ def schedule_pass(
                     started.append((job, opt, placement))
                     break
         return started, considered
+    if policy == "sjf":
+        # Shortest predicted run first; anything that fits starts (no reservation).
+        for job in sorted(queue, key=lambda j: min((o.run_s for o in j.options), default=math.inf)):
+            if not free.any():
+                break
+            considered += 1
+            for opt in job.options:
+                placement = free.try_place(job.job_id, opt, first_fit_select)
+                if placement is not None:
+                    started.append((job, opt, placement))
+                    break
+        return started, considered
+    if policy == "easy":
+        return _easy_pass(now, queue, running, free)
+
 
     # ect: expected completion time over a free-GPU profile per type, where every job
     # that waits reserves its future slot (conservative backfilling).
     profiles: dict[str, FreeProfile] = {t: FreeProfile(now, n) for t, n in free.by_type.items()}
     for r in running:
-        profiles.setdefault(r.gpu_type, FreeProfile(now, 0)).add(r.end_s, math.inf, r.num_gpus)
+        profiles.setdefault(r.gpu_type, FreeProfile(now, 0)).add(expected_end(r.end_s, now), math.inf, r.num_gpus)
 
     # Highest response ratio next: (wait + run) / run favours short jobs without starving
     # long ones, whose ratio grows while they wait.
@@ -193,6 +233,78 @@ def schedule_pass(
             reserved += 1
             profiles[opt.gpu_type].add(start, start + opt.run_s, -opt.num_gpus)
     return started, considered
+
+
+def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
+               free: FreeGpus) -> tuple[list[tuple[Waiting, Option, Placement]], int]:
+    """FCFS with EASY backfilling (Lifka 1995; Slurm's sched/backfill with one reservation).
+
+    Jobs start in queue order until the first that cannot (the head). The head
+    reserves the earliest (type, time) at which enough GPUs of one of its options
+    are predicted free: the shadow time; `extra` is how many GPUs of that type are
+    left over then. A later job backfills now only if it cannot delay the head:
+    another type, or predicted to end by the shadow time, or within `extra` (which
+    it then uses up). Reservations are per type and count, not per node.
+    """
+    started: list[tuple[Waiting, Option, Placement]] = []
+    considered = 0
+    misfits: set[tuple] = set()  # requests that did not fit in this pass (see FreeGpus.try_place)
+    ends: dict[str, list[tuple[float, int]]] = {}
+    for r in running:
+        ends.setdefault(r.gpu_type, []).append((expected_end(r.end_s, now), r.num_gpus))
+    shadow: tuple[str, float, int] | None = None  # (gpu type, shadow time, extra GPUs)
+    for job in queue:
+        if not free.any():
+            break
+        considered += 1
+        if shadow is None:
+            for opt in job.options:
+                placement = free.try_place(job.job_id, opt, first_fit_select)
+                if placement is not None:
+                    started.append((job, opt, placement))
+                    ends.setdefault(opt.gpu_type, []).append((now + opt.run_s, opt.num_gpus))
+                    break
+            else:
+                shadow = _shadow(now, job.options, free, ends)
+            continue
+        gpu_type, shadow_s, extra = shadow
+        for opt in job.options:
+            if free.by_type.get(opt.gpu_type, 0) < opt.num_gpus:
+                continue
+            same = opt.gpu_type == gpu_type
+            ends_in_time = now + opt.run_s <= shadow_s
+            if same and not ends_in_time and opt.num_gpus > extra:
+                continue  # would still hold GPUs the head job is promised
+            placement = free.try_place(job.job_id, opt, first_fit_select)
+            if placement is None:
+                continue
+            started.append((job, opt, placement))
+            if same and not ends_in_time:
+                shadow = (gpu_type, shadow_s, extra - opt.num_gpus)
+            break
+    return started, considered
+
+
+def _shadow(now: float, options: Sequence[Option], free: FreeGpus,
+            ends: dict[str, list[tuple[float, int]]]) -> tuple[str, float, int] | None:
+    """The head job's reservation: its option whose GPUs are predicted free first."""
+    best: tuple[float, int, str, int] | None = None  # (time, preference, type, extra)
+    for rank, opt in enumerate(options):
+        free_now = free.by_type.get(opt.gpu_type, 0)
+        releases = sorted(ends.get(opt.gpu_type, ()))
+        avail, t = free_now, now
+        for end, n in releases:
+            if avail >= opt.num_gpus:
+                break
+            avail += n
+            t = end
+        if avail < opt.num_gpus:
+            continue  # never enough of this type (cordoned nodes): no reservation here
+        # Free at the shadow time: everything released by then, not only what the head needs.
+        avail = free_now + sum(n for end, n in releases if end <= t)
+        if best is None or (t, rank) < best[:2]:
+            best = (t, rank, opt.gpu_type, avail - opt.num_gpus)
+    return None if best is None else (best[2], best[0], best[3])
 
 
 class FreeProfile:

@@ -31,8 +31,21 @@ Policies
           (within the depth) reserves its slot, so later jobs only backfill
           around it. Big jobs are neither starved by small ones nor rushed onto
           slow GPUs when fast ones free up shortly.
+``easy``  FCFS with EASY backfilling (baseline; what Slurm sites run): the
+          requested GPUs as in ``fcfs``; the first job that must wait reserves the
+          earliest time its GPUs are predicted free, later jobs start only if they
+          cannot delay it.
+``sjf``   shortest job first on estimates (baseline): the requested GPUs as in
+          ``fcfs``, the queue ordered by predicted run time.
 
-Run time: a training job runs steps × the plan's step time predicted for the
+Predicted vs actual run time. Every policy sees predictions only: the options'
+`run_s` and, for running jobs, start + the run time predicted for the placement
+they got. The job's actual run time is that prediction × its
+`TraceJob.runtime_factor` (1 unless the trace was given noise with
+`scheduler.traces.apply_runtime_noise`, log-normal around the prediction), so
+orderings and backfilling work from estimates, not from the truth.
+
+Run time (the prediction): a training job runs steps × the plan's step time predicted for the
 placement it got (`scheduler.cost_model`); its steps come from the trace or from
 its duration on the reference GPU divided by the reference plan's step time.
 A demand-only job runs its trace duration × reference TFLOP/s / GPU TFLOP/s.
@@ -58,8 +71,18 @@ from scheduler.planner import (
     gpu_pools,
     plan_on_pools,
 )
-from scheduler.policy import POLICIES, POLICY_LABELS, Busy, FreeGpus, Option, Policy, QueuedJob, schedule_pass
-from scheduler.traces import TraceError, TraceJob
+from scheduler.policy import (
+    POLICIES,
+    POLICY_LABELS,
+    USES_RUNNING,
+    Busy,
+    FreeGpus,
+    Option,
+    Policy,
+    QueuedJob,
+    schedule_pass,
+)
+from scheduler.traces import REFERENCE_GPU, TraceError, TraceJob
 
 class SimulationError(TraceError):
     """The simulation cannot run as asked (unknown policy, bad trace for this cluster)."""
@@ -159,7 +182,9 @@ class JobCatalogue:
         self.steps: dict[str, float] = {}
 
     def _plans_for(self, job: TraceJob, counts: tuple[int, ...], pools) -> list[Plan]:
-        key = (id(job.model), job.global_batch, job.precision, counts, tuple(p.gpu_type for p in pools))
+        # The whole pool is the key, not its GPU type: the reference pool (catalogue nodes of 8)
+        # and the cluster's pool of the same type may differ in node size, hence in layouts.
+        key = (id(job.model), job.global_batch, job.precision, counts, tuple(pools))
         if key not in self._plans:
             request = PlanRequest(model=job.model, global_batch=job.global_batch, precision=job.precision,
                                   name=job.job_id)
@@ -205,7 +230,7 @@ class JobCatalogue:
                 for p in fastest_first
                 if p.memory_bytes >= need and p.total_gpus >= job.num_gpus
             ]
-            return {"fcfs": opts, "has": opts, "ect": opts}
+            return {"fcfs": opts, "has": opts, "ect": opts, "easy": opts, "sjf": opts}
 
         n_ref, ref_step = self._reference(job)
         steps = job.steps or max(1.0, job.duration_s / ref_step)
@@ -246,7 +271,8 @@ class JobCatalogue:
         has = sorted(largest.values(), key=lambda o: (o.run_s, o.num_gpus))
         # ECT weighs every sized plan by expected completion time.
         ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
-        return {"fcfs": fcfs, "has": has, "ect": ect}
+        # The Slurm-style baselines run what the user asked for, like FCFS.
+        return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs}
 
 
 # --- the event loop ----------------------------------------------------------------------
@@ -256,7 +282,8 @@ class JobCatalogue:
 class _Running:
     record: JobRecord
     placement: Placement
-    end_s: float
+    end_s: float  # actual end (the event queue's)
+    predicted_end_s: float  # what the policies are told
 
 
 class Simulator:
@@ -283,6 +310,7 @@ class Simulator:
 
     # -- helpers
     def _run_seconds(self, job: TraceJob, opt: Option, placement: Placement) -> float:
+        """Predicted run time on the placement the job got (what a scheduler can know at start)."""
         if opt.plan is None:
             return opt.run_s
         return self.catalogue.steps[job.job_id] * placed_step_time(opt.plan, placement, self.cluster)
@@ -327,8 +355,8 @@ class Simulator:
             t0 = time.perf_counter()
             started, considered = schedule_pass(
                 self.policy, now, queue,
-                [Busy(r.placement.gpu_type, r.placement.world_size, r.end_s) for r in running.values()]
-                if self.policy == "ect" else (),
+                [Busy(r.placement.gpu_type, r.placement.world_size, r.predicted_end_s) for r in running.values()]
+                if self.policy in USES_RUNNING else (),
                 self.free, reservation_depth=self.reservation_depth)
             decision_seconds += time.perf_counter() - t0
             decisions += considered
@@ -339,8 +367,9 @@ class Simulator:
                 rec.start_s, rec.gpu_type, rec.num_gpus = now, opt.gpu_type, placement.world_size
                 rec.nodes = tuple(placement.nodes)
                 rec.gpus = tuple((a.node, g) for a in placement.assignments for g in a.gpus)
-                end = now + self._run_seconds(job, opt, placement)
-                running[job.job_id] = _Running(rec, placement, end)
+                predicted = self._run_seconds(job, opt, placement)
+                end = now + predicted * job.runtime_factor
+                running[job.job_id] = _Running(rec, placement, end, now + predicted)
                 busy += placement.world_size
                 heapq.heappush(events, (end, 0, seq, job.job_id))
                 seq += 1
@@ -366,6 +395,25 @@ def simulate(cluster: Cluster, jobs: list[TraceJob], policies: Iterable[str] = P
     catalogue = JobCatalogue(cluster, planner)
     options = {j.job_id: catalogue.options(j) for j in jobs}
     return {p: Simulator(cluster, jobs, p, catalogue, options).run() for p in policies}
+
+
+def effective_capacity(cluster: Cluster, reference_gpu: str = REFERENCE_GPU) -> float:
+    """The cluster's schedulable GPUs in reference-GPU equivalents (peak TFLOP/s ratio).
+
+    Trace durations are on the reference GPU, so an offered load is work per second over
+    this capacity, not over the raw GPU count: 1,280 mixed GPUs (A100/A40/A10/V100) are
+    worth about 730 A100s. Peak TFLOP/s is the same speed ratio the simulator uses for
+    demand-only jobs; training jobs' real speed ratios (the cost model) differ somewhat.
+    """
+    ref = gpu_spec(reference_gpu).peak_tflops
+    return sum(n.gpu_count * n.peak_tflops / ref for n in cluster.schedulable_nodes())
+
+
+def offered_load(jobs: list[TraceJob], capacity: float) -> float:
+    """Work of a trace (reference GPU-seconds) per second of its arrival span, over `capacity`."""
+    span = max(j.arrival_s for j in jobs) - min(j.arrival_s for j in jobs)
+    work = sum(j.num_gpus * (j.duration_s or 0.0) for j in jobs)
+    return work / (capacity * span) if span > 0 and capacity > 0 else math.inf
 
 
 def plot_jct_cdf(results: dict[str, SimResult], path: str | Path, title: str = "JCT CDF") -> Path:

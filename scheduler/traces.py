@@ -47,7 +47,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
@@ -99,10 +99,15 @@ class TraceJob:
     duration_s: float | None = None  # on num_gpus × reference_gpu
     min_gpu_memory_gib: float = 0.0
     reference_gpu: str = REFERENCE_GPU
+    # actual run time / predicted run time: schedulers see only the prediction
+    # (1.0: clairvoyant; `apply_runtime_noise` draws it)
+    runtime_factor: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
             raise TraceError(f"job {self.job_id}: num_gpus must be >= 1 (got {self.num_gpus})")
+        if not self.runtime_factor > 0:
+            raise TraceError(f"job {self.job_id}: runtime_factor must be > 0 (got {self.runtime_factor})")
         if self.model is None and self.model_name is not None:
             if self.model_name not in MODEL_PRESETS:
                 raise TraceError(f"job {self.job_id}: unknown model {self.model_name!r}; "
@@ -215,6 +220,20 @@ def trace_shares(jobs: Iterable[TraceJob]) -> dict[str, dict[str, float]]:
         gpu_time[j.category] = gpu_time.get(j.category, 0.0) + j.num_gpus * (j.duration_s or 0.0)
     total_t = sum(gpu_time.values()) or 1.0
     return {c: {"jobs": count[c] / len(jobs), "gpu_time": gpu_time[c] / total_t} for c in count}
+
+
+def apply_runtime_noise(jobs: Iterable[TraceJob], sigma: float, *, seed: int = 0) -> list[TraceJob]:
+    """Copies of `jobs` whose actual run time is the prediction × a log-normal factor.
+
+    factor = exp(N(0, sigma)): the prediction is the median of the actual run time
+    (sigma 0.3: half the jobs within about ±20 %, one in twenty off by more than ×1.8).
+    Each job's factor depends only on the seed and its position, so every policy
+    replays the same surprises.
+    """
+    if sigma < 0:
+        raise TraceError(f"runtime noise sigma must be >= 0 (got {sigma})")
+    rng = random.Random(seed)
+    return [replace(j, runtime_factor=math.exp(rng.gauss(0.0, sigma)) if sigma else 1.0) for j in jobs]
 
 
 # --- the Frenzy-like queue ------------------------------------------------------
