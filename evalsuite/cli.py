@@ -22,6 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--naive", action="store_true",
                    help="baseline: one trial per dataset, load per trial, metrics in the slot, FIFO")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
+    p.add_argument("--json", action="store_true",
+                   help="print results.json's content (plus its path) as one JSON object; "
+                        "the plan and report go to stderr")
     p.set_defaults(func=_run_eval)
 
 
@@ -29,21 +32,22 @@ def _run_eval(args: argparse.Namespace) -> int:
     import sys
     from pathlib import Path
 
+    import json
+
     from evalsuite.checkpoints import model_source_for
     from evalsuite.coordinator import Policy
-    from evalsuite.errors import EvalError
+    from evalsuite.errors import EvalConfigError, EvalError
     from evalsuite.runner import evaluate
     from evalsuite.suite import load_suite
 
+    # With --json stdout carries one JSON object only: the plan and report go to stderr.
+    echo = (lambda text: print(text, file=sys.stderr)) if args.json else print
     try:
         job_spec = None
         if args.config:
-            from training.config import ConfigError, load_job_spec
-            try:
-                job_spec = load_job_spec(args.config)
-            except ConfigError as e:
-                print(f"error: {e}", file=sys.stderr)
-                return 2
+            from training.config import load_job_spec
+
+            job_spec = load_job_spec(args.config)  # a ConfigError reaches forgeflow's main: one line, exit 2
         overrides: dict[str, Any] = {}
         if args.slots:
             overrides["slots"] = args.slots
@@ -55,14 +59,24 @@ def _run_eval(args: argparse.Namespace) -> int:
         source = model_source_for(args.checkpoint, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
         if args.no_progress:
-            report = evaluate(source, suite, output, policy=policy)
+            report = evaluate(source, suite, output, policy=policy, echo=echo)
         else:
             with _Progress() as progress:
                 report = evaluate(source, suite, output, policy=policy, on_event=progress.on_event,
                                   echo=progress.print)
+    except EvalConfigError:
+        raise  # forgeflow's main: one line naming what is wrong, exit 2
     except EvalError as e:
-        print(f"error: {e}", file=sys.stderr)
+        from infra.yaml_config import one_line
+
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(e), "exit_code": 2}))
         return 2
+    if args.json:
+        payload = json.loads((output / "results.json").read_text())
+        print(json.dumps({**payload, "results_path": str(output / "results.json")}))
+        return 1 if report.failed_datasets else 0
     print(f"results: {output / 'results.json'}")
     return 1 if report.failed_datasets else 0
 

@@ -2,13 +2,15 @@
 
 Each library owns its subcommands in its own `cli.py` (`register(subparsers)`);
 this module only collects them, so `forgeflow --help` starts fast and a library
-is usable from the command line without Prefect.
+is usable from the command line without Prefect. Any config error a command raises
+becomes one line on stderr and exit code 2 (with --json also {"error": ...} on stdout).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 
 # Modules that contribute subcommands, in the order `--help` lists them.
@@ -34,6 +36,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Errors that mean "the input is wrong", by module and class: checked only once raised,
+# so `forgeflow --help` imports none of them. Each names the field and the fix.
+_CONFIG_ERRORS = (
+    ("infra.yaml_config", "ConfigFileError"),
+    ("training.config", "ConfigError"),          # job specs; ClusterError, TraceError, DataError
+    ("training.faults", "FaultSpecError"),       # --drill KIND@STEP[:RANK]
+    ("training.offload.executor", "OffloadConfigError"),
+    ("evalsuite.errors", "EvalConfigError"),     # suites, datasets, backends
+    ("diagnosis.llm", "LLMConfigError"),         # FORGEFLOW_LLM_* / OPENAI_* settings
+)
+
+EXIT_CONFIG_ERROR = 2
+
+
+def is_config_error(exc: BaseException) -> bool:
+    for module, name in _CONFIG_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(exc, cls):
+            return True
+    return False
+
+
+def report_config_error(exc: BaseException, as_json: bool) -> int:
+    """One line on stderr (the message names the field and the fix); with --json also
+    `{"error": ..., "exit_code": 2}` on stdout, so a script always reads one JSON object."""
+    from infra.yaml_config import one_line
+
+    message = one_line(exc)
+    print(f"error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": EXIT_CONFIG_ERROR}))
+    return EXIT_CONFIG_ERROR
+
+
 def quiet_temporary_server(environ=None) -> None:
     """Without a server configured, Prefect starts a temporary one for the command; it would try
     to send anonymous telemetry and, with no way out (a cluster node, an air-gapped machine),
@@ -52,7 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as exc:
+        if not is_config_error(exc):
+            raise
+        return report_config_error(exc, bool(getattr(args, "json", False)))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from pathlib import Path
@@ -23,6 +24,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "on the work queue named after it (needs `forgeflow deploy` and one worker per node); "
                         "slurm: one sbatch job per attempt (the cluster file's slurm: section); "
                         "kubernetes: one indexed Job per attempt (the cluster file's kubernetes: section)")
+    p.add_argument("--json", action="store_true",
+                   help="print the result as one JSON object (job, finished, attempts, final_step, failures, ...)")
     p.set_defaults(func=_pretrain)
 
     d = subparsers.add_parser("demo", help="the main job end to end on this machine (make demo)")
@@ -43,13 +46,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
+    check_pretrain_inputs(args.config, args.cluster, args.drill)  # before Prefect: one line, exit 2
     from flows.pretrain import pretrain
 
     result = pretrain(args.config, cluster=args.cluster, max_restarts=args.max_restarts,
                       hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None,
                       launcher=args.launcher)
-    print(result)
+    if args.json:
+        print(json.dumps(pretrain_result_json(result)))
+    else:
+        print(_pretrain_summary(result))
     return 0 if result.finished else 1
+
+
+def check_pretrain_inputs(config: str, cluster: str, drills: list[str]) -> None:
+    """Validate the job spec, the cluster file and the drills; a bad one raises its config
+    error here, where the CLI reports it in one line, not inside the flow as a traceback."""
+    from training.config import load_job_spec
+    from training.faults import parse_fault
+
+    load_job_spec(config)
+    if cluster not in ("", "local"):
+        from scheduler.cluster import load_cluster
+
+        load_cluster(cluster)
+    for drill in drills or []:
+        parse_fault(drill)
+
+
+def pretrain_result_json(result) -> dict:
+    """`forgeflow pretrain --json`: the PretrainResult as plain JSON (schema in the README)."""
+    from dataclasses import asdict
+
+    return asdict(result)
+
+
+def _pretrain_summary(result) -> str:
+    lines = [f"{result.job}: {'finished' if result.finished else 'not finished'} at step {result.final_step} "
+             f"after {result.attempts} attempt(s)" + (f" ({result.stopped_because})" if result.stopped_because else "")]
+    for failure in result.failures:
+        lines.append(f"  attempt {failure.attempt}: {failure.root_cause} at step {failure.step} "
+                     f"({failure.source}) -> {failure.action}")
+    return "\n".join(lines)
 
 
 def _demo(args: argparse.Namespace) -> int:

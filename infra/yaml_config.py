@@ -138,6 +138,18 @@ def format_validation_error(source: str, kind: str, err: ValidationError, model:
     return "\n".join(lines)
 
 
+def one_line(exc: BaseException) -> str:
+    """A config error's message on one line, as the command line prints it.
+
+    `format_validation_error` lists one problem a line ("  - field: what; fix: how");
+    joined with " | " they stay readable and a log line keeps them together.
+    """
+    lines = [line.strip().removeprefix("- ") for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return repr(exc)
+    return lines[0] + (": " + " | ".join(lines[1:]) if len(lines) > 1 else "")
+
+
 def _where(loc: tuple, data: Any) -> str:
     """`nodes['gpu-a']` rather than `nodes.3` when the list item has a name."""
     out: list[str] = []

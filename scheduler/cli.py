@@ -95,13 +95,13 @@ def _plan_command(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps({"job": args.job, "error": str(e), "alternatives": e.alternatives}, indent=2))
         else:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
     except (ConfigError, ClusterError, ValueError) as e:
         if args.json:
             print(json.dumps({"job": args.job, "error": str(e)}, indent=2))
         else:
-            print(f"error: {e}", file=sys.stderr)
+            print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
 
     placement = place_plans(plans, cluster, job=job.name)
@@ -217,7 +217,7 @@ def _simulate_command(args: argparse.Namespace) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         results = simulate(cluster, jobs, policies)
     except (ClusterError, TraceError, SimulationError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_one_line(e)}", file=sys.stderr)
         return 2
 
     out = Path(args.out)
@@ -247,3 +247,9 @@ def _simulate_command(args: argparse.Namespace) -> int:
     Console().print(table)
     print(f"JCT CDF: {png}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    from infra.yaml_config import one_line  # imported on error only: --help stays fast
+
+    return one_line(exc)

@@ -7,6 +7,7 @@ Heavy imports (torch, megatron, tokenizers) happen inside the command functions 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("config", help="job spec YAML")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a spec field, e.g. data.max_corpus_mb=4 (repeatable)")
+    p.add_argument("--json", action="store_true", help="print the prepared data as one JSON object")
     p.set_defaults(func=cmd_prepare)
 
     p = subparsers.add_parser("train", help="train a job spec locally under torchrun")
@@ -27,6 +29,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="override a spec field, e.g. training.steps=50 (repeatable)")
     p.add_argument("--resume-from-step", type=int, default=None,
                    help="resume from this checkpoint step instead of the newest")
+    p.add_argument("--json", action="store_true",
+                   help="send the workers' output to stderr and print one JSON object when they exit")
     p.set_defaults(func=cmd_train)
 
     p = subparsers.add_parser("export", help="convert a checkpoint to a Hugging Face Llama folder")
@@ -34,6 +38,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out_dir", help="where to write config.json, safetensors and the tokenizer")
     p.add_argument("--config", required=True, help="the job spec the checkpoint was trained with")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--json", action="store_true", help="print where the export went as one JSON object")
     p.set_defaults(func=cmd_export)
 
 
@@ -49,18 +54,21 @@ def _missing(module: str, what: str) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from training.config import ConfigError
-
     try:
         from training.data import prepare_data
     except ImportError:
         return _missing("training.data", "forgeflow prepare")
-    try:
-        spec = _load_spec(args)
-        prepared = prepare_data(spec, progress=True)
-    except ConfigError as e:  # DataError is a ConfigError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    # A ConfigError (DataError is one) reaches forgeflow's main: one line, exit 2.
+    spec = _load_spec(args)
+    prepared = prepare_data(spec, progress=not args.json)
+    if args.json:
+        print(json.dumps({
+            "job": spec.name, "data_dir": str(prepared.data_dir), "reused": prepared.reused,
+            "train_tokens": prepared.train_tokens, "val_tokens": prepared.val_tokens,
+            "vocab_size": prepared.vocab_size, "tokenizer_vocab_size": prepared.tokenizer_vocab_size,
+            "tokenizer_dir": str(prepared.tokenizer_dir), "dtype": prepared.dtype,
+        }))
+        return 0
     state = "reused" if prepared.reused else "prepared"
     print(f"{state} {prepared.data_dir}: {prepared.train_tokens:,} train / "
           f"{prepared.val_tokens:,} val tokens, vocab {prepared.tokenizer_vocab_size}")
@@ -92,24 +100,14 @@ def torchrun_command(config: str, nproc: int, overrides: list[str],
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from training.config import ConfigError
-
-    try:
-        spec = _load_spec(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    spec = _load_spec(args)  # a ConfigError reaches forgeflow's main: one line, exit 2
     # Prepare first: it returns at once when the data is already there, and the workers
     # then never race each other to create it.
     try:
         from training.data import prepare_data
     except ImportError:
         return _missing("training.data", "forgeflow train")
-    try:
-        prepare_data(spec, progress=True)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    prepare_data(spec, progress=not args.json)
     model_parallel = spec.training.tensor_parallel * spec.training.pipeline_parallel
     nproc = args.nproc or default_nproc(model_parallel)
     if nproc % model_parallel:
@@ -117,30 +115,42 @@ def cmd_train(args: argparse.Namespace) -> int:
               f"pipeline_parallel = {model_parallel}", file=sys.stderr)
         return 2
     cmd = torchrun_command(args.config, nproc, args.set, args.resume_from_step)
-    print(f"run dir: {spec.resolved_run_dir}  (logs/, heartbeat/, markers/)", flush=True)
+    print(f"run dir: {spec.resolved_run_dir}  (logs/, heartbeat/, markers/)", flush=True,
+          file=sys.stderr if args.json else sys.stdout)
     try:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         # On CPU, idle OpenMP threads should sleep, not spin: spinning threads fight the
         # other ranks (and anything else on the machine) for cores — 10x slower steps
         # measured at world size 1 with 2 threads on a busy 2-core machine.
         env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-        return subprocess.call(cmd, env=env)
+        # With --json stdout carries only the result object, so the workers talk on stderr.
+        code = subprocess.call(cmd, env=env, stdout=sys.stderr if args.json else None)
     except KeyboardInterrupt:
         return 130
+    if args.json:
+        print(json.dumps({"job": spec.name, "exit_code": code, "nproc": nproc,
+                          "run_dir": str(spec.resolved_run_dir), "checkpoint_url": str(spec.checkpoint.url)}))
+    return code
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from training.config import ConfigError
-
     try:
         from training.export import ExportError, export_hf
     except ImportError:
         return _missing("training.export", "forgeflow export")
+    spec = _load_spec(args)  # a ConfigError reaches forgeflow's main: one line, exit 2
     try:
-        spec = _load_spec(args)
         out = export_hf(args.checkpoint_dir, args.out_dir, spec, dtype=args.dtype)
-    except (ConfigError, ExportError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except ExportError as e:
+        from infra.yaml_config import one_line
+
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        if args.json:
+            print(json.dumps({"error": str(e), "exit_code": 2}))
         return 2
+    if args.json:
+        print(json.dumps({"job": spec.name, "checkpoint": args.checkpoint_dir, "out_dir": str(out),
+                          "dtype": args.dtype, "files": sorted(p.name for p in out.iterdir())}))
+        return 0
     print(f"exported {args.checkpoint_dir} -> {out}")
     return 0

@@ -72,7 +72,7 @@ def _guard(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.N
                     out["alternatives"] = e.alternatives
                 print(json.dumps(out, indent=2))
             else:
-                print(f"error: {e}", file=sys.stderr)
+                print(f"error: {_one_line(e)}", file=sys.stderr)
             return 2
 
     return run
@@ -206,3 +206,9 @@ def _submit(args: argparse.Namespace) -> int:
     else:
         print(f"job {job_id} ({spec.name}) queued: position {position} of {length}")
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    from infra.yaml_config import one_line  # imported on error only: --help stays fast
+
+    return one_line(exc)

@@ -27,11 +27,14 @@ datasets:
 """)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(tiny_model), "--suite", str(suite),
-                           "--output", str(tmp_path / "out"), "--no-progress"],
+                           "--output", str(tmp_path / "out"), "--no-progress", "--json"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "evaluation plan:" in proc.stdout and "predicted" in proc.stdout
+    # --json: the plan and report go to stderr, stdout is one object (results.json + its path)
+    assert "evaluation plan:" in proc.stderr and "predicted" in proc.stderr
+    printed = json.loads(proc.stdout)
     results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert printed == {**results, "results_path": str(tmp_path / "out" / "results.json")}
     assert set(results["results"]) == {"capitals-mc", "perplexity"} and results["failed"] == {}
 
     bad = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(tiny_model), "--suite", "no-such-ds"],

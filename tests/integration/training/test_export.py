@@ -57,10 +57,11 @@ def _save_checkpoint(spec, env, root: Path, step: int, model, optimizer) -> None
     checkpointer.close()
 
 
-def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_prepared, tmp_path):
+def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_prepared, tmp_path, capsys):
+    import yaml
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.export import export_hf
+    from flows.cli import main
     from training.model import build_model, build_optimizer, wrap_data_parallel
 
     job = copy.deepcopy(tiny_job_dict)
@@ -78,7 +79,13 @@ def test_checkpoint_export_matches_megatron_logits(world, tiny_job_dict, tiny_pr
     with torch.no_grad():
         megatron_logits = model(tokens, positions, None)
 
-    out = export_hf(root, tmp_path / "hf", spec)  # the root: newest complete step
+    # through `forgeflow export --json`, as a user runs it; the root: newest complete step
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    capsys.readouterr()
+    assert main(["export", str(root), str(tmp_path / "hf"), "--config", str(tmp_path / "job.yaml"), "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    out = Path(printed["out_dir"])
+    assert out == tmp_path / "hf" and printed["job"] == spec.name and "model.safetensors" in printed["files"]
     assert sorted(p.name for p in out.iterdir()) == sorted([
         "config.json", "generation_config.json", "model.safetensors", "forgeflow.json",
         "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"])
