@@ -285,7 +285,8 @@ def _main(argv: list[str]) -> int:
     for item in configs:
         model_cfg = ModelConfig(**item["model"])
         training_cfg = TrainingConfig(**item["training"])
-        peak = measure_training_peak(model_cfg, training_cfg, steps=item.get("steps", 2))
+        peak = measure_training_peak(model_cfg, training_cfg, steps=item.get("steps", 2),
+                                     with_optimizer=item.get("with_optimizer", True))
         gathered: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, (peak.total, peak.by_category))
         if torch.distributed.get_rank() == 0:
