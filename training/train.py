@@ -156,7 +156,9 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
             if first < step:
                 log.event("skip_window_before_resume", onset_step=onset, resumed_step=step)
             skips = skips.skip_from_step(first, spec.spike.skip_batches)
-        log.event("resumed", step=step, skipped_batches=skips.total)
+        # the layout may differ from the one that saved (a node was lost): the log says so
+        log.event("resumed", step=step, skipped_batches=skips.total, world_size=env.world_size,
+                  saved_world_size=state.get("world_size", "unknown"))
     sampler = BatchSampler(PackedTokens(prepared.train_path, spec.model.seq_length, prepared.dtype),
                            cfg.seed, skips)
     num_micro = micro_batches_per_rank(cfg.global_batch_size, cfg.micro_batch_size, env.dp_size)
