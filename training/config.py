@@ -213,6 +213,17 @@ class FaultConfig(_Section):
     rank: int = Field(default=0, ge=0)
 
 
+class MetricsConfig(_Section):
+    """Metrics for people (training.metrics): TensorBoard event files under the run directory by
+    default; MLflow and Weights & Biases when configured here or by their standard variables
+    (MLFLOW_TRACKING_URI, WANDB_PROJECT). Nothing has to be running."""
+
+    tensorboard: bool = True
+    mlflow_tracking_uri: str | None = Field(default=None, description="e.g. file:runs/mlruns or http://mlflow:5000")
+    mlflow_experiment: str | None = Field(default=None, description="default: the job's name")
+    wandb_project: str | None = None
+
+
 class EvalConfig(_Section):
     suite: list[str] = Field(default_factory=list, description="dataset names to evaluate")
 
@@ -226,6 +237,7 @@ class JobSpec(_Section):
     spike: SpikeConfig = Field(default_factory=SpikeConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     run_dir: str = Field(default="runs/{name}", description="logs, heartbeats, markers")
 
     @model_validator(mode="after")

@@ -110,6 +110,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     from training.faults import FaultInjector, plan_from
     from training.model import build_model, build_optimizer, init_distributed, wrap_data_parallel
     from training.control import StepControl, write_stop_marker
+    from training.metrics import MetricsLogger
     from training.runlog import Heartbeat, RankLog
     from training.schedule import apply_schedule
     from training.spike import LossSpikeDetector, format_spike_line, write_spike_marker
@@ -165,6 +166,9 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     position_ids = torch.arange(spec.model.seq_length, device=env.device).unsqueeze(0).expand(
         cfg.micro_batch_size, -1)
     tokens_per_step = cfg.global_batch_size * spec.model.seq_length
+    # rank 0's metrics for people (TensorBoard; MLflow, W&B if configured); a resumed attempt
+    # replaces what the failed one logged after the checkpoint it resumed from
+    metrics = MetricsLogger.open(spec, env.rank, first_step=step + 1 if resume_step is not None else None)
 
     def trainer_state() -> dict:
         return {"step": step, "consumed_batches": skips.position_for_step(step),
@@ -187,9 +191,10 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())
 
         if step % cfg.log_interval == 0 or step == cfg.steps:
-            log.step(step, loss, lr, result.grad_norm,
-                     tokens_per_s=tokens_per_step / max(time.monotonic() - t0, 1e-9),
+            tokens_per_s = tokens_per_step / max(time.monotonic() - t0, 1e-9)
+            log.step(step, loss, lr, result.grad_norm, tokens_per_s=tokens_per_s,
                      elapsed_s=time.monotonic() - started, batch=batch)
+            metrics.step(step, loss=loss, lr=lr, grad_norm=result.grad_norm, tokens_per_s=tokens_per_s)
             spike = detector.update(step, loss)  # same loss on every rank: same decision
             if spike is not None:
                 if env.rank == 0:
@@ -209,6 +214,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
             save_info = checkpointer.save(step, model, optimizer, trainer_state())
             control.saved()
             log.event("checkpoint_saved", step=step, **(save_info or {}))
+            metrics.checkpoint(step, save_info)
         if stopping:  # graceful stop: wait for the commit, say so, exit "stopped"
             checkpointer.close()
             control.finish_stop()
@@ -225,6 +231,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         _write_finished(run_dir, step)
     log.event("finished", step=step)
     log.close()
+    metrics.close()
     return runfiles.EXIT_OK
 
 

@@ -129,6 +129,25 @@ def test_two_ranks_train_log_heartbeat_and_checkpoint(dp2_run):
     assert committed(rd / "ckpt") == [6, 12]
 
 
+def test_rank0_writes_the_steps_metrics_to_tensorboard(dp2_run):
+    """TensorBoard event files by default, under the run directory, from rank 0 only; read back
+    with TensorBoard's EventAccumulator they match the run log step for step."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir = run_dir(dp2_run) / "tensorboard" / "train"
+    assert len(list(logdir.glob("events.out.tfevents.*"))) == 1  # one writer: rank 0's
+    acc = EventAccumulator(str(logdir))
+    acc.Reload()
+    logged = read_steps(runfiles.log_path(run_dir(dp2_run), 0))
+    loss = acc.Scalars("train/loss")
+    assert [e.step for e in loss] == [r.step for r in logged] == list(range(1, 13))
+    assert [e.value for e in loss] == pytest.approx([r.loss for r in logged], rel=1e-6)  # float32 in TB
+    assert [e.value for e in acc.Scalars("train/lr")] == pytest.approx([r.lr for r in logged], rel=1e-3)
+    for tag in ("train/grad_norm", "train/tokens_per_s", "memory/host_rss_gib"):
+        assert len(acc.Scalars(tag)) == 12 and all(e.value > 0 for e in acc.Scalars(tag)), tag
+    assert [e.step for e in acc.Scalars("checkpoint/stall_s")] == [6, 12]
+
+
 # --- exact resume --------------------------------------------------------------------------------
 
 def test_resume_after_a_kill_continues_bit_for_bit(tiny_job_dict, tiny_prepared, tmp_path):

@@ -1,0 +1,207 @@
+"""Training metrics where ML teams look: TensorBoard event files by default, MLflow and
+Weights & Biases when configured. The run log (training.runlog) stays the source of truth
+the flow and diagnosis read; this is a copy for people.
+
+    {run_dir}/tensorboard/train/   loss, lr, grad_norm, tokens_per_s, memory, checkpoint stall
+    {run_dir}/tensorboard/eval/    evaluation scores per training step (written by the evaluation)
+
+    tensorboard --logdir runs/JOB/tensorboard
+
+Only global rank 0 writes (every rank logs the same data-parallel mean loss). A restarted
+attempt opens its writer with `purge_step` = the first step it trains, so TensorBoard drops
+the failed attempt's steps from that point on (a rollback's replayed steps show once).
+
+MLflow (`metrics.mlflow_tracking_uri`, or the standard MLFLOW_TRACKING_URI) and W&B
+(`metrics.wandb_project`, or WANDB_PROJECT) are imported only when configured; neither
+needs a server (a `file:` tracking URI, WANDB_MODE=offline). A sink that cannot start or
+write is reported once on stderr and dropped: metrics never stop training.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+from typing import Any, Protocol
+
+from training.config import JobSpec
+
+TENSORBOARD_DIR = "tensorboard"
+
+
+def tensorboard_dir(spec: JobSpec, part: str = "train") -> Path:
+    return spec.resolved_run_dir / TENSORBOARD_DIR / part
+
+
+class _Sink(Protocol):
+    name: str
+
+    def log(self, scalars: dict[str, float], step: int) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class _TensorBoard:
+    name = "tensorboard"
+
+    def __init__(self, log_dir: Path, purge_step: int | None) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=10)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        for tag, value in scalars.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _MLflow:
+    name = "mlflow"
+
+    def __init__(self, tracking_uri: str, experiment: str, run_name: str) -> None:
+        import mlflow
+
+        self.mlflow = mlflow
+        mlflow.set_tracking_uri(tracking_uri)
+        mlflow.set_experiment(experiment)
+        self.run = mlflow.start_run(run_name=run_name)
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars.items()}, step=step)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.mlflow.end_run()
+
+
+class _WandB:
+    name = "wandb"
+
+    def __init__(self, project: str, run_name: str, run_dir: Path) -> None:
+        import wandb
+
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # one W&B run per job: restarts resume it (the id is the job's name)
+        self.run = wandb.init(project=project, name=run_name, id=run_name, resume="allow", dir=str(run_dir))
+
+    def log(self, scalars: dict[str, float], step: int) -> None:
+        self.run.log(scalars, step=step)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _warn(what: str, error: BaseException) -> None:
+    print(f"forgeflow metrics: {what} disabled ({type(error).__name__}: {error})", file=sys.stderr, flush=True)
+
+
+def open_sinks(spec: JobSpec, part: str, purge_step: int | None = None,
+               environ: dict[str, str] | None = None) -> list[_Sink]:
+    """The configured sinks for `part` ("train" or "eval"); one that cannot start is skipped."""
+    environ = os.environ if environ is None else environ
+    cfg = spec.metrics
+    sinks: list[_Sink] = []
+    wanted: list[tuple[str, Any]] = []
+    if cfg.tensorboard:
+        wanted.append(("tensorboard", lambda: _TensorBoard(tensorboard_dir(spec, part), purge_step)))
+    mlflow_uri = cfg.mlflow_tracking_uri or environ.get("MLFLOW_TRACKING_URI")
+    if mlflow_uri:
+        wanted.append(("mlflow", lambda: _MLflow(mlflow_uri, cfg.mlflow_experiment or spec.name, f"{spec.name}-{part}")))
+    wandb_project = cfg.wandb_project or environ.get("WANDB_PROJECT")
+    if wandb_project:
+        wanted.append(("wandb", lambda: _WandB(wandb_project, f"{spec.name}-{part}", spec.resolved_run_dir / "wandb")))
+    for name, make in wanted:
+        try:
+            sinks.append(make())
+        except Exception as e:  # not installed, unreachable, misconfigured: training goes on
+            _warn(name, e)
+    return sinks
+
+
+class MetricsLogger:
+    """The training loop's metrics: call `step` when a step is logged, `checkpoint` after a save,
+    `close` at the end (also run at interpreter exit, so a crashing rank 0 keeps what it logged)."""
+
+    def __init__(self, sinks: list[_Sink]) -> None:
+        self.sinks = sinks
+        if sinks:
+            atexit.register(self.close)
+
+    @classmethod
+    def open(cls, spec: JobSpec, rank: int, first_step: int | None = None) -> "MetricsLogger":
+        """Rank 0's sinks (none elsewhere); `first_step`: the first step this attempt trains, when it
+        resumed (TensorBoard then drops the earlier attempts' events from that step on)."""
+        return cls(open_sinks(spec, "train", purge_step=first_step) if rank == 0 else [])
+
+    def _log(self, scalars: dict[str, float], step: int) -> None:
+        for sink in list(self.sinks):
+            try:
+                sink.log(scalars, step)
+            except Exception as e:
+                _warn(sink.name, e)
+                self.sinks.remove(sink)
+
+    def step(self, step: int, *, loss: float, lr: float, grad_norm: float | None, tokens_per_s: float) -> None:
+        if not self.sinks:
+            return
+        scalars = {"train/loss": loss, "train/lr": lr, "train/tokens_per_s": tokens_per_s}
+        if grad_norm is not None:
+            scalars["train/grad_norm"] = float(grad_norm)
+        scalars.update(memory_scalars())
+        self._log(scalars, step)
+
+    def checkpoint(self, step: int, save_info: dict[str, Any] | None) -> None:
+        """The save's stall (the time training waited for it), from the checkpointer's report."""
+        info = save_info or {}
+        scalars = {f"checkpoint/{key}": float(info[key]) for key in ("stall_s", "wait_s") if key in info}
+        if scalars:
+            self._log(scalars, step)
+        for sink in self.sinks:
+            sink.flush()  # a checkpoint is a good moment: what is on disk matches what resumes
+
+    def close(self) -> None:
+        sinks, self.sinks = self.sinks, []
+        for sink in sinks:
+            try:
+                sink.close()
+            except Exception as e:
+                _warn(sink.name, e)
+
+
+def memory_scalars() -> dict[str, float]:
+    """This process's memory: peak allocated on the GPU, else resident memory on the host."""
+    import torch
+
+    if torch.cuda.is_available():
+        return {"memory/gpu_max_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                "memory/gpu_max_reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
+    import psutil
+
+    return {"memory/host_rss_gib": psutil.Process().memory_info().rss / 2**30}
+
+
+def log_eval_scores(spec: JobSpec, step: int, results: dict[str, dict[str, float]]) -> list[str]:
+    """One checkpoint's evaluation scores as `eval/{dataset}/{metric}` at its training step, in
+    the job's `tensorboard/eval` run (and MLflow / W&B when configured); returns the sinks used."""
+    sinks = open_sinks(spec, "eval")
+    scalars = {f"eval/{dataset}/{metric}": float(value)
+               for dataset, metrics in sorted(results.items()) for metric, value in sorted(metrics.items())}
+    logger = MetricsLogger(sinks)
+    logger._log(scalars, step)
+    names = [s.name for s in logger.sinks]
+    logger.close()
+    return names
