@@ -10,7 +10,8 @@
     placement_chart  the placement picture: nodes x GPUs, the job's ranks and stages on them
     offload/      Mobius: fine-tune beyond GPU memory (profiles, partition MIP, cross mapping, simulator)
     traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
-    policy        the scheduling policies (FCFS, HAS, ECT): one pass, run by simulator and orchestrator
+    policy        the scheduling policies (FCFS, HAS, ECT; EASY backfill and SJF baselines): one pass,
+                  run by simulator and orchestrator
     simulate      discrete-event cluster simulator running the placement policies
     orchestrator  live cluster state, queue and leases in the state database (SQLite / PostgreSQL)
     cli           `forgeflow plan`, `simulate`, `cluster ...` and `submit`

@@ -47,10 +47,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="generate a trace instead (default: acme)")
     sim.add_argument("--jobs", type=int, default=None, help="jobs to generate (acme: 500, frenzy: 60)")
     sim.add_argument("--seed", type=int, default=0)
-    sim.add_argument("--load", type=float, default=0.8, help="acme: offered load on the cluster (default 0.8)")
+    sim.add_argument("--load", type=float, default=0.8,
+                     help="acme: offered load over the cluster's effective capacity in A100 equivalents (default 0.8)")
+    sim.add_argument("--noise", type=float, default=0.0, metavar="SIGMA",
+                     help="actual run time = prediction x log-normal(0, SIGMA); policies see predictions (default 0)")
     sim.add_argument("--cluster", default=None,
                      help="cluster YAML (default: crius-sim for acme/CSV, frenzy-testbed for frenzy)")
-    sim.add_argument("--policies", default="fcfs,has,ect", help="comma-separated: fcfs, has, ect")
+    sim.add_argument("--policies", default="fcfs,has,ect", help="comma-separated: fcfs, has, ect, easy, sjf")
     sim.add_argument("--out", default="runs/simulate", help="directory for the JCT CDF PNG and results JSON")
     sim.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
     sim.set_defaults(func=_simulate_command)
@@ -202,8 +205,14 @@ def _ranges(values) -> str:
 
 def _simulate_command(args: argparse.Namespace) -> int:
     from scheduler.cluster import ClusterError
-    from scheduler.simulate import POLICY_LABELS, SimulationError, plot_jct_cdf, simulate
-    from scheduler.traces import TraceError, generate_acme_trace, generate_frenzy_queue, read_trace_csv
+    from scheduler.simulate import POLICY_LABELS, SimulationError, effective_capacity, plot_jct_cdf, simulate
+    from scheduler.traces import (
+        TraceError,
+        apply_runtime_noise,
+        generate_acme_trace,
+        generate_frenzy_queue,
+        read_trace_csv,
+    )
 
     kind = "csv" if args.trace else (args.generate or "acme")
     try:
@@ -213,7 +222,9 @@ def _simulate_command(args: argparse.Namespace) -> int:
         elif kind == "frenzy":
             jobs = generate_frenzy_queue(args.jobs or 60, seed=args.seed)
         else:
-            jobs = generate_acme_trace(args.jobs or 500, cluster_gpus=cluster.total_gpus, load=args.load, seed=args.seed)
+            jobs = generate_acme_trace(args.jobs or 500, cluster_gpus=max(1, round(effective_capacity(cluster))),
+                                       load=args.load, seed=args.seed)
+        jobs = apply_runtime_noise(jobs, args.noise, seed=args.seed)
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         results = simulate(cluster, jobs, policies)
     except (ClusterError, TraceError, SimulationError, ValueError) as e:
