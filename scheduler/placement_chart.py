@@ -9,7 +9,7 @@ only the job's nodes and GPUs are drawn.
 from __future__ import annotations
 
 from scheduler.cluster import Cluster
-from scheduler.placement import Placement
+from scheduler.placement import CPU_DEVICE, Placement
 
 _STAGE_COLORS = ["#4c9be8", "#f5a142", "#5cc26b", "#d9534f", "#9b7fd1", "#8c6d5a", "#e377c2", "#7f7f7f"]
 
@@ -52,7 +52,8 @@ def placement_png(placement: Placement, cluster: Cluster | None = None, title: s
     ax.set_ylim(len(rows), -0.1)  # first node on top
     ax.set_yticks([y + 0.43 for y in range(len(rows))],
                   [f"{name}{' (cordoned)' if cordoned else ''}" for name, _, _, cordoned, _ in rows], fontsize=8)
-    ax.set_xticks([g + 0.47 for g in range(width)], [f"GPU {g}" for g in range(width)], fontsize=7)
+    device = "process" if placement.gpu_type == CPU_DEVICE else "GPU"  # CPU "devices" are worker processes
+    ax.set_xticks([g + 0.47 for g in range(width)], [f"{device} {g}" for g in range(width)], fontsize=7)
     ax.tick_params(length=0)
     for side in ax.spines.values():
         side.set_visible(False)

@@ -126,6 +126,7 @@ def loss_curve_png(attempts: list[AttemptLog], title: str = "", failure_labels: 
     if checkpoints:
         ax.plot(checkpoints, [0.0] * len(checkpoints), "^", color="grey", ms=6, clip_on=False,
                 transform=ax.get_xaxis_transform(), label="checkpoint saved")
+    ax.margins(y=0.18)  # head room for the labels of failures at the top (a spike)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     if title:
