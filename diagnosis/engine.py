@@ -215,6 +215,9 @@ class RunScanFilter:
             self._regex = re2.compile(
                 source.encode("latin-1" if ascii_only else "utf-8"), _re2_options(ascii_only)
             )
+            inner = getattr(self._regex, "_regexp", None)
+            if inner is not None and hasattr(inner, "Match") and hasattr(re2, "_Anchor"):
+                self._raw_match = inner.Match  # spans[0] is (-1, -1) on a miss
         elif engine == "python":
             self._regex = re.compile(source.encode("utf-8"))
         else:  # pragma: no cover - guarded by build_line_filter
@@ -225,9 +228,28 @@ class RunScanFilter:
         if self._empty:
             _split_gap(buf, 0, len(buf), out)
             return out
-        match = self._regex.match
         find = buf.find
         pos, size = 0, len(buf)
+        raw_match = getattr(self, "_raw_match", None)
+        if raw_match is not None:
+            # RE2's own Match on bytes: the wrapper's per-call generator and match object
+            # cost more than the match itself when many lines are uncovered.
+            anchor = re2._Anchor.ANCHOR_START
+            while pos < size:
+                end = raw_match(anchor, buf, pos, size)[0][1]
+                if end > pos:
+                    # The run is maximal (greedy), so the line at its end is uncovered:
+                    # no second match attempt there.
+                    pos = end
+                    if pos >= size:
+                        break
+                newline = find(b"\n", pos)
+                if newline < 0:
+                    newline = size
+                out.append((pos, newline))
+                pos = newline + 1
+            return out
+        match = self._regex.match
         while pos < size:
             found = match(buf, pos)
             if found is not None:
@@ -337,6 +359,7 @@ class SignalScanner:
         self.patterns = tuple(patterns)
         self._db = None
         self._regex = None
+        self.engine = "none"
         if not patterns:
             return
         if hyperscan is not None:
@@ -354,6 +377,9 @@ class SignalScanner:
             except hyperscan.error:
                 # e.g. a learned pattern Hyperscan cannot take: RE2 is slower, still linear.
                 self._db = None
+        # Which engine scans: Hyperscan unless it is missing or refused a pattern (tests
+        # check a fallback does not hide a pattern Hyperscan cannot compile).
+        self.engine = "hyperscan" if self._db is not None else "re2"
         if self._db is None:
             alternation = "|".join(
                 f"(?i:{p})" if c else f"(?:{p})" for p, c in zip(patterns, caseless)

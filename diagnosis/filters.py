@@ -196,6 +196,11 @@ ERROR_PROBES: tuple[str, ...] = (
     "Segmentation fault (core dumped)",
     "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
     "  exitcode  : -6 (pid: 12345)",
+    # error shapes without an error word (signals.ERROR_SHAPES)
+    "[rank2]:   what():  std::bad_alloc",
+    "[rank4]: DataLoader worker (pid(s) 4242) exited unexpectedly",
+    "[rank0]: UserWarning: Detected call of `lr_scheduler.step()` before `optimizer.step()`.",
+    "slurmstepd: *** JOB 4242 ON node-a02 CANCELLED AT 2026-11-22T07:41:02 DUE TO TIME LIMIT ***",
 )
 
 
@@ -242,6 +247,8 @@ class LogCompressor:
         self._file_offsets: dict[str, int] = {}
         self.rank_hosts: dict[int, str] = {}
         self._summary_host: tuple[str, int] | None = None  # (host, line) of "host : X"
+        # uncovered line with its digits zeroed -> its entry (see _process)
+        self._fast_entries: dict[bytes, object] = {}
 
     # ---------------------------------------------------------------- feeding
     def feed(self, data: bytes) -> None:
@@ -355,38 +362,113 @@ class LogCompressor:
             self._line_no += lines
             self.stats.lines_in += lines
             return
-        kept: dict[int, list] = {}
-        for start, end in uncovered:
-            kept[start] = [end, False, False]
-        for start, end in signals:
-            slot = kept.get(start)
-            if slot is None:
-                kept[start] = [end, True, True]
-            else:
-                slot[1] = True
+        signal_ends = dict(signals)
+        spans = uncovered
+        uncovered_starts: set[int] | dict = {}
+        if signal_ends:
+            uncovered_starts = {start for start, _ in uncovered}
+            covered_signals = [span for span in signals if span[0] not in uncovered_starts]
+            if covered_signals:
+                spans = sorted(uncovered + covered_signals)
         line_no = first_line
         cursor = 0
-        for start in sorted(kept):
-            end, signal, covered = kept[start]
+        fast_get = self._fast_entries.get
+        max_line = self.max_line_bytes
+        repeats = repeat_bytes = 0
+        for start, end in spans:
             line_no += buf.count(b"\n", cursor, start)
             cursor = start
             raw = buf[start:end]
-            if not raw.strip() and not signal:
-                continue  # blank lines carry nothing
+            signal = start in signal_ends
+            if not signal and end - start <= max_line:
+                # The common case, inlined: a repeat of a known uncovered message.
+                key = raw.translate(_DIGITS_TO_ZERO).replace(b"00", b"0").replace(b"00", b"0").replace(b"00", b"0")
+                entry = fast_get(key)
+                if entry is None:
+                    self._keep_uncovered(raw, key, line_no + 1)
+                elif entry is not _BLANK:
+                    entry.count += 1
+                    entry.last_line = line_no + 1
+                    repeats += 1
+                    repeat_bytes += end - start + 1
+                    if raw[:1] in _PREFIX_STARTS:
+                        self._prefix_facts(raw, key, entry, line_no + 1)
+                continue
             truncated = len(raw) > self.max_line_bytes
             if truncated:
                 raw = raw[: self.max_line_bytes]
             text = raw.decode("utf-8", "replace").rstrip("\r")
+            if not text.strip() and not signal:
+                continue  # blank lines carry nothing
             if truncated:
                 self.stats.lines_truncated += 1
                 text += f" ...[truncated: line of {end - start} bytes]"
+            covered = signal and start not in uncovered_starts
             self._keep(text, signal, covered, truncated, line_no + 1)
+        self.stats.lines_kept += repeats
+        self.stats.lines_uncovered += repeats
+        self.stats.bytes_kept += repeat_bytes
         # One counting pass over the buffer in all: up to each kept line, then the rest.
         lines = line_no - first_line + buf.count(b"\n", cursor)
         self._line_no = first_line + lines
         self.stats.lines_in += lines
 
-    def _keep(self, text: str, signal: bool, covered: bool, truncated: bool, line_no: int | None = None) -> None:
+    def _keep_uncovered(self, raw: bytes, key: bytes, line_no: int) -> None:
+        """Count the first line of a message no rule covers (no error signal either).
+
+        Such routine lines can be most of a log from a stack the seed rules do not
+        know, so ``_process`` handles a repeat without any regex: the line with each
+        digit run as one ``0`` (``key``) finds its entry in a dict and bumps its count.
+        A new key gets a light template (the key without its rank prefix); once the
+        uncovered budget is spent, a message of a new template is counted as overflow.
+        Timestamps, hosts and GPUs are not parsed: diagnosis reads them from
+        error-signal entries only.
+        """
+        fast = self._fast_entries
+        if not raw.strip():
+            fast[key] = _BLANK  # blank lines carry nothing
+            return
+        # The key already has digit runs (up to 8 long) as one "0"; the template also
+        # drops the launcher's rank prefix, so "[rank3]:" and "[rank12]:" lines merge.
+        body = key
+        for prefix in _KEY_PREFIXES:
+            if key.startswith(prefix):
+                body = key[len(prefix):]
+                break
+        template = "U|" + body.decode("utf-8", "replace").strip()
+        entry = self._entries.get(template)
+        if entry is None:
+            if self._entry_counts[False] >= self.max_entries[False]:
+                self.stats.uncovered_overflow += 1  # budget spent: a new message
+                return
+            self._entry_counts[False] += 1
+            text = raw.decode("utf-8", "replace").rstrip("\r")
+            entry = LogEntry(text=text, template=template, first_line=line_no, last_line=line_no, count=0)
+            self._entries[template] = entry
+        if len(fast) >= _MAX_FAST_KEYS:
+            fast.clear()  # only a cache: memory stays bounded
+        fast[key] = entry
+        entry.count += 1
+        entry.last_line = line_no
+        self.stats.lines_kept += 1
+        self.stats.lines_uncovered += 1
+        self.stats.bytes_kept += len(raw) + 1
+        if raw[:1] in _PREFIX_STARTS:
+            self._prefix_facts(raw, key, entry, line_no)
+
+    def _prefix_facts(self, raw: bytes, key: bytes, entry: LogEntry, line_no: int) -> None:
+        """The rank a launcher prefix names, and torchrun's summary pairs, of one line."""
+        prefix = _RANK_PREFIX_BYTES.match(raw)
+        rank = prefix.group(2) or prefix.group(1)
+        if rank is not None:
+            entry.ranks.add(int(rank))
+        if b"host" in key or b"local_rank" in key:  # torchrun's failure summary
+            self._pair_summary(raw.decode("utf-8", "replace").rstrip("\r"), line_no)
+
+    def _keep(
+        self, text: str, signal: bool, covered: bool, truncated: bool, line_no: int | None = None
+    ) -> LogEntry | None:
+        """Count a kept line into its entry; ``None`` when the entry budget is spent."""
         line_no = self._line_no if line_no is None else line_no
         self.stats.lines_kept += 1
         self.stats.bytes_kept += len(text) + 1
@@ -404,7 +486,7 @@ class LogCompressor:
                     self.stats.signal_overflow += 1
                 else:
                     self.stats.uncovered_overflow += 1
-                return
+                return None
             self._entry_counts[signal] += 1
             entry = LogEntry(text=text, template=facts.template, first_line=line_no,
                              last_line=line_no, signal=signal, covered=covered, truncated=truncated)
@@ -420,9 +502,18 @@ class LogCompressor:
             entry.gpus.add(facts.gpu)
         if facts.timestamp is not None and (entry.earliest_ts is None or facts.timestamp < entry.earliest_ts):
             entry.earliest_ts = facts.timestamp
+        return entry
 
 
 _SCANNERS: dict[tuple[str, ...], SignalScanner] = {}
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_BLANK = object()
+# first bytes of lines that may carry a rank prefix or torchrun's summary ("  host : X")
+_PREFIX_STARTS = b"[0123456789 "
+# signals._RANK_PREFIX for bytes; groups: 1 = srun label, 2 = torchrun's rank
+_RANK_PREFIX_BYTES = re.compile(rb"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?")
+_KEY_PREFIXES = (b"[rank0]:", b"[default0]:", b"0: ")
+_MAX_FAST_KEYS = 200_000
 _NCCL_RANK_HOST_PATTERN = r"([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nranks \d+"
 _RANK_HOST_SCANNER = SignalScanner([_NCCL_RANK_HOST_PATTERN], [False])
 _NCCL_RANK_HOST = re.compile(_NCCL_RANK_HOST_PATTERN)

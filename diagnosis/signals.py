@@ -1,7 +1,9 @@
 """What counts as an error signal, and how kept lines are normalised for collapsing.
 
 ``ERROR_KEYWORDS`` is the fixed list of patterns that mark a line as possibly carrying
-an error. Compression never drops such a line (nor any line a diagnosis rule matches),
+an error: ``ERROR_WORDS`` (error, failed, timeout, ...) and ``ERROR_SHAPES``, the forms
+of real error lines that hold none of those words (``what():``, ``exited
+unexpectedly``, a warning raised as an exception, a Slurm ``CANCELLED``...). Compression never drops such a line (nor any line a diagnosis rule matches),
 even when a filter rule covers it, and the log agent must never propose a filter that
 matches one. The list is deliberately broad: a false positive costs one kept line
 (repeats collapse anyway), a false negative can hide a root cause.
@@ -18,7 +20,7 @@ import re
 from dataclasses import dataclass
 
 # (name, pattern, caseless). Linear-time syntax only: compiled by Hyperscan/RE2.
-ERROR_KEYWORDS: tuple[tuple[str, str, bool], ...] = (
+ERROR_WORDS: tuple[tuple[str, str, bool], ...] = (
     ("error", r"error", True),
     ("exception", r"exception", True),
     ("traceback", r"traceback", True),
@@ -44,6 +46,23 @@ ERROR_KEYWORDS: tuple[tuple[str, str, bool], ...] = (
     ("loss_spike", r"FORGEFLOW_LOSS_SPIKE", False),
     ("hang", r"FORGEFLOW_HANG", False),
 )
+
+ERROR_SHAPES: tuple[tuple[str, str, bool], ...] = (
+    # Error *shapes* that hold none of the words above. Without them such a line is kept
+    # only while no filter rule covers it and the uncovered-entry budget lasts; a log
+    # full of unfamiliar routine output spends that budget early.
+    # An exception line (python -W error turns warnings into these; torch._dynamo's
+    # "exc.Unsupported"): a dotted name at the line start, not "path.py:12: UserWarning:".
+    ("exception_line", r"^(?:\S*\]:|\d+: )?\s*(?:[A-Za-z_]\w*\.)*\w*(?:Warning|Unsupported|Interrupt|Exit)(?::|\s*$)", False),
+    ("cpp_abort", r"what\(\):|std::bad_alloc|terminate called|^\S*\s*frame #\d+: ", False),
+    ("glibc_abort", r"free\(\): invalid|double free or corruption|corrupted (?:size|double-linked)|malloc\(\): |stack smashing detected|Illegal instruction|Floating point exception|Aborted \(core", False),
+    ("died", r"exited unexpectedly|(?:unexpectedly|prematurely) (?:exited|terminated|died)|\bdied\b|\bgot stuck\b|without making progress", True),
+    ("cancelled", r"\bCANCELL?ED\b|DUE TO (?:TIME LIMIT|PREEMPTION|NODE FAILURE)|\bPREEMPTED\b", False),
+    ("cuda_environment", r"driver version is insufficient|no CUDA-capable device|CUDA capability sm_\d+ is not compatible", True),
+    ("loss_scale_floor", r"loss scale (?:already )?at minimum|cannot decrease (?:loss )?scale", True),
+)
+
+ERROR_KEYWORDS: tuple[tuple[str, str, bool], ...] = ERROR_WORDS + ERROR_SHAPES
 
 _KEYWORD_RE = re.compile(
     "|".join(f"(?i:{p})" if caseless else f"(?:{p})" for _, p, caseless in ERROR_KEYWORDS)

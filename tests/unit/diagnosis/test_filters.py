@@ -184,3 +184,43 @@ def test_entries_are_bounded_for_logs_no_rule_knows():
     assert len(result.uncovered_entries()) == 100 and len(result.signal_entries()) == 10
     assert result.stats.uncovered_overflow > 0 and result.stats.signal_overflow == 40
     assert "compression budget exceeded: 40 error-signal" in result.render()
+
+
+def test_keyword_free_errors_stay_even_under_a_rule_that_covers_them():
+    """Error lines without an error word (``what():``, a warning raised as an exception,
+    a DataLoader worker exiting, a Slurm CANCELLED...) are signals, so a broad learned
+    rule cannot hide them."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data" / "failures"))
+    import random
+
+    from varied import KEYWORD_FREE_ERRORS, keyword_free_error
+
+    rng = random.Random(1)
+    errors = [keyword_free_error(rng, t) for t in KEYWORD_FREE_ERRORS]
+    broad = FilterRule(name="broad", pattern=r"^(?:\[rank\d+\]:|[a-z]|[A-Z])", source="user")
+    compressed = compress_lines(routine(50) + errors, FilterRuleSet(learned=[broad]))
+    kept = "\n".join(e.text for e in compressed.signal_entries())
+    for line in errors:
+        assert line in kept, line
+
+
+def test_repeated_uncovered_lines_collapse_with_counts_ranks_and_line_numbers():
+    lines = ["[rank3]:Processing shard alpha part-00012", "[rank12]:Processing shard alpha part-7",
+             "something else 1", "[rank3]:Processing shard alpha part-913"]
+    compressed = compress_lines(lines)
+    entries = compressed.uncovered_entries()
+    assert [(e.count, sorted(e.ranks), e.first_line, e.last_line) for e in entries] == [
+        (3, [3, 12], 1, 4), (1, [], 3, 3),
+    ]
+    assert entries[0].render().startswith("[x3 ranks 3,12] [rank3]:Processing shard alpha part-00012")
+    assert compressed.stats.lines_uncovered == 4
+
+
+def test_a_known_message_still_counts_once_the_uncovered_budget_is_spent():
+    lines = ["job message 1", "another message", "job message 22", "third kind"]
+    compressed = compress_lines(lines, max_uncovered_entries=2)
+    assert [(e.text, e.count) for e in compressed.uncovered_entries()] == [("job message 1", 2), ("another message", 1)]
+    assert compressed.stats.uncovered_overflow == 1
