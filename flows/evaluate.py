@@ -89,7 +89,8 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
     print(report.format())
     payload = results_payload(report, suite_config, source)
     # 5. Publish: results beside the checkpoint, the job's scores per step, table + trend artifacts.
-    published = publish_results(checkpoint, suite_config.name, payload, str(out), spec.name if spec else None)
+    published = publish_results(checkpoint, suite_config.name, payload, str(out), spec.name if spec else None,
+                                spec=spec)
     return {**payload, **published}
 
 

@@ -245,12 +245,13 @@ class ProgressArtifact:
 
 @task(name="publish-results", cache_policy=NO_CACHE)
 def publish_results(checkpoint: str, suite_name: str, payload: dict[str, Any], output_dir: str,
-                    job: str | None = None) -> dict[str, str]:
+                    job: str | None = None, spec: JobSpec | None = None) -> dict[str, str]:
     """Results JSON next to the checkpoint; the job's scores per step (JSONL beside its checkpoints);
-    artifacts: this checkpoint's table, and the trend (chart inline + table) over every step so far."""
+    artifacts: this checkpoint's table, and the trend (chart inline + table) over every step so far;
+    with the job's spec, the scores at the checkpoint's step in its TensorBoard (training.metrics)."""
     from prefect.artifacts import create_markdown_artifact
 
-    from evalsuite.reporting import (results_table, split_checkpoint_url, trend_chart_png, trend_markdown,
+    from evalsuite.reporting import (results_table, split_checkpoint_url, step_of, trend_chart_png, trend_markdown,
                                      write_results_next_to, write_score_history)
 
     url = write_results_next_to(checkpoint, suite_name, payload)
@@ -262,6 +263,10 @@ def publish_results(checkpoint: str, suite_name: str, payload: dict[str, Any], o
     title = f"{job}: {suite_name} scores over training steps"
     create_markdown_artifact(key=_artifact_key(f"eval-trend-{job}-{suite_name}"), markdown=trend_markdown(rows, title),
                              description=f"{title} ({len({r['step'] for r in rows})} checkpoint(s); {scores_url})")
+    if spec is not None and step_of(name) is not None:
+        from training.metrics import log_eval_scores
+
+        log_eval_scores(spec, step_of(name), payload["results"])
     png = trend_chart_png(rows, title)
     plot = Path(output_dir) / f"trend-{suite_name}.png"
     if png:

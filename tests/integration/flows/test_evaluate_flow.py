@@ -163,3 +163,11 @@ def test_catch_up_evaluates_every_job_registered_for_evaluation(prefect_api, tin
     assert sorted(done) == sorted(ckpts_a + ckpts_b)
     assert all(has_results(c, "catchup") for c in ckpts_a + ckpts_b)
     assert evaluate_catch_up() == []                        # nothing left to catch up on
+    # each job's scores at their training steps, in its TensorBoard beside the training metrics
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(spec_b.resolved_run_dir.resolve() / "tensorboard" / "eval"))
+    board.Reload()
+    tags = board.Tags()["scalars"]
+    assert tags and all(t.startswith("eval/") for t in tags)
+    assert sorted(e.step for e in board.Scalars(tags[0])) == [5, 15]
