@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 DEMO_DRILLS = ("cuda_error@60:1", "loss_spike@120")
@@ -49,14 +51,51 @@ def _pretrain(args: argparse.Namespace) -> int:
     check_pretrain_inputs(args.config, args.cluster, args.drill)  # before Prefect: one line, exit 2
     from flows.pretrain import pretrain
 
-    result = pretrain(args.config, cluster=args.cluster, max_restarts=args.max_restarts,
-                      hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None,
-                      launcher=args.launcher)
+    # live progress on stderr (a panel on a terminal, plain lines in a log file); none with --json
+    with training_progress(args.config, "off" if args.json else "auto"):
+        result = pretrain(args.config, cluster=args.cluster, max_restarts=args.max_restarts,
+                          hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None,
+                          launcher=args.launcher)
     if args.json:
         print(json.dumps(pretrain_result_json(result)))
     else:
         print(_pretrain_summary(result))
     return 0 if result.finished else 1
+
+
+@contextmanager
+def training_progress(config: str, mode: str = "auto", console=None):
+    """Show the pretrain flow's progress while the block runs: step, loss, tokens/s and ETA from
+    the run directory's files (training.progress), and as the last event each failure, its
+    diagnosis and the action taken, from the flow's warnings (its run logger)."""
+    from training.config import load_job_spec
+    from training.progress import LiveProgress
+
+    spec = load_job_spec(config)
+    with LiveProgress(spec.resolved_run_dir, spec.training.steps, console, mode=mode) as live:
+        handler = _CallbackHandler(live.note)
+        loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
+        for logger in loggers:
+            logger.addHandler(handler)
+        try:
+            yield live
+        finally:
+            for logger in loggers:
+                logger.removeHandler(handler)
+
+
+class _CallbackHandler(logging.Handler):
+    """A flow's warnings (a failure and what was done about it, a straggler) to a callback."""
+
+    def __init__(self, callback) -> None:
+        super().__init__(level=logging.WARNING)
+        self.callback = callback
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.callback(record.getMessage())
+        except Exception:
+            self.handleError(record)
 
 
 def check_pretrain_inputs(config: str, cluster: str, drills: list[str]) -> None:
@@ -114,8 +153,9 @@ def _demo(args: argparse.Namespace) -> int:
     if drills:
         console.print(f"Fault drills: {', '.join(drills)} (an infrastructure error, then a loss spike); "
                       "the flow must diagnose, alert and recover from both on its own.")
-    result = pretrain(args.config, cluster="local", hang_timeout_s=180.0, backoff_s=2.0,
-                      drill_faults=drills or None)
+    with training_progress(args.config, console=console):
+        result = pretrain(args.config, cluster="local", hang_timeout_s=180.0, backoff_s=2.0,
+                          drill_faults=drills or None)
     console.rule("result")
     for failure in result.failures:
         console.print(f"- attempt {failure.attempt}: {failure.root_cause} at step {failure.step} "

@@ -12,6 +12,7 @@
     runlog            per-rank step log lines and heartbeat files
     loss_chart        the loss curve from rank 0's log, attempt by attempt (failures, rollbacks marked)
     metrics           metrics for people: TensorBoard event files (default), MLflow, W&B (rank 0 only)
+    progress          live progress in the terminal (attempt, step, loss, tokens/s, ETA) from the run files
     rank_state        RNG streams and the distributed optimizer's checkpoint layout
     checkpointing     the loop's Checkpointer: megatron's sharded state <-> checkpoint.engine
     checkpoint_reader whole model weights out of a checkpoint, any layout (for export)
