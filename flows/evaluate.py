@@ -36,7 +36,7 @@ from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, export_checkpoint, inference_trial,
                               jobs_for_evaluation, plan_trials, preload_model, publish_results,
-                              register_for_evaluation, remove_preloaded, run_on_node, wait_all)
+                              register_for_evaluation, remove_preloaded, run_on_nodes, wait_all)
 from training.config import JobSpec, load_job_spec
 
 
@@ -64,9 +64,8 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
     try:
         # 1b. Across nodes: a precursor on each node (its own work queue) preloads it there too.
         if nodes:
-            node_runs = [run_on_node(n, "preload", {"source": source, "preload_root": suite_config.preload_root},
-                                     str(out / "node-results" / f"preload-{n}.txt"), f"preload on {n}")
-                         for n in nodes]
+            node_runs = run_on_nodes(nodes, "preload", {"source": source, "preload_root": suite_config.preload_root},
+                                     out / "node-results", "preload")
             wait_all(node_runs)
         # 2. Trials balanced over slots with predicted times from the runtime history.
         plan = plan_trials(suite_config, local, source, str(out), history_path, nodes)
@@ -82,9 +81,8 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
         # 4. The preloads go, also when something failed: this node's, and each node's.
         remove_preloaded(source, suite_config.preload_root)
         if node_runs:
-            wait_all([run_on_node(n, "remove-preload", {"source": source, "preload_root": suite_config.preload_root},
-                                  str(out / "node-results" / f"remove-{n}.txt"), f"remove preload on {n}")
-                      for n in nodes])
+            wait_all(run_on_nodes(nodes, "remove-preload", {"source": source, "preload_root": suite_config.preload_root},
+                                  out / "node-results", "remove preload"))
 
     print(report.format())
     payload = results_payload(report, suite_config, source)

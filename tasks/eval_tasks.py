@@ -153,10 +153,11 @@ class _NodeRun:
         self.state: Any = None
 
     def done(self) -> bool:
-        from prefect import get_client
+        if not self.final():
+            refresh_states([self])
+        return self.final()
 
-        with get_client(sync_client=True) as client:
-            self.state = client.read_flow_run(self.flow_run_id).state
+    def final(self) -> bool:
         return bool(self.state and self.state.is_final())
 
     def result(self) -> Any:
@@ -167,6 +168,20 @@ class _NodeRun:
             raise TrialError(f"{self.what}: node flow run {self.flow_run_id} ended {name}: "
                              f"{getattr(self.state, 'message', '')}")
         return Path(self.result_path).read_text()
+
+
+def refresh_states(runs: list[_NodeRun]) -> None:
+    """One API call for the states of the node runs not yet final (flow-run states are set by
+    the node's worker through the API, so the server's answer is authoritative)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    pending = {r.flow_run_id: r for r in runs if not r.final()}
+    if not pending:
+        return
+    with get_client(sync_client=True) as client:
+        for flow_run in client.read_flow_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=list(pending)))):
+            pending[flow_run.id].state = flow_run.state
 
 
 def run_on_node(node: str, action: str, parameters: dict[str, Any], result_path: str, what: str) -> _NodeRun:
@@ -183,9 +198,27 @@ def wait_all(runs: list[_NodeRun], poll_s: float = 1.0) -> list[str]:
     """Wait for every node run; raise the first failure after all ended (so none is left running)."""
     import time
 
-    while not all(r.done() for r in runs):
+    refresh_states(runs)
+    while not all(r.final() for r in runs):
         time.sleep(poll_s)
+        refresh_states(runs)
     return [r.result() for r in runs]
+
+
+def run_on_nodes(nodes: list[str], action: str, parameters: dict[str, Any], result_dir: Path,
+                 what: str) -> list[_NodeRun]:
+    """The same action on every node, its runs created concurrently (each creation is several
+    API calls; one after the other they add up on a busy server)."""
+    import contextvars
+    from concurrent.futures import ThreadPoolExecutor
+
+    def start(node: str) -> _NodeRun:
+        return run_on_node(node, action, parameters, str(result_dir / f"{action}-{node}.txt"), f"{what} on {node}")
+
+    # Each thread runs in a copy of this context, so the runs are linked to this flow run as subflows.
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(nodes)))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, start, n) for n in nodes]
+        return [f.result() for f in futures]
 
 
 class NodeSubmitter(PrefectSubmitter):
@@ -204,13 +237,37 @@ class NodeSubmitter(PrefectSubmitter):
         return _TrialRun(run)
 
     def wait_first(self, handles: list[Any]) -> Any:
+        """The first handle done: a node run (its flow-run state from the API) or a metric task
+        of this flow (its local future). A local task run's state must not be read from the API:
+        the server learns it from the client's events, which can lag or never arrive (an events
+        client bound to another API, a dropped websocket); polling it left the evaluation waiting
+        forever after every metric had finished (seen in CI: 9 minutes, then the test timeout)."""
+        import concurrent.futures as cf
         import time
 
+        node_runs = [h.run for h in handles if isinstance(h, _TrialRun)]
+        waitable = [f for h in handles if isinstance(f := getattr(h, "wrapped_future", None), cf.Future)]
         while True:
-            for h in handles:
-                if (h.done() if isinstance(h, _TrialRun) else h.state.is_final()):
+            refresh_states(node_runs)
+            for h in handles:   # the plan's order among those already done
+                if h.run.final() if isinstance(h, _TrialRun) else _local_done(h):
                     return h
-            time.sleep(self.poll_s)
+            # Until a local task finishes or the poll interval passes; then ask about the node runs.
+            if waitable:
+                cf.wait(waitable, timeout=self.poll_s, return_when=cf.FIRST_COMPLETED)
+            else:
+                time.sleep(self.poll_s)
+
+
+def _local_done(handle: Any) -> bool:
+    """A task run of this flow is done when its future is; only futures that wrap none
+    (e.g. a distributed runner's) fall back to the API's view of the task run."""
+    import concurrent.futures as cf
+
+    wrapped = getattr(handle, "wrapped_future", None)
+    if isinstance(wrapped, cf.Future):
+        return wrapped.done()
+    return handle.state.is_final()
 
 
 class _TrialRun:
