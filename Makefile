@@ -4,6 +4,8 @@ PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Every extra (see pyproject.toml); vLLM (gpu) only where there is a GPU to run it.
+EXTRAS ?= dev,diagnosis,eval,kubernetes$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
 
 .PHONY: demo test unit integration venv clean slurm-packages sandbox-packages
 
@@ -11,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (set PY=... to override)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	@touch $(STAMP)
 
 venv: $(STAMP)

