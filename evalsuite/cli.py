@@ -58,7 +58,7 @@ def _run_eval(args: argparse.Namespace) -> int:
         output = Path(args.output or Path("runs") / "eval" / f"{name}-{suite.name}")
         source = model_source_for(args.checkpoint, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
-        if args.no_progress:
+        if args.no_progress or args.json:  # --json: stdout is one JSON object, stderr stays quiet
             report = evaluate(source, suite, output, policy=policy, echo=echo)
         else:
             with _Progress() as progress:
@@ -82,15 +82,38 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 
 class _Progress:
-    """Rich progress bars fed by the coordinator's events (thread-safe: rich locks internally)."""
+    """Progress of an evaluation fed by the executor's events (thread-safe: rich locks internally):
+    on a terminal, live bars (trials with ETA, metric jobs, one per running trial) and the last
+    event; elsewhere (a file, a pipe) one plain line per finished or failed trial and per failed
+    metric job. `forgeflow eval --json` shows none (stdout is one JSON object)."""
+
+    def __init__(self, console: Any = None) -> None:
+        from rich.console import Console
+
+        self.console = console or Console(stderr=True)
+        self.live = self.console.is_terminal
+        self.last_event = "planning"
+        self.done = {"trials": 0, "metrics": 0}
+        self.total = {"trials": 0, "metrics": 0}
 
     def __enter__(self) -> "_Progress":
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+        import time
 
-        self.console = Console(stderr=True)
-        self.bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                             MofNCompleteColumn(), TimeElapsedColumn(), console=self.console)
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+        from rich.text import Text
+
+        owner = self
+
+        class _Bars(Progress):
+            def get_renderables(self):
+                yield self.make_tasks_table(self.tasks)
+                yield Text(f"last event: {owner.last_event}", style="dim", overflow="ellipsis", no_wrap=True)
+
+        self.started = time.monotonic()
+        self.bars = _Bars(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), console=self.console,
+                          disable=not self.live)
         self.bars.__enter__()
         self.trials = self.bars.add_task("inference trials", total=None)
         self.metrics = self.bars.add_task("metric jobs", total=None)
@@ -103,18 +126,49 @@ class _Progress:
     def print(self, text: str) -> None:
         self.console.print(text, markup=False, highlight=False)
 
+    def eta_s(self) -> float | None:
+        """Seconds left at the rate so far, counting trials and metric jobs alike."""
+        import time
+
+        done, total = sum(self.done.values()), sum(self.total.values())
+        if not done or not total:
+            return None
+        return (time.monotonic() - self.started) / done * max(0, total - done)
+
+    def plain_line(self) -> str:
+        from training.progress import format_duration
+
+        return (f"eval | trials {self.done['trials']}/{self.total['trials']} | metric jobs "
+                f"{self.done['metrics']}/{self.total['metrics']} | ETA {format_duration(self.eta_s())} | "
+                f"{self.last_event}")
+
     def on_event(self, kind: str, info: dict[str, Any]) -> None:
         trial = info.get("trial", "")
         if kind == "plan":
+            self.total = {"trials": info["trials"], "metrics": info["shards"]}
             self.bars.update(self.trials, total=info["trials"])
             self.bars.update(self.metrics, total=info["shards"])
+            self.last_event = f"plan: {info['trials']} trial(s), {info['shards']} metric job(s)"
         elif kind == "trial_started":
             self.per_trial[trial] = self.bars.add_task(f"  {trial} ({info['slot']})", total=None)
+            self.last_event = f"trial {trial} started on {info['slot']}"
         elif kind == "progress" and trial in self.per_trial:
             self.bars.advance(self.per_trial[trial], info["n"])
         elif kind in ("trial_done", "trial_failed"):
             if trial in self.per_trial:
                 self.bars.remove_task(self.per_trial.pop(trial))
             self.bars.advance(self.trials)
+            self.done["trials"] += 1
+            self.last_event = (f"trial {trial} done in {info.get('seconds', 0.0):.1f} s" if kind == "trial_done"
+                               else f"trial {trial} FAILED: {' '.join(str(info.get('error', '')).split())[:200]}")
         elif kind in ("metric_done", "metric_failed"):
             self.bars.advance(self.metrics)
+            self.done["metrics"] += 1
+            if kind == "metric_failed":
+                self.last_event = (f"metric job {info.get('dataset', '')} FAILED: "
+                                   f"{' '.join(str(info.get('error', '')).split())[:200]}")
+        else:
+            return
+        if not self.live and (kind in ("plan", "trial_done", "trial_failed", "metric_failed")
+                              or (kind == "metric_done" and self.done["metrics"] == self.total["metrics"])):
+            self.print(self.plain_line())

@@ -70,19 +70,21 @@ def report_config_error(exc: BaseException, as_json: bool) -> int:
     return EXIT_CONFIG_ERROR
 
 
-def quiet_temporary_server(environ=None) -> None:
-    """Without a server configured, Prefect starts a temporary one for the command; it would try
-    to send anonymous telemetry and, with no way out (a cluster node, an air-gapped machine),
-    log `Failed to send telemetry` errors mid-run. Off unless the user set it; it must be in the
-    environment before that server starts (it is a subprocess and inherits it)."""
+def temporary_server_defaults(environ=None) -> None:
+    """Without a server configured, Prefect starts a temporary one for the command (a subprocess
+    that inherits this environment, so these must be set before it starts). Defaults, unless the
+    user set them: no anonymous telemetry (with no way out, a cluster node or an air-gapped
+    machine, it logs `Failed to send telemetry` errors mid-run); and 180 s for it to come up
+    instead of Prefect's 20 (a fresh PREFECT_HOME migrates its database first, slow on a busy node)."""
     import os
 
     environ = os.environ if environ is None else environ
     environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 
 def main(argv: list[str] | None = None) -> int:
-    quiet_temporary_server()
+    temporary_server_defaults()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

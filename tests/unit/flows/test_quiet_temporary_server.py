@@ -1,5 +1,6 @@
 """The temporary Prefect server a `forgeflow` command starts (no PREFECT_API_URL) sends no
-telemetry, so an offline machine's demo shows no `Failed to send telemetry` errors."""
+telemetry, so an offline machine's demo shows no `Failed to send telemetry` errors, and is
+given time to start on a busy machine."""
 
 from __future__ import annotations
 
@@ -14,11 +15,13 @@ ROOT = Path(__file__).resolve().parents[3]
 _SERVICES = """
 import sys
 if sys.argv[1] == "quiet":
-    from flows.cli import quiet_temporary_server
-    quiet_temporary_server()
+    from flows.cli import temporary_server_defaults
+    temporary_server_defaults()
 import prefect.server.services.telemetry  # registers the telemetry heartbeat service
 from prefect.server.services.perpetual_services import get_enabled_perpetual_services
 print(sorted(c.function.__name__ for c in get_enabled_perpetual_services(ephemeral=True)))
+from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+print("startup timeout", PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
 """
 
 
@@ -32,7 +35,9 @@ def _enabled_services(mode: str, **env: str) -> str:
 
 def test_forgeflow_turns_the_temporary_servers_telemetry_off():
     assert "send_telemetry_heartbeat" in _enabled_services("plain")      # Prefect's default: on
-    assert "send_telemetry_heartbeat" not in _enabled_services("quiet")  # forgeflow's: off
+    quiet = _enabled_services("quiet")
+    assert "send_telemetry_heartbeat" not in quiet  # forgeflow's: off
+    assert "startup timeout 180" in quiet  # and time for a fresh home's migrations on a busy machine
 
 
 def test_a_users_own_setting_wins():
