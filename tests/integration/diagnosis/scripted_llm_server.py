@@ -13,6 +13,7 @@ timeout. Every request is recorded in `server.requests`.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -287,3 +288,27 @@ class _Handler(BaseHTTPRequestHandler):
 
 def _pieces(text: str, size: int = 16) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+# ---------------------------------------------------------------- reading a RAG prompt
+
+_RETRIEVED = re.compile(r"Past failures with their diagnoses, most similar first:\n-+\n(.*?)\n-+\n", re.S)
+
+
+def retrieved_failures(prompt: str) -> list[dict[str, Any]]:
+    """The past failures a failure-agent prompt carries, in the order sent (llama-index
+    renders each as its visible metadata lines, a blank line, then the stored text)."""
+    match = _RETRIEVED.search(prompt)
+    nodes: list[dict[str, Any]] = []
+    for line in (match.group(1) if match else "").splitlines():
+        if line.startswith("root_cause: "):
+            nodes.append({"root_cause": line.split(": ", 1)[1], "lines": []})
+        elif nodes and line.startswith("kind: "):
+            nodes[-1]["kind"] = line.split(": ", 1)[1]
+        elif nodes and line.startswith("restart_helps: "):
+            nodes[-1]["restart_helps"] = line.split(": ", 1)[1].strip() == "True"
+        elif nodes and line.startswith("mitigation: "):
+            nodes[-1]["mitigation"] = line.split(": ", 1)[1]
+        elif nodes and line.strip():
+            nodes[-1]["lines"].append(line)
+    return nodes

@@ -1,8 +1,11 @@
 """The failure agent end to end: real Chroma, the real embedding model, a scripted
 OpenAI-compatible server, and `diagnose_log`'s agent hook.
 
-The scripted LLM answers like a careful model would: it reads the log excerpt in the
-prompt and copies the culprit line from it; the test never hands it the answer key.
+The scripted LLM is a retrieval-grounded model: it copies the culprit line from the
+log excerpt in the prompt and takes the root cause, kind and restart policy from the
+retrieved past failure that shares the most words with that line. It is never handed
+the answer: if retrieval sent the wrong past failures (or none), its answer changes
+and the tests fail (``test_the_answer_follows_what_retrieval_sent`` shows both ways).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from diagnosis.failure_agent import FailureAgent, FailureAgentConfig
 from diagnosis.memory import MemoryConfig
 from diagnosis.rules import DiagnosisLibrary
 from diagnosis.vocabulary import Diagnosis
-from scripted_llm_server import Reply
+from scripted_llm_server import Reply, retrieved_failures
 
 NOVEL = "tokenizer vocabulary mismatch: checkpoint has 32000 tokens, data has 50257; aborting run"
 RULE_REGEX = r"tokenizer vocabulary mismatch: checkpoint has \d+ tokens, data has \d+"
@@ -50,8 +53,21 @@ PAST_FAILURES = [
 ]
 
 
-def careful_llm(diagnosis_cause="ValueError", restart=False, rule_regex=RULE_REGEX):
-    """A scripted model: diagnoses from the excerpt in the prompt, proposes a rule."""
+_WORD = re.compile(r"[a-z]{3,}")
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def careful_llm(rule_regex=RULE_REGEX, without_context: Diagnosis | None = None):
+    """A scripted model that diagnoses from what the prompt shows, and proposes a rule.
+
+    The culprit is the excerpt's line about a mismatch; the diagnosis is copied from the
+    retrieved past failure sharing the most words with it (at least 3). With nothing
+    retrieved it answers ``without_context`` (what a model would guess from the log
+    alone) or Unknown.
+    """
 
     def respond(request):
         text = request.text
@@ -62,9 +78,18 @@ def careful_llm(diagnosis_cause="ValueError", restart=False, rule_regex=RULE_REG
         if "You diagnose failed distributed" in text:
             new_log = text.split("Compressed log of the failed job")[1]
             culprit = next(line for line in new_log.splitlines() if "mismatch" in line)
+            scored = [(len(_words(culprit) & _words(" ".join(p["lines"]))), p) for p in retrieved_failures(text)]
+            best = max(scored, key=lambda item: item[0], default=(0, None))
+            if best[0] >= 3:
+                answer = best[1]
+            elif without_context is not None:
+                answer = {"root_cause": without_context.root_cause, "kind": without_context.kind,
+                          "restart_helps": without_context.restart_helps}
+            else:
+                answer = {"root_cause": "Unknown", "kind": "unknown", "restart_helps": False}
             return json.dumps({
-                "root_cause": diagnosis_cause, "kind": "framework", "restart_helps": restart,
-                "culprit_lines": [culprit], "mitigation": "Use the tokenizer the checkpoint was trained with.",
+                "root_cause": answer["root_cause"], "kind": answer["kind"], "restart_helps": answer["restart_helps"],
+                "culprit_lines": [culprit], "mitigation": answer.get("mitigation") or "Use the tokenizer the checkpoint was trained with.",
                 "confidence": 0.8,
             })
         return Reply(status=400, content="unexpected prompt")
@@ -99,7 +124,8 @@ def test_unknown_failure_is_diagnosed_learned_and_then_known_by_rule(tmp_path, l
     assert report.learned_pattern == RULE_REGEX and report.remembered_id
     # the LLM was shown the nearest past failures, the similar one among them
     (diagnosis_request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
-    assert "does not match the embedding table" in diagnosis_request.text
+    sent = retrieved_failures(diagnosis_request.text)
+    assert sent and "does not match the embedding table" in " ".join(sent[0]["lines"])  # most similar first
     assert len(agents.memory_for(None)) == len(PAST_FAILURES) + 1
 
     # the rule is persisted: a fresh run with no LLM at all diagnoses by rule
@@ -190,7 +216,7 @@ def test_llm_timeout_falls_back_to_retrieval_without_hanging(tmp_path, llm_serve
 
 def test_empty_memory_asks_the_llm_directly(tmp_path, llm_server, llm_config, embedder):
     log = write_log(tmp_path / "job.log")
-    llm_server.respond_with(careful_llm())
+    llm_server.respond_with(careful_llm(without_context=Diagnosis("ValueError", "framework", False)))
     config = AgentsConfig(llm=llm_config, memory=MemoryConfig(path=tmp_path / "empty-memory"))
     agents = DiagnosisAgents(config, embedder=embedder)
     diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
@@ -258,3 +284,30 @@ def test_hook_adopts_log_agent_filters_for_the_job_family(tmp_path, llm_server, 
     diagnose_log(log, job_family="llama-test", state_dir=state, agent=agents)
     assert [a.regex for a in agents.last_report.log_agent[0].adopted] == [shard_rule]
     assert shard_rule in FilterRuleSet.load("llama-test", state).patterns  # the family keeps it
+
+
+def test_the_answer_follows_what_retrieval_sent(tmp_path, llm_server, llm_config, embedder):
+    """The same log and the same model, two memories: the diagnosis is the retrieved
+    past failure's, so it changes with the memory, and with no similar past failure in
+    memory the model cannot name the cause."""
+    log = write_log(tmp_path / "job.log")
+    llm_server.respond_with(careful_llm())
+    relabelled = [(line, Diagnosis("DatasetLoadingError", "framework", False, culprit_lines=[line]))
+                  if d.root_cause == "ValueError" else (line, d) for line, d in PAST_FAILURES]
+    config = AgentsConfig(llm=llm_config, memory=MemoryConfig(path=tmp_path / "relabelled"),
+                          failure_agent=FailureAgentConfig(learn_rules=False, remember=False))
+    agents = DiagnosisAgents(config, embedder=embedder)
+    agents.memory_for(None).add_many(relabelled)
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state-a", agent=agents)
+    assert (diagnosis.root_cause, diagnosis.source) == ("DatasetLoadingError", "agent")
+
+    unrelated = [(line, d) for line, d in PAST_FAILURES if d.root_cause != "ValueError"]
+    config = config.model_copy(update={"memory": MemoryConfig(path=tmp_path / "unrelated")})
+    agents = DiagnosisAgents(config, embedder=embedder)
+    agents.memory_for(None).add_many(unrelated)
+    llm_server.reset()
+    llm_server.respond_with(careful_llm())
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state-b", agent=agents)
+    assert diagnosis.root_cause != "ValueError"
+    (request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
+    assert not any("embedding table" in " ".join(p["lines"]) for p in retrieved_failures(request.text))
