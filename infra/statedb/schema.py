@@ -5,7 +5,9 @@ Allocation rows are never deleted: a live allocation has `released_at` NULL, and
 the partial unique index `uq_allocations_live_gpu` lets the database itself refuse
 a second live allocation of one GPU. `allocation_events` is the append-only
 history (allocate / release / expire, in commit order) that double-booking is
-checked against after the fact.
+checked against after the fact; the database writes it itself, from triggers on
+`allocations` (migration 0003), so no code path can change a live allocation
+without leaving its event.
 
 A change here needs a new Alembic revision in `migrations/versions/`.
 """
@@ -92,6 +94,7 @@ allocations = sa.Table(
     sa.Column("allocated_at", sa.Float, nullable=False),
     sa.Column("lease_expires_at", sa.Float, nullable=False),
     sa.Column("released_at", sa.Float, nullable=True),
+    sa.Column("release_event", sa.String(10), nullable=True),  # how it ended: release | expire
     sa.ForeignKeyConstraint(["cluster", "node", "gpu_index"], ["gpus.cluster", "gpus.node", "gpus.gpu_index"]),
 )
 # The guarantee: at most one live allocation per GPU, enforced by the database.

@@ -30,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from infra.statedb import is_postgres, open_state_db, read_transaction, write_transaction
-from infra.statedb.schema import allocation_events, allocations, clusters, jobs, nodes
+from infra.statedb.schema import allocations, clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
@@ -40,6 +40,22 @@ from scheduler.orchestrator.options import options_from_json, options_to_json, p
 
 ACTIVE = ("queued", "running")
 DONE = ("finished", "failed", "cancelled")
+
+# The statements of a decision, built once (a decision runs a handful of them; building and
+# compiling-cache-keying a fresh Core statement each time cost more CPU than the database did).
+_BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cname"))
+                 .values(state_version=clusters.c.state_version + 1)
+                 .returning(clusters.c.state_version, clusters.c.generation))
+_JOB_STATE = sa.select(jobs.c.state).where(jobs.c.id == sa.bindparam("jid"))
+_JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
+              .values(state=sa.bindparam("outcome"), finished_at=sa.bindparam("now"), reason=sa.bindparam("why")))
+_JOB_ADMITTED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
+                 .values(state="running", admitted_at=sa.bindparam("now"), attempts=jobs.c.attempts + 1,
+                         reason=None, placement=sa.bindparam("placement"),
+                         predicted_run_s=sa.bindparam("predicted_run_s")))
+_ALLOCATE = sa.insert(allocations)
+_LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
+    allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
 
 
 def default_actor() -> str:
@@ -77,7 +93,10 @@ class _View:
     free: FreeGpus  # idle GPUs per type of `cluster`, kept in step with it
     queue: list[QueuedJob]  # queue order
     keys: list[tuple]  # (-priority, queued_at, id) of each queued job: the queue order, sorted
-    running: dict[int, Busy]
+    running: dict[int, Busy]  # every running job of the cluster (ECT's profile; a release's prior state)
+    # No live lease on the cluster expires before this (leases are only made by a decision, which
+    # lowers it, or renewed, which never shortens one): a pass skips the expiry UPDATE until then.
+    lease_floor: float = float("inf")
 
     key_of: dict[int, tuple] = field(default_factory=dict)
 
@@ -89,6 +108,10 @@ class _View:
         self.keys.insert(at, key)
         self.queue.insert(at, job)
         self.key_of[key[2]] = key
+
+    def state_of(self, job_id: int) -> str | None:
+        """queued / running as this view knows it; None for a job it does not hold (ended, or unknown)."""
+        return "running" if job_id in self.running else "queued" if job_id in self.key_of else None
 
     def unqueue(self, job_id: int) -> None:
         key = self.key_of.pop(job_id, None)
@@ -106,7 +129,8 @@ class Orchestrator:
         self.url = str(self.engine.url)
         self.config = config or OrchestratorConfig()
         self.actor = actor or default_actor()
-        self._options: dict[int, list[Option]] = {}  # per job, immutable after submit
+        self._options: dict[int, tuple[Option, ...]] = {}  # per job, immutable after submit, interned
+        self._interned: dict[tuple, tuple[Option, ...]] = {}
         self._names: dict[int, str] = {}
         self._job_cluster: dict[int, str] = {}  # a job's cluster never changes
         self._views: dict[str, _View] = {}
@@ -123,10 +147,7 @@ class Orchestrator:
                 name = cluster if cluster is not None else inventory.resolve_cluster(conn, None)
                 # The scheduler lock: the UPDATE row-locks the cluster on PostgreSQL (SQLite's
                 # BEGIN IMMEDIATE already holds the database lock); one decision at a time.
-                row = conn.execute(
-                    sa.update(clusters).where(clusters.c.name == name)
-                    .values(state_version=clusters.c.state_version + 1)
-                    .returning(clusters.c.state_version, clusters.c.generation)).one_or_none()
+                row = conn.execute(_BUMP_VERSION, {"cname": name}).one_or_none()
                 if row is None:
                     inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
                 version, generation = row
@@ -153,8 +174,10 @@ class Orchestrator:
                                                .where(clusters.c.name == cname)).one()
             cluster = inventory.load_cluster(conn, cname, generation=generation, url=self.url).copy_state()
             queue, keys = self._load_queue(conn, cname)
-            running = self._load_running(conn, cname) if self.config.policy == "ect" else {}
-            self._pending = _View(version, generation, cluster, FreeGpus(cluster), queue, keys, running)
+            running = self._load_running(conn, cname)
+            floor = conn.execute(_LIVE_LEASE_FLOOR, {"cname": cname}).scalar()
+            self._pending = _View(version, generation, cluster, FreeGpus(cluster), queue, keys, running,
+                                  float("inf") if floor is None else floor)
         return self._pending
 
     def _forget_view(self) -> None:
@@ -239,7 +262,7 @@ class Orchestrator:
                 cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
                 state="queued", submitted_at=now, queued_at=now, attempts=0, lost_count=0,
                 submitted_by=self.actor).returning(jobs.c.id)).scalar_one()
-            self._options[job_id] = list(options.get(self.config.policy, []))
+            self._options[job_id] = self._intern(options.get(self.config.policy, []))
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
             if self._options[job_id]:
@@ -260,21 +283,23 @@ class Orchestrator:
             raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
         cluster = self._cluster_of(job_id)
         with self._locked(cluster) as (conn, cname):
-            state = conn.execute(sa.select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
+            # A current view knows the state of every queued or running job; ask the database otherwise.
+            state = self._pending.state_of(job_id) if self._pending is not None else None
+            if state is None:
+                state = conn.execute(_JOB_STATE, {"jid": job_id}).scalar_one()
             if state in DONE:
                 return state
             now = time.time()
             view = self._view(conn, cname)
-            freed = self._free_allocations(conn, sa.and_(allocations.c.job_id == job_id), now, "release")
-            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
-                state=outcome, finished_at=now, reason=reason))
+            freed = self._free_allocations(conn, allocations.c.job_id == job_id, now, "release")
+            conn.execute(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
             view.running.pop(job_id, None)
             if state == "queued":
                 view.unqueue(job_id)
             by_node: dict[str, list[int]] = {}
-            for _, _, _, node, gpu in freed:
+            for _, node, gpu in freed:
                 by_node.setdefault(node, []).append(gpu)
             try:
                 for node, gpus_freed in by_node.items():
@@ -295,7 +320,7 @@ class Orchestrator:
                 jobs.c.id == job_id)).one()
             if row.state != "running":
                 raise OrchestratorError(f"job {job_id} is {row.state}, not running: nothing to re-queue")
-            self._free_allocations(conn, sa.and_(allocations.c.job_id == job_id), time.time(), "release")
+            self._free_allocations(conn, allocations.c.job_id == job_id, time.time(), "release")
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
                 state="queued", queued_at=row.submitted_at, placement=None, reason=reason))
             self._forget_view()
@@ -305,9 +330,12 @@ class Orchestrator:
         """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed."""
         until = time.time() + self.config.lease_s
         with write_transaction(self.engine) as conn:
+            # Never shortens a lease (one given with a longer lease_s stays): a decision's view
+            # skips the expiry check until the earliest lease it knows of (`_View.lease_floor`).
             done = conn.execute(sa.update(allocations).where(
                 allocations.c.job_id == job_id, allocations.c.released_at.is_(None)).values(
-                lease_expires_at=until)).rowcount
+                lease_expires_at=sa.case((allocations.c.lease_expires_at < until, until),
+                                         else_=allocations.c.lease_expires_at))).rowcount
         if not done:
             raise LeaseLostError(
                 f"job {job_id} holds no GPUs any more (its lease expired or it was released); "
@@ -318,7 +346,7 @@ class Orchestrator:
     def reconcile(self, cluster: str | None = None) -> PassResult:
         """Reclaim expired leases and admit what fits (what a waiting holder calls now and then)."""
         with self._locked(cluster) as (conn, cname):
-            return self._pass(conn, cname)
+            return self._pass(conn, cname, check_leases=True)
 
     # ---------------------------------------------------------------- reading
     def job(self, job_id: int) -> dict[str, Any]:
@@ -381,22 +409,28 @@ class Orchestrator:
 
     # ---------------------------------------------------------------- inside the lock
     def _free_allocations(self, conn: Connection, which, now: float, event: str) -> list[tuple]:
-        freed = conn.execute(sa.update(allocations).where(which, allocations.c.released_at.is_(None)).values(
-            released_at=now).returning(allocations.c.id, allocations.c.job_id, allocations.c.cluster,
-                                       allocations.c.node, allocations.c.gpu_index)).all()
-        if freed:
-            conn.execute(sa.insert(allocation_events), [
-                dict(allocation_id=a, job_id=j, cluster=c, node=n, gpu_index=g, event=event, at=now)
-                for a, j, c, n, g in freed])
-        return freed
+        """End the live allocations `which` selects: (job, node, GPU) of each.
 
-    def _expire(self, conn: Connection, cname: str, now: float) -> list[int]:
+        The database's trigger appends each one's `event` (release | expire) to the history.
+        """
+        return conn.execute(sa.update(allocations).where(which, allocations.c.released_at.is_(None)).values(
+            released_at=now, release_event=event).returning(
+            allocations.c.job_id, allocations.c.node, allocations.c.gpu_index)).all()
+
+    def _expire(self, conn: Connection, cname: str, now: float, *, check: bool = False) -> list[int]:
+        """Reclaim leases past their grace; without `check`, only when the view's lease floor says one may be."""
         cutoff = now - self.config.grace_s
+        view = self._pending
+        if not check and view is not None and view.lease_floor >= cutoff:
+            return []  # no live lease of the cluster runs out before the floor
         freed = self._free_allocations(conn, sa.and_(allocations.c.cluster == cname,
                                                      allocations.c.lease_expires_at < cutoff), now, "expire")
-        lost = sorted({j for _, j, *_ in freed})
+        lost = sorted({j for j, *_ in freed})
         if lost:
             self._forget_view()  # GPUs freed and jobs re-queued behind this process's back
+        elif view is not None:  # renewals moved the earliest lease on: skip the check until then
+            floor = conn.execute(_LIVE_LEASE_FLOOR, {"cname": cname}).scalar()
+            view.lease_floor = float("inf") if floor is None else floor
         for job_id in lost:
             row = self._job_row(conn, job_id)
             if row.state != "running":
@@ -418,11 +452,18 @@ class Orchestrator:
             chunk = missing[start:start + 500]
             for job_id, name, options in conn.execute(
                     sa.select(jobs.c.id, jobs.c.name, jobs.c.options).where(jobs.c.id.in_(chunk))):
-                self._options[job_id] = options_from_json(options, self.config.policy)
+                self._options[job_id] = self._intern(options_from_json(options, self.config.policy))
                 self._names[job_id] = name
         kept = [r for r in rows if self._options[r.id]]
         return ([QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in kept],
                 [(-r.priority, r.queued_at, r.id) for r in kept])
+
+    def _intern(self, options: list[Option]) -> tuple[Option, ...]:
+        """One shared tuple per distinct option list: a policy pass skips every job whose options
+        it already found no room for (`schedule_pass`), instead of trying each GPU type again."""
+        if any(o.plan is not None for o in options):
+            return tuple(options)  # a planner's plan object rides along: keep the job's own
+        return self._interned.setdefault(tuple(tuple(o.to_dict().values()) for o in options), tuple(options))
 
     def _load_running(self, conn: Connection, cname: str) -> dict[int, Busy]:
         out = {}
@@ -432,9 +473,9 @@ class Orchestrator:
             out[job_id] = Busy(placement["gpu_type"], placement["world_size"], admitted + (run_s or 0.0))
         return out
 
-    def _pass(self, conn: Connection, cname: str) -> PassResult:
+    def _pass(self, conn: Connection, cname: str, *, check_leases: bool = False) -> PassResult:
         now = time.time()
-        expired = self._expire(conn, cname, now)
+        expired = self._expire(conn, cname, now, check=check_leases)
         view = self._view(conn, cname)
         result = PassResult([], expired, 0)
         self.last_pass = result
@@ -456,19 +497,16 @@ class Orchestrator:
                 sa.select(jobs.c.name).where(jobs.c.id == job_id)).scalar_one()
             rows.extend(dict(job_id=job_id, cluster=cname, node=a.node, gpu_index=g, allocated_at=now,
                              lease_expires_at=lease) for a in placement.assignments for g in a.gpus)
-            updates.append(dict(jid=job_id, placement=placement.to_dict(), predicted_run_s=opt.run_s))
+            updates.append(dict(jid=job_id, now=now, placement=placement.to_dict(), predicted_run_s=opt.run_s))
             view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + opt.run_s)
             result.admitted.append(job_id)
-        conn.execute(sa.update(jobs).where(jobs.c.id == sa.bindparam("jid")).values(
-            state="running", admitted_at=now, attempts=jobs.c.attempts + 1, reason=None), updates)
+        # Every job this pass admits, in one multi-row statement each (the history rows come from
+        # the database's trigger on allocations).
+        conn.execute(_JOB_ADMITTED, updates)
         for job_id in result.admitted:
             view.unqueue(job_id)
+        view.lease_floor = min(view.lease_floor, lease)
         # The database refuses a GPU that another live allocation holds (uq_allocations_live_gpu):
         # an IntegrityError here rolls the whole decision back (and this process's view with it).
-        made = conn.execute(sa.insert(allocations).returning(
-            allocations.c.id, allocations.c.job_id, allocations.c.node, allocations.c.gpu_index,
-            sort_by_parameter_order=True), rows).all()
-        conn.execute(sa.insert(allocation_events), [
-            dict(allocation_id=a, job_id=j, cluster=cname, node=n, gpu_index=g, event="allocate", at=now)
-            for a, j, n, g in made])
+        conn.execute(_ALLOCATE, rows)
         return result
