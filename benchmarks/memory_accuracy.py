@@ -23,7 +23,11 @@ what a CPU can say, in three parts:
    scored with its static term set to what that run holds (6 bytes/parameter:
    fp16 weights + the fp32 gradient buffer, instead of its 20 for weights,
    gradients and Adam) and its activation term unchanged. MARP is scored on the
-   same cases. (The old `frenzy_*` keys apply the formula as published to the
+   same cases. Baseline and why it is fair: Frenzy's MARP is the published
+   estimator forgeflow's replaces; scored only where its assumptions hold, it is
+   not penalised for shapes it never claimed to cover, and the one change (the
+   static bytes) removes a term the CPU run cannot contain rather than one it
+   gets wrong. (The old `frenzy_*` keys apply the formula as published to the
    fp32 grid, outside its assumptions.)
 3. **Regression check (old keys, not a headline).** The original grid (hidden
    size, layers, sequence, micro batch, accumulation, recompute, GQA, tp=2 and
