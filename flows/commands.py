@@ -44,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="process: workers on the machines; kubernetes: flow runs as Kubernetes Jobs "
                         "(a base job template with memory-backed /dev/shm and the S3 Secret; workers need "
                         "prefect-kubernetes)")
+    s.add_argument("--slack-block", default=None, metavar="NAME",
+                   help="reuse this existing Slack webhook block (prefect-slack) for flow alerts and the "
+                        "automation; default: the block 'forgeflow-slack', created from SLACK_WEBHOOK_URL")
+    s.add_argument("--json", action="store_true",
+                   help="print what exists on the server afterwards as one JSON object")
     s.set_defaults(func=_deploy)
 
 
@@ -185,4 +190,5 @@ def _demo_eval(console, spec) -> None:
 def _deploy(args: argparse.Namespace) -> int:
     from flows.deploy import deploy_all
 
-    return deploy_all(cluster=args.cluster, pool=args.pool, pool_type=args.pool_type)
+    return deploy_all(cluster=args.cluster, pool=args.pool, pool_type=args.pool_type,
+                      slack_block=args.slack_block, as_json=args.json)

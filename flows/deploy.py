@@ -8,24 +8,27 @@ On the server PREFECT_API_URL points at, it creates or updates
      the same GPUs (no Prefect concurrency limit is involved);
   3. the deployments of prefect.yaml (pretrain, node-launch, diagnose-failure,
      evaluate on-commit and catch-up), by running `prefect deploy --all`;
-  4. the automation that alerts Slack when a pretrain flow run crashes or its
-     heartbeat stops (workers emit heartbeats when started with
+  4. the Slack webhook block (prefect-slack's `SlackWebhook`): a team's existing block
+     named with --slack-block, else `forgeflow-slack` made from SLACK_WEBHOOK_URL; its
+     name is kept in the Prefect Variable `forgeflow_slack_block`, so flow alerts and
+     the automation post through the same block (one place for the webhook secret);
+  5. the automation that alerts Slack through that block when a pretrain flow run
+     crashes or its heartbeat stops (workers emit heartbeats when started with
      PREFECT_RUNNER_HEARTBEAT_FREQUENCY=30).
 """
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
+import json
 import os
 import subprocess
 import sys
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlparse
 
 ROOT = Path(__file__).resolve().parent.parent
 AUTOMATION_NAME = "forgeflow: pretrain crashed or silent"
-WEBHOOK_BLOCK_NAME = "forgeflow-slack"
 HEARTBEAT_SILENCE_S = 120  # three missed heartbeats at a 30 s frequency
 
 
@@ -79,14 +82,49 @@ def deploy_prefect_yaml(pool: str) -> None:
     print("deployments from prefect.yaml created")
 
 
-def _is_private(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_private or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+def ensure_slack_block(reuse: str | None = None):
+    """The Slack webhook block flows and the automation post through, or None (no Slack).
+
+    `reuse`: the name of a team's existing Slack webhook block, used as it is. Otherwise
+    `forgeflow-slack`, created (or updated) from SLACK_WEBHOOK_URL, or kept as the
+    server already holds it. The chosen name goes into the `forgeflow_slack_block`
+    Variable, which the flows' notifier reads. Returns (name, block document id).
+    """
+    from prefect.variables import Variable
+    from prefect_slack import SlackWebhook
+
+    from tasks.pretrain_tasks import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
+
+    if reuse:
+        try:
+            block = SlackWebhook.load(reuse)
+        except ValueError:
+            raise DeployError(
+                f"--slack-block {reuse!r}: no Slack webhook block of that name on the server; create it in "
+                "the Prefect UI (Blocks > Slack Incoming Webhook) or leave --slack-block out to create "
+                f"{DEFAULT_SLACK_BLOCK!r} from SLACK_WEBHOOK_URL"
+            ) from None
+        name, block_id = reuse, block._block_document_id
+        print(f"Slack: reusing the Slack webhook block {reuse!r}")
+    elif os.environ.get("SLACK_WEBHOOK_URL"):
+        name = DEFAULT_SLACK_BLOCK
+        block_id = SlackWebhook(url=os.environ["SLACK_WEBHOOK_URL"]).save(name, overwrite=True)
+        print(f"Slack: webhook block {name!r} saved from SLACK_WEBHOOK_URL (workers no longer need the variable)")
+    else:
+        name = DEFAULT_SLACK_BLOCK
+        try:
+            block_id = SlackWebhook.load(name)._block_document_id
+        except ValueError:
+            print("Slack: no webhook configured (set SLACK_WEBHOOK_URL or pass --slack-block NAME): "
+                  "alerts are printed and kept as artifacts, no automation")
+            return None
+        print(f"Slack: keeping the existing webhook block {name!r}")
+    Variable.set(SLACK_BLOCK_VARIABLE, name, overwrite=True)
+    return name, block_id
+
+
+class DeployError(RuntimeError):
+    """`forgeflow deploy` cannot go on; the message says what to fix."""
 
 
 def build_automation(webhook_block_id):
@@ -119,23 +157,15 @@ def build_automation(webhook_block_id):
     )
 
 
-def ensure_automation() -> bool:
-    """(Re)create the automation; without a webhook there is nobody to alert, so none."""
+def ensure_automation(slack_block_id) -> bool:
+    """(Re)create the automation notifying through the Slack webhook block; without one
+    there is nobody to alert, so none."""
     from prefect.automations import Automation
-    from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
-    from tasks.pretrain_tasks import slack_webhook_url
-
-    url = slack_webhook_url()
-    if not url:
-        print("automation not created: set SLACK_WEBHOOK_URL or the `slack-webhook-url` Secret block first")
+    if slack_block_id is None:
+        print("automation not created: no Slack webhook block")
         return False
-    # Slack's incoming-webhook payload; the URL (which is the credential) is kept as a block secret.
-    block = CustomWebhookNotificationBlock(
-        name="forgeflow", url="{{webhook_url}}", method="POST", json_data={"text": "*{{subject}}*\n{{body}}"},
-        secrets={"webhook_url": url}, allow_private_urls=_is_private(url),
-    )
-    block_id = block.save(WEBHOOK_BLOCK_NAME, overwrite=True)
+    block_id = slack_block_id
     try:
         Automation.read(name=AUTOMATION_NAME).delete()
     except ValueError:  # none yet
@@ -145,16 +175,46 @@ def ensure_automation() -> bool:
     return True
 
 
-def deploy_all(cluster: str = "local", pool: str = "forgeflow", pool_type: str = "process") -> int:
+def deploy_all(cluster: str = "local", pool: str = "forgeflow", pool_type: str = "process",
+               slack_block: str | None = None, as_json: bool = False) -> int:
+    """Everything above, in order. With `as_json` the progress lines go to stderr and
+    stdout gets one JSON object: what exists on the server now."""
     if not os.environ.get("PREFECT_API_URL"):
-        print("PREFECT_API_URL is not set: start a server (`prefect server start`) and point PREFECT_API_URL "
-              "at it (e.g. http://127.0.0.1:4200/api); deployments need a server to live on")
+        message = ("PREFECT_API_URL is not set: start a server (`prefect server start`) and point PREFECT_API_URL "
+                   "at it (e.g. http://127.0.0.1:4200/api); deployments need a server to live on")
+        print(f"error: {message}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": message, "exit_code": 2}))
         return 2
-    ensure_work_pool(pool, pool_type)
-    ensure_cluster_registered(cluster)
-    deploy_prefect_yaml(pool)
-    ensure_automation()
-    print(f"next: `prefect worker start --pool {pool} --work-queue default` for the flows, and on every GPU "
-          f"node `prefect worker start --pool {pool} --work-queue NODE_NAME` (with "
-          "PREFECT_RUNNER_HEARTBEAT_FREQUENCY=30 so the automation sees heartbeats)")
+    try:
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            ensure_work_pool(pool, pool_type)
+            registered = ensure_cluster_registered(cluster)
+            deploy_prefect_yaml(pool)
+            slack = ensure_slack_block(slack_block)
+            automation = ensure_automation(slack[1] if slack else None)
+            print(f"next: `prefect worker start --pool {pool} --work-queue default` for the flows, and on "
+                  f"every GPU node `prefect worker start --pool {pool} --work-queue NODE_NAME` (with "
+                  "PREFECT_RUNNER_HEARTBEAT_FREQUENCY=30 so the automation sees heartbeats)")
+    except DeployError as e:
+        print(f"error: {e}", file=sys.stderr)
+        if as_json:
+            print(json.dumps({"error": str(e), "exit_code": 2}))
+        return 2
+    if as_json:
+        print(json.dumps({
+            "pool": pool, "pool_type": pool_type, "deployments": deployment_names(),
+            "cluster": {k: registered[k] for k in ("cluster", "nodes", "gpus") if k in registered},
+            "slack_block": slack[0] if slack else None,
+            "automation": AUTOMATION_NAME if automation else None,
+        }))
     return 0
+
+
+def deployment_names() -> list[str]:
+    """'flow/deployment' for every deployment on the server, sorted."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        flows = {f.id: f.name for f in client.read_flows()}
+        return sorted(f"{flows.get(d.flow_id, '?')}/{d.name}" for d in client.read_deployments())

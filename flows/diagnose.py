@@ -53,7 +53,7 @@ def diagnose_failure(log_url: str, job_family: str | None = None, alert: bool = 
     Args:
         log_url: the log: a path, file:///path or s3://bucket/key.
         job_family: the job's family (e.g. its config name): its learned filter rules are used.
-        alert: also send the diagnosis to Slack (SLACK_WEBHOOK_URL or the `slack-webhook-url` Secret).
+        alert: also send the diagnosis to Slack (the Slack webhook block `forgeflow deploy` set up, or SLACK_WEBHOOK_URL).
         endpoint_url: S3 endpoint for S3-compatible stores (AWS S3: leave empty).
     """
     with tempfile.TemporaryDirectory(prefix="forgeflow-diagnose-") as work:

@@ -1,9 +1,13 @@
 """Alerts: Slack incoming webhooks, or printed and kept when no webhook is set.
 
+One path to Slack: slack-sdk's `WebhookClient`. On a Prefect server the flows hand
+in the client of Prefect's Slack webhook block (prefect-slack's `SlackWebhook`,
+which `forgeflow deploy` creates or reuses and the crash automation notifies
+through too); without a server the URL comes from SLACK_WEBHOOK_URL.
+
 The webhook URL is a credential (anyone holding it can post to the channel), so
-it is read from the environment (SLACK_WEBHOOK_URL) or handed in by the flow
-from a Prefect Secret block, and never appears in a log line, an exception
-message or an artifact: errors name the host only.
+it never appears in a log line, an exception message or an artifact: errors name
+the host only.
 
 Sending never raises: a Slack outage must not break recovery. Every alert is
 also returned as a `Delivery`, so the flow can keep an artifact of what it said.
@@ -14,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlparse
 
 Severity = Literal["info", "success", "warning", "error"]
@@ -74,10 +78,20 @@ class Delivery:
 
 
 class Notifier:
-    """Posts alerts to a Slack incoming webhook; prints them when none is configured."""
+    """Posts alerts to a Slack incoming webhook; prints them when none is configured.
 
-    def __init__(self, webhook_url: str | None = None, timeout_s: float = 10.0, retries: int = 2):
+    `webhook_url` (default: SLACK_WEBHOOK_URL), or `client`: a slack-sdk `WebhookClient`
+    such as the one Prefect's Slack webhook block gives (`block.get_client(sync_client=True)`);
+    `source` names where it came from in `target` (e.g. the block's name).
+    """
+
+    def __init__(self, webhook_url: str | None = None, timeout_s: float = 10.0, retries: int = 2,
+                 *, client: Any = None, source: str = ""):
+        if client is not None:
+            webhook_url = getattr(client, "url", None) or ""
         self._webhook_url = webhook_url if webhook_url is not None else os.environ.get("SLACK_WEBHOOK_URL")
+        self._client = client
+        self._source = source
         self.timeout_s = timeout_s
         self.retries = retries
         self.sent: list[Delivery] = []
@@ -87,7 +101,8 @@ class Notifier:
         """Where alerts go, safe to print (host only, never the secret path)."""
         if not self._webhook_url:
             return "console"
-        return f"slack webhook at {urlparse(self._webhook_url).netloc}"
+        via = f" ({self._source})" if self._source else ""
+        return f"slack webhook at {urlparse(self._webhook_url).netloc}{via}"
 
     def __repr__(self) -> str:  # never leak the URL through a repr in a log
         return f"Notifier(target={self.target!r})"
@@ -107,14 +122,15 @@ class Notifier:
         from slack_sdk.http_retry.builtin_handlers import ConnectionErrorRetryHandler, ServerErrorRetryHandler
         from slack_sdk.webhook import WebhookClient
 
-        client = WebhookClient(
-            self._webhook_url,
-            timeout=int(max(1, self.timeout_s)),
-            retry_handlers=[
-                ConnectionErrorRetryHandler(max_retry_count=self.retries),
-                ServerErrorRetryHandler(max_retry_count=self.retries),
-            ],
-        )
+        retry_handlers = [
+            ConnectionErrorRetryHandler(max_retry_count=self.retries),
+            ServerErrorRetryHandler(max_retry_count=self.retries),
+        ]
+        client = self._client or WebhookClient(self._webhook_url)
+        # The block's client comes without retries and with slack-sdk's 30 s timeout:
+        # the same bounded patience either way, so a Slack outage cannot stall recovery.
+        client.timeout = int(max(1, self.timeout_s))
+        client.retry_handlers = retry_handlers
         try:
             response = client.send(text=alert.text(), blocks=alert.blocks())
         except Exception as e:  # network errors of any kind: report, never raise

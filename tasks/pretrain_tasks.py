@@ -215,21 +215,44 @@ def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str,
     return two_round_check(placement.nodes, runner)
 
 
-def slack_webhook_url() -> str:
-    """SLACK_WEBHOOK_URL, else the Prefect Secret block `slack-webhook-url`, else "" (no Slack)."""
-    if os.environ.get("SLACK_WEBHOOK_URL"):
-        return os.environ["SLACK_WEBHOOK_URL"]
-    try:
-        from prefect.blocks.system import Secret
+# The Slack webhook block (prefect-slack's SlackWebhook) the flows alert through, and the
+# Prefect Variable in which `forgeflow deploy` records it when it reuses a team's own block.
+DEFAULT_SLACK_BLOCK = "forgeflow-slack"
+SLACK_BLOCK_VARIABLE = "forgeflow_slack_block"
 
-        return Secret.load("slack-webhook-url").get()
-    except Exception:  # no such block / no server
-        return ""
+
+def slack_block_name() -> str:
+    """The Slack webhook block's name: the one `forgeflow deploy` recorded, else forgeflow-slack."""
+    try:
+        from prefect.variables import Variable
+
+        return str(Variable.get(SLACK_BLOCK_VARIABLE, default=DEFAULT_SLACK_BLOCK) or DEFAULT_SLACK_BLOCK)
+    except Exception:  # no server to ask
+        return DEFAULT_SLACK_BLOCK
+
+
+def load_slack_block():
+    """(name, SlackWebhook block), or None when the server holds none (or there is no server)."""
+    name = slack_block_name()
+    try:
+        from prefect_slack import SlackWebhook
+
+        return name, SlackWebhook.load(name)
+    except Exception:  # no such block / no server / prefect-slack missing
+        return None
 
 
 def build_notifier() -> Notifier:
-    """Slack when a webhook is configured; otherwise alerts are printed and kept as artifacts."""
-    return Notifier(slack_webhook_url())
+    """Slack through Prefect's Slack webhook block (what `forgeflow deploy` set up, and what
+    the crash automation uses too); SLACK_WEBHOOK_URL instead where it is set (the command
+    line without a server). Neither: alerts are printed and kept as artifacts."""
+    if os.environ.get("SLACK_WEBHOOK_URL"):
+        return Notifier(os.environ["SLACK_WEBHOOK_URL"], source="SLACK_WEBHOOK_URL")
+    found = load_slack_block()
+    if found is None:
+        return Notifier("")
+    name, block = found
+    return Notifier(client=block.get_client(sync_client=True), source=f"Prefect block {name!r}")
 
 
 @task(name="alert", cache_policy=NO_CACHE)

@@ -34,9 +34,12 @@ def deployed(use_prefect_server, two_node_cluster, monkeypatch):
         slack.close()
 
 
-def test_deploy_creates_pool_deployments_cluster_and_automation(deployed):
+def test_deploy_creates_pool_deployments_cluster_and_automation(deployed, capsys):
+    import json
+
     from prefect import get_client
     from prefect.automations import Automation
+    from prefect_slack import SlackWebhook
 
     with get_client(sync_client=True) as client:
         deployments = _deployments(client)
@@ -53,9 +56,17 @@ def test_deploy_creates_pool_deployments_cluster_and_automation(deployed):
     assert [n["node"] for n in status["nodes"]] == ["node-a", "node-b"] and status["free_by_type"] == {"cpu": 2}
     automation = Automation.read(name=AUTOMATION_NAME)
     assert automation.enabled
+    # The automation notifies through the Slack webhook block deploy saved from SLACK_WEBHOOK_URL.
+    block = SlackWebhook.load("forgeflow-slack")
+    assert [a.block_document_id for a in automation.actions] == [block._block_document_id]
     # Re-running deploy is idempotent: still one automation; another inventory is registered too.
+    capsys.readouterr()
     assert deploy_all(cluster=str(deployed.repo_root / "configs" / "clusters" / "frenzy-testbed.yaml"),
-                      pool=POOL) == 0
+                      pool=POOL, as_json=True) == 0
+    summary = json.loads(capsys.readouterr().out)  # --json: one object, progress on stderr
+    assert summary["pool"] == POOL and summary["slack_block"] == "forgeflow-slack"
+    assert summary["automation"] == AUTOMATION_NAME and "pretrain/pretrain" in summary["deployments"]
+    assert summary["cluster"]["cluster"] == "frenzy-testbed"
     with get_client(sync_client=True) as client:
         assert len(client.read_automations_by_name(AUTOMATION_NAME)) == 1
     assert cluster_status(open_state_db(), "frenzy-testbed")["gpus_by_type"]["A100-80G"] == 4
