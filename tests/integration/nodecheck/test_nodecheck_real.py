@@ -1,10 +1,18 @@
-"""Node check with real torchrun worlds on this machine; one 'node' is made faulty."""
+"""Node check with real torchrun worlds on this machine; one 'node' is made faulty.
+
+The first test's fault is physical (infra.node_faults.NodeLoss): once node-c's rank has
+reached its world's rendezvous, every process of node-c is SIGKILLed (and any it starts
+later), so its world really fails, as a world on a machine that lost power does. The others use the worker's injected faults
+(FORGEFLOW_NODECHECK_FAULT) for cases a kill cannot make (a stall of a given length).
+"""
 
 from __future__ import annotations
 
+import psutil
 import pytest
 
 from infra.launch import LocalLauncher
+from infra.node_faults import NodeLoss
 from infra.nodecheck import LauncherWorldRunner, two_round_check
 
 
@@ -19,11 +27,33 @@ def _runner(tmp_path, fault: str = "") -> LauncherWorldRunner:
     )
 
 
-def test_faulty_node_found_in_two_rounds(tmp_path):
-    report = two_round_check(["node-a", "node-b", "node-c", "node-d"], _runner(tmp_path, "node-c=fail"))
+def _rank_joined_world(lost: NodeLoss) -> bool:
+    """True once a node-check rank of the drill's node (the worker, not its torchrun)
+    holds a TCP connection: it has reached the c10d store, i.e. the world's rendezvous,
+    so the kill lands while its peer is rendezvousing or already in the allgather."""
+    for proc in lost.node_processes():
+        try:
+            command = " ".join(proc.cmdline())
+            if "infra.nodecheck_worker" in command and "torch.distributed.run" not in command:
+                if any(c.status == psutil.CONN_ESTABLISHED for c in proc.net_connections("tcp")):
+                    return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def test_lost_node_found_in_two_rounds(tmp_path):
+    lost = NodeLoss("node-c", poll_s=0.05)
+    lost.trigger = lambda: _rank_joined_world(lost)
+    with lost:
+        report = two_round_check(["node-a", "node-b", "node-c", "node-d"], _runner(tmp_path))
+    assert lost.lost_at is not None and lost.killed, "node-c's processes were never killed"
     assert report.faulty == ["node-c"], report.summary()
     assert len(report.rounds) == 2
     assert report.healthy == ["node-a", "node-b", "node-d"]
+    # the world node-c was in failed because its processes really died (SIGKILL: -9)
+    (shared,) = [r for r in report.rounds[0] if "node-c" in r.nodes]
+    assert not shared.ok and "-9" in shared.detail, shared
 
 
 def test_odd_count_puts_three_in_one_world(tmp_path):
