@@ -76,6 +76,7 @@ class Partition:
     solve_s: float = 0.0
     note: str = ""
     peak_memory_bytes: list[int] = field(default_factory=list)
+    gap: float = 0.0  # (step time - the solver's lower bound) / step time; 0 when proved optimal
 
     @property
     def num_stages(self) -> int:
@@ -100,6 +101,7 @@ class Partition:
             "solver": self.solver,
             "optimal": self.optimal,
             "solve_s": self.solve_s,
+            "gap": self.gap,
             "peak_memory_gib": [round(b / GIB, 3) for b in self.peak_memory_bytes],
             "note": self.note,
         }
@@ -397,8 +399,10 @@ def solve_per_layer(
     xs = res.x[:nx].reshape(L, S)
     stage_of = xs.argmax(axis=1)
     sizes = [int((stage_of == s).sum()) for s in range(S) if (stage_of == s).any()]
-    return _make(profile, hw, sizes, solver="milp", optimal=res.status == 0, solve_s=solve_s,
-                 note="" if res.status == 0 else f"time limit {time_limit_s:.1f}s: best incumbent")
+    gap = 0.0 if res.status == 0 else float(getattr(res, "mip_gap", None) or 0.0)
+    return _make(profile, hw, sizes, solver="milp", optimal=res.status == 0, solve_s=solve_s, gap=gap,
+                 note="" if res.status == 0 else f"time limit {time_limit_s:.1f}s: best incumbent, at most "
+                 f"{100 * gap:.1f}% slower than the optimum")
 
 
 # --- the same program over layer counts, for models of identical blocks -----------------------
@@ -432,7 +436,7 @@ def _solve_counts(profile: ModelProfile, hw: OffloadHardware, S: int, time_limit
         if not fits(profile, hw, sizes):
             return None
         t = step_time(profile, hw, sizes).total_s
-        return t if bound_only else (t, sizes, True)
+        return t if bound_only else (t, sizes, True, t)
     # variables: n_s (S) | Ef (S) | Eb (S) | P | Z ; every stage quantity = const + coef * n_s
     NV = 3 * S + 2
     EF, EB, P, Z = S, 2 * S, 3 * S, 3 * S + 1
@@ -512,12 +516,19 @@ def _solve_counts(profile: ModelProfile, hw: OffloadHardware, S: int, time_limit
     res = milp(c, constraints=LinearConstraint(A.tocsr(), lo, hi), integrality=integrality,
                bounds=Bounds(lb, ub), options={"time_limit": max(time_limit_s, 0.05), "mip_rel_gap": mip_rel_gap})
     if res.x is None:
-        return None
+        if res.status == 2 or bound_only:  # nothing with S stages fits
+            return None
+        bound = getattr(res, "mip_dual_bound", None)  # stopped before finding any partition
+        return np.inf, None, False, (float(bound) + c_const if bound is not None and np.isfinite(bound) else -np.inf)
     if bound_only:  # the LP relaxation: no partition with S stages beats this
         return float(res.fun) + c_const
     counts = [int(round(v)) for v in res.x[:S]]
     sizes = [counts[s] + (s == 0) + (s == S - 1) for s in range(S)]
-    return step_time(profile, hw, sizes).total_s, sizes, res.status == 0
+    t = step_time(profile, hw, sizes).total_s
+    # No partition with S stages is faster than this: the optimum, or HiGHS's dual bound at the time limit.
+    bound = getattr(res, "mip_dual_bound", None)
+    bound = t if res.status == 0 or bound is None or not np.isfinite(bound) else min(t, float(bound) + c_const)
+    return t, sizes, res.status == 0, bound
 
 
 def solve_partition(
@@ -540,25 +551,27 @@ def solve_partition(
     started = time.perf_counter()
     best, all_optimal = None, True
     # LP relaxations first (milliseconds): solve stage counts by ascending bound and skip
-    # those whose bound cannot beat the incumbent.
-    bounds = {}
+    # those whose bound cannot beat the incumbent. `lower[S]`: no S-stage partition is faster.
+    lower: dict[int, float] = {}
     for S in range(1, S_max + 1):
         lp = _solve_counts(profile, hw, S, time_limit_s, mip_rel_gap, bound_only=True)
         if lp is not None:
-            bounds[S] = lp
-    for S in sorted(bounds, key=bounds.get):
-        if best is not None and bounds[S] >= best[0] * (1 - mip_rel_gap):
+            lower[S] = lp
+    for S in sorted(lower, key=lower.get):
+        if best is not None and lower[S] >= best[0] * (1 - mip_rel_gap):
             continue
         left = time_limit_s - (time.perf_counter() - started)
-        if left <= 0:
+        if left <= 0.05:
             all_optimal = False
             break
         found = _solve_counts(profile, hw, S, left, mip_rel_gap)
-        if found is None:
+        if found is None:  # proved infeasible
+            lower[S] = np.inf
             continue
-        t, sizes, optimal = found
+        t, sizes, optimal, bound = found
+        lower[S] = max(lower[S], bound)
         all_optimal &= optimal
-        if best is None or t < best[0] - 1e-12:
+        if sizes is not None and (best is None or t < best[0] - 1e-12):
             best = (t, sizes)
     solve_s = time.perf_counter() - started
     if best is None:
@@ -568,7 +581,12 @@ def solve_partition(
         if fallback is None:
             raise NoFeasiblePartition(explain_infeasible(profile, hw))
         fallback.optimal, fallback.solve_s = False, solve_s
-        fallback.note = f"no incumbent within {time_limit_s:.1f}s; best even split used"
+        fallback.gap = max(0.0, 1 - min(lower.values(), default=0.0) / fallback.step.total_s)
+        fallback.note = (f"no incumbent within {time_limit_s:.1f}s; best even split used, at most "
+                         f"{100 * fallback.gap:.1f}% slower than the optimum")
         return fallback
-    return _make(profile, hw, best[1], solver="milp-counts", optimal=all_optimal, solve_s=solve_s,
-                 note="" if all_optimal else f"time limit {time_limit_s:.1f}s: best incumbent")
+    # How far from the optimum at worst: the least lower bound over all stage counts.
+    gap = 0.0 if all_optimal else max(0.0, 1 - min(lower.values()) / best[0])
+    return _make(profile, hw, best[1], solver="milp-counts", optimal=all_optimal, solve_s=solve_s, gap=gap,
+                 note="" if all_optimal else f"time limit {time_limit_s:.1f}s: best incumbent, at most "
+                 f"{100 * gap:.1f}% slower than the optimum")

@@ -19,8 +19,10 @@ Systems (same model, same global batch = micro_batch x microbatches, same profil
                         Run with the cross mapping and with the sequential one.
 * `offload_data_parallel` — the DeepSpeed-style baseline the issue names: every GPU streams
                         every layer's parameters from DRAM (forward, and again in backward)
-                        with one-layer-ahead prefetch, processes global_batch/N samples, and
-                        sends its full gradients back: parameters cross PCIe once per GPU.
+                        with one-layer-ahead prefetch and processes global_batch/N samples:
+                        parameters cross PCIe once per GPU. Its collectives (ZeRO-3 offload's
+                        parameter all-gather and gradient reduce-scatter) go through host
+                        memory in both directions, as NCCL moves them without GPU peer-to-peer.
 * `gpipe`             — N resident stages (even split), everything on the GPUs; only where
                         weights + gradients + Adam state + activations fit (`gpipe_fits`).
 
@@ -217,9 +219,20 @@ def simulate_mobius(profile: ModelProfile, hw: OffloadHardware, stages: list[tup
 
 
 def simulate_offload_data_parallel(profile: ModelProfile, hw: OffloadHardware) -> SimResult:
-    """Every GPU streams every layer (forward, then backward) for its share of the batch."""
+    """Every GPU streams every layer (forward, then backward) for its share of the batch, with
+    DeepSpeed ZeRO-3 offload's collectives as they run on GPUs without peer-to-peer (GeForce
+    cards: NCCL's shared-memory transport stages every byte in host memory):
+
+    * parameters: each GPU copies its 1/N partition of the layer from DRAM and the all-gather
+      brings the other (N-1)/N through host memory: the full layer host->GPU on every GPU,
+      and (N-1)/N of it GPU->host as each GPU passes the partitions on;
+    * gradients: the reduce-scatter sends (N-1)/N of the layer's gradients GPU->host and
+      receives as much host->GPU, then the GPU's reduced 1/N partition goes to DRAM.
+
+    A layer computes when its all-gather (both directions) is done."""
     N, L, m = hw.num_gpus, profile.num_layers, profile.microbatches
     share = m / N  # micro batches per GPU (the same global batch)
+    peers = (N - 1) / N
     lay = profile.layers
     ops: list[list[_Op]] = [[] for _ in range(N)]
     eng: _Engine
@@ -227,24 +240,29 @@ def simulate_offload_data_parallel(profile: ModelProfile, hw: OffloadHardware) -
     def load(g, l, phase):
         prio = l if phase == "f" else L + (L - 1 - l)
         eng.flow(g, "h2d", lay[l].param_bytes, prio, ("w", g, l, phase), param=True)
+        eng.flow(g, "d2h", peers * lay[l].param_bytes, prio, ("wd", g, l, phase))
+
+    def ready(g, l, phase):
+        return [("w", g, l, phase), ("wd", g, l, phase)]
 
     for g in range(N):
         for l in range(L):
             def start(g=g, l=l):
                 if l + 1 < L:
                     load(g, l + 1, "f")
-                elif l == L - 1:
-                    pass
-            ops[g].append(_Op(("f", g, l), share * lay[l].forward_s, [("w", g, l, "f")], start))
+            ops[g].append(_Op(("f", g, l), share * lay[l].forward_s, ready(g, l, "f"), start))
         for l in reversed(range(L)):
-            needs = [("f", g, L - 1)] if l == L - 1 else [("w", g, l, "b")]
+            needs = [("f", g, L - 1)] if l == L - 1 else ready(g, l, "b")
 
             def start(g=g, l=l):
                 if l - 1 >= 0:
                     load(g, l - 1, "b")
 
             def end(g=g, l=l):
-                eng.flow(g, "d2h", lay[l].grad_bytes, L + (L - 1 - l), None)
+                prio = L + (L - 1 - l)
+                grads = lay[l].grad_bytes
+                eng.flow(g, "d2h", peers * grads + grads / N, prio, None)  # reduce-scatter out + own partition to DRAM
+                eng.flow(g, "h2d", peers * grads, prio, None)  # reduce-scatter in
             ops[g].append(_Op(("b", g, l), share * lay[l].backward_s, needs, start, end))
     eng = _Engine(hw, ops)
     for g in range(N):

@@ -80,3 +80,24 @@ def test_nothing_fits_names_the_layer_and_the_fix():
     profile = ModelProfile((big, big), microbatches=1)
     with pytest.raises(NoFeasiblePartition, match="huge-layer.*smaller micro batch"):
         solve_partition(profile, OffloadHardware(2, 1000 * MB, 1e9))
+
+
+def test_a_time_limited_solve_reports_a_gap_that_bounds_how_far_from_the_optimum_it_is():
+    from scheduler.offload.profile import PCIE3_X8_BYTES_PER_S, PCIE3_X16_BYTES_PER_S, analytic_profile
+    from training.config import ModelConfig
+
+    mc = ModelConfig(num_layers=46, hidden_size=4096, num_attention_heads=32, vocab_size=32000, seq_length=512)
+    profile = analytic_profile(mc, micro_batch=1, microbatches=4, peak_tflops=80)
+    hw = OffloadHardware(8, int(21.6 * 2**30), PCIE3_X8_BYTES_PER_S, root_complex=(0, 0, 0, 0, 1, 1, 1, 1),
+                         root_complex_bytes_per_s=PCIE3_X16_BYTES_PER_S)
+    quick = solve_partition(profile, hw, time_limit_s=0.5)
+    longer = solve_partition(profile, hw, time_limit_s=3.0)
+    for part in (quick, longer):
+        assert part.gap == 0.0 if part.optimal else 0.0 < part.gap < 1.0
+        if not part.optimal:
+            assert f"{100 * part.gap:.1f}% slower than the optimum" in part.note
+        assert part.to_dict()["gap"] == part.gap
+    # the gap is a bound: no partition found later beats the quick one by more than it says
+    best = min(quick.step.total_s, longer.step.total_s)
+    assert best >= quick.step.total_s * (1 - quick.gap) - 1e-12
+    assert best >= longer.step.total_s * (1 - longer.gap) - 1e-12

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from scheduler.offload.mapping import cross_map
 from scheduler.offload.partition import solve_partition
 from scheduler.offload.profile import PCIE3_X8_BYTES_PER_S, PCIE3_X16_BYTES_PER_S, OffloadHardware, analytic_profile
@@ -31,7 +33,13 @@ def test_mobius_moves_parameters_once_and_beats_the_offload_baseline():
     # forward loads every stage once; backward reloads all but the last N stages
     assert weights <= mobius.param_h2d_bytes < 2 * weights
     # every GPU, forward and backward (the last layer is still there when backward starts)
-    assert base.param_h2d_bytes == 8 * (2 * weights - profile.layers[-1].param_bytes)
+    streamed = 2 * weights - profile.layers[-1].param_bytes
+    assert base.param_h2d_bytes == 8 * streamed
+    # its collectives through host memory (no GPU peer-to-peer): the all-gather passes (N-1)/N of
+    # every streamed layer back out, the reduce-scatter moves (N-1)/N of the gradients each way
+    grads = sum(l.grad_bytes for l in profile.layers)
+    assert base.d2h_bytes == pytest.approx(8 * (7 / 8 * streamed + grads))
+    assert base.h2d_bytes == pytest.approx(8 * (streamed + 7 / 8 * grads))
     assert mobius.param_h2d_bytes / base.param_h2d_bytes < 1 / 8
     assert mobius.step_time_s < base.step_time_s
     assert simulate_gpipe(profile, hw) is None
