@@ -1,6 +1,6 @@
 """forgeflow: infra — what touches machines and services while a job runs.
 
-    storage       one URL-based object-storage interface (local paths, S3 through s3fs)
+    storage       one URL-based object-storage interface (local paths, S3 through boto3)
     local_s3      a local S3 server (SeaweedFS) for tests, benchmarks and the demo
     runfiles      the run directory and exit codes: the worker's contract with its watchers, typed readers
     atomic_write  replace a file in one step (temp file + fsync + os.replace)

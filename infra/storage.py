@@ -2,30 +2,30 @@
 
 `open_storage(url)` takes `file:///abs/dir`, a bare path (the embedded default) or
 `s3://bucket/prefix` and returns a `Storage` whose keys are relative to that root.
-Both kinds go through fsspec (s3fs for S3, so AWS S3 and any S3-compatible store
-work); large S3 objects are written as parallel multipart uploads straight from
-caller-owned memory (no staging copy of the whole object).
+S3 (AWS or any S3-compatible store) goes through boto3's public client: large
+objects held in memory (pinned checkpoint snapshots) are parallel multipart uploads
+streamed straight from the caller's buffers (no staging copy of the object); files
+go through boto3's transfer manager.
 
 Errors: every operation raises a `StorageError` subclass. Transient failures
-(throttling, connection refused/reset, timeouts, 5xx) are retried with
-exponential backoff and full jitter up to a deadline, then raised as
-`StorageUnavailable`; permanent ones (missing bucket, denied, bad credentials,
-disk full) are raised at once with a message that says how to fix them.
+(throttling, connection refused/reset, timeouts, 5xx) are retried by botocore's own
+retry modes (`standard`, or `adaptive` to also rate-limit against throttling) with
+as many attempts as fit in `retry_deadline_s`, then raised as `StorageUnavailable`;
+permanent ones (missing bucket, denied, bad credentials, disk full) are raised at
+once with a message that says how to fix them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import io
 import logging
 import os
-import random
-import time
 import uuid
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
 
 from infra.atomic_write import atomic_write_chunks
 
@@ -88,7 +88,7 @@ _TRANSIENT_ERRNOS = {
 
 
 def _client_error(exc: BaseException) -> Any | None:
-    """The botocore ClientError behind `exc` (s3fs re-raises it as an OSError cause)."""
+    """The botocore ClientError behind `exc` (itself, or the cause of a wrapping error)."""
     seen = 0
     while exc is not None and seen < 8:
         if hasattr(exc, "response") and isinstance(getattr(exc, "response"), dict):
@@ -102,18 +102,11 @@ def _is_transient_transport(exc: BaseException) -> bool:
     try:
         from botocore.exceptions import ConnectionError as BotoConnectionError
         from botocore.exceptions import HTTPClientError
-    except ImportError:  # pragma: no cover - s3fs always brings botocore
+    except ImportError:  # pragma: no cover - boto3 always brings botocore
         BotoConnectionError = HTTPClientError = ()  # type: ignore[assignment]
-    try:
-        import aiohttp
-
-        aio_errors: tuple = (aiohttp.ClientError,)
-    except ImportError:  # pragma: no cover
-        aio_errors = ()
     seen = 0
     while exc is not None and seen < 8:
-        if isinstance(exc, (BotoConnectionError, HTTPClientError, asyncio.TimeoutError,
-                            TimeoutError, ConnectionError) + aio_errors):
+        if isinstance(exc, (BotoConnectionError, HTTPClientError, TimeoutError, ConnectionError)):
             return True
         if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
             return True
@@ -126,6 +119,10 @@ def classify_error(exc: BaseException, url: str) -> StorageError | None:
     """Map an exception to a permanent StorageError, or None when it is worth retrying."""
     if isinstance(exc, StorageError):
         return None if isinstance(exc, StorageUnavailable) else exc
+    if type(exc).__name__ in ("NoCredentialsError", "PartialCredentialsError"):
+        return InvalidCredentials(
+            f"{url}: no S3 credentials found ({exc}); set AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+            "(or a profile / instance role)", url)
     ce = _client_error(exc)
     if ce is not None:
         err = ce.response.get("Error", {})
@@ -180,9 +177,9 @@ class StorageOptions:
     # 64 MiB parts x 4 in flight: few requests per GB, bounded memory for joined parts.
     part_size: int = 64 << 20
     max_concurrency: int = 4
+    # botocore's retries: as many attempts as fit in the deadline at their longest backoff.
     retry_deadline_s: float = 120.0
-    retry_base_s: float = 0.25
-    retry_max_sleep_s: float = 8.0
+    retry_mode: Literal["standard", "adaptive"] = "standard"
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
 
@@ -197,9 +194,25 @@ class ObjectInfo:
     mtime: float  # seconds since the epoch
 
 
-def _backoff_sleep(attempt: int, opts: StorageOptions) -> float:
-    # "Full jitter": uniform in [0, min(cap, base * 2^attempt)] spreads retrying clients out.
-    return random.uniform(0, min(opts.retry_max_sleep_s, opts.retry_base_s * (2 ** attempt)))
+# botocore's standard/adaptive backoff before retry n (n = 1, 2, ...) is
+# uniform(0, 1) * 2^(n-1) seconds, capped at 20 s (botocore.retries.standard).
+_BOTOCORE_MAX_BACKOFF_S = 20.0
+
+
+def attempts_within(deadline_s: float) -> int:
+    """Total attempts (first try included) whose longest possible backoffs fit in `deadline_s`.
+
+    botocore counts attempts, not seconds; this keeps `retry_deadline_s` meaning what it
+    says: a server back within the deadline is reached (the expected wait is half the
+    longest), and one that stays down is given up on within it.
+    """
+    attempts, waited = 1, 0.0
+    while True:
+        backoff = min(_BOTOCORE_MAX_BACKOFF_S, 2.0 ** (attempts - 1))
+        if waited + backoff > deadline_s:
+            return attempts
+        waited += backoff
+        attempts += 1
 
 
 class _MemoryReader(io.RawIOBase):
@@ -421,74 +434,48 @@ class LocalStorage(Storage):
 
 
 class S3Storage(Storage):
-    """A bucket/prefix on S3 or an S3-compatible server, through s3fs."""
+    """A bucket/prefix on S3 or an S3-compatible server, through boto3's public client."""
 
     scheme = "s3"
 
     def __init__(self, root_url: str, options: StorageOptions):
         super().__init__(root_url, options)
-        import s3fs
+        import boto3
+        from botocore.config import Config
 
         path = root_url[len("s3://"):].strip("/")
         self.bucket, _, self.prefix = path.partition("/")
         if not self.bucket:
             raise StorageError(f"{root_url}: an S3 URL needs a bucket: s3://BUCKET/PREFIX", root_url)
-        client_kwargs: dict[str, Any] = {}
-        if options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
-            client_kwargs["region_name"] = (
-                options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"))
-        endpoint = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
+        region = options.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        self.endpoint_url = options.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get(
             "AWS_ENDPOINT_URL")
-        self.fs = s3fs.S3FileSystem(
-            key=options.access_key,
-            secret=options.secret_key,
-            token=options.session_token,
-            endpoint_url=endpoint,
-            client_kwargs=client_kwargs,
-            # This module owns retrying (backoff + jitter + deadline): turn the lower layers'
-            # retries off so a dead server is not retried 5 x 5 times per request.
-            config_kwargs={
-                "retries": {"max_attempts": 1, "mode": "standard"},
-                "connect_timeout": options.connect_timeout_s,
-                "read_timeout": options.read_timeout_s,
-            },
-            skip_instance_cache=True,
-            use_listings_cache=False,
-        )
-        self.fs.retries = 1
+        session = boto3.session.Session(
+            aws_access_key_id=options.access_key, aws_secret_access_key=options.secret_key,
+            aws_session_token=options.session_token, region_name=region)
+        self.client = session.client("s3", endpoint_url=self.endpoint_url, config=Config(
+            # botocore retries throttling, 5xx, connection and read errors with jittered backoff.
+            retries={"mode": options.retry_mode, "total_max_attempts": attempts_within(options.retry_deadline_s)},
+            connect_timeout=options.connect_timeout_s,
+            read_timeout=options.read_timeout_s,
+            max_pool_connections=max(10, options.max_concurrency + 2),
+        ))
+        self._parts = ThreadPoolExecutor(max(1, options.max_concurrency), thread_name_prefix="s3-part")
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _run(self, coro_fn: Callable[[], Awaitable[T]]) -> T:
-        from fsspec.asyn import sync
-
-        return sync(self.fs.loop, coro_fn)
-
-    async def _retrying(self, what: str, key: str, call: Callable[[], Awaitable[T]]) -> T:
-        deadline = time.monotonic() + self.options.retry_deadline_s
-        attempt = 0
-        while True:
-            try:
-                return await call()
-            except Exception as e:  # noqa: BLE001 - classified below
-                permanent = classify_error(e, self.url(key))
-                if permanent is not None:
-                    raise permanent from e
-                now = time.monotonic()
-                if now >= deadline:
-                    raise StorageUnavailable(
-                        f"{self.url(key)}: {what} kept failing for {self.options.retry_deadline_s:.0f}s "
-                        f"({type(e).__name__}: {e}); is the storage server reachable?", self.url(key)) from e
-                sleep = min(_backoff_sleep(attempt, self.options), max(0.0, deadline - now))
-                log.warning("storage: %s %s failed (%s: %s); retry %d in %.2fs", what, self.url(key),
-                            type(e).__name__, e, attempt + 1, sleep)
-                attempt += 1
-                await asyncio.sleep(sleep)
-
-    def _call(self, method: str, key: str, **kwargs: Any) -> Any:
-        return self._run(lambda: self._retrying(
-            method, key, lambda: self.fs._call_s3(method, Bucket=self.bucket, **kwargs)))
+    def _call(self, what: str, key: str, call: Callable[[], T]) -> T:
+        """Run one client call (botocore retries it); map what it ends in to a StorageError."""
+        try:
+            return call()
+        except Exception as e:  # noqa: BLE001 - classified below
+            permanent = classify_error(e, self.url(key))
+            if permanent is not None:
+                raise permanent from e
+            raise StorageUnavailable(
+                f"{self.url(key)}: {what} kept failing for ~{self.options.retry_deadline_s:.0f}s "
+                f"({type(e).__name__}: {e}); is the storage server reachable?", self.url(key)) from e
 
     def put_bytes(self, key: str, data: bytes) -> None:
         self.put_chunks(key, [data])
@@ -498,90 +485,97 @@ class S3Storage(Storage):
         if total <= self.options.part_size:
             # One PUT is atomic on S3: small objects (manifests, pointers) never appear half-written.
             body = b"".join(memoryview(c).cast("B") for c in chunks) if len(chunks) != 1 else chunks[0]
-            self._call("put_object", key, Key=self._key(key), Body=_MemoryReader(memoryview(body)))
+            self._call("put_object", key, lambda: self.client.put_object(
+                Bucket=self.bucket, Key=self._key(key), Body=_MemoryReader(memoryview(body))))
             return total
-        return self._run(lambda: self._multipart(key, chunks, total))
+        return self._multipart(key, chunks, total)
 
-    async def _multipart(self, key: str, chunks: Sequence[memoryview | bytes], total: int) -> int:
+    def _multipart(self, key: str, chunks: Sequence[memoryview | bytes], total: int) -> int:
+        """Parts streamed from views of the caller's buffers (a pinned snapshot is never
+        copied whole; boto3's transfer manager would read each part into a new buffer)."""
         s3_key = self._key(key)
-        call = self.fs._call_s3
-        created = await self._retrying("create_multipart_upload", key, lambda: call(
-            "create_multipart_upload", Bucket=self.bucket, Key=s3_key))
+        created = self._call("create_multipart_upload", key, lambda: self.client.create_multipart_upload(
+            Bucket=self.bucket, Key=s3_key))
         upload_id = created["UploadId"]
-        gate = asyncio.Semaphore(self.options.max_concurrency)
 
-        async def upload(number: int, part: memoryview | bytes) -> dict[str, Any]:
-            try:
-                reply = await self._retrying(f"upload_part {number}", key, lambda: call(
-                    "upload_part", Bucket=self.bucket, Key=s3_key, UploadId=upload_id,
-                    PartNumber=number, Body=_MemoryReader(memoryview(part))))
-                return {"PartNumber": number, "ETag": reply["ETag"]}
-            finally:
-                gate.release()
+        def upload(number: int, part: memoryview | bytes) -> dict[str, Any]:
+            reply = self._call(f"upload_part {number}", key, lambda: self.client.upload_part(
+                Bucket=self.bucket, Key=s3_key, UploadId=upload_id, PartNumber=number,
+                Body=_MemoryReader(memoryview(part))))
+            return {"PartNumber": number, "ETag": reply["ETag"]}
 
-        tasks: list[asyncio.Future] = []
+        in_flight: list = []
+        parts: list[dict[str, Any]] = []
         try:
-            # Parts are cut lazily, one slot at a time: views cost nothing and at most
-            # max_concurrency joined boundary parts exist at once.
+            # Parts are cut lazily, at most max_concurrency in flight: views cost nothing
+            # and only that many joined boundary parts exist at once.
             for number, part in enumerate(iter_parts(chunks, self.options.part_size), start=1):
-                await gate.acquire()
-                failed = [t for t in tasks if t.done() and t.exception() is not None]
-                if failed:
-                    gate.release()
-                    break
-                tasks.append(asyncio.ensure_future(upload(number, part)))
-            try:
-                parts = await asyncio.gather(*tasks)
-            except BaseException:
-                for t in tasks:
-                    t.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-                raise
-            await self._retrying("complete_multipart_upload", key, lambda: call(
-                "complete_multipart_upload", Bucket=self.bucket, Key=s3_key, UploadId=upload_id,
-                MultipartUpload={"Parts": list(parts)}))
+                if len(in_flight) >= self.options.max_concurrency:
+                    parts.append(in_flight.pop(0).result())
+                in_flight.append(self._parts.submit(upload, number, part))
+            while in_flight:
+                parts.append(in_flight.pop(0).result())
+            self._call("complete_multipart_upload", key, lambda: self.client.complete_multipart_upload(
+                Bucket=self.bucket, Key=s3_key, UploadId=upload_id, MultipartUpload={"Parts": parts}))
         except BaseException:
+            for future in in_flight:
+                future.cancel()
+            for future in in_flight:
+                try:
+                    future.result()
+                except BaseException:  # noqa: BLE001 - the first failure is what we raise
+                    pass
             try:  # best effort: a dead server keeps the parts until its own lifecycle rule
-                await asyncio.wait_for(call("abort_multipart_upload", Bucket=self.bucket, Key=s3_key,
-                                            UploadId=upload_id), timeout=10)
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=s3_key, UploadId=upload_id)
             except Exception as e:  # noqa: BLE001
                 log.warning("storage: could not abort multipart upload of %s: %s", self.url(key), e)
             raise
         return total
 
     def get_bytes(self, key: str) -> bytes:
-        async def fetch() -> bytes:
-            reply = await self.fs._call_s3("get_object", Bucket=self.bucket, Key=self._key(key))
-            async with reply["Body"] as body:
-                return await body.read()
+        def fetch() -> bytes:
+            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
 
-        return self._run(lambda: self._retrying("get_object", key, fetch))
+        return self._call("get_object", key, fetch)
+
+    def put_file(self, key: str, path: str | os.PathLike) -> int:
+        size = os.path.getsize(path)
+        if size <= self.options.part_size:
+            return super().put_file(key, path)  # one atomic PUT
+        self._call("upload_file", key, lambda: self.client.upload_file(
+            str(path), self.bucket, self._key(key), Config=self._transfer_config()))
+        return size
+
+    def get_file(self, key: str, path: str | os.PathLike) -> int:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._call("download_file", key, lambda: self.client.download_file(
+            self.bucket, self._key(key), str(path), Config=self._transfer_config()))
+        return os.path.getsize(path)
+
+    def _transfer_config(self) -> Any:
+        from boto3.s3.transfer import TransferConfig
+
+        return TransferConfig(multipart_threshold=self.options.part_size,
+                              multipart_chunksize=self.options.part_size,
+                              max_concurrency=self.options.max_concurrency)
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        async def list_all() -> list[ObjectInfo]:
-            out: list[ObjectInfo] = []
-            token: str | None = None
-            full_prefix = self._key(prefix)
-            strip = len(self.prefix) + 1 if self.prefix else 0
-            while True:
-                kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": full_prefix}
-                if token:
-                    kwargs["ContinuationToken"] = token
-                reply = await self.fs._call_s3("list_objects_v2", **kwargs)
-                for obj in reply.get("Contents", []):
-                    out.append(ObjectInfo(obj["Key"][strip:], int(obj["Size"]),
-                                          obj["LastModified"].timestamp()))
-                if not reply.get("IsTruncated"):
-                    return out
-                token = reply.get("NextContinuationToken")
+        strip = len(self.prefix) + 1 if self.prefix else 0
 
-        return sorted(self._run(lambda: self._retrying("list", prefix, list_all)), key=lambda o: o.key)
+        def list_all() -> list[ObjectInfo]:
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._key(prefix))
+            return [ObjectInfo(obj["Key"][strip:], int(obj["Size"]), obj["LastModified"].timestamp())
+                    for page in pages for obj in page.get("Contents", [])]
+
+        return sorted(self._call("list", prefix, list_all), key=lambda o: o.key)
 
     def delete(self, keys: Iterable[str]) -> None:
         keys = list(keys)
         for start in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
             batch = [{"Key": self._key(k)} for k in keys[start:start + 1000]]
-            reply = self._call("delete_objects", keys[start], Delete={"Objects": batch, "Quiet": True})
+            reply = self._call("delete_objects", keys[start], lambda: self.client.delete_objects(
+                Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True}))
             errors = [e for e in reply.get("Errors", []) if e.get("Code") != "NoSuchKey"]
             if errors:
                 raise StorageError(f"{self.url()}: could not delete {len(errors)} object(s), first: "
@@ -589,14 +583,14 @@ class S3Storage(Storage):
 
     def exists(self, key: str) -> bool:
         try:
-            self._call("head_object", key, Key=self._key(key))
+            self._call("head_object", key, lambda: self.client.head_object(Bucket=self.bucket, Key=self._key(key)))
             return True
         except ObjectNotFound:
             return False
 
     def check_writable(self) -> None:
         try:
-            self._call("head_bucket", "")
+            self._call("head_bucket", "", lambda: self.client.head_bucket(Bucket=self.bucket))
         except ObjectNotFound as e:
             raise NoSuchBucket(
                 f"s3://{self.bucket}: the bucket does not exist (endpoint {self._endpoint()}); "
@@ -609,15 +603,12 @@ class S3Storage(Storage):
         self.delete([probe])
 
     def _endpoint(self) -> str:
-        return str(self.fs.client_kwargs.get("endpoint_url") or self.fs.endpoint_url or "AWS default")
+        return str(self.endpoint_url or "AWS default")
 
     def close(self) -> None:
+        self._parts.shutdown(wait=False, cancel_futures=True)
         try:
-            from fsspec.asyn import sync
-
-            s3 = getattr(self.fs, "_s3", None)
-            if s3 is not None:
-                sync(self.fs.loop, s3.close)
+            self.client.close()
         except Exception:  # noqa: BLE001 - closing is best effort
             pass
 
