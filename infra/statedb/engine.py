@@ -16,6 +16,7 @@ row locks (`SELECT ... FOR UPDATE`) inside it.
 from __future__ import annotations
 
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -24,9 +25,12 @@ import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from infra.statedb.batch import StatementBatch
+
 DB_URL_ENV = "FORGEFLOW_DB_URL"
 DB_FILE = "forgeflow.db"
 SQLITE_BUSY_TIMEOUT_S = 60.0
+PING_AFTER_IDLE_S = 5.0  # a PostgreSQL connection idle in the pool this long is checked before use
 
 
 class StateDbError(RuntimeError):
@@ -94,6 +98,31 @@ def _sqlite_engine(url: sa.URL) -> Engine:
     return engine
 
 
+def _postgres_engine(url: sa.URL) -> Engine:
+    engine = sa.create_engine(url, pool_size=5, max_overflow=5)
+
+    # A pooled connection may be dead (the server restarted). SQLAlchemy's pool_pre_ping checks
+    # on every checkout, which on psycopg is two round trips (BEGIN, SELECT 1) per transaction —
+    # as many as a whole scheduling decision needs — so only a connection that sat idle in the
+    # pool for a while is checked; a dead one is replaced before use.
+    @event.listens_for(engine, "checkin")
+    def _on_checkin(_dbapi_conn, record):  # noqa: ANN001 - DB-API objects
+        record.info["idle_since"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, record, _proxy):  # noqa: ANN001
+        since = record.info.get("idle_since")
+        if since is None or time.monotonic() - since < PING_AFTER_IDLE_S:
+            return
+        try:
+            dbapi_conn.execute("SELECT 1")
+            dbapi_conn.rollback()
+        except Exception:
+            raise sa.exc.DisconnectionError("pooled connection is dead; reconnecting") from None
+
+    return engine
+
+
 def make_engine(url: str) -> Engine:
     """An engine for `url` (no schema check; see `open_state_db`)."""
     try:
@@ -108,7 +137,7 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "postgresql":
         if parsed.drivername == "postgresql":
             parsed = parsed.set(drivername="postgresql+psycopg")  # the driver forgeflow installs
-        return sa.create_engine(parsed, pool_pre_ping=True, pool_size=5, max_overflow=5)
+        return _postgres_engine(parsed)
     raise StateDbError(
         f"state database {redact(url)!r}: backend {parsed.get_backend_name()!r} is not supported; "
         "use postgresql+psycopg://... or sqlite:///..."
@@ -121,6 +150,29 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
     try:
         with engine.begin() as conn:
             yield conn
+    except sa.exc.OperationalError as e:
+        reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+        raise StateDbError(
+            f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
+            "check that it is reachable and not read-only"
+        ) from None
+
+
+@contextmanager
+def batched_write_transaction(engine: Engine) -> Iterator[tuple[Connection, StatementBatch]]:
+    """`write_transaction` with a `StatementBatch`: what is still queued in it at the end is sent
+    together with the COMMIT (one round trip on PostgreSQL)."""
+    try:
+        with engine.connect() as conn:
+            transaction = conn.begin()
+            batch = StatementBatch(conn)
+            try:
+                yield conn, batch
+                batch.commit(transaction)
+            except BaseException:
+                if transaction.is_active:
+                    transaction.rollback()
+                raise
     except sa.exc.OperationalError as e:
         reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
         raise StateDbError(

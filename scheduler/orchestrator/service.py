@@ -29,7 +29,15 @@ from typing import Any, Callable, Iterator
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from infra.statedb import is_postgres, open_state_db, read_transaction, write_transaction
+from infra.statedb import (
+    StatementBatch,
+    batched_write_transaction,
+    is_postgres,
+    open_state_db,
+    read_transaction,
+    write_transaction,
+)
+from infra.statedb.batch import Pending
 from infra.statedb.schema import allocations, clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
@@ -47,13 +55,20 @@ _BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cnam
                  .values(state_version=clusters.c.state_version + 1)
                  .returning(clusters.c.state_version, clusters.c.generation))
 _JOB_STATE = sa.select(jobs.c.state).where(jobs.c.id == sa.bindparam("jid"))
-_JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
+# (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
+_JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"),
+                                    sa.or_(*(jobs.c.state == s for s in ACTIVE)))
               .values(state=sa.bindparam("outcome"), finished_at=sa.bindparam("now"), reason=sa.bindparam("why")))
+_RELEASE_JOB = (sa.update(allocations).where(allocations.c.job_id == sa.bindparam("jid"),
+                                             allocations.c.released_at.is_(None))
+                .values(released_at=sa.bindparam("now"), release_event="release")
+                .returning(allocations.c.job_id, allocations.c.node, allocations.c.gpu_index))
 _JOB_ADMITTED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
                  .values(state="running", admitted_at=sa.bindparam("now"), attempts=jobs.c.attempts + 1,
                          reason=None, placement=sa.bindparam("placement"),
                          predicted_run_s=sa.bindparam("predicted_run_s")))
-_ALLOCATE = sa.insert(allocations)
+_ALLOCATE = sa.insert(allocations).values(
+    {c: sa.bindparam(c) for c in ("job_id", "cluster", "node", "gpu_index", "allocated_at", "lease_expires_at")})
 _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
 
@@ -137,28 +152,53 @@ class Orchestrator:
         self._pending: _View | None = None  # the view being changed by the open transaction
         self.last_pass: PassResult | None = None
         self._mutex = threading.RLock()  # one transaction of this object at a time (lease threads)
+        # the open transaction (inside _locked): its statement batch, the lock's pending row, and
+        # (connection, cluster, cached view until settled, state version once settled)
+        self._batch: StatementBatch | None = None
+        self._lock_row: Pending | None = None
+        self._tx: tuple | None = None
 
     # ---------------------------------------------------------------- transactions
     @contextmanager
-    def _locked(self, cluster: str | None) -> Iterator[tuple[Connection, str]]:
-        """A write transaction holding the scheduler lock of the cluster, with this process's view of it."""
+    def _locked(self, cluster: str | None, *, deferred: bool = False) -> Iterator[tuple[Connection, str]]:
+        """A write transaction holding the scheduler lock of the cluster, with this process's view of it.
+
+        The scheduler lock is the first statement: an UPDATE of the cluster's row (a row lock on
+        PostgreSQL; SQLite's BEGIN IMMEDIATE already holds the database lock) that bumps its
+        `state_version`; one decision at a time. It goes out in the transaction's
+        `StatementBatch`: with `deferred`, the caller may queue more statements behind it and
+        must call `_settle()` before it runs anything else (they then travel in one round
+        trip on PostgreSQL); otherwise it is sent at once. Statements queued at the end (the
+        decision's writes) are sent with the COMMIT.
+        """
         with self._mutex, self._in_transaction():
-            with write_transaction(self.engine) as conn:
+            with batched_write_transaction(self.engine) as (conn, batch):
                 name = cluster if cluster is not None else inventory.resolve_cluster(conn, None)
-                # The scheduler lock: the UPDATE row-locks the cluster on PostgreSQL (SQLite's
-                # BEGIN IMMEDIATE already holds the database lock); one decision at a time.
-                row = conn.execute(_BUMP_VERSION, {"cname": name}).one_or_none()
-                if row is None:
-                    inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
-                version, generation = row
-                view = self._views.pop(name, None)
-                if view is None or view.version != version - 1 or view.generation != generation:
-                    view = None  # someone else wrote since: read the state back
-                self._pending = view
+                self._batch = batch
+                self._lock_row = batch.add(_BUMP_VERSION, {"cname": name})
+                self._tx = (conn, name, self._views.pop(name, None), 0)
+                if not deferred:
+                    self._settle()
                 yield conn, name
+                self._settle()
                 if self._pending is not None:
-                    self._pending.version = version
+                    self._pending.version = self._tx[3]
                     self._views[name] = self._pending
+
+    def _settle(self) -> None:
+        """Send the lock (and whatever was queued behind it) and decide whether the cached view is current."""
+        if self._lock_row is None:
+            return
+        self._batch.flush()
+        conn, name, cached, _ = self._tx
+        rows, self._lock_row = self._lock_row.all(), None
+        if not rows:
+            inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
+        version, generation = rows[0]
+        if cached is None or cached.version != version - 1 or cached.generation != generation:
+            cached = None  # someone else wrote since: read the state back
+        self._pending = cached
+        self._tx = (conn, name, None, version)
 
     @contextmanager
     def _in_transaction(self) -> Iterator[None]:
@@ -166,9 +206,13 @@ class Orchestrator:
             yield
         finally:
             self._pending = None  # a rolled-back transaction leaves no view behind
+            self._lock_row = None
+            self._batch = None
+            self._tx = None
 
     def _view(self, conn: Connection, cname: str) -> _View:
         """The open transaction's view of the cluster, read from the database when not current."""
+        self._settle()
         if self._pending is None:
             version, generation = conn.execute(sa.select(clusters.c.state_version, clusters.c.generation)
                                                .where(clusters.c.name == cname)).one()
@@ -182,6 +226,7 @@ class Orchestrator:
 
     def _forget_view(self) -> None:
         """After a change this process does not mirror in memory (health, expiry, register)."""
+        self._settle()
         self._pending = None
 
     def _job_row(self, conn: Connection, job_id: int, *, lock: bool = False):
@@ -282,31 +327,36 @@ class Orchestrator:
         if outcome not in DONE:
             raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
         cluster = self._cluster_of(job_id)
-        with self._locked(cluster) as (conn, cname):
-            # A current view knows the state of every queued or running job; ask the database otherwise.
-            state = self._pending.state_of(job_id) if self._pending is not None else None
-            if state is None:
-                state = conn.execute(_JOB_STATE, {"jid": job_id}).scalar_one()
-            if state in DONE:
-                return state
+        with self._locked(cluster, deferred=True) as (conn, cname):
+            # The lock, the job's state before this change, freeing its GPUs and ending it: one
+            # round trip on PostgreSQL (they run in this order; ending touches only a live job).
             now = time.time()
-            view = self._view(conn, cname)
-            freed = self._free_allocations(conn, allocations.c.job_id == job_id, now, "release")
-            conn.execute(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
+            prior = self._batch.add(_JOB_STATE, {"jid": job_id})
+            released = self._batch.add(_RELEASE_JOB, {"jid": job_id, "now": now})
+            self._batch.add(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
+            self._settle()
+            state, freed = prior.scalar(), released.all()
+            if state is None:
+                raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+            if state in DONE and not freed:
+                return state
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
-            view.running.pop(job_id, None)
-            if state == "queued":
+            if self._pending is None:  # read back now, after this change: nothing to apply to it
+                self._view(conn, cname)
+            else:
+                view = self._pending
+                view.running.pop(job_id, None)
                 view.unqueue(job_id)
-            by_node: dict[str, list[int]] = {}
-            for _, node, gpu in freed:
-                by_node.setdefault(node, []).append(gpu)
-            try:
-                for node, gpus_freed in by_node.items():
-                    view.cluster.release(node, gpus_freed)
-                    view.free.give_back(view.cluster.node(node).gpu_type, len(gpus_freed))
-            except ClusterError:  # the view disagrees with the database: trust the database
-                self._forget_view()
+                by_node: dict[str, list[int]] = {}
+                for _, node, gpu in freed:
+                    by_node.setdefault(node, []).append(gpu)
+                try:
+                    for node, gpus_freed in by_node.items():
+                        view.cluster.release(node, gpus_freed)
+                        view.free.give_back(view.cluster.node(node).gpu_type, len(gpus_freed))
+                except ClusterError:  # the view disagrees with the database: trust the database
+                    self._forget_view()
             if freed:
                 self._pass(conn, cname)
             return state
@@ -474,6 +524,7 @@ class Orchestrator:
         return out
 
     def _pass(self, conn: Connection, cname: str, *, check_leases: bool = False) -> PassResult:
+        self._settle()
         now = time.time()
         expired = self._expire(conn, cname, now, check=check_leases)
         view = self._view(conn, cname)
@@ -502,11 +553,13 @@ class Orchestrator:
             result.admitted.append(job_id)
         # Every job this pass admits, in one multi-row statement each (the history rows come from
         # the database's trigger on allocations).
-        conn.execute(_JOB_ADMITTED, updates)
+        # These writes are the decision's last statements: queued, they go out with the COMMIT.
+        self._batch.add(_JOB_ADMITTED, updates)
         for job_id in result.admitted:
             view.unqueue(job_id)
         view.lease_floor = min(view.lease_floor, lease)
         # The database refuses a GPU that another live allocation holds (uq_allocations_live_gpu):
-        # an IntegrityError here rolls the whole decision back (and this process's view with it).
-        conn.execute(_ALLOCATE, rows)
+        # an IntegrityError here (or from the COMMIT that sends it) rolls the whole decision back,
+        # and this process's view with it (its version no longer matches the database's).
+        self._batch.add(_ALLOCATE, rows)
         return result
