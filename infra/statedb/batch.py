@@ -17,6 +17,7 @@ executes the statement at once through the connection.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Sequence
 
 import sqlalchemy as sa
@@ -46,8 +47,9 @@ class Pending:
 class _Compiled:
     """A Core statement compiled once for a dialect, with its bind processors."""
 
-    def __init__(self, stmt: sa.Executable, dialect: sa.Dialect):
-        compiled = stmt.compile(dialect=dialect)
+    def __init__(self, stmt: sa.Executable, dialect: sa.Dialect, keys: tuple[str, ...]):
+        # column_keys: an INSERT/UPDATE without .values() sets the columns its parameters name
+        compiled = stmt.compile(dialect=dialect, column_keys=list(keys))
         self.compiled = compiled
         self.sql = compiled.string
         self.processors = {}
@@ -64,15 +66,19 @@ class _Compiled:
         return params
 
 
-_COMPILED: dict[tuple[int, str], _Compiled] = {}
+_COMPILED: dict[tuple, _Compiled] = {}
 
 
-def _compiled(stmt: sa.Executable, dialect: sa.Dialect) -> _Compiled:
-    # Statements are module-level constants in the callers: compile each once per dialect.
-    key = (id(stmt), dialect.name)
+def _compiled(stmt: sa.Executable, dialect: sa.Dialect, params: dict[str, Any] | None) -> _Compiled:
+    # The hot statements are module-level constants in the callers: each is compiled once per
+    # dialect and parameter names (the cache holds the statement, so its id is not reused).
+    keys = tuple(sorted(params)) if params else ()
+    key = (id(stmt), dialect.name, keys)
     entry = _COMPILED.get(key)
-    if entry is None or entry.compiled.statement is not stmt:
-        entry = _COMPILED[key] = _Compiled(stmt, dialect)
+    if entry is None:
+        if len(_COMPILED) > 512:  # callers that build statements on the fly: keep the cache bounded
+            _COMPILED.clear()
+        entry = _COMPILED[key] = _Compiled(stmt, dialect, keys)
     return entry
 
 
@@ -117,18 +123,26 @@ class StatementBatch:
             transaction.commit()
             return
         driver = self.conn.connection.driver_connection
-        with self._wrapped_errors():
-            with driver.pipeline():
-                self._send(driver)
-                transaction.commit()  # psycopg queues the COMMIT behind them and syncs
+        try:
+            with self._wrapped_errors():
+                with driver.pipeline():
+                    self._send(driver)
+                    transaction.commit()  # psycopg queues the COMMIT behind them and syncs
+        except BaseException:
+            # A statement failed, so the COMMIT was skipped: the server's transaction is aborted,
+            # but SQLAlchemy counts it as ended and would pool the connection as it is. Roll back.
+            with contextlib.suppress(Exception):
+                driver.rollback()
+            raise
 
     def _send(self, driver) -> list[tuple[Any, Pending]]:  # noqa: ANN001 - a psycopg connection
         sent = []
         queued, self._queued = self._queued, []
         for stmt, params, pending in queued:
-            entry = _compiled(stmt, self.conn.dialect)
+            many = isinstance(params, (list, tuple))
+            entry = _compiled(stmt, self.conn.dialect, params[0] if many and params else None if many else params)
             cursor = driver.cursor()
-            if isinstance(params, (list, tuple)):
+            if many:
                 cursor.executemany(entry.sql, [entry.params(p) for p in params])
             else:
                 cursor.execute(entry.sql, entry.params(params))

@@ -176,3 +176,24 @@ def test_requeue_after_a_cordon_places_the_job_on_healthy_nodes(orch):
     orch.requeue(job, reason="re-placing after a node check")
     assert _where(orch, job) == {"a10-0", "a10-1"} - {bad}
     assert orch.job(job)["attempts"] == 2
+
+
+@pytest.mark.parametrize("policy", ["fcfs", "has", "ect"])
+def test_a_pass_decides_the_same_with_shared_or_separate_option_lists(policy):
+    # schedule_pass skips a job whose (shared) option list already found no room in the pass,
+    # and a request key that did not fit: that must never change what it decides.
+    from scheduler.policy import FreeGpus, QueuedJob, schedule_pass
+
+    def run(shared: bool):
+        cluster = parse_cluster(INVENTORY)
+        cluster.allocate("a100-0", [0, 1, 2])  # uneven room: some requests fit only after others
+        shapes = {n: tuple(demand_options(cluster, n, min_memory_gib=m, duration_s=60 * n)["has"])
+                  for n, m in ((1, 0), (2, 40), (4, 0), (8, 0))}
+        sizes = [4, 1, 8, 2, 4, 1, 2, 8, 1, 4, 2, 1]
+        queue = [QueuedJob(str(i), float(i), shapes[n] if shared else tuple(list(shapes[n])))
+                 for i, n in enumerate(sizes)]
+        started, considered = schedule_pass(policy, 100.0, queue, [], FreeGpus(cluster))
+        return [(q.job_id, o.gpu_type, p.gpu_map()) for q, o, p in started], considered
+
+    assert run(shared=True) == run(shared=False)
+    assert run(shared=True)[0]  # something started
