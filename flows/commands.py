@@ -82,11 +82,43 @@ def training_progress(config: str, mode: str = "auto", console=None):
         loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
         for logger in loggers:
             logger.addHandler(handler)
+        moved = _prefect_logs_above(live) if live.mode == "live" else []
         try:
             yield live
         finally:
             for logger in loggers:
                 logger.removeHandler(handler)
+            for log_handler, log_console in moved:
+                log_handler.console = log_console
+
+
+def _prefect_logs_above(live) -> list:
+    """Prefect's console log handlers print through their own rich consoles, bound to the real
+    stderr; while the live panel shows, they print through the panel's console instead, so log
+    lines scroll above the panel rather than being written into it. Returns (handler, console)
+    pairs to restore."""
+    moved = []
+    for name in ["", *[n for n in logging.Logger.manager.loggerDict if n.startswith("prefect")]]:
+        for h in getattr(logging.getLogger(name), "handlers", []):
+            log_console = getattr(h, "console", None)
+            if callable(getattr(log_console, "print", None)) and not isinstance(log_console, _PrintAbove):
+                moved.append((h, log_console))  # a handler on two loggers is moved once
+                h.console = _PrintAbove(live.console)
+    return moved
+
+
+class _PrintAbove:
+    """A log handler's console stand-in: prints as plain text through the live panel's console."""
+
+    def __init__(self, console) -> None:
+        self.console = console
+
+    def print(self, *objects, **kwargs) -> None:
+        kwargs.update(markup=False, highlight=False)  # log text, not rich markup ("[SUCCESS] ...")
+        self.console.print(*objects, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.console, name)
 
 
 class _CallbackHandler(logging.Handler):

@@ -52,9 +52,11 @@ class TrainingStatus:
         return min(1.0, self.step / self.total_steps) if self.total_steps else 0.0
 
     def rich(self) -> Any:
-        """A small rich table: a bar and the figures, then the last event."""
+        """A line of figures with a bar, then the last event on its own line."""
+        from rich.console import Group
         from rich.progress_bar import ProgressBar
         from rich.table import Table
+        from rich.text import Text
 
         grid = Table.grid(padding=(0, 2))
         grid.add_row(f"[bold]attempt {max(self.attempt, 0)}[/]",
@@ -63,8 +65,8 @@ class TrainingStatus:
                      f"loss {self.loss:.4f}" if self.loss is not None else "loss -",
                      f"{self.tokens_per_s:,.0f} tok/s" if self.tokens_per_s is not None else "- tok/s",
                      f"ETA {format_duration(self.eta_s)}")
-        grid.add_row("[dim]last event[/]", self.last_event, *[""] * 4)
-        return grid
+        event = Text.assemble(("last event: ", "dim"), self.last_event)  # plain text, not markup
+        return Group(grid, event)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -58,3 +58,31 @@ def test_json_mode_prints_nothing(tmp_path, capsys):
         live.show()
     captured = capsys.readouterr()
     assert "attempt 0 |" not in captured.err + captured.out
+
+
+def test_prefect_log_lines_scroll_above_the_live_panel(tmp_path):
+    """On a terminal, a log handler printing through its own rich console (as Prefect's does) is
+    pointed at the panel's stderr while it shows, and restored after."""
+    from rich.console import Console
+
+    class ConsoleHandler(logging.Handler):  # the shape of Prefect's PrefectConsoleHandler
+        def __init__(self, file):
+            super().__init__()
+            self.console = Console(file=file, width=200)
+
+        def emit(self, record):
+            self.console.print(record.getMessage())
+
+    elsewhere = io.StringIO()
+    handler = ConsoleHandler(elsewhere)
+    logger = logging.getLogger("prefect.uxview-test")
+    logger.addHandler(handler)
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
+    try:
+        with training_progress(str(_job(tmp_path)), console=terminal) as live:
+            assert live.mode == "live"
+            logger.warning("[SUCCESS] a log line of the flow")
+        assert handler.console.file is elsewhere  # restored
+    finally:
+        logger.removeHandler(handler)
+    assert "[SUCCESS] a log line of the flow" in terminal.file.getvalue() and elsewhere.getvalue() == ""

@@ -41,4 +41,8 @@ def test_forgeflow_turns_the_temporary_servers_telemetry_off():
 
 
 def test_a_users_own_setting_wins():
-    assert "send_telemetry_heartbeat" in _enabled_services("quiet", PREFECT_SERVER_ANALYTICS_ENABLED="true")
+    from flows.cli import temporary_server_defaults
+
+    environ = {"PREFECT_SERVER_ANALYTICS_ENABLED": "true", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "30"}
+    temporary_server_defaults(environ)
+    assert environ == {"PREFECT_SERVER_ANALYTICS_ENABLED": "true", "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "30"}
