@@ -70,7 +70,8 @@ class PretrainResult:
     final_step: int
     failures: list[FailedAttempt] = field(default_factory=list)
     stopped_because: str = ""
-    # where each attempt ran: {"attempt", "nodes", "world_size", "dp", "tp", "pp", "gpu_type"};
+    # where each attempt ran: {"attempt", "nodes", "world_size", "dp", "tp", "pp", "gpu_type",
+    # "micro_batch_size"};
     # after a cordon and re-placement the layout changes (the checkpoint reshards on load)
     placements: list[dict] = field(default_factory=list)
 
@@ -166,7 +167,8 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
             result.failures[-1].relaunched_at = time.time()
         result.placements.append({"attempt": attempt, "nodes": list(placement.nodes),
                                   "world_size": placement.world_size, "dp": placement.dp, "tp": placement.tp,
-                                  "pp": placement.pp, "gpu_type": placement.gpu_type})
+                                  "pp": placement.pp, "gpu_type": placement.gpu_type,
+                                  "micro_batch_size": getattr(placement.plan, "micro_batch_size", None)})
         outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
                               hang_timeout_s, env, progress, launcher, announcer, cluster=inventory)
         announcer.poll(force=True)

@@ -52,6 +52,7 @@ class NodeLoss:
         self.poll_s = poll_s
         self.lost_at: float | None = None
         self.killed: list[int] = []
+        self._now = threading.Event()
         self._token = uuid.uuid4().hex
         self._previous: str | None = None
         self._stop = threading.Event()
@@ -77,13 +78,20 @@ class NodeLoss:
         while not self._stop.wait(self.poll_s):
             if self.lost_at is None:
                 try:
-                    fired = self.trigger()
+                    fired = self._now.is_set() or self.trigger()
                 except Exception:  # a half-written heartbeat: look again next time
                     fired = False
                 if not fired:
                     continue
                 self.lost_at = time.time()
             self.kill_now()
+
+    def lost_now(self) -> None:
+        """Lose the node now, whatever the trigger says (kills before returning)."""
+        self._now.set()
+        if self.lost_at is None:
+            self.lost_at = time.time()
+        self.kill_now()
 
     def node_processes(self) -> list[psutil.Process]:
         mine = []
