@@ -33,10 +33,22 @@ def test_corpus_is_large_and_covers_every_root_cause(corpus_labels):
         assert (CORPUS / name).stat().st_size > 2000
 
 
-def test_rules_diagnose_the_corpus(corpus_labels, state):
+# A small regression set, one case per failure family: these must stay right. Accuracy
+# over the whole corpus (and over its noisier variants and the real logs) is measured by
+# benchmarks/diagnosis_accuracy.py, not pinned here: a test that pins every case the rules
+# were written from at 100 % only says the rules match the templates they came from.
+REGRESSION_SET = (
+    "oom_under_timeouts.log", "nvlink_xid74.log", "ecc_xid94_then_cuda.log", "ib_completion_error.log",
+    "cuda_illegal_address.log", "node_fell_off_bus.log", "nccl_timeout_only.log", "dataloader_oom_killed.log",
+    "s3_slowdown_on_checkpoint.log", "key_error_batch.log", "os_error_disk_full.log", "rendezvous_store_timeout.log",
+)
+
+
+def test_rules_diagnose_the_regression_set(corpus_labels, state):
     # Cases marked novel_to_seed_rules are there for the agents: the seeds get them wrong.
-    seen = {n: lab for n, lab in corpus_labels.items() if not lab["novel_to_seed_rules"]}
-    assert len(seen) >= 40 and len(corpus_labels) - len(seen) >= 5
+    assert len(corpus_labels) - sum(not lab["novel_to_seed_rules"] for lab in corpus_labels.values()) >= 5
+    seen = {n: corpus_labels[n] for n in REGRESSION_SET}
+    assert not any(lab["novel_to_seed_rules"] for lab in seen.values())
     wrong = []
     for name, label in seen.items():
         d = diagnose_log(CORPUS / name)
