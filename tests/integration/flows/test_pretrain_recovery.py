@@ -7,6 +7,7 @@ unrecoverable ones must stop with the diagnosis alerted.
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -94,13 +95,21 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
 
 
 def test_script_error_stops_and_alerts_the_diagnosis(prefect_api, make_job, slack):
-    result = pretrain(str(make_job("script-bug")), drill_faults=["script_error@5"], backoff_s=0.5)
+    job = make_job("script-bug")
+    result = pretrain(str(job), drill_faults=["script_error@5"], backoff_s=0.5)
     assert not result.finished and result.attempts == 1
     assert result.failures[0].root_cause == "KeyError"
     assert "deterministic" in result.stopped_because
     texts = "\n".join(slack.texts())
     assert "KeyError" in texts and "stop" in texts
     assert "SECRET" not in texts
+
+    # A drill is scoped to its flow run: the job's next flow run (same run directory, where the
+    # first run's "fired" record stays) drills again instead of silently training through.
+    again = pretrain(str(job), drill_faults=["script_error@5"], backoff_s=0.5)
+    assert not again.finished and again.failures[0].root_cause == "KeyError" and again.final_step == 5
+    fired = sorted(p.name for p in (load_job_spec(job).resolved_run_dir / "markers").glob("fault_fired.*"))
+    assert len(fired) == 2 and all(re.fullmatch(r"fault_fired\.script_error@5\.rank0\.[0-9a-f-]{36}", f) for f in fired)
 
 
 def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, make_job, tmp_path):
