@@ -89,7 +89,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),
     ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
      "The checkpoint/weights do not load: check the checkpoint path, that its manifest is complete, and that the model config matches it.", False),
-    ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)", "DatasetLoadingError", False,
+    ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)", "DatasetLoadingError", False,
      "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),
     # ------------------------------------------------------------- torchrun summaries and signals (pure symptoms)
     ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed|\] failed \(exitcode: -?\d+\) local_rank: \d+|^\S*\s*[\w.-]+\.py FAILED\s*$", "Unknown", True,
@@ -113,7 +113,10 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "Permission denied: fix ownership/permissions of the path, or write elsewhere.", False),
     ("file-not-found", X + r"FileNotFoundError(?::|\s*$)|\[Errno 2\] No such file or directory", "FileNotFoundError", False,
      "A file is missing: check the path in the job spec and that the data/checkpoint exists on every node.", False),
-    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named ", "ImportError", False,
+    # transformers' lazy imports wrap the ImportError in "RuntimeError: Failed to import X
+    # because of the following error"; a compiled extension built for another torch says
+    # "undefined symbol".
+    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named |Failed to import [\w.]+ because of the following error|\.so: undefined symbol: ", "ImportError", False,
      "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
     ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)(?::|\s*$)", "SyntaxError", False,
      "The script does not parse: fix the syntax error.", False),
@@ -125,7 +128,9 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "An index is out of range: fix the script or data.", False),
     ("type", X + r"TypeError(?::|\s*$)", "TypeError", False,
      "Wrong argument types: fix the script.", False),
-    ("os", X + r"(?:OSError|IOError)(?::|\s*$)|\[Errno (?:5|28|30|122)\]", "OSError", False,
+    # torch.save reports a file the OS would not create (disk full, no such directory,
+    # read-only) as "RuntimeError: File X cannot be opened."
+    ("os", X + r"(?:OSError|IOError)(?::|\s*$)|\[Errno (?:5|28|30|122)\]|\bFile \S+ cannot be opened\.", "OSError", False,
      "An OS-level error (disk full, I/O error, read-only file system): check the node's file systems.", False),
     # ------------------------------------------------------------- Python exceptions (framework)
     ("attribute", X + r"AttributeError(?::|\s*$)", "AttributeError", False,
