@@ -124,7 +124,8 @@ class _Progress:
         self.bars.__exit__(*exc)
 
     def print(self, text: str) -> None:
-        self.console.print(text, markup=False, highlight=False)
+        # soft_wrap: a log file or pipe keeps each line whole (no wrapping at a guessed width)
+        self.console.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def eta_s(self) -> float | None:
         """Seconds left at the rate so far, counting trials and metric jobs alike."""
