@@ -38,9 +38,13 @@ Measurements (figures printed, the last line one JSON object):
    unsplit dataset, which is why it is not the headline.
 2. Real, on this machine: a small random-init Llama, a suite of a HumanEval
    subset, perplexity and two JSONL tasks, 2 inference slots and CPU metric
-   workers; both policies through `evalsuite.runner.evaluate`. The runtime
-   history is warmed by one untimed coordinator run first (the coordinator is
-   prior-based: runtimes are known from earlier checkpoints).
+   workers; both policies through `evalsuite.runner.evaluate`, both with
+   `isolation: process` (each slot a long-lived worker process: slots as
+   threads of one process share its GIL, which serialises a small model's
+   Python-bound generation loop, for either policy). The runtime history is
+   warmed by one untimed coordinator run first (the coordinator is prior-based:
+   runtimes are known from earlier checkpoints). The two policies alternate and
+   medians are taken (`--repeats`, default 5): the machine is shared.
 3. Model load time of a ~25M-parameter model from S3 storage (a moto S3 server
    on 127.0.0.1) vs from its /dev/shm preload.
 4. `history_used_in_flow`: the evaluate-checkpoint Prefect flow (ephemeral API)
@@ -345,6 +349,7 @@ name: bench
 backend: transformers
 backend_options: {batch_size: 8, torch_threads: 1, device: cpu}
 slots: 2
+isolation: process
 metric_workers: 2
 sandbox: {timeout_s: 3.0}
 datasets:

@@ -87,6 +87,12 @@ class Backend(ABC):
     def chunk_size(self) -> int:
         return self.options.batch_size
 
+    @classmethod
+    def batch_granularity(cls, options: BackendOptions) -> int:
+        """Requests answered in one pass, known before loading: the planner cuts split datasets
+        at multiples of it (a partly filled pass costs about as much as a full one)."""
+        return options.batch_size
+
     def run_shard(self, dataset: EvalDataset, requests: list[TokenizedRequest], writer: ShardWriter,
                   on_progress: Callable[[int], None] | None = None) -> CompletionRecord:
         """Answer every request of one shard, writing records as they come; completion last."""
@@ -290,6 +296,10 @@ class VllmBackend(Backend):
     @property
     def chunk_size(self) -> int:
         return 1 << 30  # hand vLLM the whole shard: its scheduler batches continuously
+
+    @classmethod
+    def batch_granularity(cls, options: BackendOptions) -> int:
+        return 1        # continuous batching: any cut is as good
 
     def close(self) -> None:
         del self.llm

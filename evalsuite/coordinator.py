@@ -73,8 +73,13 @@ def estimate_costs(datasets: list[tuple[DatasetRef, EvalDataset]], history: Runt
 
 def decompose(costs: list[DatasetCost], *, slots: int, backend: str, output_dir: str, load_s: float,
               policy: Policy | None = None, target_trial_s: float | None = None,
-              backend_options: dict | None = None, trials_per_slot: int = 3) -> list[Trial]:
-    """Datasets → trials: split the long, batch the short (each as the policy allows)."""
+              backend_options: dict | None = None, trials_per_slot: int = 3,
+              batch_size: int = 1) -> list[Trial]:
+    """Datasets → trials: split the long, batch the short (each as the policy allows).
+
+    A split dataset is cut at multiples of `batch_size` (the requests the backend answers in one
+    pass): its shards then cost no more passes than the whole dataset does (32 samples in batches
+    of 8 are 4 passes whole, but 5 when cut into 5 shards of 6-7)."""
     policy = policy or Policy()
     total = sum(c.gpu_s for c in costs)
     # A few trials per slot leave the balancer room to even slots out; never aim below the
@@ -86,9 +91,11 @@ def decompose(costs: list[DatasetCost], *, slots: int, backend: str, output_dir:
         k = 1
         # A long metric phase is split too: its shards are scored in parallel on the CPU pool.
         longest = max(c.gpu_s, c.metric_s)
+        batches = max(1, math.ceil(c.samples / max(1, batch_size)))
         if policy.split_large and longest > target:
-            k = min(c.samples, math.ceil(longest / target))
-        bounds = [round(i * c.samples / k) for i in range(k + 1)]
+            k = min(batches, math.ceil(longest / target))
+        bounds = [min(c.samples, round(i * batches / k) * max(1, batch_size)) for i in range(k + 1)]
+        bounds[-1] = c.samples
         shards = [ShardSpec(dataset=c.ref, shard=i, start=bounds[i], stop=bounds[i + 1],
                             predicted_gpu_s=c.gpu_s * (bounds[i + 1] - bounds[i]) / max(1, c.samples),
                             predicted_metric_s=c.metric_s * (bounds[i + 1] - bounds[i]) / max(1, c.samples))

@@ -40,7 +40,7 @@ from evalsuite.coordinator import Plan
 from evalsuite.history import RuntimeHistory
 from evalsuite.metrics import MetricJob, ShardScore, aggregate_dataset, run_metric_job, score_path_for
 from evalsuite.sandbox import Sandbox, SandboxLimits
-from evalsuite.trials import EngineCache, ShardSpec, Trial, TrialResult, execute_trial
+from evalsuite.trials import EngineCache, ShardSpec, SlotProcesses, Trial, TrialResult, execute_trial
 
 Event = Callable[[str, dict[str, Any]], None]
 
@@ -101,9 +101,10 @@ class LocalSubmitter:
         self._trials = cf.ThreadPoolExecutor(max_workers=max(1, slots), thread_name_prefix="slot")
         self._metrics = cf.ThreadPoolExecutor(max_workers=max(1, metric_workers), thread_name_prefix="metric")
         self.engines = EngineCache()   # in-thread trials: one engine per slot thread, reused across trials
+        self.processes = SlotProcesses()   # process-isolated trials: one long-lived process per slot
 
     def submit_trial(self, trial: Trial, on_progress: Callable[[str, int], None] | None) -> cf.Future:
-        return self._trials.submit(execute_trial, trial, on_progress, self.engines)
+        return self._trials.submit(execute_trial, trial, on_progress, self.engines, self.processes)
 
     def submit_metric(self, job: MetricJob) -> cf.Future:
         return self._metrics.submit(run_metric_job, job, self.sandbox)
@@ -116,6 +117,7 @@ class LocalSubmitter:
         self._trials.shutdown(wait=True)
         self._metrics.shutdown(wait=True)
         self.engines.close()
+        self.processes.close()
 
 
 def prepare(plan: Plan) -> None:

@@ -39,7 +39,8 @@ def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, h
     trials = decompose(costs, slots=len(slots), backend=suite.backend, output_dir=str(output_dir),
                        load_s=history.load_s(suite.backend, model_key, source="shm" if policy.preload else "storage"),
                        policy=policy,
-                       target_trial_s=suite.target_trial_s, backend_options=suite.backend_options)
+                       target_trial_s=suite.target_trial_s, backend_options=suite.backend_options,
+                       batch_size=_batch_granularity(suite))
     plan = assign(trials, slots, policy)
     plan.devices = {slot: devices for slot, devices in zip(slots, suite.slot_devices() * max(1, len(nodes or [])))}
     plan.model_key = model_key
@@ -52,6 +53,16 @@ def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, h
         t.isolation = suite.isolation
         t.node = slot_of[t.trial_id].split("/", 1)[0] if nodes else ""
     return plan
+
+
+def _batch_granularity(suite: SuiteConfig) -> int:
+    from evalsuite.backends import backend_class, parse_backend_options
+    from evalsuite.errors import EvalError
+
+    try:
+        return backend_class(suite.backend).batch_granularity(parse_backend_options(suite.backend_options))
+    except EvalError:
+        return 1   # an unknown backend or bad options: reported where the trial loads it
 
 
 def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, policy: Policy | None = None,

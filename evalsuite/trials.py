@@ -11,6 +11,8 @@ A trial runs on its slot's devices: a slot is a set of devices (`["cuda:2",
 (`CUDA_VISIBLE_DEVICES`), so one engine per slot owns them; a vLLM engine's
 tensor-parallel size is the slot's GPU count. A CPU slot may name cores
 (`cpu:0,1`): the trial process is pinned to them, the CPU twin of a GPU set.
+The local executor keeps one such process per slot (`SlotProcesses`): a slot's
+later trials reuse its interpreter and engine.
 
 A shard whose output file is already complete is skipped, so re-running a trial
 after a crash redoes only the unfinished shards.
@@ -282,19 +284,132 @@ def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialR
     return TrialResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 
+class _TrialProcess:
+    """A long-lived interpreter that sees one slot's devices and runs that slot's trials one after
+    another, keeping its engine between them (`python -m evalsuite.trials --serve`)."""
+
+    def __init__(self, trial: Trial) -> None:
+        env, _ = trial_environment(trial)
+        self.devices = list(trial.devices)
+        self.log = tempfile.TemporaryFile()   # stderr: library warnings and progress bars, read on failure
+        self.proc = subprocess.Popen([sys.executable, "-m", "evalsuite.trials", "--serve"], env=env, text=True,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+
+    def run(self, trial: Trial) -> TrialResult:
+        _, seen = trial_environment(trial)
+        try:
+            self.proc.stdin.write(seen.model_dump_json() + "\n")
+            self.proc.stdin.flush()
+            while line := self.proc.stdout.readline():
+                if line.startswith(_REPLY):
+                    reply = json.loads(line[len(_REPLY):])
+                    if "error" in reply:
+                        raise TrialError(reply["error"])
+                    return TrialResult.model_validate(reply["result"])
+        except (BrokenPipeError, OSError):
+            pass
+        code = self.proc.wait()
+        self.log.seek(0)
+        tail = self.log.read().decode(errors="replace").strip()[-2000:]
+        raise TrialError(f"trial {trial.trial_id}: its slot's worker process exited ({code}): {tail}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()          # end of input: the worker closes its engine and exits
+                self.proc.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+
+_REPLY = "@@forgeflow-trial-result "
+
+
+class SlotProcesses:
+    """Process-isolated trials on long-lived worker processes: one per slot at a time, started for
+    the slot's device set on its first trial and reused by the next trial with the same devices, so
+    a slot pays the interpreter start, the imports and (for the same model) the load once. Separate
+    processes also keep slots off each other's GIL (in-thread slots serialise a small model's
+    Python-bound inference loop)."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, ...], list[_TrialProcess]] = {}
+        self._all: list[_TrialProcess] = []
+        self._lock = threading.Lock()
+
+    def run(self, trial: Trial) -> TrialResult:
+        key = tuple(trial.devices)
+        with self._lock:
+            worker = self._idle.get(key, []).pop() if self._idle.get(key) else None
+        if worker is None:
+            worker = _TrialProcess(trial)
+            with self._lock:
+                self._all.append(worker)
+        try:
+            result = worker.run(trial)
+        except TrialError as e:
+            if worker.proc.poll() is not None:   # the process died: never hand it out again
+                with self._lock:
+                    self._all.remove(worker)
+                worker.close()
+            else:
+                with self._lock:
+                    self._idle.setdefault(key, []).append(worker)
+            raise e
+        with self._lock:
+            self._idle.setdefault(key, []).append(worker)
+        return result
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all, self._idle = self._all, [], {}
+        for worker in workers:
+            worker.close()
+
+
 def execute_trial(trial: Trial, on_progress: Callable[[str, int], None] | None = None,
-                  engines: EngineCache | None = None) -> TrialResult:
-    """Run a trial the way its slot asks: in this thread, or in its own process with its devices."""
+                  engines: EngineCache | None = None, processes: SlotProcesses | None = None) -> TrialResult:
+    """Run a trial the way its slot asks: in this thread, or in its own process with its devices
+    (the slot's long-lived worker process when `processes` is given, else a fresh one)."""
     if trial.isolation == "process":
-        return run_trial_in_process(trial)
+        return processes.run(trial) if processes is not None else run_trial_in_process(trial)
     return run_trial(trial, on_progress=on_progress, engines=engines)
 
 
-def _main() -> int:
-    trial = Trial.model_validate_json(sys.stdin.read())
+def _pin(trial: Trial) -> None:
     cores = cpu_cores(trial.devices)
     if cores:
         os.sched_setaffinity(0, cores)
+
+
+def _serve() -> int:
+    """A slot's worker: one trial per input line, one result line each; the engine is kept."""
+    engines = EngineCache()
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            trial = Trial.model_validate_json(line)
+            _pin(trial)
+            try:
+                reply = {"result": run_trial(trial, engines=engines).model_dump(mode="json")}
+            except Exception as e:
+                reply = {"error": str(e) if isinstance(e, TrialError) else
+                         f"trial {trial.trial_id} failed: {type(e).__name__}: {e}"}
+            sys.stdout.write(_REPLY + json.dumps(reply) + "\n")
+            sys.stdout.flush()
+    finally:
+        engines.close()
+    return 0
+
+
+def _main() -> int:
+    if sys.argv[1:] == ["--serve"]:
+        return _serve()
+    trial = Trial.model_validate_json(sys.stdin.read())
+    _pin(trial)
     result = run_trial(trial)
     print(json.dumps(result.model_dump()))
     return 0

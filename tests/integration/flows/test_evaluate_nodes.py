@@ -17,7 +17,7 @@ SUITE = """
 name: nodes
 slots: 2
 target_trial_s: 0.1
-backend_options: {batch_size: 8, device: cpu, torch_threads: 1}
+backend_options: {batch_size: 2, device: cpu, torch_threads: 1}   # 4 samples = 2 batches: 2 shards each
 datasets:
   - name: arith-em
     options: {limit: 4}

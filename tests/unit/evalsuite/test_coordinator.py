@@ -30,7 +30,8 @@ def test_decompose_covers_every_sample_exactly_once(seed):
     rng = random.Random(seed)
     costs = _costs(rng, rng.randint(1, 40))
     slots = rng.randint(1, 16)
-    trials = decompose(costs, slots=slots, backend="transformers", output_dir="/x", load_s=5.0)
+    batch = rng.choice([1, 8])
+    trials = decompose(costs, slots=slots, backend="transformers", output_dir="/x", load_s=5.0, batch_size=batch)
     covered: dict[str, list[tuple[int, int]]] = {}
     for t in trials:
         for s in t.shards:
@@ -41,6 +42,7 @@ def test_decompose_covers_every_sample_exactly_once(seed):
         assert ranges[0][0] == 0 and ranges[-1][1] == c.samples
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))        # no gap, no overlap
         assert all(stop > start for start, stop in ranges)
+        assert all(start % batch == 0 for start, _ in ranges)                 # cut at whole batches
     assert len({t.trial_id for t in trials}) == len(trials)
     # Batching: never more trials than shards, and short datasets share a model load.
     assert len(trials) <= sum(len(t.shards) for t in trials)
@@ -51,6 +53,17 @@ def test_decompose_covers_every_sample_exactly_once(seed):
     for ids in plan.assignment.values():                                       # one at a time per slot
         spans = sorted((plan.predicted_start[i], plan.predicted_end[i]) for i in ids)
         assert all(a[1] <= b[0] + 1e-9 for a, b in zip(spans, spans[1:]))
+
+
+def test_a_split_dataset_costs_no_more_batches_than_whole():
+    # 32 samples in batches of 8 are 4 passes; 6 shards of 5-6 would be 6 passes.
+    costs = [DatasetCost(DatasetRef(name="code"), 32, gpu_s=30.0, metric_s=6.0),
+             DatasetCost(DatasetRef(name="mc"), 40, gpu_s=1.0, metric_s=0.0)]
+    trials = decompose(costs, slots=2, backend="transformers", output_dir="/x", load_s=0.0, batch_size=8)
+    code = [s for t in trials for s in t.shards if s.dataset.name == "code"]
+    assert len(code) == 4 and all(s.samples == 8 for s in code)
+    unaligned = decompose(costs, slots=2, backend="transformers", output_dir="/x", load_s=0.0)
+    assert len([s for t in unaligned for s in t.shards if s.dataset.name == "code"]) > 4   # what it did before
 
 
 def test_lpt_plan_beats_fifo_on_a_skewed_suite():

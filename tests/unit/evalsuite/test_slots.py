@@ -84,6 +84,25 @@ def test_cpu_twin_two_slots_each_trial_in_its_own_pinned_process(tiny_model, tmp
     assert RuntimeHistory(tmp_path / "h.json").knows("arith-em", "transformers", plan.model_key)
 
 
+def test_a_slots_process_runs_its_later_trials_with_the_same_engine(tiny_model, tmp_path):
+    # Two trials (one per dataset) on one process-isolated slot: one worker process serves both.
+    suite = _suite(tiny_model, limit=2, slots=1, isolation="process", devices=["cpu"], target_trial_s=0.05)
+    plan = build_plan(suite, model_path=str(tiny_model), output_dir=tmp_path / "out",
+                      history=RuntimeHistory(tmp_path / "h.json"), preloaded_path=str(tiny_model))
+    assert len(plan.trials) == 2
+    submitter = LocalSubmitter(slots=1, metric_workers=1, sandbox=Sandbox())
+    try:
+        report = execute(plan, submitter)
+        worker = submitter.processes._all[0].proc
+    finally:
+        submitter.close()
+    assert not report.failed_datasets and set(report.results) == {"arith-em", "capitals-mc"}
+    first, second = (next(o for o in report.outcomes if o.trial_id == tid).result for tid in plan.assignment["slot0"])
+    assert first.worker["pid"] == second.worker["pid"] == str(worker.pid) != str(os.getpid())
+    assert not first.engine_reused and second.engine_reused         # loaded once for the slot
+    assert worker.poll() is not None                                # closed with the executor
+
+
 def test_naive_policy_holds_the_slot_until_its_metrics_are_done(tiny_model, tmp_path):
     suite = _suite(tiny_model, slots=1)
     plan = build_plan(suite, model_path=str(tiny_model), output_dir=tmp_path / "out",
@@ -122,7 +141,9 @@ def test_vllm_takes_its_gpus_from_its_process_and_is_optional(tmp_path):
 
 
 def test_every_node_of_an_allocation_brings_the_suites_slots(tiny_model, tmp_path):
-    suite = _suite(tiny_model, slots=2, isolation="process", devices=["cuda:0", "cuda:1,2"], target_trial_s=0.05)
+    # batches of 1: 4 samples can be cut 4 ways (batches of 8 would keep each dataset whole)
+    suite = _suite(tiny_model, slots=2, isolation="process", devices=["cuda:0", "cuda:1,2"], target_trial_s=0.05,
+                   backend_options={"batch_size": 1})
     plan = build_plan(suite, model_path=str(tiny_model), output_dir=tmp_path, history=RuntimeHistory(tmp_path / "h"),
                       nodes=["node-a", "node-b"])
     assert plan.slots == ["node-a/slot0", "node-a/slot1", "node-b/slot0", "node-b/slot1"]
