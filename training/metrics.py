@@ -45,23 +45,74 @@ class _Sink(Protocol):
 
 
 class _TensorBoard:
+    """TensorBoard's event-file format, written with tensorboard's own protobuf messages.
+
+    Not torch.utils.tensorboard.SummaryWriter: importing it pulls tensorboard.summary, whose
+    TensorFlow stub imports boto3 (about a second of CPU at every rank 0 start, in every test
+    and every attempt); this needs only the Event/Summary messages and the record framing
+    (length, masked CRC-32C of it, data, masked CRC-32C of the data). Read back by TensorBoard
+    and its EventAccumulator (tests/unit/training/test_metrics_sinks.py)."""
+
     name = "tensorboard"
 
     def __init__(self, log_dir: Path, purge_step: int | None) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        import socket
+        import time
 
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        self._event, self._summary = Event, Summary
         log_dir.mkdir(parents=True, exist_ok=True)
-        self.writer = SummaryWriter(log_dir=str(log_dir), purge_step=purge_step, flush_secs=10)
+        path = log_dir / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0"
+        self._file = open(path, "ab")
+        self._write(Event(wall_time=time.time(), file_version="brain.Event:2"))
+        if purge_step is not None:  # TensorBoard drops earlier files' events from this step on
+            self._write(Event(wall_time=time.time(), step=purge_step,
+                              session_log=SessionLog(status=SessionLog.START)))
+
+    def _write(self, event: Any) -> None:
+        import struct
+
+        data = event.SerializeToString()
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + struct.pack("<I", masked_crc32c(header)) + data
+                         + struct.pack("<I", masked_crc32c(data)))
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        for tag, value in scalars.items():
-            self.writer.add_scalar(tag, value, global_step=step)
+        import time
+
+        values = [self._summary.Value(tag=tag, simple_value=float(v)) for tag, v in scalars.items()]
+        self._write(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
+        self._file.flush()  # small and cheap; a crash loses nothing already logged
 
     def flush(self) -> None:
-        self.writer.flush()
+        self._file.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        self._file.close()
+
+
+def _crc32c_table() -> list[int]:
+    table = []
+    for byte in range(256):
+        crc = byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1  # Castagnoli, reflected
+        table.append(crc)
+    return table
+
+
+_CRC32C = _crc32c_table()
+
+
+def masked_crc32c(data: bytes) -> int:
+    """The TFRecord checksum: CRC-32C of `data`, rotated and offset ("masked")."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc = _CRC32C[(crc ^ byte) & 0xFF] ^ (crc >> 8)
+    crc ^= 0xFFFFFFFF
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
 class _MLflow:

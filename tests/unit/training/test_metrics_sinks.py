@@ -69,3 +69,12 @@ def test_mlflow_and_wandb_only_when_configured_and_never_fatal(tmp_path, capsys,
     err = capsys.readouterr().err
     assert "forgeflow metrics: mlflow disabled (ModuleNotFoundError" in err
     assert "forgeflow metrics: wandb disabled (ModuleNotFoundError" in err
+
+
+def test_the_record_checksum_is_tensorboards():
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as reference
+
+    from training.metrics import masked_crc32c
+
+    for data in (b"", b"a", b"123456789", bytes(range(256)) * 3):
+        assert masked_crc32c(data) == reference(data)
