@@ -6,7 +6,9 @@ The runbook it replaces:
     2. profile    time and size one layer on the device the workers will use
     3. partition  the MIP: how many stages, which layers each
     4. map        stage positions onto GPUs so prefetches do not share a root complex
-    5. run        W workers under torchrun; stages swapped through the devices
+    5. run        W workers under torchrun; stages swapped through the devices; every
+                  `offload.checkpoint_every` steps a resumable checkpoint (a re-run of a
+                  killed job resumes from the last committed one, with its partition)
     6. checkpoint the fine-tuned weights, through the checkpoint package (manifest last)
     7. evaluate   through the evaluation flow, on the fine-tuned HF folder
 
@@ -70,7 +72,7 @@ def finetune(spec_path: str, evaluate: bool = True) -> dict:
 
     from scheduler.offload.mapping import cross_map
     from scheduler.offload.profile import OffloadHardware
-    from training.offload.executor import OffloadRunConfig
+    from training.offload.executor import OffloadRunConfig, committed_checkpoint
     from training.offload.spec import load_finetune_spec
 
     spec = load_finetune_spec(spec_path)
@@ -102,7 +104,16 @@ def finetune(spec_path: str, evaluate: bool = True) -> dict:
         node = detect_local_cluster().nodes[0]
         root_complexes = tuple(node.pcie_root_complex[:o.workers]) if node.pcie_root_complex else None
     hardware = OffloadHardware(o.workers, budget, bandwidth, root_complex=root_complexes)
-    part = partition_model(profile, hardware, o.max_stages, o.time_limit_s)
+    # A killed run of this job left a committed checkpoint: resume with its partition (the MIP
+    # under a time limit need not find the same one again, and the saved state is per stage).
+    resume = committed_checkpoint(run_dir / "offload", spec.model_dir, o.workers)
+    if resume is not None:
+        from scheduler.offload.partition import partition_of
+
+        part = partition_of(profile, hardware, [tuple(r) for r in resume["stages"]], solver="checkpoint")
+        print(f"resuming from the checkpoint of step {resume['step']} with its partition")
+    else:
+        part = partition_model(profile, hardware, o.max_stages, o.time_limit_s)
     print(f"partition: {part.num_stages} stages {part.stage_sizes}, predicted step {part.step.total_s:.3f} s "
           f"({'optimal' if part.optimal else part.note})")
 
@@ -116,6 +127,7 @@ def finetune(spec_path: str, evaluate: bool = True) -> dict:
         microbatches=t.microbatches, seq_length=t.seq_length, lr=t.lr, weight_decay=t.weight_decay,
         grad_clip=t.grad_clip, seed=t.seed, device_budget_bytes=budget, optimizer_on=o.optimizer_on,
         data=spec.data, gpu_of_rank=list(mapping), out_dir=str(run_dir / "offload"),
+        checkpoint_every=o.checkpoint_every,
     )
     reports = run_workers(run_config, o.workers)
     losses = reports[0]["losses"]

@@ -180,6 +180,11 @@ def _make(profile, hw, sizes, **kw) -> Partition:
                      peak_memory_bytes=stage_memory(profile, hw, sizes), **kw)
 
 
+def partition_of(profile: ModelProfile, hw: OffloadHardware, stages: list[tuple[int, int]], solver: str) -> Partition:
+    """A given partition (e.g. the one a resumed run was checkpointed with), with its modelled step."""
+    return _make(profile, hw, [b - a for a, b in stages], solver=solver)
+
+
 # --- baselines: brute force (small) and even splits ---------------------------------------------
 
 

@@ -22,6 +22,11 @@ Parameters, gradients and optimizer state of every stage stay in (pinned, on CUD
 memory; the device holds at most: the running stage, the one being prefetched, gradients of
 the running stage, one micro batch's activations, and boundary tensors — every byte of it
 accounted against `device_budget_bytes` (`training.offload.device`).
+
+Every `checkpoint_every` steps each worker saves its stages' host weights and optimizer state
+under out_dir/checkpoints/step-N/ and rank 0 writes COMMITTED last; a run started again on
+the same out_dir, stages and world size resumes from the newest committed one (a killed
+run loses at most `checkpoint_every` steps). A finished run removes them.
 """
 
 from __future__ import annotations
@@ -79,6 +84,10 @@ class OffloadRunConfig(BaseModel):
     gpu_of_rank: list[int] | None = Field(default=None, description="cross mapping: GPU index per worker")
     out_dir: str
     save_model: bool = True
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between committed checkpoints of the "
+                                  "host state (weights + optimizer), under out_dir/checkpoints; 0: none")
+    resume: bool = Field(default=True, description="start from the last committed checkpoint of the same "
+                         "stages and world size under out_dir/checkpoints, if any")
 
     @model_validator(mode="after")
     def _check(self) -> "OffloadRunConfig":
@@ -234,6 +243,12 @@ def run_worker(cfg: OffloadRunConfig) -> dict:
 
     losses: list[float] = []
     step_times: list[float] = []
+    start = 0
+    if cfg.resume:
+        found = latest_checkpoint(cfg, world)
+        if found is not None:
+            start, losses = _load_checkpoint(found, rank, stages, optimizer, adam)
+            losses = list(losses)
     # Activations autograd keeps for backward: every saved tensor's storage once, except the
     # stage's weights (already accounted as w{s}).
     saved_bytes = {"n": 0}
@@ -247,7 +262,7 @@ def run_worker(cfg: OffloadRunConfig) -> dict:
             saved_bytes["n"] += t.untyped_storage().nbytes()
         return t
 
-    for step in range(cfg.steps):
+    for step in range(start, cfg.steps):
         started = time.perf_counter()
         batch = tokens_of(step)
         micro = batch.split(cfg.micro_batch_size)
@@ -340,9 +355,12 @@ def run_worker(cfg: OffloadRunConfig) -> dict:
         torch.distributed.broadcast(step_loss, src=peer(S - 1))
         losses.append(float(step_loss) / m)
         step_times.append(time.perf_counter() - started)
+        if cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            _save_checkpoint(cfg, step + 1, rank, world, stages, optimizer, losses)
     prefetcher.close()
     report = {
         "rank": rank, "world_size": world, "stages": mine, "losses": losses, "step_times_s": step_times,
+        "resumed_from_step": start,
         "device_budget_bytes": cfg.device_budget_bytes, "device_peak_bytes": memory.peak_bytes,
         "allocator_peak_bytes": memory.allocator_peak_bytes(), "prefetch_order": prefetcher.order,
         "host_state_bytes": sum(3 * p.numel() * p.element_size() for p in host_params),
@@ -354,7 +372,89 @@ def run_worker(cfg: OffloadRunConfig) -> dict:
     if cfg.save_model:
         _save_model(cfg, config, stages, rank, world, out)
     torch.distributed.barrier()
+    if rank == 0 and checkpoint_root(cfg).is_dir():  # finished: the resume state (weights + Adam) is spent
+        import shutil
+
+        shutil.rmtree(checkpoint_root(cfg), ignore_errors=True)
     return report
+
+
+# --- checkpoints of the host state (weights + optimizer), for resuming a killed run -------------
+
+
+def checkpoint_root(cfg: OffloadRunConfig) -> Path:
+    return Path(cfg.out_dir) / "checkpoints"
+
+
+def committed_checkpoint(out_dir: str | Path, model_dir: str, world: int) -> dict | None:
+    """The newest committed checkpoint's record (step, stages, world size) of this model on this
+    many workers under `out_dir`, whatever its stages: a re-run re-uses them to resume."""
+    for folder in sorted((Path(out_dir) / "checkpoints").glob("step-*"), reverse=True):
+        marker = folder / "COMMITTED"
+        if marker.is_file():
+            meta = json.loads(marker.read_text())
+            if meta["world_size"] == world and meta["model_dir"] == model_dir:
+                return meta
+    return None
+
+
+def latest_checkpoint(cfg: OffloadRunConfig, world: int) -> Path | None:
+    """The newest committed checkpoint written by the same stages on the same world size (the
+    state is saved per worker, by stage), or None. Uncommitted ones (a kill mid-save) are ignored."""
+    root = checkpoint_root(cfg)
+    if not root.is_dir():
+        return None
+    for folder in sorted(root.glob("step-*"), reverse=True):
+        marker = folder / "COMMITTED"
+        if not marker.is_file():
+            continue
+        meta = json.loads(marker.read_text())
+        if meta["world_size"] == world and [list(r) for r in cfg.stages] == meta["stages"] and \
+                meta["model_dir"] == cfg.model_dir:
+            return folder
+    return None
+
+
+def _save_checkpoint(cfg: OffloadRunConfig, step: int, rank: int, world: int, stages: dict[int, "_Stage"],
+                     optimizer, losses: list[float]) -> None:
+    """Every worker writes its stages' host weights and optimizer state; after a barrier rank 0
+    writes COMMITTED last (the manifest-last rule of checkpoint/), then older ones go."""
+    folder = checkpoint_root(cfg) / f"step-{step:08d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step, "losses": list(losses),
+        "params": {f"{s}/{k}": p.data.detach().cpu().clone() for s, st in stages.items() for k, p in st.host.items()},
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "stage_optimizers": {s: st.optimizer.state_dict() for s, st in stages.items() if st.optimizer is not None},
+    }
+    tmp = folder / f"worker{rank}.pt.partial"
+    torch.save(state, tmp)
+    tmp.replace(folder / f"worker{rank}.pt")
+    torch.distributed.barrier()
+    if rank == 0:
+        meta = {"step": step, "world_size": world, "stages": [list(r) for r in cfg.stages], "model_dir": cfg.model_dir}
+        (folder / "COMMITTED.partial").write_text(json.dumps(meta))
+        (folder / "COMMITTED.partial").replace(folder / "COMMITTED")
+        import shutil
+
+        for old in checkpoint_root(cfg).glob("step-*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+    torch.distributed.barrier()
+
+
+def _load_checkpoint(folder: Path, rank: int, stages: dict[int, "_Stage"], optimizer, adam: dict):
+    state = torch.load(folder / f"worker{rank}.pt", map_location="cpu", weights_only=True)
+    with torch.no_grad():
+        for s, st in stages.items():
+            for k, p in st.host.items():
+                p.data.copy_(state["params"][f"{s}/{k}"])
+    if optimizer is not None and state["optimizer"] is not None:
+        optimizer.load_state_dict(state["optimizer"])
+    for s, saved in state["stage_optimizers"].items():
+        stages[s].optimizer = torch.optim.AdamW(list(stages[s].host.values()), **adam)
+        stages[s].optimizer.load_state_dict(saved)
+    return int(state["step"]), state["losses"]
 
 
 def _device_step(st: _Stage, leaves: dict[str, torch.Tensor], adam: dict, memory: DeviceMemory, s: int) -> None:

@@ -3,7 +3,7 @@
     name: ft-tiny
     model_dir: runs/tiny-cpu/hf-step-000100     # any HF LlamaForCausalLM folder (forgeflow export)
     training: {steps: 20, micro_batch_size: 1, microbatches: 4, seq_length: 64, lr: 1.0e-4}
-    offload: {workers: 2, device_budget_mib: 64}   # CPU: the budget is the "device"; CUDA: GPU memory
+    offload: {workers: 2, device_budget_mib: 64, checkpoint_every: 50}   # CPU: the budget is the "device"
     data: {kind: prepared, data_dir: runs/data}    # or {kind: random}
     checkpoint_url: file://runs/ft-tiny/checkpoints
     eval_suite: quick                              # evaluated through the evaluation flow; omit to skip
@@ -43,6 +43,9 @@ class OffloadSection(BaseModel):
     optimizer_on: Literal["host", "device"] = "host"
     max_stages: int | None = Field(default=None, gt=0)
     time_limit_s: float = Field(default=10.0, gt=0, description="partition MIP time limit")
+    checkpoint_every: int = Field(default=0, ge=0, description="steps between resumable checkpoints of the "
+                                  "host state (weights + Adam); a re-run of a killed job resumes from the "
+                                  "last committed one; 0: none")
 
 
 class FinetuneSpec(BaseModel):
