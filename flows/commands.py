@@ -206,6 +206,8 @@ def _demo(args: argparse.Namespace) -> int:
     console.rule("where to look")
     console.print(f"checkpoints:  {spec.checkpoint.url}")
     console.print(f"run dir:      {run_dir} (logs/, heartbeat/, markers/, loss_curve.png, diagnosis/)")
+    console.print(f"metrics:      .venv/bin/tensorboard --logdir {run_dir / 'tensorboard'}  (train/: loss, lr, "
+                  "grad norm, tokens/s, memory, checkpoint stall; eval/: scores per step)")
     console.print(f"Prefect UI:   PREFECT_HOME={home} .venv/bin/prefect server start  → http://127.0.0.1:4200 "
                   "(flow runs, artifacts: plans, placement, failures, loss curve)")
     return 0 if result.finished else 1
