@@ -4,9 +4,11 @@ Prints a table per part and, last, one JSON line:
 
   mip_matches_bruteforce      fraction of 200 random small profiles (<= 12 layers, <= 4 GPUs) where the
                               MIP's step time equals brute force over every contiguous partition (goal 1.0)
-  mip_solve_s_p99             solve time, 48-layer models x 8 GPUs (several shapes; goal < 10 s; the
-                              solver stops at 10 s with its best incumbent, `mip_optimal_fraction` says
-                              how often it proved optimality)
+  mip_solve_s_p99             solve time, 48-layer models x 8 GPUs (8 shapes; goal < 10 s). HiGHS does
+                              not prove optimality there: it stops at the budget (MIP_TIME_LIMIT_S) with
+                              its best incumbent. `mip_gap_max` is the honest price: the incumbent is at
+                              most that fraction slower than the optimum (from the least lower bound over
+                              all stage counts); `mip_optimal_fraction` says how often it proved optimality
   sim_speedup_vs_offload_pipeline   step time of the DeepSpeed-style offload baseline / Mobius with cross
                               mapping, on the paper's server (8x RTX 3090-Ti, 2 root complexes of 4 GPUs,
                               PCIe 3.0 x8 per GPU, x16 uplink per root complex), 3B..15B; min and per size
@@ -20,9 +22,14 @@ same efficiency, the same bytes), the same global batch (8 micro batches of 1 x 
 PCIe model (per-GPU link and per-root-complex uplink, shared by priority). The offload baseline is the
 DeepSpeed ZeRO-3-offload-style design the Mobius paper compares with: every GPU streams every layer's
 weights from DRAM (one layer ahead, overlapped with compute) and processes 1/N of the batch — its
-parameters cross PCIe once per GPU. GPipe keeps everything on the GPUs and is reported only where it
-fits (3B, as in the paper). The optimizer step (the same CPU Adam for all offload systems) is left out
-of every row. Simulated, not measured: no 3090-Ti server was available; the CPU executor checks the
+parameters cross PCIe once per GPU. Its collectives are modelled as they run on GeForce cards, which
+have no GPU peer-to-peer: NCCL stages them in host memory, so the parameter all-gather also sends
+(N-1)/N of every layer GPU->host and the gradient reduce-scatter moves (N-1)/N of the gradients each
+way (until 2026-11-23 the baseline had neither: speedups 3.08-3.26x, now 4.4-4.6x). Mobius's own
+stage-to-stage activations go through host memory the same way. GPipe keeps everything on the GPUs
+and is reported only where it fits (3B, as in the paper). The optimizer step (the same CPU Adam for
+all offload systems) is left out of every row: a common term, so the ratios are upper bounds of what
+the same runs with the optimizer would show. Simulated, not measured: no 3090-Ti server was available; the CPU executor checks the
 schedule and numerics for real.
 
 Run: .venv/bin/python benchmarks/mobius.py [--quick]
@@ -57,6 +64,10 @@ MB = 10**6
 ROOT_COMPLEXES = (0, 0, 0, 0, 1, 1, 1, 1)
 RTX_3090TI_TFLOPS = 80.0  # dense fp16 tensor with fp32 accumulate (GeForce: half the fp16-accumulate rate)
 MODELS = {"3B": (32, 2560), "7B": (32, 4096), "13B": (40, 5120), "15B": (48, 5120)}
+# The partition's time budget. 48 layers x 8 GPUs never prove optimal within 10 s; the incumbent
+# after 5 s equalled the one after 10 s in 6 of 8 shapes (at most 1.8% slower), and a busy
+# machine overshoots HiGHS's limit by up to ~0.5 s: 8 s, with the gap reported.
+MIP_TIME_LIMIT_S = 8.0
 
 
 def paper_server() -> OffloadHardware:
@@ -91,16 +102,17 @@ def mip_vs_bruteforce(count: int) -> float:
     return matched / total
 
 
-def mip_timing(shapes) -> tuple[list[float], list[bool]]:
+def mip_timing(shapes) -> tuple[list[float], list[bool], list[float]]:
     hw = paper_server()
-    times, optimal = [], []
+    times, optimal, gaps = [], [], []
     for layers, hidden, seq, mb in shapes:
-        part = solve_partition(model_profile(layers, hidden, seq, mb), hw, time_limit_s=10.0)
+        part = solve_partition(model_profile(layers, hidden, seq, mb), hw, time_limit_s=MIP_TIME_LIMIT_S)
         times.append(part.solve_s)
         optimal.append(part.optimal)
+        gaps.append(part.gap)
         print(f"  MIP 48 layers h={hidden} seq={seq} m={mb}: {part.num_stages} stages, "
-              f"{part.solve_s:.2f} s, optimal={part.optimal}")
-    return times, optimal
+              f"{part.solve_s:.2f} s, optimal={part.optimal}, gap <= {100 * part.gap:.1f}%")
+    return times, optimal, gaps
 
 
 def simulate_all() -> dict:
@@ -110,7 +122,7 @@ def simulate_all() -> dict:
           f"{'speedup':>7} {'param traffic':>13}")
     for name, (layers, hidden) in MODELS.items():
         profile = model_profile(layers, hidden)
-        part = solve_partition(profile, hw, time_limit_s=10.0)
+        part = solve_partition(profile, hw, time_limit_s=MIP_TIME_LIMIT_S)
         mapping = cross_map(list(range(8)), ROOT_COMPLEXES, num_stages=part.num_stages)
         cross = simulate_mobius(profile, hw, part.stages, mapping.gpus, "mobius_cross")
         seq = simulate_mobius(profile, hw, part.stages, sequential_map(range(8)), "mobius_sequential")
@@ -167,7 +179,7 @@ def main() -> None:
     started = time.time()
     matches = mip_vs_bruteforce(40 if args.quick else 200)
     shapes = [(48, h, s, m) for h in (4096, 5120) for s in (512, 1024) for m in (4, 8)]
-    times, optimal = mip_timing(shapes[:3] if args.quick else shapes)
+    times, optimal, gaps = mip_timing(shapes[:3] if args.quick else shapes)
     rows = simulate_all()
     loss_diff = None if args.quick else offload_loss_diff()
     p99 = sorted(times)[max(0, math.ceil(0.99 * len(times)) - 1)]
@@ -175,6 +187,8 @@ def main() -> None:
         "mip_matches_bruteforce": matches,
         "mip_solve_s_p99": round(p99, 3),
         "mip_optimal_fraction": sum(optimal) / len(optimal),
+        "mip_gap_max": round(max(gaps), 4),
+        "mip_time_limit_s": MIP_TIME_LIMIT_S,
         "sim_speedup_vs_offload_pipeline": round(min(r["speedup"] for r in rows.values()), 3),
         "sim_speedup_vs_offload_pipeline_by_model": {k: round(r["speedup"], 3) for k, r in rows.items()},
         "sim_traffic_ratio": round(max(r["traffic_ratio"] for r in rows.values()), 4),
