@@ -188,8 +188,9 @@ def schedule_pass(
         # alike: once one of them found no room, the others are skipped without trying a GPU
         # type (room only shrinks during a pass). Keeps a pass over 1,000 queued jobs cheap.
         no_room: set[int] = set()
+        room = free.any()  # idle GPUs change only when a job starts: re-checked only then
         for job in queue:
-            if not free.any():
+            if not room:
                 break
             considered += 1
             if id(job.options) in no_room:
@@ -198,6 +199,7 @@ def schedule_pass(
                 placement = free.try_place(job.job_id, opt, select, misfits)
                 if placement is not None:
                     started.append((job, opt, placement))
+                    room = free.any()
                     break
             else:
                 no_room.add(id(job.options))
