@@ -16,7 +16,9 @@ import psutil
 import pytest
 from test_offload_executor import LOSS_TOLERANCE, make_tiny_llama
 
-from training.offload.executor import DataSource, OffloadRunConfig, checkpoint_root, train_without_offload
+from training.offload.executor import (
+    DataSource, OffloadRunConfig, checkpoint_root, committed_checkpoint, train_without_offload,
+)
 from training.offload.launch import run_local, torchrun_command
 
 
@@ -56,6 +58,10 @@ def test_a_killed_finetune_resumes_from_its_last_committed_checkpoint(tmp_path):
         proc.wait()
         psutil.wait_procs([p for p in map(_process, victims) if p is not None], timeout=30)
     assert not (out / "model").exists(), "the run finished before it was killed: the test proved nothing"
+    # what the finetune flow looks up to resume with the checkpoint's partition
+    record = committed_checkpoint(out, cfg.model_dir, world=2)
+    assert record["stages"] == [[0, 2], [2, 4], [4, 6]] and record["step"] % 4 == 0
+    assert committed_checkpoint(out, cfg.model_dir, world=3) is None
 
     reports = run_local(cfg, workers=2)
     resumed = reports[0]["resumed_from_step"]
