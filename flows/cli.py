@@ -25,13 +25,21 @@ _COMMAND_MODULES = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Commands run on the failure path (the flow's diagnose step, an on-call shell on a big
+# log): their parser is built from their own module only, so start-up does not import
+# every other command's stack (the orchestrator's database layer alone takes seconds).
+_LIGHT_COMMANDS = {"diagnose": "diagnosis.cli", "rules": "diagnosis.cli"}
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or for a command in ``_LIGHT_COMMANDS`` only its module's."""
     parser = argparse.ArgumentParser(
         prog="forgeflow",
         description="Plan, train, checkpoint, diagnose and evaluate LLM pretraining jobs.",
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in _COMMAND_MODULES:
+    modules = (_LIGHT_COMMANDS[command],) if command in _LIGHT_COMMANDS else _COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(subparsers)
     return parser
 
@@ -85,7 +93,8 @@ def temporary_server_defaults(environ=None) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     temporary_server_defaults()
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -57,3 +57,24 @@ def test_rules_test_shows_matches_and_flags_error_lines(state, capsys):
     assert "[cuda-error -> CUDAError, cause]" in capsys.readouterr().out
     assert run(["rules", "test", log, "--pattern", "illegal memory"]) == 1  # would hide an error line
     assert run(["rules", "test", log, "--pattern", "make: (?:Entering|Leaving) directory"]) == 0
+
+
+def test_forgeflow_diagnose_starts_without_the_other_commands_stacks(tmp_path):
+    """`forgeflow diagnose` runs on every failure, on logs of 100 MB and more: its start-up
+    must not import every other command (the orchestrator's database stack alone took
+    seconds). Checked in a fresh interpreter, through the real entry point."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from flows.cli import main\n"
+        f"code = main(['diagnose', {str(CORPUS / 'oom_under_timeouts.log')!r}, '--no-agent', '--json'])\n"
+        "print('LOADED', [m for m in ('scheduler.orchestrator', 'evalsuite.cli', 'training.cli') if m in sys.modules], code)\n"
+    )
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120,
+                          env={**__import__("os").environ, "FORGEFLOW_STATE_DIR": str(tmp_path / "state")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert '"root_cause": "OutOfMemoryError"' in done.stdout
+    assert "LOADED [] 0" in done.stdout
