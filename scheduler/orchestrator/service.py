@@ -12,6 +12,13 @@ Between its own decisions a process keeps its view of the cluster (free GPUs, th
 queue) in memory: each scheduling transaction bumps the cluster's `state_version`
 under the lock, and the view is reused only when the version shows that no other
 process wrote since this one did; otherwise it is read back from the database.
+
+Cost of a decision (what bounds admissions/s): a release is two round trips on
+PostgreSQL (`infra.statedb.StatementBatch`: the lock, the job's state, freeing and
+ending it in one; every admission's writes with the COMMIT in the other), the
+allocation history is written by the database's triggers, the lease-expiry UPDATE
+runs only once the view's earliest lease may have run out, and the policy pass
+skips queued jobs whose (shared) options already found no room.
 """
 
 from __future__ import annotations
