@@ -3,6 +3,7 @@
     checkpoint committed (event) ─┐
     every 15 min: catch up ───────┴→ evaluate-checkpoint:
         export to Hugging Face format (once)
+        across nodes: the nodes given, or an allocation from the cluster orchestrator (held to the end)
         preload it into this node's shared memory (once per node)
         plan: split/batch datasets into trials, balance them over the slots
         run inference trials, one chain per slot; as each trial's outputs land,
@@ -20,6 +21,7 @@ Evaluate one checkpoint now:                  python flows/evaluate.py CHECKPOIN
 from __future__ import annotations
 
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +36,8 @@ from evalsuite.suite import load_suite
 from checkpoint.manifest import committed_checkpoints
 from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
-from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, export_checkpoint, inference_trial,
-                              jobs_for_evaluation, plan_trials, preload_model, publish_results,
+from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, eval_allocation, export_checkpoint,
+                              inference_trial, jobs_for_evaluation, plan_trials, preload_model, publish_results,
                               register_for_evaluation, remove_preloaded, run_on_nodes, wait_all)
 from training.config import JobSpec, load_job_spec
 
@@ -47,8 +49,11 @@ def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
 @flow(name="evaluate-checkpoint", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=16))
 def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | JobSpec | None = None,
                         output_dir: str | None = None, preload_root: str | None = None,
-                        history_path: str | None = None, nodes: list[str] | None = None) -> dict[str, Any]:
-    """Evaluate one checkpoint; with `nodes` (work queues of node workers), on every node's slots."""
+                        history_path: str | None = None, nodes: list[str] | None = None,
+                        node_count: int | None = None, cluster: str | None = None) -> dict[str, Any]:
+    """Evaluate one checkpoint; with `nodes` (work queues of node workers), on every node's slots;
+    with `node_count` instead, on that many nodes the cluster orchestrator allocates (`cluster`:
+    a registered cluster, default the only one), held until the evaluation ends."""
     spec = _spec(job_spec)
     suite_config = load_suite(suite, spec, {"preload_root": preload_root} if preload_root else None)
     if spec is not None:
@@ -57,32 +62,39 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
     out = Path(output_dir or Path("runs") / "eval" / f"{name}-{suite_config.name}")
     out.mkdir(parents=True, exist_ok=True)
 
-    # 1. One HF folder per checkpoint, then one copy of it in this node's shared memory.
-    source = export_checkpoint(checkpoint, spec, str(out))
-    local = preload_model(source, suite_config.preload_root)
-    node_runs = []
-    try:
-        # 1b. Across nodes: a precursor on each node (its own work queue) preloads it there too.
-        if nodes:
-            node_runs = run_on_nodes(nodes, "preload", {"source": source, "preload_root": suite_config.preload_root},
-                                     out / "node-results", "preload")
-            wait_all(node_runs)
-        # 2. Trials balanced over slots with predicted times from the runtime history.
-        plan = plan_trials(suite_config, local, source, str(out), history_path, nodes)
-        # 3. One chain of trials per slot, each trial a task run (or a run on its node's queue);
-        #    metric jobs start as soon as a trial's outputs exist. The executor is the CLI's: it
-        #    records the runtimes this run measures, so the next plan balances on them.
-        progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
-                                    f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
-        submitter = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
-        report = execute(plan, submitter, history=RuntimeHistory(history_path),
-                         sandbox_limits=suite_config.sandbox, on_event=progress)
-    finally:
-        # 4. The preloads go, also when something failed: this node's, and each node's.
-        remove_preloaded(source, suite_config.preload_root)
-        if node_runs:
-            wait_all(run_on_nodes(nodes, "remove-preload", {"source": source, "preload_root": suite_config.preload_root},
-                                  out / "node-results", "remove preload"))
+    with ExitStack() as held:
+        # 0. Across nodes from the cluster: queue for node_count nodes' worth of the suite's GPUs,
+        #    hold them (lease renewed) until the end, give them back on every exit.
+        if node_count and not nodes:
+            nodes = held.enter_context(eval_allocation(suite_config, node_count, cluster,
+                                                       f"evaluate {name} ({suite_config.name})"))
+        # 1. One HF folder per checkpoint, then one copy of it in this node's shared memory.
+        source = export_checkpoint(checkpoint, spec, str(out))
+        local = preload_model(source, suite_config.preload_root)
+        node_runs = []
+        try:
+            # 1b. Across nodes: a precursor on each node (its own work queue) preloads it there too.
+            if nodes:
+                node_runs = run_on_nodes(nodes, "preload", {"source": source, "preload_root": suite_config.preload_root},
+                                         out / "node-results", "preload")
+                wait_all(node_runs)
+            # 2. Trials balanced over slots with predicted times from the runtime history.
+            plan = plan_trials(suite_config, local, source, str(out), history_path, nodes)
+            # 3. One chain of trials per slot, each trial a task run (or a run on its node's queue);
+            #    metric jobs start as soon as a trial's outputs exist. The executor is the CLI's: it
+            #    records the runtimes this run measures, so the next plan balances on them.
+            progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
+                                        f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
+            submitter = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
+            report = execute(plan, submitter, history=RuntimeHistory(history_path),
+                             sandbox_limits=suite_config.sandbox, on_event=progress)
+        finally:
+            # 4. The preloads go, also when something failed: this node's, and each node's.
+            remove_preloaded(source, suite_config.preload_root)
+            if node_runs:
+                wait_all(run_on_nodes(nodes, "remove-preload",
+                                      {"source": source, "preload_root": suite_config.preload_root},
+                                      out / "node-results", "remove preload"))
 
     print(report.format())
     payload = results_payload(report, suite_config, source)

@@ -14,7 +14,8 @@ thread, or in its own process that sees only its slot's devices.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,41 @@ class PrefectSubmitter:
 
 
 EVAL_NODE_DEPLOYMENT = "evaluate-node-work/eval-node-work"
+
+
+def gpus_per_node(suite: SuiteConfig) -> int:
+    """GPUs one node's slots use (each slot's device set); a CPU suite counts one unit per node."""
+    gpus = {d for devices in suite.slot_devices() for d in devices if d.startswith("cuda")}
+    return max(1, len(gpus))
+
+
+@contextmanager
+def eval_allocation(suite: SuiteConfig, node_count: int, cluster: str | None, what: str) -> Iterator[list[str]]:
+    """`node_count` nodes' worth of the suite's GPUs from the cluster orchestrator: queue like any
+    job (the policy places it), wait, hold the allocation (lease renewed in the background) while
+    the evaluation runs, release it on every exit. Yields the allocated nodes (their work queues)."""
+    from scheduler.orchestrator import demand_options
+    from scheduler.orchestrator.lease import HeldJob
+    from tasks.cluster_tasks import cluster_orchestrator, withdraw
+
+    if node_count < 1:
+        raise ValueError(f"node_count must be at least 1 (got {node_count}); or give nodes=[...] instead")
+    logger = get_run_logger()
+    orch = cluster_orchestrator()
+    inventory = orch.cluster(cluster)
+    gpus = node_count * gpus_per_node(suite)
+    job_id = orch.submit(what, demand_options(inventory, gpus), cluster=inventory.name)
+    logger.info("%s: asked the orchestrator for %d GPU(s) on %s (job %d)", what, gpus, inventory.name, job_id)
+    try:
+        admission = orch.wait_admitted(job_id, poll_s=2.0, on_wait=lambda pos, n: logger.info(
+            "%s: waiting for GPUs, position %d of %d", what, pos, n))
+    except BaseException:
+        withdraw(orch, job_id)   # a cancelled or failed wait leaves the queue
+        raise
+    nodes = admission.placement.nodes
+    logger.info("%s: evaluating on %s (orchestrator job %d)", what, ", ".join(nodes), job_id)
+    with HeldJob(orch, job_id):
+        yield nodes
 
 
 class _NodeRun:

@@ -1,6 +1,7 @@
-"""Evaluation across two worker "nodes" on a real Prefect server: a precursor preload on each
-node's work queue, trials on both nodes' slots, metric jobs in the evaluating flow (CPU), and
-every preload removed at the end."""
+"""Evaluation across two worker "nodes" on a real Prefect server: the nodes allocated by the
+cluster orchestrator (held while the evaluation runs, released after), a precursor preload on
+each node's work queue, trials on both nodes' slots, metric jobs in the evaluating flow (CPU),
+and every preload removed at the end."""
 
 from __future__ import annotations
 
@@ -39,15 +40,18 @@ def deploy_node_work(pool: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_evaluation_across_two_worker_nodes(use_prefect_server, tmp_path):
+def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster, tmp_path, monkeypatch):
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     from evalsuite.fixtures import make_tiny_checkpoint
     from evalsuite.preload import preload_key
+    from flows.deploy import ensure_cluster_registered, ensure_work_pool
     from flows.evaluate import evaluate_checkpoint
+    from tasks.cluster_tasks import cluster_orchestrator
 
-    from flows.deploy import ensure_work_pool
+    monkeypatch.setenv("FORGEFLOW_STATE_DIR", str(tmp_path / "state"))   # the orchestrator's SQLite
+    ensure_cluster_registered(str(two_node_cluster))
 
     ensure_work_pool(POOL)
     for node in ("node-a", "node-b"):   # they start while the deployment is created
@@ -59,10 +63,13 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, tmp_path):
     suite.write_text(SUITE)
     shm = tmp_path / "shm"
 
+    # Two nodes from the orchestrator (each CPU node counts as one unit), not a node list.
     result = evaluate_checkpoint(str(ckpt), suite=str(suite), output_dir=str(tmp_path / "out"),
-                                 preload_root=str(shm), nodes=["node-a", "node-b"])
+                                 preload_root=str(shm), node_count=2, cluster="two-cpu-nodes")
     assert result["failed"] == {} and set(result["results"]) == {"arith-em", "capitals-mc"}
     assert not (shm / preload_key(str(ckpt))).exists(), "a node's preload was left behind"
+    allocation = cluster_orchestrator().job(1)
+    assert allocation["name"].startswith("evaluate step-00000010") and allocation["state"] == "finished"
 
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
