@@ -61,6 +61,10 @@ DONE = ("finished", "failed", "cancelled")
 _BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cname"))
                  .values(state_version=clusters.c.state_version + 1)
                  .returning(clusters.c.state_version, clusters.c.generation))
+_INSERT_JOB = sa.insert(jobs).values(
+    {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_at", "queued_at",
+                                     "submitted_by")}, "state": "queued", "attempts": 0, "lost_count": 0}
+).returning(jobs.c.id)
 _JOB_STATE = sa.select(jobs.c.state).where(jobs.c.id == sa.bindparam("jid"))
 # (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
 _JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"),
@@ -308,16 +312,19 @@ class Orchestrator:
         if not any(options.values()):
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
         now = time.time()
-        with self._locked(cluster) as (conn, cname):
-            view = self._view(conn, cname)  # as before this job (read back now if not current)
-            job_id = conn.execute(sa.insert(jobs).values(
+        with self._locked(cluster, deferred=True) as (conn, cname):
+            # The lock and the new row in one round trip on PostgreSQL.
+            inserted = self._batch.add(_INSERT_JOB, dict(
                 cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
-                state="queued", submitted_at=now, queued_at=now, attempts=0, lost_count=0,
-                submitted_by=self.actor).returning(jobs.c.id)).scalar_one()
+                submitted_at=now, queued_at=now, submitted_by=self.actor))
+            self._settle()
+            job_id = inserted.scalar()
             self._options[job_id] = self._intern(options.get(self.config.policy, []))
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
-            if self._options[job_id]:
+            current = self._pending is not None
+            view = self._view(conn, cname)  # when read back now, it holds this job already
+            if self._options[job_id] and current:
                 view.enqueue((-priority, now, job_id), QueuedJob(str(job_id), now, self._options[job_id]))
             self._pass(conn, cname)
         return job_id
