@@ -558,30 +558,39 @@ def solve_partition(
     if not uniform_blocks(profile):
         return solve_per_layer(profile, hw, max_stages=S_max, time_limit_s=time_limit_s, mip_rel_gap=mip_rel_gap)
     started = time.perf_counter()
-    best, all_optimal = None, True
-    # LP relaxations first (milliseconds): solve stage counts by ascending bound and skip
-    # those whose bound cannot beat the incumbent. `lower[S]`: no S-stage partition is faster.
+    best = None
+    # LP relaxations first (milliseconds). `lower[S]`: no S-stage partition is faster.
     lower: dict[int, float] = {}
     for S in range(1, S_max + 1):
         lp = _solve_counts(profile, hw, S, time_limit_s, mip_rel_gap, bound_only=True)
         if lp is not None:
             lower[S] = lp
-    for S in sorted(lower, key=lower.get):
-        if best is not None and lower[S] >= best[0] * (1 - mip_rel_gap):
-            continue
-        left = time_limit_s - (time.perf_counter() - started)
-        if left <= 0.05:
-            all_optimal = False
-            break
-        found = _solve_counts(profile, hw, S, left, mip_rel_gap)
-        if found is None:  # proved infeasible
-            lower[S] = np.inf
-            continue
-        t, sizes, optimal, bound = found
-        lower[S] = max(lower[S], bound)
-        all_optimal &= optimal
-        if sizes is not None and (best is None or t < best[0] - 1e-12):
-            best = (t, sizes)
+    # Two passes in ascending bound order: first a short slice for every stage count (an
+    # incumbent and a raised bound for each: proofs are slow, good partitions come early),
+    # then the rest of the budget to the counts still open. A count is skipped once its
+    # bound cannot beat the incumbent.
+    settled: set[int] = set()
+    first_slice = time_limit_s / (2 * max(1, len(lower)))
+    for slice_s in (first_slice, None):
+        for S in sorted(lower, key=lower.get):
+            if S in settled or (best is not None and lower[S] >= best[0] * (1 - mip_rel_gap)):
+                continue
+            left = time_limit_s - (time.perf_counter() - started)
+            if left <= 0.05:
+                break
+            found = _solve_counts(profile, hw, S, min(left, slice_s or left), mip_rel_gap)
+            if found is None:  # proved infeasible
+                lower[S] = np.inf
+                settled.add(S)
+                continue
+            t, sizes, optimal, bound = found
+            lower[S] = max(lower[S], bound)
+            if optimal:
+                settled.add(S)
+            if sizes is not None and (best is None or t < best[0] - 1e-12):
+                best = (t, sizes)
+    all_optimal = all(S in settled or (best is not None and lower[S] >= best[0] * (1 - mip_rel_gap))
+                      for S in lower)
     solve_s = time.perf_counter() - started
     if best is None:
         if all_optimal:
