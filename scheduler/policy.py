@@ -275,7 +275,6 @@ def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
     """
     started: list[tuple[Waiting, Option, Placement]] = []
     considered = 0
-    misfits: set[tuple] = set()  # requests that did not fit in this pass (see FreeGpus.try_place)
     ends: dict[str, list[tuple[float, int]]] = {}
     for r in running:
         ends.setdefault(r.gpu_type, []).append((expected_end(r.end_s, now), r.num_gpus))
