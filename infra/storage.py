@@ -533,10 +533,13 @@ class S3Storage(Storage):
         return total
 
     def get_bytes(self, key: str) -> bytes:
-        def fetch() -> bytes:
-            return self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-
-        return self._call("get_object", key, fetch)
+        # The transfer manager, not a bare get_object: it retries a body cut off mid-read
+        # (botocore retries requests, not the streaming of a reply) and reads large
+        # shards as parallel ranged GETs.
+        buffer = io.BytesIO()
+        self._call("get_object", key, lambda: self.client.download_fileobj(
+            self.bucket, self._key(key), buffer, Config=self._transfer_config()))
+        return buffer.getvalue()
 
     def put_file(self, key: str, path: str | os.PathLike) -> int:
         size = os.path.getsize(path)
@@ -557,7 +560,8 @@ class S3Storage(Storage):
 
         return TransferConfig(multipart_threshold=self.options.part_size,
                               multipart_chunksize=self.options.part_size,
-                              max_concurrency=self.options.max_concurrency)
+                              max_concurrency=self.options.max_concurrency,
+                              num_download_attempts=attempts_within(self.options.retry_deadline_s))
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         strip = len(self.prefix) + 1 if self.prefix else 0

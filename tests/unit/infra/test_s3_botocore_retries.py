@@ -20,6 +20,8 @@ class _ScriptedS3:
     def __init__(self, script: list[tuple[int, str]]):
         self.script = list(script)
         self.requests: list[str] = []
+        self.body = bytes(range(256)) * 64  # what GET serves
+        self.cut_bodies = 0
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -33,6 +35,28 @@ class _ScriptedS3:
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_HEAD(self):
+                owner.requests.append("HEAD " + self.path)
+                self._object_headers()
+
+            def do_GET(self):
+                owner.requests.append("GET " + self.path)
+                self._object_headers()
+                if owner.cut_bodies > 0:  # the connection drops half-way through the body
+                    owner.cut_bodies -= 1
+                    self.wfile.write(owner.body[: len(owner.body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    return
+                self.wfile.write(owner.body)
+
+            def _object_headers(self):
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(owner.body)))
+                self.send_header("ETag", '"0123456789abcdef"')
+                self.send_header("Last-Modified", "Mon, 23 Nov 2026 19:00:00 GMT")
+                self.end_headers()
 
             def log_message(self, *args):
                 pass
@@ -86,3 +110,11 @@ def test_bad_credentials_are_not_retried(scripted):
     with pytest.raises(InvalidCredentials, match="AWS_ACCESS_KEY_ID"):
         server.storage(deadline_s=90).put_bytes("manifest.json", b"{}")
     assert len(server.requests) == 1
+
+
+def test_a_reply_cut_off_mid_body_is_read_again(scripted):
+    """botocore retries requests, not a body that stops half-way: the transfer manager does."""
+    server = scripted([])
+    server.cut_bodies = 1
+    assert server.storage(deadline_s=3).get_bytes("step-00000010/rank-0-of-1.bin") == server.body
+    assert [r.split()[0] for r in server.requests].count("GET") == 2
