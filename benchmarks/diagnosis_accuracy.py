@@ -31,8 +31,10 @@ Corpora:
   of them padded to `--big-mb` MB. At least 3 examples per root-cause class; per-class
   counts and 95 % Wilson intervals are printed. The headline corpus.
 * real — benchmarks/data/real_failure_logs/: error output posted in public issue
-  trackers, labelled and committed before it was first scored, never used to write
-  rules. Reported separately (`real_*` keys).
+  trackers, labelled and committed before it was first scored. Reported separately
+  (`real_*` keys) and per collection batch (`real_batchN_*`): batch 1 was scored before
+  three generic rule wordings were added, batch 2 was collected after that change, so
+  batch 2 is the held-out figure for the current rules.
 
 The last line is the JSON headline. Old keys (templates corpus): `cases`, `best_path`,
 `root_cause_accuracy`, `kind_accuracy`, `restart_accuracy`, `rules_…`, `retrieval_…`,
@@ -316,6 +318,14 @@ def main() -> None:
             label = real_labels[name]["root_cause"]
             row = " | ".join(f"{q_results[p][i][1].root_cause}{'' if q_results[p][i][1].root_cause == label else ' x'}" for p in PATHS)
             print(f"  {name:48} {label:18} | {row}")
+        batches = sorted({real_labels[n].get("batch", 1) for n in real_names})
+        real_batches = {}
+        for b in batches:
+            idx = [i for i, n in enumerate(real_names) if real_labels[n].get("batch", 1) == b]
+            real_batches[b] = {p: score([q_results[p][i] for i in idx]) for p in PATHS}
+            print(f"real logs batch {b} ({len(idx)} logs): " + "; ".join(
+                f"{p} {real_batches[b][p]['root_cause_accuracy']:.3f}/{real_batches[b][p]['kind_accuracy']:.3f}/"
+                f"{real_batches[b][p]['restart_accuracy']:.3f}" for p in PATHS) + "  (root cause/kind/restart)")
         print(f"\nLLM requests: {len(server.requests)}; total {time.perf_counter() - started:.1f} s")
 
     order = {path: i for i, path in enumerate(PATHS)}
@@ -356,6 +366,10 @@ def main() -> None:
         "real_kind": real[best_real]["kind_accuracy"],
         "real_restart": real[best_real]["restart_accuracy"],
         **{f"real_{p}_{k}": v for p in PATHS for k, v in real[p].items()},
+        # per collection batch (see benchmarks/data/real_failure_logs/README.md): the
+        # latest batch is the one collected after the last rule change
+        **{f"real_batch{b}_logs": sum(real_labels[n].get("batch", 1) == b for n in real_names) for b in real_batches},
+        **{f"real_batch{b}_{p}_{k}": v for b, t in real_batches.items() for p in PATHS for k, v in t[p].items()},
     })
     print(json.dumps(headline))
 

@@ -58,7 +58,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
      "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- interconnect
-    ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed", "NetworkError", True,
+    ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed|NET/IB ?: Got completion from peer \S+ with (?:error [1-9]|status=[1-9])|NET/OFI .*completed with error", "NetworkError", True,
      "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
     ("network-unreachable", r"(?i)Network is unreachable|No route to host|\bmlx5_\d+.*(?:link down|port .*down)|IB port \d+ .*(?:down|inactive)|NCCL WARN NET/Socket : .*(?:fail|error)", "NetworkError", True,
      RESTART_EXCLUDE, False),
@@ -124,7 +124,8 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "A name is undefined: fix the script.", False),
     ("key", X + r"KeyError(?::|\s*$)", "KeyError", False,
      "A key is missing (config, state dict or batch): fix the script or config.", False),
-    ("index", X + r"IndexError(?::|\s*$)", "IndexError", False,
+    # an out-of-range index on the GPU is a device-side assertion in ATen's Indexing.cu
+    ("index", X + r"IndexError(?::|\s*$)|Assertion .srcIndex < srcSelectDimSize. failed|Assertion .index >= -sizes\[i\] && index < sizes\[i\]", "IndexError", False,
      "An index is out of range: fix the script or data.", False),
     ("type", X + r"TypeError(?::|\s*$)", "TypeError", False,
      "Wrong argument types: fix the script.", False),
