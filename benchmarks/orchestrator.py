@@ -65,6 +65,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -280,6 +281,7 @@ def main() -> int:
     finally:
         forget_engines()
         server.cleanup()
+        shutil.rmtree(tmp, ignore_errors=True)  # the SQLite files
 
     load_after = os.getloadavg()
     print(json.dumps({
