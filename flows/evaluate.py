@@ -38,7 +38,7 @@ from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, eval_allocation, export_checkpoint,
                               inference_trial, jobs_for_evaluation, plan_trials, preload_model, publish_results,
-                              register_for_evaluation, remove_preloaded, run_on_nodes, wait_all)
+                              register_for_evaluation, remove_preloaded, run_on_nodes, slot_processes, wait_all)
 from training.config import JobSpec, load_job_spec
 
 
@@ -86,8 +86,9 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
             progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
                                         f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
             submitter = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
-            report = execute(plan, submitter, history=RuntimeHistory(history_path),
-                             sandbox_limits=suite_config.sandbox, on_event=progress)
+            with slot_processes():
+                report = execute(plan, submitter, history=RuntimeHistory(history_path),
+                                 sandbox_limits=suite_config.sandbox, on_event=progress)
         finally:
             # 4. The preloads go, also when something failed: this node's, and each node's.
             remove_preloaded(source, suite_config.preload_root)

@@ -28,7 +28,7 @@ from evalsuite.coordinator import Plan, format_plan
 from evalsuite.suite import SuiteConfig
 from evalsuite.metrics import MetricJob, ShardScore, run_metric_job
 from evalsuite.sandbox import Sandbox, SandboxLimits
-from evalsuite.trials import Trial, TrialResult, execute_trial
+from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial
 from training.config import JobSpec
 
 _sandboxes: dict[str, Sandbox] = {}
@@ -80,11 +80,37 @@ def plan_trials(suite: SuiteConfig, model_path: str, model_source: str, output_d
     return plan
 
 
+_slot_processes: dict[str, SlotProcesses] = {}   # flow run id -> the worker processes of its slots
+
+
+@contextmanager
+def slot_processes() -> Iterator[None]:
+    """While the evaluating flow runs its plan, its process-isolated trials run on long-lived slot
+    processes (one per slot, the engine kept between the slot's trials); closed at the end. A trial
+    task in another process (a Dask worker) finds none and starts a fresh process per trial."""
+    from prefect.context import get_run_context
+
+    key = str(get_run_context().flow_run.id)
+    _slot_processes[key] = processes = SlotProcesses()
+    try:
+        yield
+    finally:
+        _slot_processes.pop(key, None)
+        processes.close()
+
+
+def _processes_of_this_flow() -> SlotProcesses | None:
+    from prefect.context import TaskRunContext
+
+    context = TaskRunContext.get()
+    return _slot_processes.get(str(context.task_run.flow_run_id)) if context else None
+
+
 @task(name="inference-trial", cache_policy=NO_CACHE, task_run_name="trial {trial.trial_id}")
 def inference_trial(trial: Trial) -> TrialResult:
-    """Model load + inference over the trial's shards (in this thread or its own process with
-    its slot's devices); complete shards are skipped (resume)."""
-    return execute_trial(trial)
+    """Model load + inference over the trial's shards (in this thread, or in its slot's own process
+    with its devices); complete shards are skipped (resume)."""
+    return execute_trial(trial, processes=_processes_of_this_flow())
 
 
 @task(name="metric-job", cache_policy=NO_CACHE, task_run_name="metric {job.dataset.name}#{job.shard}")

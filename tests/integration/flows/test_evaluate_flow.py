@@ -171,3 +171,52 @@ def test_catch_up_evaluates_every_job_registered_for_evaluation(prefect_api, tin
     tags = board.Tags()["scalars"]
     assert tags and all(t.startswith("eval/") for t in tags)
     assert sorted(e.step for e in board.Scalars(tags[0])) == [5, 15]
+
+
+PROCESS_SUITE = """
+name: procslot
+slots: 1
+isolation: process
+target_trial_s: 0.01
+backend_options: {batch_size: 8, device: cpu, torch_threads: 1}
+datasets:
+  - name: arith-em
+    options: {limit: 2}
+  - name: capitals-mc
+    options: {limit: 2}
+"""
+
+
+def test_flow_runs_a_slots_process_isolated_trials_on_one_worker_process(prefect_api, tiny_model, tmp_path,
+                                                                          monkeypatch):
+    """Under the flow (thread task runner) as in the CLI: a slot's trials share its worker process
+    and engine, instead of a fresh interpreter and model load per trial; closed when the plan ends."""
+    import tasks.eval_tasks as eval_tasks
+    from evalsuite.trials import SlotProcesses
+    from flows.evaluate import evaluate_checkpoint
+
+    seen: list = []
+
+    class Spy(SlotProcesses):   # the real worker processes; only records who ran what
+        def run(self, trial):
+            result = super().run(trial)
+            seen.append((trial.trial_id, result.worker["pid"], result.engine_reused))
+            return result
+
+        def close(self):
+            seen.append(("closed", [w.proc.pid for w in self._all], None))
+            super().close()
+
+    monkeypatch.setattr(eval_tasks, "SlotProcesses", Spy)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(PROCESS_SUITE)
+    ckpt = tmp_path / "ckpts" / "step-00000005"
+    shutil.copytree(tiny_model, ckpt, ignore=shutil.ignore_patterns("data"))
+    result = evaluate_checkpoint(str(ckpt), suite=str(suite), output_dir=str(tmp_path / "out"),
+                                 preload_root=str(tmp_path / "shm"))
+    assert result["failed"] == {} and set(result["results"]) == {"arith-em", "capitals-mc"}
+    (first, pid1, reused1), (second, pid2, reused2), (closed, pids, _) = seen
+    assert first != second and closed == "closed"
+    assert pid1 == pid2 == str(pids[0]) and len(pids) == 1      # one process for the slot
+    assert not reused1 and reused2                              # the engine loaded once
+    assert eval_tasks._slot_processes == {}                    # nothing left behind
