@@ -8,7 +8,12 @@ the same tasks run in threads (ThreadPoolTaskRunner), in Dask worker processes
 (`evalsuite.executor.execute`) calls it to submit trials and metric jobs as task
 runs, so the flow records runtime history and shares its set-up with the CLI.
 A trial task runs its trial the way the suite's isolation says: in the task's
-thread, or in its own process that sees only its slot's devices.
+thread, or in its slot's own process that sees only the slot's devices (one
+long-lived process per slot while the flow runs its plan: `slot_processes`).
+
+Across nodes, `NodeSubmitter` runs trials as runs of the node-work deployment on
+each node's work queue; the nodes are given, or allocated by the cluster
+orchestrator (`eval_allocation`: queued, held with a renewed lease, released).
 """
 
 from __future__ import annotations
