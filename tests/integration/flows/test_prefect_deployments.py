@@ -28,6 +28,7 @@ def deployed(use_prefect_server, two_node_cluster, monkeypatch):
     slack = SlackReceiver()
     monkeypatch.setenv("SLACK_WEBHOOK_URL", slack.url)
     assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0
+    use_prefect_server.slack = slack  # the webhook behind the Slack block deploy saved
     try:
         yield use_prefect_server
     finally:
@@ -70,6 +71,19 @@ def test_deploy_creates_pool_deployments_cluster_and_automation(deployed, capsys
     with get_client(sync_client=True) as client:
         assert len(client.read_automations_by_name(AUTOMATION_NAME)) == 1
     assert cluster_status(open_state_db(), "frenzy-testbed")["gpus_by_type"]["A100-80G"] == 4
+
+    # A pretrain flow run that crashes: the server's automation posts through the same block.
+    from prefect.states import Crashed
+
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("pretrain/pretrain")
+        run = client.create_flow_run_from_deployment(deployment.id, parameters={"job_spec": "never-run.yaml"})
+        client.set_flow_run_state(run.id, Crashed(message="drill: the flow process died"), force=True)
+    deadline = time.monotonic() + 90
+    while not deployed.slack.messages and time.monotonic() < deadline:
+        time.sleep(1)
+    texts = deployed.slack.texts()
+    assert texts and "pretrain flow run needs attention" in texts[0] and str(run.id) in texts[0], texts
 
 
 def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed, make_job, two_node_cluster):
