@@ -458,10 +458,15 @@ class LogCompressor:
 
     def _prefix_facts(self, raw: bytes, key: bytes, entry: LogEntry, line_no: int) -> None:
         """The rank a launcher prefix names, and torchrun's summary pairs, of one line."""
-        prefix = _RANK_PREFIX_BYTES.match(raw)
-        rank = prefix.group(2) or prefix.group(1)
-        if rank is not None:
-            entry.ranks.add(int(rank))
+        if raw.startswith(b"[rank"):  # torchrun's "[rank3]:", most prefixed lines: no regex
+            close = raw.find(b"]:", 5, 11)
+            if close > 5 and raw[5:close].isdigit():
+                entry.ranks.add(int(raw[5:close]))
+        else:
+            prefix = _RANK_PREFIX_BYTES.match(raw)
+            rank = prefix.group(2) or prefix.group(1)
+            if rank is not None:
+                entry.ranks.add(int(rank))
         if b"host" in key or b"local_rank" in key:  # torchrun's failure summary
             self._pair_summary(raw.decode("utf-8", "replace").rstrip("\r"), line_no)
 
