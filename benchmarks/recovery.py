@@ -1,36 +1,69 @@
-"""Recovery of the pretrain flow: time to resume, lost work, goodput (local or Slurm launcher).
+"""Recovery of the pretrain flow from several kinds of faults, against plain torchrun restarts.
 
-    .venv/bin/python benchmarks/recovery.py [--config configs/tiny-cpu.yaml] [--faults 2]
-        [--fault-every-s 300] [--interval 25] [--launcher local|slurm]
+    .venv/bin/python benchmarks/recovery.py [--config configs/tiny-cpu.yaml]
+        [--kinds cuda_error,oom_kill,hang,oom_kill,node_loss] [--fault-every-s 20] [--interval 10]
+        [--hang-timeout-s 300] [--baseline-hang] [--launcher local|slurm]
 
-With `--launcher slurm` every attempt (and node check) is a Slurm batch job: on the
-cluster SLURM_CONF names, or on a single-host Slurm this script starts (root,
-Debian's slurm-wlm + munge); the restart phase then includes sbatch, Slurm's
-scheduling and srun.
+The job runs on a two-node cluster whose nodes are this machine (node-a and node-b, one CPU
+"GPU" each: data parallel 2 across the nodes). Runs, one after the other, same job and data:
 
-Two real runs of the `pretrain` flow (Prefect's ephemeral API, torchrun on CPU),
-one after the other on the same job and data:
+1. forgeflow, fault-free: wall time W0 of the `pretrain` flow for S steps;
+2. forgeflow with faults: the same flow while the faults below fire;
+3. the outside baseline, plain torchrun: `torchrun --nnodes=1:2 --rdzv-backend=c10d
+   --max-restarts=N` on each node (elastic, so that it can go on without a lost node), the
+   same job, checkpoint interval and faults at the same steps. torchrun restarts every worker
+   after any failure and each worker resumes from the newest committed checkpoint: no
+   diagnosis, no node check, no cordon, no decision. (One shim, `--torchrun-worker`: with
+   torch 2.13 a worker torchrun restarts hangs in its first gloo group, reading the previous
+   round's addresses from the agent's store; the shim gives each round a fresh store. Without
+   it plain torchrun cannot restart this job at all; it costs milliseconds.)
 
-1. fault-free: wall time W0 of the flow for S steps;
-2. with faults: a crash-type fault (the worker's `cuda_error` drill: PyTorch's
-   illegal-memory-access text and exit code) `--fault-every-s` seconds of training
-   after each (re)start, `--faults` times; S is chosen so that the fault-free run
-   lasts (faults + 1) × fault-every-s. Each fault is diagnosed (rules), acted on
-   (node check, restart from the newest committed checkpoint) and recovered.
+The faults (`--kinds`, in order). Fault k fires when the job reaches step at_k =
+resume_{k-1} + steps-per-fault (steps-per-fault from `--fault-every-s` and a calibration run,
+put mid-interval so that each fault loses about half an interval of steps):
+  cuda_error  the worker's drill on rank 0 (PyTorch's illegal-memory-access text, exit 1)
+  oom_kill    SIGKILL of a training rank's process from outside, as the kernel's OOM killer
+              does (rank 1 the first time, then rank 0); nothing is printed
+  hang        SIGSTOP of rank 1's process: it stops without a word and its peer blocks in the
+              next collective. forgeflow sees stale heartbeats after --hang-timeout-s (the
+              flow's default, 300 s); plain torchrun only once a collective times out (the
+              worker's process group: 600 s; megatron's data-parallel group: 30 min)
+  node_loss   every process of node-b SIGKILLed, and node-b stays dead
+              (infra.node_faults.NodeLoss). forgeflow's node check finds it, cordons it, and
+              the orchestrator places the job on node-a alone (data parallel 1, same global
+              batch, the checkpoint resharded on load); torchrun's elastic rendezvous goes on
+              with one node after its last-call timeout (30 s by default)
 
-Per fault, from the flow's failure records and rank 0's run log (UTC timestamps):
-  detect   = flow saw the failure          − the last step logged before it
-  diagnose = diagnosis done                − detected
-  act      = next attempt launched         − diagnosis done (node check, backoff)
-  restart  = first step after resume       − launched (torchrun, imports, checkpoint load)
-  seconds_to_resume = first step after resume − last step before the fault
-  lost steps = last step before the fault − the checkpoint step resumed from
-Goodput of a run = useful step time / wall time, with useful step time the S
-steps at the fault-free run's median step time; the headline is the ratio of
-the faulty run's goodput to the fault-free run's (= W0 / W_faults).
+Per fault, from rank 0's run log (UTC timestamps) and the time the fault fired:
+  seconds_to_resume = first step after the resume - the last step logged before the fault
+  lost steps        = last step before the fault - the checkpoint step resumed from
+and for forgeflow its phases, from the flow's failure records: detect (the flow saw the
+failure - the last step), diagnose, act (node check, cordon, re-placement, backoff), restart
+(torchrun, imports, checkpoint load, up to the first step).
 
-The last line is the JSON object {"seconds_to_resume_p50", "lost_steps_max",
-"checkpoint_interval_steps", "goodput_with_faults_over_fault_free"}.
+Why the baseline is fair: the same job, data, checkpoint interval and faults at the same
+steps; torchrun restarts in place (its agents stay up: no new launch, no flow, no diagnosis,
+no node check) and resumes from the same committed checkpoints, so it is the floor of
+"restart without thinking". The hang is reported separately (`hang_*` keys): both sides'
+figures are mostly a detection timeout, a setting. torchrun's hang is run only with
+`--baseline-hang` (it waits for the collective timeout, 30 min with megatron's default); without
+it, its hang figure is not measured and `torchrun_hang_detect_timeout_s` says what it would
+wait. The headline `resume_ratio_vs_torchrun_restart` is forgeflow's median time to resume over
+torchrun's, over the faults both ran except the hang. What forgeflow's extra seconds buy (a
+node cordoned for every later job, a diagnosis alerted, a stop where a restart cannot help)
+is not in the ratio.
+
+Goodput (the old headline) = W0 / W_faults. Last line, one JSON object: the old keys
+(`seconds_to_resume_p50` now over the non-hang faults, `lost_steps_max`,
+`checkpoint_interval_steps`, `goodput_with_faults_over_fault_free`, `phases_p50_s`,
+`fault_every_s`, `faults`, `launcher`) and `fault_kinds`, `resume_ratio_vs_torchrun_restart`,
+`torchrun_seconds_to_resume_p50`, `node_loss_seconds_to_resume`, `node_loss_world_size`,
+`torchrun_node_loss_seconds_to_resume`, `hang_seconds_to_resume`, `hang_timeout_s`,
+`torchrun_hang_seconds_to_resume`, `per_fault`.
+
+With `--launcher slurm` every forgeflow attempt (and node check) is a Slurm batch job on the
+cluster SLURM_CONF names, or on a single-host Slurm this script starts (root, Debian's
+slurm-wlm + munge); the node_loss kind needs the two local nodes and is refused there.
 """
 
 from __future__ import annotations
@@ -39,15 +72,30 @@ import argparse
 import datetime as dt
 import json
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.chdir(REPO)
+
+KINDS = ("cuda_error", "oom_kill", "hang", "node_loss")
+TWO_NODES = {
+    "name": "recovery-two-nodes",
+    "inter_node_bandwidth_gbps": 10,
+    "nodes": [{"name": name, "gpu_type": "cpu", "gpu_count": 1, "gpu_memory_gib": 8, "peak_tflops": 0.05,
+               "address": "127.0.0.1"} for name in ("node-a", "node-b")],
+}
+WORKER_PG_TIMEOUT_S = 600.0  # training.model.init_distributed's process-group timeout
+MEGATRON_GROUP_TIMEOUT_S = 1800.0  # megatron-core's initialize_model_parallel default (30 min)
 
 
 def _ts(text: str) -> float:
@@ -82,7 +130,15 @@ def write_job(config: str, work: Path, name: str, steps: int, interval: int) -> 
     return path
 
 
-LAUNCH = {"launcher": "local", "cluster": "local"}  # --launcher slurm: a local Slurm's cluster file
+LAUNCH = {"launcher": "local", "cluster": "local"}
+
+
+def two_node_cluster_file(work: Path) -> Path:
+    import yaml
+
+    path = work / "cluster-two-nodes.yaml"
+    path.write_text(yaml.safe_dump(TWO_NODES, sort_keys=False))
+    return path
 
 
 def slurm_cluster_file(work: Path) -> Path:
@@ -111,12 +167,12 @@ def slurm_cluster_file(work: Path) -> Path:
     return path
 
 
-def run_flow(job: Path, drills: list[str]) -> tuple[object, float]:
+def run_flow(job: Path, drills: list[str], hang_timeout_s: float, max_restarts: int) -> tuple[object, float]:
     from flows.pretrain import pretrain
 
     started = time.time()
     result = pretrain(str(job), cluster=LAUNCH["cluster"], launcher=LAUNCH["launcher"], backoff_s=1.0,
-                      hang_timeout_s=300, drill_faults=drills or None, max_restarts=len(drills) + 2)
+                      hang_timeout_s=hang_timeout_s, drill_faults=drills or None, max_restarts=max_restarts)
     return result, time.time() - started
 
 
@@ -124,40 +180,257 @@ def step_times(log: Path) -> list[tuple[int, float]]:
     return [(int(l.fields["step"]), _ts(l.time)) for l in _lines(log) if "loss" in l.fields]
 
 
-def phases(result, log: Path) -> list[dict]:
-    """Per failure: phase durations from the flow's records and rank 0's run log."""
-    lines = list(_lines(log))
+# --- the faults ---------------------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    kind: str
+    at_step: int
+    rank: int = 1
+    fired_at: float | None = None  # time.time()
+    fired_step: int | None = None
+
+
+def schedule(kinds: list[str], steps_per_fault: int, interval: int) -> tuple[list[Fault], int]:
+    """Fault k at resume_{k-1} + steps_per_fault; returns the faults and the run's steps."""
+    faults, resume, killed = [], 0, 0
+    for kind in kinds:
+        at = resume + steps_per_fault
+        rank = 0 if kind == "cuda_error" else 1
+        if kind == "oom_kill":
+            rank = 1 if killed % 2 == 0 else 0
+            killed += 1
+        faults.append(Fault(kind, at, rank))
+        resume = at // interval * interval
+    return faults, resume + 2 * steps_per_fault
+
+
+class FaultDriver(threading.Thread):
+    """Fires the faults in order when the job reaches their step (heartbeats), from outside the
+    job: SIGKILL (oom_kill), SIGSTOP (hang), the node's death (node_loss). The cuda_error drill
+    fires inside the worker (FORGEFLOW_FAULT); its time comes from its fired record."""
+
+    def __init__(self, run_dir: Path, faults: list[Fault], node_loss, skip: set[str] = frozenset()):
+        super().__init__(daemon=True, name="fault-driver")
+        self.run_dir, self.faults, self.node_loss, self.skip = run_dir, faults, node_loss, skip
+        self.stop = threading.Event()
+
+    def _step_pids(self) -> tuple[int, dict[int, int]]:
+        from infra import runfiles
+
+        beats = runfiles.read_heartbeats(self.run_dir)
+        return max((b.step for b in beats.values()), default=0), {r: b.pid for r, b in beats.items()}
+
+    def run(self) -> None:
+        import psutil
+
+        from infra import runfiles
+
+        for fault in self.faults:
+            if fault.kind in self.skip:
+                continue
+            while not self.stop.is_set():
+                if fault.kind == "cuda_error":
+                    markers = list((self.run_dir / runfiles.MARKERS_DIR).glob(
+                        f"fault_fired.cuda_error@{fault.at_step}.rank{fault.rank}*"))
+                    if markers:
+                        fired = json.loads(markers[0].read_text())
+                        fault.fired_at, fault.fired_step = float(fired["time"]), fault.at_step
+                        break
+                else:
+                    step, pids = self._step_pids()
+                    if step >= fault.at_step:
+                        if fault.kind == "node_loss":
+                            fault.fired_step, fault.fired_at = step, time.time()
+                            self.node_loss.lost_now()
+                            break
+                        try:  # the rank's own process (not a reused pid)
+                            proc = psutil.Process(pids[fault.rank])
+                            command = " ".join(proc.cmdline())
+                        except (KeyError, psutil.Error):
+                            command = ""
+                        if "training.train" in command or "--torchrun-worker" in command:
+                            fault.fired_step, fault.fired_at = step, time.time()
+                            proc.send_signal(signal.SIGKILL if fault.kind == "oom_kill" else signal.SIGSTOP)
+                            break
+                time.sleep(0.05)
+
+
+def resume_times(log: Path, faults: list[Fault]) -> list[dict]:
+    """Per fired fault: time to resume and lost steps, from rank 0's log."""
+    lines = [(l, _ts(l.time)) for l in _lines(log)]
+    steps = [(l, t) for l, t in lines if "loss" in l.fields]
     out = []
-    for failure in result.failures:
-        detected, diagnosed, relaunched = failure.detected_at, failure.diagnosed_at, failure.relaunched_at
-        before = [l for l in lines if "loss" in l.fields and _ts(l.time) <= detected]
-        last_step_line = before[-1]
-        resumed = next(l for l in lines if l.event == "resumed" and _ts(l.time) > detected)
-        first_after = next(l for l in lines if "loss" in l.fields and _ts(l.time) > _ts(resumed.time))
-        fault_at = _ts(last_step_line.time)
+    for fault in faults:
+        if fault.fired_at is None:
+            continue
+        # a line logged within the same millisecond as the fault is before it
+        last, last_t = [(l, t) for l, t in steps if t <= fault.fired_at + 0.001][-1]
+        resumed = [(l, t) for l, t in lines if l.event == "resumed" and t > fault.fired_at]
+        if not resumed:
+            print(f"!! {fault.kind}@{fault.fired_step}: never resumed")
+            continue
+        resumed, resumed_t = resumed[0]
+        first_t = next(t for l, t in steps if t > resumed_t)
         out.append({
-            "fault_step": int(last_step_line.fields["step"]) + 1,
+            "kind": fault.kind, "fault_step": int(last.fields["step"]),
             "resumed_from_step": int(resumed.fields["step"]),
-            "lost_steps": int(last_step_line.fields["step"]) - int(resumed.fields["step"]),
-            "detect_s": round(detected - fault_at, 2),
-            "diagnose_s": round(diagnosed - detected, 2),
-            "act_s": round(relaunched - diagnosed, 2),
-            "restart_s": round(_ts(first_after.time) - relaunched, 2),
-            "seconds_to_resume": round(_ts(first_after.time) - fault_at, 2),
+            "lost_steps": int(last.fields["step"]) - int(resumed.fields["step"]),
+            "world_size_after": int(resumed.fields.get("world_size", 0)) or None,
+            "seconds_to_resume": round(first_t - last_t, 2),
+            "last_step_at": last_t, "first_step_at": first_t,
         })
     return out
+
+
+def add_phases(rows: list[dict], result) -> None:
+    """forgeflow's phases per failure, from the flow's failure records and rank 0's log."""
+    for row, failure in zip(rows, result.failures):
+        relaunched = failure.relaunched_at or failure.decided_at
+        row.update(root_cause=failure.root_cause, action=failure.action.split(" — ")[0],
+                   detect_s=round(failure.detected_at - row["last_step_at"], 2),
+                   diagnose_s=round(failure.diagnosed_at - failure.detected_at, 2),
+                   act_s=round(relaunched - failure.diagnosed_at, 2),
+                   restart_s=round(row["first_step_at"] - relaunched, 2))
+
+
+# --- the baseline: plain torchrun --------------------------------------------------------
+
+
+def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_restarts: int,
+                      skip: set[str], timeout_s: float) -> tuple[float, Path]:
+    """Both 'nodes' as elastic torchrun agents (c10d rendezvous, 1 to 2 nodes), restarting in place."""
+    from infra.node_faults import NodeLoss
+    from training.config import load_job_spec
+
+    run_dir = load_job_spec(job).resolved_run_dir
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [f"training.tensor_parallel={placement['tp']}", f"training.pipeline_parallel={placement['pp']}"]
+    if placement.get("micro_batch_size"):
+        sets.append(f"training.micro_batch_size={placement['micro_batch_size']}")
+    worker = [str(REPO / "benchmarks" / "recovery.py"), "--torchrun-worker", str(job)] + [
+        a for item in sets for a in ("--set", item)]
+    cuda = next((f for f in faults if f.kind == "cuda_error"), None)
+    procs: dict[str, subprocess.Popen] = {}
+    logs = run_dir.parent / "torchrun-baseline"
+    logs.mkdir(parents=True, exist_ok=True)
+    with NodeLoss("node-b", trigger=lambda: False) as node_loss:
+        driver = FaultDriver(run_dir, faults, node_loss, skip)
+        started = time.time()
+        for node in ("node-a", "node-b"):  # node-a first: it hosts the rendezvous store
+            env = dict(os.environ, FORGEFLOW_NODE_NAME=node, PYTHONUNBUFFERED="1")
+            env.pop("FORGEFLOW_FAULT_SCOPE", None)
+            if cuda is not None:
+                env["FORGEFLOW_FAULT"] = f"cuda_error@{cuda.at_step}:{cuda.rank}"
+            command = [sys.executable, "-m", "infra.reaper", "--grace=5", "--", sys.executable, "-m",
+                       "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                       f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=recovery-baseline",
+                       f"--max-restarts={max_restarts}", "--monitor-interval=1", *worker]
+            with open(logs / f"{node}.out", "ab") as out:
+                procs[node] = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL, cwd=REPO)
+            if node == "node-a":
+                _wait_listening(port, 120)
+        driver.start()
+        try:
+            code = procs["node-a"].wait(timeout=timeout_s)
+        finally:
+            driver.stop.set()
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGTERM)
+                    try:
+                        proc.wait(timeout=30)
+                    except subprocess.TimeoutExpired:
+                        proc.kill()
+        wall = time.time() - started
+    if code != 0:
+        raise SystemExit(f"the torchrun baseline exited {code}; see {logs}")
+    return wall, run_dir
+
+
+def torchrun_worker(argv: list[str]) -> None:
+    """What torchrun starts in the baseline: `training.train` (or `-m MODULE` / a script) behind a
+    fresh rendezvous store per round.
+
+    Why: with torch 2.13 a worker that torchrun restarts reuses the agent's store, which still
+    holds the previous round's gloo addresses; the restarted ranks then connect to dead peers
+    and hang in their first process group (seen here: "Connection refused" to the old ranks,
+    for --standalone, static and c10d rendezvous alike). So every round, rank 0 hosts a new
+    store on a free port and tells the others through the agent's store (a join counter per
+    world size names the round); nothing else changes, and it costs milliseconds.
+    """
+    import datetime
+    import runpy
+
+    from torch.distributed import TCPStore
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                     timeout=datetime.timedelta(seconds=600))
+    joined = agent.add(f"forgeflow-baseline/joins/{world}", 1)
+    key = f"forgeflow-baseline/port/{world}/{(joined - 1) // world}"
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            agent.set(key, str(s.getsockname()[1]))
+    port = int(agent.get(key))
+    os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="False")
+    if argv[:1] == ["-m"]:
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    elif argv and argv[0].endswith(".py"):
+        sys.argv = list(argv)
+        runpy.run_path(argv[0], run_name="__main__")
+    else:
+        sys.argv = ["training.train", *argv]
+        runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+
+
+def _wait_listening(port: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"torchrun's rendezvous store on port {port} did not come up in {timeout_s:.0f} s")
+
+
+def _p50(values: list[float]) -> float | None:
+    return round(statistics.median(values), 2) if values else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/tiny-cpu.yaml")
-    parser.add_argument("--faults", type=int, default=2)
-    parser.add_argument("--fault-every-s", type=float, default=300.0)
-    parser.add_argument("--interval", type=int, default=25, help="checkpoint interval in steps")
-    parser.add_argument("--calibrate-steps", type=int, default=30)
+    parser.add_argument("--kinds", default="cuda_error,oom_kill,hang,oom_kill,node_loss",
+                        help=f"faults in order, comma-separated, from {', '.join(KINDS)}")
+    parser.add_argument("--fault-every-s", type=float, default=20.0, help="seconds of training between faults")
+    parser.add_argument("--interval", type=int, default=10, help="checkpoint interval in steps")
+    parser.add_argument("--calibrate-steps", type=int, default=20)
+    parser.add_argument("--hang-timeout-s", type=float, default=300.0,
+                        help="forgeflow's hang detection (the flow's default: 300 s)")
+    parser.add_argument("--baseline-hang", action="store_true",
+                        help="run the hang in the torchrun baseline too (it waits for megatron's 30 min "
+                             "collective timeout)")
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
     args = parser.parse_args()
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not kinds:
+        parser.error(f"--kinds: unknown {unknown}; use {', '.join(KINDS)}")
+    if kinds.count("cuda_error") > 1:
+        parser.error("--kinds: cuda_error at most once (the worker's drill is one per process environment)")
+    if "node_loss" in kinds and kinds[-1] != "node_loss":
+        parser.error("--kinds: node_loss must come last (the node stays dead)")
+    if args.launcher == "slurm" and "node_loss" in kinds:
+        parser.error("--kinds: node_loss needs the two local nodes; not with --launcher slurm")
 
     work = Path(tempfile.mkdtemp(prefix="forgeflow-recovery-"))
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
@@ -165,11 +438,17 @@ def main() -> None:
     # A fresh home's migrations can outlast the ephemeral server's default 20 s on a busy machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # the orchestrator's database of this run only: the node-loss cordon must not outlive it
+    os.environ["FORGEFLOW_STATE_DIR"] = str(work / "state")
+    os.environ.pop("FORGEFLOW_DB_URL", None)
     os.environ.pop("SLACK_WEBHOOK_URL", None)
     if args.launcher == "slurm":
         LAUNCH.update(launcher="slurm", cluster=str(slurm_cluster_file(work)))
+    else:
+        LAUNCH.update(cluster=str(two_node_cluster_file(work)))
 
     from infra import runfiles
+    from infra.node_faults import NodeLoss
     from training.config import load_job_spec
     from training.data import prepare_data
 
@@ -177,52 +456,97 @@ def main() -> None:
 
     # Calibrate: the step time under the flow (also warms Prefect's ephemeral API).
     calib = write_job(args.config, work, "calibrate", args.calibrate_steps, args.interval)
-    result, _ = run_flow(calib, [])
+    result, _ = run_flow(calib, [], args.hang_timeout_s, 0)
     assert result.finished, result
+    placement = result.placements[0]
     times = step_times(runfiles.log_path(load_job_spec(calib).resolved_run_dir, 0))
     step_s = statistics.median(b - a for (_, a), (_, b) in zip(times[5:], times[6:]))
-    steps_per_fault = max(args.interval + 1, round(args.fault_every_s / step_s))
-    steps = steps_per_fault * (args.faults + 1)
-    print(f"step time {step_s:.3f} s: a fault every {steps_per_fault} steps of training, {steps} steps in all")
+    # mid-interval: every fault loses about half an interval
+    spf = max(args.interval + args.interval // 2,
+              round(args.fault_every_s / step_s / args.interval) * args.interval + args.interval // 2)
+    faults, steps = schedule(kinds, spf, args.interval)
+    print(f"step time {step_s:.3f} s on {placement['world_size']} ranks ({', '.join(placement['nodes'])}): "
+          f"a fault every {spf} steps of training, {steps} steps in all; faults at "
+          + ", ".join(f"{f.kind}@{f.at_step}:{f.rank}" for f in faults), flush=True)
 
     free_job = write_job(args.config, work, "fault-free", steps, args.interval)
-    free, wall_free = run_flow(free_job, [])
+    free, wall_free = run_flow(free_job, [], args.hang_timeout_s, 0)
     assert free.finished, free
-    free_times = step_times(runfiles.log_path(load_job_spec(free_job).resolved_run_dir, 0))
-    median_step = statistics.median(b - a for (_, a), (_, b) in zip(free_times, free_times[1:]))
 
-    # Fault k fires steps_per_fault steps of training after restart k-1 resumed.
-    drills, resume = [], 0
-    for _ in range(args.faults):
-        at = resume + steps_per_fault
-        drills.append(f"cuda_error@{at}:0")
-        resume = (at - 1) // args.interval * args.interval  # newest checkpoint before it (if committed)
+    # forgeflow with the faults: the cuda_error drill rides on its attempt's environment
+    drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
     faulty_job = write_job(args.config, work, "with-faults", steps, args.interval)
-    faulty, wall_faults = run_flow(faulty_job, drills)
+    faulty_dir = load_job_spec(faulty_job).resolved_run_dir
+    with NodeLoss("node-b", trigger=lambda: False) as node_loss:
+        driver = FaultDriver(faulty_dir, faults, node_loss)
+        driver.start()
+        try:
+            faulty, wall_faults = run_flow(faulty_job, drills, args.hang_timeout_s, len(faults) + 2)
+        finally:
+            driver.stop.set()
     assert faulty.finished, faulty
-    per_fault = phases(faulty, runfiles.log_path(load_job_spec(faulty_job).resolved_run_dir, 0))
+    ours = resume_times(runfiles.log_path(faulty_dir, 0), faults)
+    add_phases(ours, faulty)
 
-    useful = steps * median_step
-    print(f"\n{'fault':>5} {'step':>5} {'from':>5} {'lost':>5} {'detect':>7} {'diagnose':>8} {'act':>6} "
-          f"{'restart':>8} {'to resume':>9}")
-    for i, p in enumerate(per_fault):
-        print(f"{i:>5} {p['fault_step']:>5} {p['resumed_from_step']:>5} {p['lost_steps']:>5} {p['detect_s']:>7.2f} "
-              f"{p['diagnose_s']:>8.2f} {p['act_s']:>6.2f} {p['restart_s']:>8.2f} {p['seconds_to_resume']:>9.2f}")
-    print(f"\nfault-free: {wall_free:.1f} s wall for {steps} steps (goodput {useful / wall_free:.3f})")
-    print(f"with {len(per_fault)} faults: {wall_faults:.1f} s wall (goodput {useful / wall_faults:.3f})")
-    print(f"(hang detection is the heartbeat timeout itself, {300:.0f} s by default in the flow; not included)")
+    # the baseline: the same faults at the same steps, plain torchrun restarting in place
+    # (without --baseline-hang the hang is left out and the other faults keep their steps)
+    base_faults = [Fault(f.kind, f.at_step, f.rank) for f in faults]
+    skip = set() if args.baseline_hang else {"hang"}
+    base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval)
+    wall_torchrun, base_dir = torchrun_baseline(
+        base_job, base_faults, placement, len(base_faults) + 2, skip,
+        timeout_s=wall_faults * 3 + (MEGATRON_GROUP_TIMEOUT_S if args.baseline_hang else 0))
+    theirs = resume_times(runfiles.log_path(base_dir, 0), base_faults)
+
+    print(f"\n{'system':>9} {'kind':>10} {'step':>5} {'from':>5} {'lost':>5} {'world':>5} {'detect':>7} "
+          f"{'diagnose':>8} {'act':>6} {'restart':>8} {'to resume':>9}")
+    for who, rows in (("forgeflow", ours), ("torchrun", theirs)):
+        for p in rows:
+            print(f"{who:>9} {p['kind']:>10} {p['fault_step']:>5} {p['resumed_from_step']:>5} {p['lost_steps']:>5} "
+                  f"{p['world_size_after'] or '-':>5} {p.get('detect_s', '-'):>7} {p.get('diagnose_s', '-'):>8} "
+                  f"{p.get('act_s', '-'):>6} {p.get('restart_s', '-'):>8} {p['seconds_to_resume']:>9.2f}")
+    print(f"\nforgeflow fault-free: {wall_free:.1f} s wall for {steps} steps; with {len(ours)} faults: "
+          f"{wall_faults:.1f} s; plain torchrun with {len(theirs)} faults: {wall_torchrun:.1f} s")
+    if not args.baseline_hang and "hang" in kinds:
+        print(f"(torchrun's hang not run: it would wait for a collective timeout, {WORKER_PG_TIMEOUT_S:.0f} s for "
+              f"the worker's process group, {MEGATRON_GROUP_TIMEOUT_S:.0f} s for megatron's groups)")
+
+    def kind_of(rows, kind):
+        return [p["seconds_to_resume"] for p in rows if p["kind"] == kind]
+
+    ours_main = [p["seconds_to_resume"] for p in ours if p["kind"] != "hang"]
+    theirs_main = [p["seconds_to_resume"] for p in theirs if p["kind"] != "hang"]
+    node_loss_row = next((p for p in ours if p["kind"] == "node_loss"), None)
     headline = {
         "launcher": args.launcher,
-        "seconds_to_resume_p50": round(statistics.median(p["seconds_to_resume"] for p in per_fault), 2),
-        "lost_steps_max": max(p["lost_steps"] for p in per_fault),
+        "seconds_to_resume_p50": _p50(ours_main),
+        "lost_steps_max": max(p["lost_steps"] for p in ours),
         "checkpoint_interval_steps": args.interval,
         "goodput_with_faults_over_fault_free": round(wall_free / wall_faults, 3),
-        "phases_p50_s": {k: round(statistics.median(p[k] for p in per_fault), 2)
+        "phases_p50_s": {k: _p50([p[k] for p in ours if p["kind"] != "hang" and k in p])
                          for k in ("detect_s", "diagnose_s", "act_s", "restart_s")},
-        "fault_every_s": args.fault_every_s, "faults": len(per_fault),
+        "fault_every_s": args.fault_every_s,
+        "faults": len(ours),
+        "fault_kinds": sorted(set(p["kind"] for p in ours)),
+        "resume_ratio_vs_torchrun_restart": (round(statistics.median(ours_main) / statistics.median(theirs_main), 3)
+                                             if ours_main and theirs_main else None),
+        "torchrun_seconds_to_resume_p50": _p50(theirs_main),
+        "node_loss_seconds_to_resume": node_loss_row["seconds_to_resume"] if node_loss_row else None,
+        "node_loss_world_size": ([placement["world_size"], node_loss_row["world_size_after"]]
+                                 if node_loss_row else None),
+        "torchrun_node_loss_seconds_to_resume": _p50(kind_of(theirs, "node_loss")),
+        "hang_timeout_s": args.hang_timeout_s,
+        "hang_seconds_to_resume": _p50(kind_of(ours, "hang")),
+        "torchrun_hang_seconds_to_resume": _p50(kind_of(theirs, "hang")),
+        "torchrun_hang_detect_timeout_s": MEGATRON_GROUP_TIMEOUT_S,
+        "per_kind_p50_s": {k: {"forgeflow": _p50(kind_of(ours, k)), "torchrun": _p50(kind_of(theirs, k))}
+                           for k in sorted(set(kinds))},
     }
     print(json.dumps(headline))
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--torchrun-worker"]:
+        torchrun_worker(sys.argv[2:])
+    else:
+        main()
