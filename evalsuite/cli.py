@@ -21,6 +21,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--output", help="where generations, scores and results.json go (default runs/eval/...)")
     p.add_argument("--naive", action="store_true",
                    help="baseline: one trial per dataset, load per trial, metrics in the slot, FIFO")
+    p.add_argument("--submitter", choices=("local", "slurm"), default="local",
+                   help="where trials run: local (slot threads/processes here, default) or slurm "
+                        "(one sbatch job per trial; metrics stay here)")
+    p.add_argument("--cluster", help="with --submitter slurm: a cluster file whose slurm: section gives "
+                                     "partition, account, time limit, GPU request (default: the environment's Slurm)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
     p.add_argument("--json", action="store_true",
                    help="print results.json's content (plus its path) as one JSON object; "
@@ -58,12 +63,13 @@ def _run_eval(args: argparse.Namespace) -> int:
         output = Path(args.output or Path("runs") / "eval" / f"{name}-{suite.name}")
         source = model_source_for(args.checkpoint, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
+        where = {"submitter": args.submitter, "slurm": _slurm_settings(args.cluster, args.submitter)}
         if args.no_progress or args.json:  # --json: stdout is one JSON object, stderr stays quiet
-            report = evaluate(source, suite, output, policy=policy, echo=echo)
+            report = evaluate(source, suite, output, policy=policy, echo=echo, **where)
         else:
             with _Progress() as progress:
                 report = evaluate(source, suite, output, policy=policy, on_event=progress.on_event,
-                                  echo=progress.print)
+                                  echo=progress.print, **where)
     except EvalConfigError:
         raise  # forgeflow's main: one line naming what is wrong, exit 2
     except EvalError as e:
@@ -79,6 +85,22 @@ def _run_eval(args: argparse.Namespace) -> int:
         return 1 if report.failed_datasets else 0
     print(f"results: {output / 'results.json'}")
     return 1 if report.failed_datasets else 0
+
+
+def _slurm_settings(cluster: str | None, submitter: str) -> Any:
+    """The cluster file's slurm: section for --submitter slurm (None: the environment's Slurm)."""
+    if not cluster:
+        return None
+    from evalsuite.errors import EvalConfigError
+    from scheduler.cluster import load_cluster
+
+    if submitter != "slurm":
+        raise EvalConfigError(f"--cluster {cluster} is only used with --submitter slurm; add it or drop --cluster")
+    settings = load_cluster(cluster).slurm   # a bad file raises its ConfigError: one line, exit 2
+    if settings is None:
+        raise EvalConfigError(f"{cluster} has no slurm: section; add one (partition, account, ...) "
+                              "or drop --cluster to use the environment's Slurm defaults")
+    return settings
 
 
 class _Progress:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from evalsuite.coordinator import Plan, Policy, assign, decompose, estimate_costs, format_plan, slot_names
 from evalsuite.executor import LocalSubmitter, RunReport, execute
@@ -21,6 +21,7 @@ from evalsuite.history import RuntimeHistory, model_size_key
 from evalsuite.preload import preloaded
 from evalsuite.sandbox import Sandbox
 from evalsuite.suite import SuiteConfig
+from infra.slurm import SlurmSettings
 
 
 def build_plan(suite: SuiteConfig, *, model_path: str, output_dir: str | Path, history: RuntimeHistory,
@@ -67,8 +68,12 @@ def _batch_granularity(suite: SuiteConfig) -> int:
 
 def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, policy: Policy | None = None,
              history: RuntimeHistory | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None,
-             echo: Callable[[str], None] = print) -> RunReport:
-    """Evaluate the Hugging Face folder at `model_source` (a path, file:// or s3:// URL)."""
+             echo: Callable[[str], None] = print, submitter: Literal["local", "slurm"] = "local",
+             slurm: SlurmSettings | None = None) -> RunReport:
+    """Evaluate the Hugging Face folder at `model_source` (a path, file:// or s3:// URL).
+
+    `submitter="slurm"`: each trial is a Slurm batch job (evalsuite.slurm_trials; `slurm` is the
+    cluster file's slurm: section, default: the environment's Slurm); metrics stay on this machine."""
     policy = policy or Policy()
     history = history or RuntimeHistory()
     output_dir = Path(output_dir)
@@ -82,11 +87,17 @@ def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, p
                           model_source=model_source, preloaded_path=str(local or ""))
         echo(format_plan(plan))
         sandbox = Sandbox(suite.sandbox, cores=_metric_cores(suite.metric_workers))
-        submitter = LocalSubmitter(len(plan.slots), suite.metric_workers or sandbox.concurrency, sandbox)
+        metric_workers = suite.metric_workers or sandbox.concurrency
+        if submitter == "slurm":
+            from evalsuite.slurm_trials import SlurmSubmitter
+
+            runs: Any = SlurmSubmitter(output_dir / "slurm", slurm or SlurmSettings(), metric_workers, sandbox)
+        else:
+            runs = LocalSubmitter(len(plan.slots), metric_workers, sandbox)
         try:
-            report = execute(plan, submitter, history=history, sandbox_limits=suite.sandbox, on_event=on_event)
+            report = execute(plan, runs, history=history, sandbox_limits=suite.sandbox, on_event=on_event)
         finally:
-            submitter.close()
+            runs.close()   # the Slurm submitter scancels what an interrupted plan left queued or running
     echo(report.format())
     write_results(output_dir / "results.json", report, suite, model_source, preload_s)
     return report
