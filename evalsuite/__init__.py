@@ -10,6 +10,7 @@
     history.py      runtime history (per dataset, backend, model size) for predictions
     coordinator.py  decompose (split/batch), assign (LPT over slots): the plan
     executor.py     the one loop that runs a plan, records runtime history; pluggable submitters
+    slurm_trials.py the Slurm submitter: one sbatch job per trial, watched, scancelled on interrupt
     runner.py       the whole pipeline in one call; suite.py: suite YAML; reporting.py: results/plots
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
 """
