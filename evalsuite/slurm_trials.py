@@ -151,7 +151,8 @@ class SlurmTrial:
 class SlurmSubmitter:
     """Trials as Slurm batch jobs, metric jobs on this machine's CPU workers."""
 
-    def __init__(self, work_dir: str | Path, settings: SlurmSettings, metric_workers: int, sandbox: Sandbox) -> None:
+    def __init__(self, work_dir: str | Path, settings: SlurmSettings, metric_workers: int,
+                 sandbox: Sandbox | None) -> None:   # None: a subclass submits metric jobs elsewhere
         self.work_dir = Path(work_dir).resolve()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.settings, self.sandbox = settings, sandbox
@@ -188,11 +189,13 @@ class SlurmSubmitter:
             job.state, job.exit_code = states[job.job_id]
 
     def wait_first(self, handles: list[Any]) -> Any:
-        futures = [h for h in handles if isinstance(h, cf.Future)]
+        """The first handle done: a trial's job (its Slurm state) or a metric job's future (a
+        concurrent future, or one that wraps one, as a Prefect task run's does)."""
+        futures = [f for h in handles if isinstance(f := getattr(h, "wrapped_future", h), cf.Future)]
         while True:
             self.refresh()
             for h in handles:   # the plan's order among those done
-                if h.done() if isinstance(h, cf.Future) else h.final():
+                if h.final() if isinstance(h, SlurmTrial) else _future_done(h):
                     return h
             # Until a metric job ends or it is time to ask Slurm again.
             wait_s = max(0.05, self.settings.poll_s - (time.monotonic() - self._polled_at))
@@ -223,6 +226,11 @@ class SlurmSubmitter:
             self.cancel()   # nothing on a finished plan; everything outstanding on an interrupted one
         finally:
             self._metrics.shutdown(wait=True, cancel_futures=True)
+
+
+def _future_done(handle: Any) -> bool:
+    wrapped = getattr(handle, "wrapped_future", handle)
+    return wrapped.done() if isinstance(wrapped, cf.Future) else handle.state.is_final()
 
 
 # --- in the job: `python -m evalsuite.slurm_trials run trial.json result.json` ----------------------

@@ -36,10 +36,34 @@ from evalsuite.suite import load_suite
 from checkpoint.manifest import committed_checkpoints
 from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
-from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, eval_allocation, export_checkpoint,
-                              inference_trial, jobs_for_evaluation, plan_trials, preload_model, publish_results,
+from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
+                              export_checkpoint, inference_trial, jobs_for_evaluation, plan_trials, preload_model, publish_results,
                               register_for_evaluation, remove_preloaded, run_on_nodes, slot_processes, wait_all)
 from training.config import JobSpec, load_job_spec
+
+
+def _slurm_settings(submitter: str, cluster_file: str | None, nodes: Any) -> Any:
+    """The Slurm settings for submitter='slurm' (None for 'prefect'); a wrong combination fails
+    before anything runs, naming the fix."""
+    from infra.slurm import SlurmSettings
+
+    if submitter not in ("prefect", "slurm"):
+        raise ValueError(f"submitter must be 'prefect' or 'slurm' (got {submitter!r})")
+    if submitter == "prefect":
+        if cluster_file:
+            raise ValueError("slurm_cluster_file is only used with submitter='slurm'; set it or drop the file")
+        return None
+    if nodes:
+        raise ValueError("submitter='slurm' lets Slurm place the trials: drop nodes/node_count")
+    if not cluster_file:
+        return SlurmSettings()
+    from scheduler.cluster import load_cluster
+
+    settings = load_cluster(cluster_file).slurm
+    if settings is None:
+        raise ValueError(f"{cluster_file} has no slurm: section; add one (partition, account, ...) "
+                         "or leave slurm_cluster_file unset for the environment's Slurm")
+    return settings
 
 
 def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
@@ -50,10 +74,14 @@ def _spec(job_spec: str | JobSpec | None) -> JobSpec | None:
 def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | JobSpec | None = None,
                         output_dir: str | None = None, preload_root: str | None = None,
                         history_path: str | None = None, nodes: list[str] | None = None,
-                        node_count: int | None = None, cluster: str | None = None) -> dict[str, Any]:
+                        node_count: int | None = None, cluster: str | None = None,
+                        submitter: str = "prefect", slurm_cluster_file: str | None = None) -> dict[str, Any]:
     """Evaluate one checkpoint; with `nodes` (work queues of node workers), on every node's slots;
     with `node_count` instead, on that many nodes the cluster orchestrator allocates (`cluster`:
-    a registered cluster, default the only one), held until the evaluation ends."""
+    a registered cluster, default the only one), held until the evaluation ends.
+    `submitter="slurm"`: each trial is a Slurm batch job instead (Slurm places it; the slurm:
+    section of `slurm_cluster_file`, default the environment's Slurm); metric jobs stay task runs."""
+    slurm = _slurm_settings(submitter, slurm_cluster_file, nodes or node_count)
     spec = _spec(job_spec)
     suite_config = load_suite(suite, spec, {"preload_root": preload_root} if preload_root else None)
     if spec is not None:
@@ -85,10 +113,17 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
             #    records the runtimes this run measures, so the next plan balances on them.
             progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
                                         f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
-            submitter = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
-            with slot_processes():
-                report = execute(plan, submitter, history=RuntimeHistory(history_path),
-                                 sandbox_limits=suite_config.sandbox, on_event=progress)
+            if slurm is not None:
+                runs: Any = SlurmTaskSubmitter(out / "slurm", slurm, 1, None)
+            else:
+                runs = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
+            try:
+                with slot_processes():
+                    report = execute(plan, runs, history=RuntimeHistory(history_path),
+                                     sandbox_limits=suite_config.sandbox, on_event=progress)
+            finally:
+                if slurm is not None:
+                    runs.close()   # scancels the trial jobs a failed or cancelled run left behind
         finally:
             # 4. The preloads go, also when something failed: this node's, and each node's.
             remove_preloaded(source, suite_config.preload_root)

@@ -14,6 +14,8 @@ long-lived process per slot while the flow runs its plan: `slot_processes`).
 Across nodes, `NodeSubmitter` runs trials as runs of the node-work deployment on
 each node's work queue; the nodes are given, or allocated by the cluster
 orchestrator (`eval_allocation`: queued, held with a renewed lease, released).
+`SlurmTaskSubmitter` runs each trial as a Slurm batch job (evalsuite.slurm_trials)
+and its metric jobs as task runs of the flow.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from evalsuite.coordinator import Plan, format_plan
 from evalsuite.suite import SuiteConfig
 from evalsuite.metrics import MetricJob, ShardScore, run_metric_job
 from evalsuite.sandbox import Sandbox, SandboxLimits
+from evalsuite.slurm_trials import SlurmSubmitter
 from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial
 from training.config import JobSpec
 
@@ -335,6 +338,13 @@ def _local_done(handle: Any) -> bool:
     if isinstance(wrapped, cf.Future):
         return wrapped.done()
     return handle.state.is_final()
+
+
+class SlurmTaskSubmitter(SlurmSubmitter):
+    """Trials as Slurm batch jobs (evalsuite.slurm_trials); metric jobs as task runs of this flow."""
+
+    def submit_metric(self, job: MetricJob) -> PrefectFuture:
+        return metric_job.submit(job)
 
 
 class _TrialRun:

@@ -149,3 +149,19 @@ def _cmdline_has(proc: Path, text: str) -> bool:
         return text in (proc / "cmdline").read_bytes().decode(errors="replace")
     except OSError:
         return False
+
+
+def test_the_evaluate_flow_submits_its_trials_to_slurm(prefect_api, slurm, slurm_cluster, tiny_model, tmp_path):
+    """evaluate-checkpoint with submitter='slurm': trials are Slurm jobs, metric jobs the flow's task runs."""
+    from flows.evaluate import evaluate_checkpoint
+
+    suite = tmp_path / "suite.yaml"
+    _suite(tiny_model, tmp_path)   # writes suite.yaml
+    result = evaluate_checkpoint(str(tiny_model), suite=str(suite), output_dir=str(tmp_path / "out"),
+                                 history_path=str(tmp_path / "history.json"), submitter="slurm",
+                                 slurm_cluster_file=str(slurm_cluster))
+    assert result["failed"] == {} and set(result["results"]) == {"capitals-mc", "perplexity"}
+    job_ids = sorted((tmp_path / "out" / "slurm").glob("*.job-id"))
+    assert job_ids and all(_job(p.read_text(), slurm)["JobState"] == "COMPLETED" for p in job_ids)
+    with pytest.raises(ValueError, match="drop nodes/node_count"):
+        evaluate_checkpoint(str(tiny_model), suite=str(suite), submitter="slurm", nodes=["n1"])
