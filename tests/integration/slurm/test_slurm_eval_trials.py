@@ -151,7 +151,7 @@ def _cmdline_has(proc: Path, text: str) -> bool:
         return False
 
 
-def test_the_evaluate_flow_submits_its_trials_to_slurm(prefect_api, slurm, slurm_cluster, tiny_model, tmp_path):
+def test_the_evaluate_flow_submits_its_trials_to_slurm(slurm, slurm_cluster, prefect_api, tiny_model, tmp_path):
     """evaluate-checkpoint with submitter='slurm': trials are Slurm jobs, metric jobs the flow's task runs."""
     from flows.evaluate import evaluate_checkpoint
 
