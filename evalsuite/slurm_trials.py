@@ -38,7 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from evalsuite.errors import TrialError
+from evalsuite.errors import EvalError, TrialError
 from evalsuite.metrics import MetricJob, run_metric_job
 from evalsuite.sandbox import Sandbox
 from evalsuite.trials import Trial, TrialResult, cpu_cores, cuda_indices
@@ -169,7 +169,11 @@ class SlurmSubmitter:
         trial_file.write_text(job_trial(trial).model_dump_json(indent=1))
         script.write_text(batch_script(trial, trial_file, result_file))
         args = ["sbatch", "--parsable", *sbatch_args(trial, self.settings, output), str(script)]
-        job_id = slurm_command(args, self.settings).stdout.strip().split(";")[0]
+        try:
+            job_id = slurm_command(args, self.settings).stdout.strip().split(";")[0]
+        except SlurmError as e:   # no Slurm reachable, a wrong partition or account: the plan cannot run
+            raise EvalError(f"trial {trial.trial_id} could not be submitted to Slurm: {e}. Check SLURM_CONF "
+                            "and the cluster file's slurm: section (partition, account)") from e
         (self.work_dir / f"{trial.trial_id}.job-id").write_text(job_id)
         handle = SlurmTrial(trial.trial_id, job_id, result_file, output)
         self.jobs.append(handle)
