@@ -161,22 +161,16 @@ def test_corpus_too_small_for_vocab_or_sequence(tiny_job_dict, tmp_path):
         prepare_data(parse_job_spec(job), progress=False)
 
 
-def _run_cli(argv: list[str]) -> int:
-    import argparse
+def test_forgeflow_prepare_command(tiny_job_file, tmp_path, capsys, monkeypatch):
+    from flows.cli import main  # the real entry point: it turns config errors into one line
 
-    from training import cli
-
-    parser = argparse.ArgumentParser(prog="forgeflow")
-    cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    return args.func(args)
-
-
-def test_forgeflow_prepare_command(tiny_job_file, tmp_path, capsys):
-    assert _run_cli(["prepare", str(tiny_job_file)]) == 0
+    # main() sets these defaults for a temporary Prefect server; keep them out of other tests
+    monkeypatch.setenv("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    monkeypatch.setenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    assert main(["prepare", str(tiny_job_file)]) == 0
     assert "reused" in capsys.readouterr().out  # the session's data, found complete
 
-    code = _run_cli(["prepare", str(tiny_job_file), "--set", f"data.corpus=[{tmp_path}/nope.txt]"])
+    code = main(["prepare", str(tiny_job_file), "--set", f"data.corpus=[{tmp_path}/nope.txt]"])
     err = capsys.readouterr().err
     assert code == 2 and "nope.txt' does not exist" in err and "Traceback" not in err
 
