@@ -45,7 +45,7 @@ sandbox-packages:
 	fi
 
 test: $(STAMP) slurm-packages sandbox-packages
-	$(BIN)/python -m pytest -q -ra tests
+	$(BIN)/python -m pytest -q -ra --durations=25 tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
