@@ -72,7 +72,7 @@ class LearnedRuleStore:
     """
 
     def __init__(self, state: str | os.PathLike | None = None, url: str | None = None):
-        from infra.statedb import database_url
+        from infra.statedb.url import database_url
 
         self.state = state_dir(state)
         self.url = database_url(url, state_dir=state)

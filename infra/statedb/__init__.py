@@ -1,6 +1,8 @@
 """forgeflow: infra.statedb — the state database shared by the orchestrator and the diagnosis rules.
 
-    engine      which database (FORGEFLOW_DB_URL, else a SQLite file in the state dir), engines
+    url         which database (FORGEFLOW_DB_URL, else a SQLite file in the state dir), without
+                importing SQLAlchemy
+    engine      engines
                 with SQLite WAL / busy timeout / immediate transactions, reachability errors
     batch       StatementBatch: a transaction's statements sent together (one round trip on PostgreSQL)
     schema      the tables: clusters, nodes, GPUs, jobs, allocations (+ history), diagnosis rules
@@ -11,18 +13,33 @@
 `open_state_db(url)` is the one entry point: an engine on a migrated database.
 """
 
-from infra.statedb.batch import StatementBatch
-from infra.statedb.engine import (
-    StateDbError,
-    batched_write_transaction,
-    database_url,
-    is_postgres,
-    is_sqlite,
-    read_transaction,
-    redact,
-    write_transaction,
-)
-from infra.statedb.migrate import forget_engines, open_state_db
+# Exports are resolved on first use (PEP 562) so `infra.statedb.url` — the database URL alone —
+# can be imported without SQLAlchemy/Alembic; `from infra.statedb import X` works as before.
+_EXPORTS = {
+    "StatementBatch": "infra.statedb.batch",
+    "StateDbError": "infra.statedb.engine",
+    "batched_write_transaction": "infra.statedb.engine",
+    "database_url": "infra.statedb.url",
+    "is_postgres": "infra.statedb.engine",
+    "is_sqlite": "infra.statedb.engine",
+    "read_transaction": "infra.statedb.engine",
+    "redact": "infra.statedb.engine",
+    "write_transaction": "infra.statedb.engine",
+    "forget_engines": "infra.statedb.migrate",
+    "open_state_db": "infra.statedb.migrate",
+}
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'infra.statedb' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "StateDbError", "StatementBatch", "batched_write_transaction", "database_url", "forget_engines", "is_postgres", "is_sqlite", "open_state_db",

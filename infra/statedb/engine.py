@@ -26,36 +26,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from infra.statedb.batch import StatementBatch
+from infra.statedb.url import DB_FILE, DB_URL_ENV, _state_dir, database_url  # noqa: F401  (re-exported)
 
-DB_URL_ENV = "FORGEFLOW_DB_URL"
-DB_FILE = "forgeflow.db"
 SQLITE_BUSY_TIMEOUT_S = 60.0
 PING_AFTER_IDLE_S = 5.0  # a PostgreSQL connection idle in the pool this long is checked before use
 
 
 class StateDbError(RuntimeError):
     """The state database cannot be used: unreachable, bad URL, or a schema from a newer forgeflow."""
-
-
-def _state_dir(explicit: str | os.PathLike | None = None) -> Path:
-    # The same rule as diagnosis.state.state_dir (which sits above infra and cannot be imported here).
-    if explicit is not None:
-        return Path(explicit).expanduser()
-    env = os.environ.get("FORGEFLOW_STATE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".forgeflow" / "state"
-
-
-def database_url(explicit: str | None = None, *, state_dir: str | os.PathLike | None = None) -> str:
-    """The state database URL: `explicit`, else $FORGEFLOW_DB_URL, else SQLite in the state dir.
-
-    An explicit `state_dir` means "the database of that state dir" and wins over the environment
-    (the learned rules of a given state dir live there).
-    """
-    if explicit:
-        return explicit
-    if state_dir is None and os.environ.get(DB_URL_ENV):
-        return os.environ[DB_URL_ENV]
-    return f"sqlite:///{_state_dir(state_dir) / DB_FILE}"
 
 
 def redact(url: str) -> str:

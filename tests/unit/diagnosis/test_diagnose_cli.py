@@ -78,3 +78,19 @@ def test_forgeflow_diagnose_starts_without_the_other_commands_stacks(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert '"root_cause": "OutOfMemoryError"' in done.stdout
     assert "LOADED [] 0" in done.stdout
+
+
+def test_working_out_the_rules_database_does_not_import_sqlalchemy(tmp_path):
+    # The CLI builds a LearnedRuleStore at start-up; SQLAlchemy + Alembic (~0.4 s) load only
+    # when the database is really opened.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from diagnosis.state import LearnedRuleStore; "
+        f"s = LearnedRuleStore({str(tmp_path)!r}); "
+        "assert s.url.endswith('forgeflow.db'), s.url; "
+        "assert 'sqlalchemy' not in sys.modules, 'sqlalchemy imported'; "
+        "assert s.load() == []"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
