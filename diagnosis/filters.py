@@ -374,7 +374,7 @@ class LogCompressor:
         cursor = 0
         fast_get = self._fast_entries.get
         max_line = self.max_line_bytes
-        repeats = repeat_bytes = 0
+        repeats = repeat_bytes = overflow = 0
         for start, end in spans:
             line_no += buf.count(b"\n", cursor, start)
             cursor = start
@@ -386,6 +386,8 @@ class LogCompressor:
                 entry = fast_get(key)
                 if entry is None:
                     self._keep_uncovered(raw, key, line_no + 1)
+                elif entry is _OVERFLOW:
+                    overflow += 1  # a repeat of a message met after the entry budget was spent
                 elif entry is not _BLANK:
                     entry.count += 1
                     entry.last_line = line_no + 1
@@ -407,6 +409,7 @@ class LogCompressor:
             self._keep(text, signal, covered, truncated, line_no + 1)
         self.stats.lines_kept += repeats
         self.stats.lines_uncovered += repeats
+        self.stats.uncovered_overflow += overflow
         self.stats.bytes_kept += repeat_bytes
         # One counting pass over the buffer in all: up to each kept line, then the rest.
         lines = line_no - first_line + buf.count(b"\n", cursor)
@@ -440,6 +443,9 @@ class LogCompressor:
         if entry is None:
             if self._entry_counts[False] >= self.max_entries[False]:
                 self.stats.uncovered_overflow += 1  # budget spent: a new message
+                if len(fast) >= _MAX_FAST_KEYS:
+                    fast.clear()
+                fast[key] = _OVERFLOW  # its repeats are counted in _process without this call
                 return
             self._entry_counts[False] += 1
             text = raw.decode("utf-8", "replace").rstrip("\r")
@@ -513,6 +519,7 @@ class LogCompressor:
 _SCANNERS: dict[tuple[str, ...], SignalScanner] = {}
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _BLANK = object()
+_OVERFLOW = object()  # fast-path marker: a message with no entry because the budget was spent
 # first bytes of lines that may carry a rank prefix or torchrun's summary ("  host : X")
 _PREFIX_STARTS = b"[0123456789 "
 # signals._RANK_PREFIX for bytes; groups: 1 = srun label, 2 = torchrun's rank

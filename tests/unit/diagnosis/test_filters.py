@@ -224,3 +224,36 @@ def test_a_known_message_still_counts_once_the_uncovered_budget_is_spent():
     compressed = compress_lines(lines, max_uncovered_entries=2)
     assert [(e.text, e.count) for e in compressed.uncovered_entries()] == [("job message 1", 2), ("another message", 1)]
     assert compressed.stats.uncovered_overflow == 1
+
+
+def test_a_whole_varied_log_in_one_chunk_compresses_as_fed_line_by_line():
+    """The chunk path (a repeat or an over-budget message counted inline, no call per line)
+    gives the same entries, counts, ranks and stats as processing one line at a time."""
+    import random
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "data" / "failures"))
+    from varied import KEYWORD_FREE_ERRORS, keyword_free_error, routine_lines
+
+    rng = random.Random(5)
+    lines = list(routine_lines(rng, 3000))
+    for i, template in enumerate(KEYWORD_FREE_ERRORS):
+        lines.insert(37 * i + 11, keyword_free_error(rng, template))
+    data = ("\n".join(lines) + "\n").encode()
+
+    def compress(chunks: list[bytes]):
+        compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns, max_uncovered_entries=40)
+        for chunk in chunks:
+            compressor.feed(chunk)
+        return compressor.finish()
+
+    whole = compress([data])
+    per_line = compress([line + b"\n" for line in data.split(b"\n")[:-1]])
+    assert whole.stats.uncovered_overflow > 0 and whole.stats.lines_signal >= len(KEYWORD_FREE_ERRORS)
+    assert whole.render() == per_line.render()
+    stats = {k: v for k, v in vars(whole.stats).items() if k != "seconds"}
+    assert stats == {k: v for k, v in vars(per_line.stats).items() if k != "seconds"}
+    assert [(e.text, e.count, e.first_line, e.last_line, sorted(e.ranks)) for e in whole.entries] == [
+        (e.text, e.count, e.first_line, e.last_line, sorted(e.ranks)) for e in per_line.entries
+    ]
