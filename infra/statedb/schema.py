@@ -15,10 +15,11 @@ A change here needs a new Alembic revision in `migrations/versions/`.
 from __future__ import annotations
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 metadata = sa.MetaData()
 
-JSON = sa.JSON().with_variant(sa.dialects.postgresql.JSONB(), "postgresql")
+JSON = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
 
 clusters = sa.Table(
     "clusters", metadata,
