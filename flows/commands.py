@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     d.add_argument("--config", default="configs/tiny-cpu.yaml")
     d.add_argument("--no-faults", action="store_true", help="train without the two fault drills")
     d.add_argument("--no-eval", action="store_true", help="skip evaluating the checkpoints")
+    d.add_argument("--json", action="store_true",
+                   help="print a summary as one JSON object (pretrain result, evaluations, where to look); "
+                        "progress goes to stderr")
     d.set_defaults(func=_demo)
 
     s = subparsers.add_parser("deploy", help="create the work pool, deployments, automation and limits "
@@ -167,12 +170,37 @@ def _pretrain_summary(result) -> str:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if not args.json:
+        return _run_demo(args)
+    # stdout holds only the object: everything else written to fd 1 (rich, Prefect's
+    # print logging, torchrun children) goes to stderr while the demo runs
+    import sys
+    from contextlib import redirect_stdout
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with redirect_stdout(sys.stderr):
+            summary: dict = {}
+            code = _run_demo(args, summary)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    print(json.dumps(summary))
+    return code
+
+
+def _run_demo(args: argparse.Namespace, summary: dict | None = None) -> int:
+    import sys
+
     from rich.console import Console
 
     from flows.pretrain import pretrain
     from training.config import load_job_spec
 
-    console = Console()
+    console = Console(file=sys.stderr) if summary is not None else Console()
     spec = load_job_spec(args.config)
     started = time.monotonic()
     drills = [] if args.no_faults else list(DEMO_DRILLS)
@@ -197,10 +225,12 @@ def _demo(args: argparse.Namespace) -> int:
     for failure in result.failures:
         console.print(f"- attempt {failure.attempt}: {failure.root_cause} at step {failure.step} "
                       f"({failure.source}) → {failure.action}")
+    seconds = time.monotonic() - started
     console.print(f"finished={result.finished} at step {result.final_step} after {result.attempts} attempt(s) "
-                  f"in {time.monotonic() - started:.0f}s")
+                  f"in {seconds:.0f}s")
+    evaluations = []
     if result.finished and not args.no_eval:
-        _demo_eval(console, spec)
+        evaluations = _demo_eval(console, spec)
     run_dir = spec.resolved_run_dir.resolve()
     home = os.environ.get("PREFECT_HOME", str(Path.home() / ".prefect"))
     console.rule("where to look")
@@ -210,15 +240,55 @@ def _demo(args: argparse.Namespace) -> int:
                   "grad norm, tokens/s, memory, checkpoint stall; eval/: scores per step)")
     console.print(f"Prefect UI:   PREFECT_HOME={home} .venv/bin/prefect server start  → http://127.0.0.1:4200 "
                   "(flow runs, artifacts: plans, placement, failures, loss curve)")
+    if summary is not None:
+        summary.update(demo_summary_json(result, evaluations, seconds=seconds, checkpoints=str(spec.checkpoint.url),
+                                         run_dir=str(run_dir), prefect_home=home))
     return 0 if result.finished else 1
 
 
-def _demo_eval(console, spec) -> None:
+def demo_summary_json(result, evaluations: list[dict], *, seconds: float, checkpoints: str, run_dir: str,
+                      prefect_home: str) -> dict:
+    """`forgeflow demo --json` (schema in the README): the pretrain result as `forgeflow
+    pretrain --json` gives it, each evaluated checkpoint's results, and where to look."""
+    return {
+        "pretrain": pretrain_result_json(result),
+        "seconds": round(seconds, 1),
+        "evaluations": evaluations,
+        "where": {
+            "checkpoints": checkpoints,
+            "run_dir": run_dir,
+            "loss_curve": str(Path(run_dir) / "loss_curve.png"),
+            "tensorboard": str(Path(run_dir) / "tensorboard"),
+            "prefect_home": prefect_home,
+        },
+    }
+
+
+def evaluation_entry(checkpoint: str, suite_name: str) -> dict:
+    """One evaluated checkpoint for `forgeflow demo --json`: where its results are and its scores."""
+    from evalsuite.reporting import results_key, split_checkpoint_url
+    from infra.storage import open_storage
+
+    root, name = split_checkpoint_url(checkpoint)
+    storage = open_storage(root)
+    try:
+        key = results_key(name, suite_name)
+        payload = json.loads(storage.get_bytes(key))
+        return {"checkpoint": checkpoint, "results_path": storage.url(key),
+                "results": payload.get("results", {}), "failed": payload.get("failed", {})}
+    finally:
+        storage.close()
+
+
+def _demo_eval(console, spec) -> list[dict]:
     """Evaluate the demo's committed checkpoints (decoupled evaluation)."""
+    from evalsuite.suite import load_suite
     from flows.evaluate import evaluate_committed
 
     console.rule("evaluating checkpoints")
-    evaluate_committed(spec)
+    evaluated = evaluate_committed(spec)
+    suite_name = load_suite("demo", spec).name
+    return [evaluation_entry(checkpoint, suite_name) for checkpoint in evaluated]
 
 
 def _deploy(args: argparse.Namespace) -> int:
