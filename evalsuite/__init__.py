@@ -13,4 +13,7 @@
     slurm_trials.py the Slurm submitter: one sbatch job per trial, watched, scancelled on interrupt
     runner.py       the whole pipeline in one call; suite.py: suite YAML; reporting.py: results/plots
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
+    checkpoints.py  from "a checkpoint" (HF folder, committed training checkpoint, URL) to a model folder
+    errors.py       typed errors (EvalConfigError is a config error: one line, exit 2)
+    fixtures.py     a tiny Llama checkpoint built locally in seconds, for tests, the benchmark, demos
 """
