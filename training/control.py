@@ -50,7 +50,8 @@ class StepControl:
         self._watchdog: threading.Timer | None = None
         # signal handlers can only be installed from the main thread (the worker's, under
         # torchrun); elsewhere (an in-process caller's thread) SIGTERM keeps its default.
-        if install_handler and threading.current_thread() is threading.main_thread():
+        self._handler_installed = install_handler and threading.current_thread() is threading.main_thread()
+        if self._handler_installed:
             signal.signal(signal.SIGTERM, self._on_signal)
 
     def _on_signal(self, signum, _frame) -> None:
@@ -90,6 +91,13 @@ class StepControl:
     def finish_stop(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
+        # The stop is committed; this rank only writes its marker and exits EXIT_STOPPED. A
+        # SIGTERM now (torchrun terminates the other ranks as soon as the first one exits) must
+        # not turn "stopped" into a kill: CPython restores the default handler during shutdown,
+        # so one arriving then ended the rank with -15 (seen in CI). Ignored signals stay ignored;
+        # a rank that hangs on the way out is still ended by torchrun's or the reaper's SIGKILL.
+        if self._handler_installed:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def write_stop_marker(run_dir, step: int, signal_name: str | None) -> None:
