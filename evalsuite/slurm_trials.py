@@ -43,7 +43,7 @@ from evalsuite.metrics import MetricJob, run_metric_job
 from evalsuite.sandbox import Sandbox
 from evalsuite.trials import Trial, TrialResult, cpu_cores, cuda_indices
 from infra.atomic_write import atomic_write
-from infra.slurm import FINAL_STATES, SlurmError, SlurmSettings, slurm_command
+from infra.slurm import FINAL_STATES, SlurmError, SlurmSettings, site_args, slurm_command
 
 OUTPUT_TAIL_CHARS = 3000   # of a failed trial's Slurm output, in its error
 
@@ -73,13 +73,7 @@ def sbatch_args(trial: Trial, settings: SlurmSettings, output: Path) -> list[str
         args.append(f"--cpus-per-task={max(1, len(cpu_cores(trial.devices)))}")
     if trial.node:   # a plan for named nodes: the trial's slot lives there
         args.append(f"--nodelist={trial.node}")
-    if settings.partition:
-        args.append(f"--partition={settings.partition}")
-    if settings.account:
-        args.append(f"--account={settings.account}")
-    if settings.time_limit:
-        args.append(f"--time={settings.time_limit}")
-    return args + list(settings.extra_sbatch_args)
+    return args + site_args(settings)
 
 
 def batch_script(trial: Trial, trial_file: Path, result_file: Path) -> str:

@@ -189,8 +189,12 @@ def sbatch_args(request: LaunchRequest, settings: SlurmSettings, gpu_type: str) 
         args.append(f"--gpus-per-node={per_node}" if settings.gpu_request == "gpus-per-node"
                     else f"--gres=gpu:{per_node}")
         args.append(f"--cpus-per-task={per_node * settings.cpus_per_gpu}")
-    if settings.partition:
-        args.append(f"--partition={settings.partition}")
+    return args + site_args(settings)
+
+
+def site_args(settings: SlurmSettings) -> list[str]:
+    """The site's sbatch options every submission carries: partition, account, time, extra."""
+    args = [f"--partition={settings.partition}"] if settings.partition else []
     if settings.account:
         args.append(f"--account={settings.account}")
     if settings.time_limit:
