@@ -122,6 +122,12 @@ def make_engine(url: str) -> Engine:
     )
 
 
+def _transaction_failed(engine: Engine, e: sa.exc.OperationalError) -> StateDbError:
+    reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
+    return StateDbError(f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
+                        "check that it is reachable and not read-only")
+
+
 @contextmanager
 def write_transaction(engine: Engine) -> Iterator[Connection]:
     """One write transaction: BEGIN IMMEDIATE on SQLite (the event above), plain BEGIN on PostgreSQL."""
@@ -129,11 +135,7 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
     except sa.exc.OperationalError as e:
-        reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-        raise StateDbError(
-            f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
-            "check that it is reachable and not read-only"
-        ) from None
+        raise _transaction_failed(engine, e) from None
 
 
 @contextmanager
@@ -152,11 +154,7 @@ def batched_write_transaction(engine: Engine) -> Iterator[tuple[Connection, Stat
                     transaction.rollback()
                 raise
     except sa.exc.OperationalError as e:
-        reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-        raise StateDbError(
-            f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
-            "check that it is reachable and not read-only"
-        ) from None
+        raise _transaction_failed(engine, e) from None
 
 
 @contextmanager
