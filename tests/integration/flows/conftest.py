@@ -15,6 +15,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -102,22 +103,43 @@ def two_node_cluster(tmp_path: Path) -> Path:
     return path
 
 
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """Prefect's server and workers ignore a single SIGTERM now and then: ask twice, then kill."""
-    for sig in (signal.SIGTERM, signal.SIGTERM):
-        if proc.poll() is not None:
-            return
+def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
+    _stop_all([proc], grace_s)
+
+
+def _stop_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """Stop process groups (each started with start_new_session) together, and everything they
+    started. SIGTERM first; then SIGINT, because uvicorn (the server) treats a second SIGTERM like
+    the first and keeps waiting for its open websocket connections to close (that wait was the
+    20-30 s teardowns in CI), while a SIGINT after it forces the exit; then SIGKILL. Descendants
+    that left the group (Prefect starts flow runs in their own sessions) are killed at the end."""
+    descendants: list[psutil.Process] = []
+    for proc in procs:
         try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
+            descendants += psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            pass
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGINT, 2.0), (signal.SIGKILL, 10.0)):
+        alive = [p for p in procs if p.poll() is None]
+        if not alive:
+            break
+        for proc in alive:
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        for proc in alive:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    for child in descendants:
         try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            continue
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(descendants, timeout=5)
 
 
 class PrefectServer:
@@ -148,6 +170,7 @@ class PrefectServer:
                         return
             except OSError:
                 time.sleep(0.5)
+        _stop_all([self.server])  # not left running behind the error
         raise RuntimeError("prefect server did not answer /api/health in 180 s")
 
     def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
@@ -161,22 +184,58 @@ class PrefectServer:
         self.workers.append(worker)
         return worker
 
+    def stop_workers(self) -> None:
+        _stop_all(self.workers)
+        self.workers = []
+
     def stop(self) -> None:
-        for proc in self.workers + [self.server]:
-            _stop(proc)
+        # Workers first (together): a worker stopping may still report to the server.
+        self.stop_workers()
+        _stop_all([self.server])
 
 
-@pytest.fixture(scope="module")
-def prefect_server(tmp_path_factory, repo_root):
-    """A real Prefect server for this module; tests point this process at it with `use()`."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = PrefectServer(tmp_path_factory.mktemp("prefect-server"), port, repo_root)
-    try:
-        yield server
-    finally:
+_shared_server: PrefectServer | None = None
+
+
+def _stop_shared_server() -> None:
+    global _shared_server
+    if _shared_server is not None:
+        server, _shared_server = _shared_server, None
         server.stop()
+
+
+@pytest.fixture
+def prefect_server(tmp_path_factory, repo_root):
+    """A real Prefect server shared by this folder's modules (started on first use, stopped once
+    the folder's last test is done, see pytest_runtest_teardown): starting one takes 10-20 s on
+    2 cores. Tests keep apart through their own names, work pools and queues, and the workers a
+    test starts are stopped after it (use_prefect_server)."""
+    global _shared_server
+    if _shared_server is None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        _shared_server = PrefectServer(tmp_path_factory.mktemp("prefect-server"), port, repo_root)
+    return _shared_server
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_prefect_server_stopped():
+    """Whatever happens (an interrupted session), the shared server does not outlive it."""
+    yield
+    _stop_shared_server()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """The shared server goes as soon as no test of this folder is next, instead of idling
+    (its services poll) through the rest of the suite; after the test's own fixtures (its
+    workers) are torn down."""
+    try:
+        return (yield)
+    finally:
+        if nextitem is None or Path(__file__).parent not in Path(nextitem.path).parents:
+            _stop_shared_server()
 
 
 @pytest.fixture
@@ -191,6 +250,7 @@ def use_prefect_server(prefect_server, monkeypatch):
             yield prefect_server
         finally:
             _drain_prefect_services()
+            prefect_server.stop_workers()  # the server outlives the test; its workers do not
 
 
 def _drain_prefect_services() -> None:

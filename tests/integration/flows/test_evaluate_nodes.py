@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,7 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster
     from flows.evaluate import evaluate_checkpoint
     from tasks.cluster_tasks import cluster_orchestrator
 
+    started = datetime.now(timezone.utc)  # the server is shared: only this test's runs count
     monkeypatch.setenv("FORGEFLOW_STATE_DIR", str(tmp_path / "state"))   # the orchestrator's SQLite
     ensure_cluster_registered(str(two_node_cluster))
 
@@ -74,6 +76,7 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster
     with get_client(sync_client=True) as client:
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
             name=DeploymentFilterName(any_=["eval-node-work"])))
+    runs = [run for run in runs if run.created >= started]
     by_action: dict[str, list] = {}
     for run in runs:
         by_action.setdefault(run.parameters["action"], []).append(run)

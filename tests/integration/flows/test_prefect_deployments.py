@@ -33,6 +33,29 @@ def deployed(use_prefect_server, two_node_cluster, monkeypatch):
         yield use_prefect_server
     finally:
         slack.close()
+        _forget_slack()
+
+
+def _forget_slack() -> None:
+    """The server is shared with other modules: take away the Slack block (pointing at the
+    receiver closed above), its Variable and the automation, as a server without Slack has."""
+    from prefect import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.variables import Variable
+    from prefect_slack import SlackWebhook
+
+    from tasks.pretrain_tasks import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
+
+    with get_client(sync_client=True) as client:
+        for automation in client.read_automations_by_name(AUTOMATION_NAME):
+            client.delete_automation(automation.id)
+        try:
+            block = client.read_block_document_by_name(DEFAULT_SLACK_BLOCK, SlackWebhook.get_block_type_slug())
+        except ObjectNotFound:  # deploy failed before saving it
+            pass
+        else:
+            client.delete_block_document(block.id)
+    Variable.unset(SLACK_BLOCK_VARIABLE)
 
 
 def test_deploy_creates_pool_deployments_cluster_and_automation(deployed, capsys):
