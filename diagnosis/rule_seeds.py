@@ -26,6 +26,8 @@ from __future__ import annotations
 # ":" or the end of the line, so code lines such as "raise RuntimeError(" do not count.
 X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
 XID = r"\bXid \([^)]*\): "
+# S3 error codes that reject the request's own configuration (see "s3-rejected").
+S3_CODES = r"(?:AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|RequestTimeTooSkewed|ExpiredToken|InvalidToken|AllAccessDisabled|AccountProblem|InvalidBucketName|NoSuchBucket)"
 
 RESTART_EXCLUDE = "Restart from the last checkpoint after cordoning the suspect node(s) and running the node check."
 
@@ -33,10 +35,15 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- forgeflow signals
     ("loss-spike-event", r"\bevent=loss_spike\b|FORGEFLOW_LOSS_SPIKE\b", "LossSpike", True,
      "Roll back to the last healthy checkpoint before the spike onset and skip the batches that followed.", False),
+    # A framework that stops the job itself on a non-finite loss (detectron2, fairseq,
+    # Megatron's NaN checks, DeepSpeed's loss-scale floor): the optimisation diverged, and
+    # without forgeflow's rollback-and-skip (the event above) the same run diverges again.
+    ("loss-nonfinite", r"(?i)loss (?:became|is|was|has become) (?:infinite or nan|nan|inf(?:inite)?)\b|training has diverged|non-finite loss|loss is not finite|found nan in local (?:grad norm|forward loss)|Minimum loss scale reached|loss scale already at minimum", "LossSpike", False,
+     "The loss became NaN/inf and the framework stopped: lower the learning rate (or warm up longer), check fp16 loss scaling and the batches at that step, then restart from a healthy checkpoint.", False),
     ("hang-event", r"\bevent=hang\b|FORGEFLOW_HANG\b", "Hang", True,
      "Dump stacks (py-spy), kill the job, run the node check on all nodes, restart from the last checkpoint.", False),
     # ------------------------------------------------------------- hardware
-    ("xid-fallen-off-bus", XID + r"79\b|fallen off the bus", "NodeFailure", True,
+    ("xid-fallen-off-bus", XID + r"79\b|fallen off the bus|\bGPU is lost\b|GPU lost from the bus", "NodeFailure", True,
      "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
     ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
      RESTART_EXCLUDE, False),
@@ -53,14 +60,23 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- OOM before CUDA errors
     ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
      "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
-    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|device-side assert|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '", "CUDAError", True,
+    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b", "CUDAError", True,
      "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
+    # A device-side assert is reported after the kernel's own "Assertion `...` failed."
+    # line, which names the cause (an out-of-range index is a script error): the CUDA
+    # error names the cause only when no assertion line made it into the log.
+    ("cuda-device-assert", r"CUDA error: device-side assert(?:ion)? triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b", "CUDAError", True,
+     "A device-side assertion failed: read the kernel's 'Assertion ... failed' line (often an out-of-range index or label); " + RESTART_EXCLUDE, True),
     ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
      "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- interconnect
     ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed|NET/IB ?: Got completion from peer \S+ with (?:error [1-9]|status=[1-9])|NET/OFI .*completed with error", "NetworkError", True,
      "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
-    ("network-unreachable", r"(?i)Network is unreachable|No route to host|\bmlx5_\d+.*(?:link down|port .*down)|IB port \d+ .*(?:down|inactive)|NCCL WARN NET/Socket : .*(?:fail|error)", "NetworkError", True,
+    # NCCL finds no interface it can open a socket on (container without host networking,
+    # a wrong NCCL_SOCKET_IFNAME): the same on every restart until the setting changes.
+    ("nccl-no-interface", r"WARN (?:NET/|Net/)?Socket creation failed|Bootstrap : no socket interface found|No usable listening interface found|no socket interface found|NCCL_SOCKET_IFNAME.*(?:not found|no interface)", "NetworkError", False,
+     "NCCL found no usable network interface: run the container with host networking or set NCCL_SOCKET_IFNAME to an interface that exists on every node, then restart.", False),
+    ("network-unreachable", r"(?i)Network is unreachable|No route to host|\bmlx5_\d+.*(?:link down|port .*down)|IB port \d+ .*(?:down|inactive)|WARN NET/Socket ?: .*(?:fail|error)", "NetworkError", True,
      RESTART_EXCLUDE, False),
     ("nccl-remote-error", r"ncclRemoteError|remote process exited or there was a network error|NCCL WARN .*Connection closed by remote peer", "NCCLRemoteError", True,
      "A peer died or the network dropped it: find that peer's own error; otherwise " + RESTART_EXCLUDE, True),
@@ -68,14 +84,26 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "A peer's connection closed, usually because that rank crashed first: find that rank's own error; otherwise " + RESTART_EXCLUDE, True),
     ("nccl-watchdog-timeout", r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out|Some NCCL operations have failed or timed out|NCCL communicator was aborted|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)|collective operation timeout", "NCCLTimeoutError", True,
      "A collective timed out, usually because one rank failed or hung first: look for that rank's error; if none, run the node check and " + RESTART_EXCLUDE, True),
-    ("nccl-unhandled", r"ncclUnhandledCudaError|ncclSystemError|ncclInternalError|NCCL error in: .*unhandled (?:system|cuda) error", "NCCLRemoteError", True,
+    ("nccl-unhandled", r"ncclUnhandledCudaError|ncclSystemError|ncclInternalError|NCCL (?:error in:|failure) .*unhandled (?:system|cuda) error", "NCCLRemoteError", True,
      RESTART_EXCLUDE, True),
     ("store-connection-lost", r"recvValue failed|sendBytes failed|TCPStore.*(?:Connection reset|Broken pipe|failed)|store->get\(.*\) got error|DistNetworkError|Failed to recv, got 0 bytes", "ConnectionError", True,
      "Lost the c10d store (hosted by rank 0's node): check why that node/rank went away; restart.", True),
-    ("store-timeout", r"DistStoreError: (?:Timed out|Socket Timeout)|Timed out after \d+ seconds waiting for clients|RendezvousTimeoutError", "ConnectionError", True,
+    ("store-timeout", r"DistStoreError: (?:Timed out|Socket Timeout)|Timed out after \d+ seconds waiting for (?:clients|workers)|RendezvousTimeoutError|RendezvousConnectionError|connection to the C10d store has failed|Timed out initializing process group in store based barrier", "ConnectionError", True,
      "Rendezvous/store timed out: some node never joined; check it is alive and reachable, then restart.", False),
     # ------------------------------------------------------------- storage
-    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
+    # PyTorch's shared-memory files (/dev/shm) filling up is the DataLoader's problem,
+    # not the checkpoint disk's.
+    ("shared-memory-full", r"unable to write to file </torch_\d+|Unexpected bus error encountered in worker|insufficient shared memory \(shm\)|out of shared memory", "DataloaderKilled", False,
+     "Shared memory (/dev/shm) is exhausted by DataLoader workers: enlarge /dev/shm (docker --shm-size / --ipc=host) or lower num_workers/prefetch.", False),
+    # Disk full or over quota, in Python's, Rust's (safetensors: "(os error 28)",
+    # "kind: StorageFull") and C's wordings, whatever exception wraps it.
+    ("disk-full", r"(?i)No space left on device|Disk quota exceeded|\(os error (?:28|122)\)|kind: StorageFull|\bENOSPC\b|\bEDQUOT\b", "OSError", False,
+     "The file system is full or over quota: free space or write checkpoints elsewhere (and keep fewer), then restart.", False),
+    # S3 refusing the request itself (credentials' permissions, signature, clock skew,
+    # a missing bucket): the same request fails after a restart until the setting is fixed.
+    ("s3-rejected", r"(?:An error occurred|A client error) \(" + S3_CODES + r"\)|<Code>" + S3_CODES + r"</Code>|\b403 " + S3_CODES + r"\b", "S3StorageError", False,
+     "Object storage refused the request (permissions, credentials, clock skew or bucket name): fix the IAM policy / credentials / node clock / bucket, then restart.", False),
+    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
      "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
@@ -116,7 +144,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # transformers' lazy imports wrap the ImportError in "RuntimeError: Failed to import X
     # because of the following error"; a compiled extension built for another torch says
     # "undefined symbol".
-    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named |Failed to import [\w.]+ because of the following error|\.so: undefined symbol: ", "ImportError", False,
+    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named |Failed to import [\w.]+ because of the following error|\.so: undefined symbol: |\.so[.\d]*: cannot open shared object file", "ImportError", False,
      "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
     ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)(?::|\s*$)", "SyntaxError", False,
      "The script does not parse: fix the syntax error.", False),
@@ -125,7 +153,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("key", X + r"KeyError(?::|\s*$)", "KeyError", False,
      "A key is missing (config, state dict or batch): fix the script or config.", False),
     # an out-of-range index on the GPU is a device-side assertion in ATen's Indexing.cu
-    ("index", X + r"IndexError(?::|\s*$)|Assertion .srcIndex < srcSelectDimSize. failed|Assertion .index >= -sizes\[i\] && index < sizes\[i\]", "IndexError", False,
+    ("index", X + r"IndexError(?::|\s*$)|Assertion .srcIndex < srcSelectDimSize. failed|Assertion .index >= -sizes\[i\] && index < sizes\[i\]|Assertion .*(?:t >= 0 && t < n_classes|cur_target >= 0 && cur_target < n_classes|idx_dim >= 0 && idx_dim < index_size|index out of bounds)", "IndexError", False,
      "An index is out of range: fix the script or data.", False),
     ("type", X + r"TypeError(?::|\s*$)", "TypeError", False,
      "Wrong argument types: fix the script.", False),

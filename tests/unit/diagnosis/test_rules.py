@@ -121,6 +121,51 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     assert diagnose_log(only_symptom).root_cause == "NCCLRemoteError"
 
 
+# Generic wordings added after real-log batch 3 (benchmarks/data/real_failure_logs): each
+# case below is worded as another library or version prints it, not as the batch-3 log did.
+@pytest.mark.parametrize("lines, expected", [
+    # disk full, whatever wraps it: Rust's io error inside safetensors, mmengine's quota
+    (['safetensors_rust.SafetensorError: Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+      'message: "No space left on device" })'], ("OSError", False)),
+    (["OSError: [Errno 122] Disk quota exceeded: '/work/ckpt/epoch_3.pth'"], ("OSError", False)),
+    # /dev/shm filling up is the DataLoader's, not the checkpoint disk's
+    (["RuntimeError: unable to write to file </torch_4123_2831>: No space left on device (28)"], ("DataloaderKilled", False)),
+    (["ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm)."],
+     ("DataloaderKilled", False)),
+    # S3: throttling restarts; a refused request (permissions, clock skew) does not
+    (["<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"], ("S3StorageError", True)),
+    (["botocore.exceptions.ClientError: An error occurred (SignatureDoesNotMatch) when calling the GetObject operation"],
+     ("S3StorageError", False)),
+    (["Error executing \"PutObject\": AWS HTTP error: Client error: 403 RequestTimeTooSkewed (client)"], ("S3StorageError", False)),
+    # NCCL without a usable interface is configuration, the old and new wordings
+    (["node1:77:77 [0] NCCL INFO Bootstrap : no socket interface found",
+      "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1269, unhandled system error, NCCL version 2.14.3"],
+     ("NetworkError", False)),
+    # a framework stopping on a non-finite loss; the rollback event restarts, this does not
+    (["FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding."], ("LossSpike", False)),
+    (["2026-11-22 08:00:00 rank=0 event=loss_spike onset_step=120 last_healthy_step=100"], ("LossSpike", True)),
+    # rendezvous wordings of torch 2.x
+    (["torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed."],
+     ("ConnectionError", True)),
+    (["OSError: libcudart.so.11.0: cannot open shared object file: No such file or directory"], ("ImportError", False)),
+])
+def test_generic_wordings(tmp_path, state, lines, expected):
+    d = diagnose_log(write(tmp_path, lines))
+    assert (d.root_cause, d.restart_helps) == expected
+
+
+def test_device_side_assert_gives_way_to_the_assertion_that_caused_it(tmp_path, state):
+    cuda = "RuntimeError: CUDA error: device-side assert triggered"
+    path = write(tmp_path, [
+        "/pytorch/aten/src/ATen/native/cuda/ScatterGatherKernel.cu:144: operator(): block: [0,0,0], thread: [3,0,0] "
+        "Assertion `idx_dim >= 0 && idx_dim < index_size && \"index out of bounds\"` failed.",
+        cuda,
+    ])
+    assert (diagnose_log(path).root_cause, diagnose_log(path).restart_helps) == ("IndexError", False)
+    alone = write(tmp_path, [cuda], name="alone.log")
+    assert diagnose_log(alone).root_cause == "CUDAError"
+
+
 def test_only_symptoms_name_the_symptom_with_lower_confidence(tmp_path, state):
     path = write(tmp_path, [
         "[rank0]:[E1122 08:10:00.000000 1 ProcessGroupNCCL.cpp:616] [Rank 0] Watchdog caught collective operation timeout: x",
