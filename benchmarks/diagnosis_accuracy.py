@@ -32,16 +32,24 @@ Corpora:
   counts and 95 % Wilson intervals are printed. The headline corpus.
 * real — benchmarks/data/real_failure_logs/: error output posted in public issue
   trackers, labelled and committed before it was first scored. Reported separately
-  (`real_*` keys) and per collection batch (`real_batchN_*`): batch 1 was scored before
-  three generic rule wordings were added, batch 2 was collected after that change, so
-  batch 2 is the held-out figure for the current rules.
+  (`real_*` keys) and per collection batch (`real_batchN_*`). Each batch was committed
+  before it was first scored; rules changed after looking at a batch make it no longer
+  held out. benchmarks/data/real_failure_logs/batches.json records, per batch, the
+  commit whose rules were written from it (batch 1 -> 5df98b8, batch 2 -> b548bd4,
+  batch 3 -> 54418a9); the honest figure for the current rules is the latest batch no
+  rule was written from: `real_heldout_*` (best path on that batch; null when every
+  batch has been used). The history of each batch's held-out score is in
+  benchmarks/data/real_failure_logs/README.md.
 
 The last line is the JSON headline. Old keys (templates corpus): `cases`, `best_path`,
 `root_cause_accuracy`, `kind_accuracy`, `restart_accuracy`, `rules_…`, `retrieval_…`,
 `agent_…` (= heuristic), `heldout_…`. New: `heuristic_root_cause`,
 `min_examples_per_class`, `root_cause_ci95_low` (realistic corpus, best path),
 `realistic_…` per path, `real_logs`, `real_root_cause`, `real_kind`, `real_restart`
-(best path on real logs) and `real_…` per path.
+(best path on real logs), `real_…` per path, `real_batchN_…` per batch and path, and
+`real_heldout_batch`, `real_heldout_logs`, `real_heldout_best_path`,
+`real_heldout_root_cause`, `real_heldout_kind`, `real_heldout_restart` and
+`real_heldout_<path>_…` (the latest batch no rule was written from).
 """
 
 from __future__ import annotations
@@ -351,6 +359,13 @@ def main() -> None:
                 if path == "heuristic":  # its name before issue 17
                     headline[f"{prefix}agent_{key}"] = value
     best_real = best_of(real)
+    # the latest batch no rule was written from (batches.json); None when all were used
+    batch_notes = json.loads((args.real_corpus / "batches.json").read_text()) if (args.real_corpus / "batches.json").exists() else {}
+    unused = [b for b in real_batches if not batch_notes.get(str(b), {}).get("rules_written_from_it")]
+    latest = max(unused) if unused else None
+    best_latest = best_of(real_batches[latest]) if latest is not None else None
+    held = real_batches[latest][best_latest] if latest is not None else {}
+    print(f"held-out real-log batch (no rule written from it): {latest}")
     headline.update({
         "heuristic_root_cause": realistic["heuristic"]["root_cause_accuracy"],
         "realistic_logs": len(variants),
@@ -370,6 +385,13 @@ def main() -> None:
         # latest batch is the one collected after the last rule change
         **{f"real_batch{b}_logs": sum(real_labels[n].get("batch", 1) == b for n in real_names) for b in real_batches},
         **{f"real_batch{b}_{p}_{k}": v for b, t in real_batches.items() for p in PATHS for k, v in t[p].items()},
+        "real_heldout_batch": latest,
+        "real_heldout_logs": sum(real_labels[n].get("batch", 1) == latest for n in real_names),
+        "real_heldout_best_path": best_latest,
+        "real_heldout_root_cause": held.get("root_cause_accuracy"),
+        "real_heldout_kind": held.get("kind_accuracy"),
+        "real_heldout_restart": held.get("restart_accuracy"),
+        **{f"real_heldout_{p}_{k}": v for p in PATHS if latest is not None for k, v in real_batches[latest][p].items()},
     })
     print(json.dumps(headline))
 
