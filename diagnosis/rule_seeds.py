@@ -60,7 +60,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- OOM before CUDA errors
     ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
      "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
-    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b", "CUDAError", True,
+    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b|unspecified launch failure|an illegal memory access was encountered|an illegal instruction was encountered|launch timed out and was terminated|\bhardware stack error\b", "CUDAError", True,
      "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
     # A device-side assert is reported after the kernel's own "Assertion `...` failed."
     # line, which names the cause (an out-of-range index is a script error): the CUDA
@@ -95,15 +95,16 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # not the checkpoint disk's.
     ("shared-memory-full", r"unable to write to file </torch_\d+|Unexpected bus error encountered in worker|insufficient shared memory \(shm\)|out of shared memory", "DataloaderKilled", False,
      "Shared memory (/dev/shm) is exhausted by DataLoader workers: enlarge /dev/shm (docker --shm-size / --ipc=host) or lower num_workers/prefetch.", False),
-    # Disk full or over quota, in Python's, Rust's (safetensors: "(os error 28)",
-    # "kind: StorageFull") and C's wordings, whatever exception wraps it.
-    ("disk-full", r"(?i)No space left on device|Disk quota exceeded|\(os error (?:28|122)\)|kind: StorageFull|\bENOSPC\b|\bEDQUOT\b", "OSError", False,
+    # Disk full, over quota or failing writes, in Python's, Rust's (safetensors: "(os
+    # error 28)", "kind: StorageFull"), C's (EIO "Input/output error") and torch.save's
+    # zip writer's wordings, whatever exception wraps it.
+    ("disk-full", r"(?i)No space left on device|Disk quota exceeded|\(os error (?:5|28|122)\)|kind: StorageFull|\bENOSPC\b|\bEDQUOT\b|Input/output error|PytorchStreamWriter failed writing file|\binline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+", "OSError", False,
      "The file system is full or over quota: free space or write checkpoints elsewhere (and keep fewer), then restart.", False),
     # S3 refusing the request itself (credentials' permissions, signature, clock skew,
     # a missing bucket): the same request fails after a restart until the setting is fixed.
     ("s3-rejected", r"(?:An error occurred|A client error) \(" + S3_CODES + r"\)|<Code>" + S3_CODES + r"</Code>|\b403 " + S3_CODES + r"\b", "S3StorageError", False,
      "Object storage refused the request (permissions, credentials, clock skew or bucket name): fix the IAM policy / credentials / node clock / bucket, then restart.", False),
-    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
+    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|<Error><Code>\w+</Code>|(?:upload|download|copy|move|delete) failed: (?:\S+ to )?s3://|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
      "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,

@@ -148,6 +148,16 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: The connection to the C10d store has failed."],
      ("ConnectionError", True)),
     (["OSError: libcudart.so.11.0: cannot open shared object file: No such file or directory"], ("ImportError", False)),
+    # after batch 4: CUDA's own error strings under other wrappers, torch.save's failed
+    # writes, S3 XML error bodies and aws-cli transfer failures
+    (["RuntimeError: cuda runtime error (4) : unspecified launch failure at /pytorch/aten/src/THC/THCCachingHostAllocator.cpp:265"],
+     ("CUDAError", True)),
+    (["OSError: (External) CUDA error(700), an illegal memory access was encountered."], ("CUDAError", True)),
+    (["RuntimeError: [enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file data.pkl: file write failed"],
+     ("OSError", False)),
+    (["<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>"],
+     ("S3StorageError", True)),
+    (["download failed: s3://ckpt/step_900/model.pt to ./model.pt Could not connect to the endpoint URL"], ("S3StorageError", True)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
