@@ -8,7 +8,9 @@ unrecoverable ones must stop with the diagnosis alerted.
 from __future__ import annotations
 
 import re
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,7 +68,31 @@ def _plan_sets(spec) -> tuple[list[str], int]:
     return plan_overrides(placement), placement.world_size
 
 
-def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, make_job, tmp_path, monkeypatch):
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_data_dir, tmp_path_factory) -> Path:
+    """The reference both bit-exact tests compare with, run once for the module: the tiny
+    job on the layout the flow's planner picks, 40 steps, no fault, every 10-step
+    checkpoint kept. (TINY_JOB fixes lr_decay_steps, so its step-20 checkpoint is also
+    where a run cut at step 20 ends.)"""
+    from tests.integration.flows.conftest import TINY_JOB
+    from tests.tiny_job import write_tiny_job
+
+    where = tmp_path_factory.mktemp("uninterrupted")
+    job = write_tiny_job(TINY_JOB, tiny_data_dir, where, "reference-uninterrupted")
+    sets, world = _plan_sets(load_job_spec(job))
+    assert _run_worker(job, where, sets, world) == 0
+    return job
+
+
+def _same_layout(job_path, reference) -> tuple[list[str], int]:
+    """The layout the planner picks for this job, which must be the reference's."""
+    sets, world = _plan_sets(load_job_spec(job_path))
+    assert (sets, world) == _plan_sets(load_job_spec(reference))
+    return sets, world
+
+
+def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, make_job, tmp_path, monkeypatch,
+                                                                 uninterrupted):
     from tests.integration.flows.conftest import SlackReceiver
 
     failing_slack = SlackReceiver(status=500)  # a broken webhook must not break recovery
@@ -84,12 +110,15 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
     assert "resume from checkpoint step 20" in result.failures[1].action
     assert len(failing_slack.messages) >= 3  # two failures + completion were attempted
 
-    # Reference: the same layout, uninterrupted, skipping the same 5 batches from the spike's
-    # onset on (loss_spike@26 spikes the loss logged at step 27); steps 21-26 replay theirs.
-    spec = load_job_spec(job)
-    sets, world = _plan_sets(spec)
+    # Reference: the same layout, uninterrupted up to step 20 (the module's uninterrupted run's
+    # checkpoint), then skipping the same 5 batches from the spike's onset on (loss_spike@26
+    # spikes the loss logged at step 27); steps 21-26 replay theirs.
+    from checkpoint.manifest import step_dir
+
+    sets, world = _same_layout(job, uninterrupted)
     ref_job = make_job("reference")
-    assert _run_worker(ref_job, tmp_path, sets + ["training.steps=20"], world) == 0
+    source = Path(load_job_spec(uninterrupted).checkpoint.url) / step_dir(20)
+    shutil.copytree(source, Path(load_job_spec(ref_job).checkpoint.url) / step_dir(20))
     assert _run_worker(ref_job, tmp_path, sets + ["spike.skip_batches=5", "spike.skip_from_step=27"], world, ["--resume-from-step", "20"]) == 0
     _assert_same_weights(_model_tensors(job, 40), _model_tensors(ref_job, 40))
 
@@ -112,10 +141,11 @@ def test_script_error_stops_and_alerts_the_diagnosis(prefect_api, make_job, slac
     assert len(fired) == 2 and all(re.fullmatch(r"fault_fired\.script_error@5\.rank0\.[0-9a-f-]{36}", f) for f in fired)
 
 
-def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, make_job, tmp_path):
+def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, make_job, uninterrupted):
     job = make_job("hang-and-kill")
+    # A healthy rank beats after every step (~0.05 s here): 10 s of silence is a hang.
     result = pretrain(str(job), drill_faults=["hang@8", "oom_kill@14:1", "exit_mid_checkpoint@20"],
-                      backoff_s=0.5, hang_timeout_s=20)
+                      backoff_s=0.5, hang_timeout_s=10)
     assert result.finished and result.final_step == 40, result
     hang, killed, mid_checkpoint = result.failures
     assert hang.root_cause == "Hang" and hang.status == "hang"
@@ -127,8 +157,5 @@ def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, ma
     assert mid_checkpoint.status == "failed"
 
     # Every attempt resumed from a committed checkpoint: the result equals an uninterrupted run.
-    spec = load_job_spec(job)
-    sets, world = _plan_sets(spec)
-    ref_job = make_job("reference-uninterrupted")
-    assert _run_worker(ref_job, tmp_path, sets, world) == 0
-    _assert_same_weights(_model_tensors(job, 40), _model_tensors(ref_job, 40))
+    _same_layout(job, uninterrupted)
+    _assert_same_weights(_model_tensors(job, 40), _model_tensors(uninterrupted, 40))
