@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -18,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from infra.statedb.engine import DB_URL_ENV, StateDbError, database_url, is_postgres, make_engine, redact
+from infra.statedb.engine import DB_URL_ENV, SQLITE_BUSY_TIMEOUT_S, StateDbError, database_url, is_postgres, make_engine, redact
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_KEY = 0x466F7267  # "Forg": one lock id for schema changes
@@ -66,6 +67,24 @@ def ensure_schema(engine: Engine) -> None:
             command.upgrade(cfg, "head")
 
 
+def _ensure_schema_waiting(engine: Engine) -> None:
+    """`ensure_schema`, waiting out SQLite's "database is locked" while another process creates a fresh
+    database: switching a new file to WAL (on connect) and the first migration can refuse a second
+    process at once, without SQLite's busy handler; it is retried for the usual busy timeout."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_S
+    delay = 0.01
+    while True:
+        try:
+            return ensure_schema(engine)
+        except sa.exc.OperationalError as e:
+            locked = engine.dialect.name == "sqlite" and "locked" in str(e.orig)
+            if not locked or time.monotonic() > deadline:
+                raise
+            engine.dispose()  # a connection that failed half-way through its set-up is not reused
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
+
+
 _ENGINES: dict[str, Engine] = {}
 _LOCK = threading.Lock()
 
@@ -81,7 +100,7 @@ def open_state_db(url: str | None = None, *, state_dir: str | os.PathLike | None
         if engine is None:
             engine = make_engine(url)
             try:
-                ensure_schema(engine)
+                _ensure_schema_waiting(engine)
             except sa.exc.OperationalError as e:
                 engine.dispose()
                 reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)

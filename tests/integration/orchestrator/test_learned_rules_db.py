@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import traceback
 
 from diagnosis.rules import DiagnosisLibrary
 from infra.statedb import forget_engines
@@ -22,6 +23,8 @@ def _learn(url: str, who: str, start) -> None:
             line = f"{who} fault number {i} in module frobnicator"
             library.add_rule(rf"{who} fault number {i} in module", "NVLinkError", True, must_match=[line])
         code = 0
+    except BaseException:
+        traceback.print_exc()  # the child's reason reaches the test's captured output
     finally:
         os._exit(code)
 
