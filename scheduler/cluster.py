@@ -266,8 +266,20 @@ class Cluster(BaseModel):
         node.free_gpus = sorted(free | set(returned))
 
     def copy_state(self) -> "Cluster":
-        """An independent copy (free lists, cordons) for what-if planning and simulation."""
-        return copy.deepcopy(self)
+        """An independent copy (free lists, cordons) for what-if planning and simulation.
+
+        Nodes are copied field by field with their own free list; the rest of a node's
+        fields (links, root complexes) are never changed in place, so they are shared: a
+        deep copy of a 420-node cluster cost ~10 ms, most of an orchestrator's read-back.
+        """
+        nodes = []
+        for n in self.nodes:
+            c = n.model_copy()
+            c.free_gpus = list(n.free_gpus) if n.free_gpus is not None else None
+            nodes.append(c)
+        copied = self.model_copy(update={"nodes": nodes})
+        copied._index = {n.name: n for n in nodes}  # model_copy kept the original's index
+        return copied
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(exclude_none=True), sort_keys=False)
