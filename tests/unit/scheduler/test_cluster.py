@@ -194,3 +194,16 @@ def test_detect_local_cpu_cluster():
     assert default.nodes[0].gpu_count >= 1
     with pytest.raises(ClusterError, match="cpu_memory_fraction"):
         detect_local_cluster(force_cpu=True, cpu_memory_fraction=1.5)
+
+
+def test_copy_state_is_independent_of_the_original():
+    cluster = parse_cluster({"name": "c", "nodes": [{"name": "n", "replicas": 2, "gpu_type": "A100-80G",
+                                                    "gpu_count": 4}]})
+    copy = cluster.copy_state()
+    copy.allocate("n-0", [0, 1])
+    copy.node("n-1").cordoned = True
+    assert cluster.node("n-0").free_gpus == [0, 1, 2, 3] and copy.node("n-0").free_gpus == [2, 3]
+    assert not cluster.node("n-1").cordoned
+    assert copy.node("n-0") is copy.nodes[0] and cluster.node("n-0") is cluster.nodes[0]
+    cluster.allocate("n-0", [3])
+    assert copy.node("n-0").free_gpus == [2, 3]  # and the other way round
