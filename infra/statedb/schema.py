@@ -7,7 +7,8 @@ a second live allocation of one GPU. `allocation_events` is the append-only
 history (allocate / release / expire, in commit order) that double-booking is
 checked against after the fact; the database writes it itself, from triggers on
 `allocations` (migration 0003), so no code path can change a live allocation
-without leaving its event.
+without leaving its event. `cluster_changes` (migration 0004) is the log of scheduling
+transactions that lets a process bring its cached view up to date cheaply.
 
 A change here needs a new Alembic revision in `migrations/versions/`.
 """
@@ -115,6 +116,19 @@ allocation_events = sa.Table(
     sa.Column("gpu_index", sa.Integer, nullable=False),
     sa.Column("event", sa.String(10), nullable=False),  # allocate | release | expire
     sa.Column("at", sa.Float, nullable=False),
+)
+
+# What each scheduling transaction changed, keyed by the cluster's `state_version` it made: a
+# process whose in-memory view is a few versions old replays these instead of reading the whole
+# cluster and queue back (every flow is its own process, so consecutive decisions usually come
+# from different processes). {"ops": [...]} lists the changes in order; {"reload": true} marks a
+# change that is not described (health, expiry, re-queue): a process behind it reads everything
+# back. Old rows are pruned; a view older than what is kept is read back too.
+cluster_changes = sa.Table(
+    "cluster_changes", metadata,
+    sa.Column("cluster", sa.String(200), sa.ForeignKey("clusters.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("version", sa.Integer, primary_key=True),
+    sa.Column("change", JSON, nullable=False),
 )
 
 diagnosis_rules = sa.Table(

@@ -1,6 +1,6 @@
 """Holding an admitted job's GPUs: renew the lease in the background, release on every exit.
 
-    with HeldJob(orchestrator, job_id) as held:   # renews every lease_s / 3
+    with HeldJob(orchestrator, job_id) as held:   # renews every lease_s / 3 (and refreshes the view)
         ...run attempts...                         # held.lost is set if the lease was lost
     # released: finished on a normal exit, failed on an exception, cancelled on
     # KeyboardInterrupt / a cancellation (BaseException that is not an Exception)
@@ -34,6 +34,9 @@ class HeldJob:
         while not self._stop.wait(self.every_s):
             try:
                 self.orchestrator.renew(self.job_id)
+                # keep this process's view of the cluster near current, so the release at the end
+                # replays the last changes instead of reading the whole cluster and queue back
+                self.orchestrator.refresh()
             except LeaseLostError as e:
                 self.lost = e
                 log.error("job %s lost its GPUs: %s", self.job_id, e)

@@ -9,9 +9,15 @@ index on live allocations is the database's own refusal of a double booking, so
 even a bug here could not hand one GPU to two jobs.
 
 Between its own decisions a process keeps its view of the cluster (free GPUs, the
-queue) in memory: each scheduling transaction bumps the cluster's `state_version`
-under the lock, and the view is reused only when the version shows that no other
-process wrote since this one did; otherwise it is read back from the database.
+queue, running jobs) in memory: each scheduling transaction bumps the cluster's
+`state_version` under the lock and records what it changed in `cluster_changes`
+(submitted, admitted where, ended freeing what). A process whose view is a few
+versions old replays those rows — read in the same round trip as the lock — instead
+of reading the whole cluster and queue back (every flow is its own process, so
+consecutive decisions usually come from different processes); `refresh()` does the
+same outside the lock, from a flow's lease loop and a waiting job's poll. A change
+the log does not describe (health, lease expiry, re-queue, a new inventory) or a
+pruned log makes the view read everything back.
 
 Cost of a decision (what bounds admissions/s): a release is two round trips on
 PostgreSQL (`infra.statedb.StatementBatch`: the lock, the job's state, freeing and
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 import getpass
+import json
 import os
 import socket
 import threading
@@ -45,13 +52,13 @@ from infra.statedb import (
     write_transaction,
 )
 from infra.statedb.batch import Pending
-from infra.statedb.schema import allocations, clusters, jobs, nodes
+from infra.statedb.schema import allocations, cluster_changes, clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
-from scheduler.orchestrator.options import options_from_json, options_to_json, placement_from_dict
+from scheduler.orchestrator.options import options_to_json, placement_from_dict
 
 ACTIVE = ("queued", "running")
 DONE = ("finished", "failed", "cancelled")
@@ -80,6 +87,20 @@ _JOB_ADMITTED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
                          predicted_run_s=sa.bindparam("predicted_run_s")))
 _ALLOCATE = sa.insert(allocations).values(
     {c: sa.bindparam(c) for c in ("job_id", "cluster", "node", "gpu_index", "allocated_at", "lease_expires_at")})
+# The change log (see `_View.replay`): what this transaction changed, the changes since a version,
+# and pruning (every CHANGE_PRUNE_EVERY versions, rows older than CHANGES_KEPT versions go).
+_RECORD_CHANGE = sa.insert(cluster_changes).values(
+    cluster=sa.bindparam("cname"), version=sa.bindparam("version"), change=sa.bindparam("change"))
+_CHANGES_SINCE = (sa.select(cluster_changes.c.version, cluster_changes.c.change)
+                  .where(cluster_changes.c.cluster == sa.bindparam("cname"),
+                         cluster_changes.c.version > sa.bindparam("since"))
+                  .order_by(cluster_changes.c.version))
+_PRUNE_CHANGES = sa.delete(cluster_changes).where(cluster_changes.c.cluster == sa.bindparam("cname"),
+                                                  cluster_changes.c.version < sa.bindparam("below"))
+CHANGES_KEPT = 4096
+REFRESH_EVERY_S = 15.0  # how often a waiting job's process brings its view up to date (`refresh`)
+CHANGE_PRUNE_EVERY = 256
+_GENERATION = sa.select(clusters.c.generation).where(clusters.c.name == sa.bindparam("cname"))
 _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
 
@@ -145,6 +166,28 @@ class _View:
             at = bisect.bisect_left(self.keys, key)
             del self.keys[at], self.queue[at]
 
+    # Changes as the log records them (`Orchestrator._record`), applied in order by `replay`.
+    def end(self, job_id: int, gpus: list) -> None:
+        """The job ended (released or cancelled): its GPUs [[node, index], ...] are idle again."""
+        self.running.pop(job_id, None)
+        self.unqueue(job_id)
+        by_node: dict[str, list[int]] = {}
+        for node, gpu in gpus:
+            by_node.setdefault(node, []).append(gpu)
+        for node, freed in by_node.items():
+            self.cluster.release(node, freed)
+            self.free.give_back(self.cluster.node(node).gpu_type, len(freed))
+
+    def admit(self, job_id: int, gpu_type: str, world_size: int, end_s: float, lease: float,
+              assignments: list) -> None:
+        """A pass admitted the job onto `assignments` [[node, [indices]], ...]."""
+        for node, gpus in assignments:
+            self.cluster.allocate(node, gpus)
+            self.free.by_type[gpu_type] = self.free.by_type.get(gpu_type, 0) - len(gpus)
+        self.running[job_id] = Busy(gpu_type, world_size, end_s)
+        self.unqueue(job_id)
+        self.lease_floor = min(self.lease_floor, lease)
+
 
 class Orchestrator:
     """Cluster state, queue and leases in the state database at `url` (default: FORGEFLOW_DB_URL or SQLite)."""
@@ -157,6 +200,7 @@ class Orchestrator:
         self.actor = actor or default_actor()
         self._options: dict[int, tuple[Option, ...]] = {}  # per job, immutable after submit, interned
         self._interned: dict[tuple, tuple[Option, ...]] = {}
+        self._by_text: dict[str | None, tuple[Option, ...]] = {}  # stored JSON text -> the interned tuple
         self._names: dict[int, str] = {}
         self._job_cluster: dict[int, str] = {}  # a job's cluster never changes
         self._views: dict[str, _View] = {}
@@ -168,6 +212,9 @@ class Orchestrator:
         self._batch: StatementBatch | None = None
         self._lock_row: Pending | None = None
         self._tx: tuple | None = None
+        self._since: Pending | None = None  # the change log since the cached view's version
+        # what the open transaction changed, in order, for the change log; None: not described
+        self._ops: list | None = []
 
     # ---------------------------------------------------------------- transactions
     @contextmanager
@@ -186,12 +233,23 @@ class Orchestrator:
             with batched_write_transaction(self.engine) as (conn, batch):
                 name = cluster if cluster is not None else inventory.resolve_cluster(conn, None)
                 self._batch = batch
+                self._ops = []
                 self._lock_row = batch.add(_BUMP_VERSION, {"cname": name})
-                self._tx = (conn, name, self._views.pop(name, None), 0)
+                cached = self._views.pop(name, None)
+                # the changes other processes made since this process's view, behind the lock
+                self._since = (batch.add(_CHANGES_SINCE, {"cname": name, "since": cached.version})
+                               if cached is not None else None)
+                self._tx = (conn, name, cached, 0)
                 if not deferred:
                     self._settle()
                 yield conn, name
                 self._settle()
+                version = self._tx[3]
+                # sent with the COMMIT: what this decision changed, for the other processes' views
+                batch.add(_RECORD_CHANGE, {"cname": name, "version": version,
+                                           "change": {"reload": True} if self._ops is None else {"ops": self._ops}})
+                if version % CHANGE_PRUNE_EVERY == 0:
+                    batch.add(_PRUNE_CHANGES, {"cname": name, "below": version - CHANGES_KEPT})
                 if self._pending is not None:
                     self._pending.version = self._tx[3]
                     self._views[name] = self._pending
@@ -206,10 +264,83 @@ class Orchestrator:
         if not rows:
             inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
         version, generation = rows[0]
-        if cached is None or cached.version != version - 1 or cached.generation != generation:
-            cached = None  # someone else wrote since: read the state back
+        since, self._since = self._since, None
+        if cached is not None and (cached.generation != generation
+                                   or (cached.version != version - 1 and not self._replay(conn, cached, since, version))):
+            cached = None  # changed in a way the log does not describe: read the state back
         self._pending = cached
         self._tx = (conn, name, None, version)
+
+    def refresh(self, cluster: str | None = None) -> bool:
+        """Bring this process's cached view of the cluster up to date from the change log, outside the
+        scheduler lock (what a flow's lease loop and a waiting job's poll call now and then), so that
+        its next decision replays a few changes instead of reading the whole state back. Returns
+        whether a view is kept; one that cannot be brought up to date is dropped."""
+        with self._mutex:
+            names = [cluster] if cluster is not None else list(self._views)
+            kept = False
+            for name in names:
+                view = self._views.pop(name, None)
+                if view is None:
+                    continue
+                with read_transaction(self.engine) as conn:
+                    # the generation before and after the changes: a register in between (which the
+                    # log does not describe) shows as a change of generation
+                    before = conn.execute(_GENERATION, {"cname": name}).scalar()
+                    changes = conn.execute(_CHANGES_SINCE, {"cname": name, "since": view.version}).all()
+                    after = conn.execute(_GENERATION, {"cname": name}).scalar()
+                if before != view.generation or after != before:
+                    continue
+                version = changes[-1][0] + 1 if changes else view.version + 1
+                if self._replay(conn, view, changes, version, connect=True):
+                    view.version = version - 1
+                    self._views[name] = view
+                    kept = True
+            return kept
+
+    def _replay(self, conn: Connection, view: _View, since: Pending | list | None, version: int,
+                *, connect: bool = False) -> bool:
+        """Bring `view` from its version to `version - 1` with the change log; False if it cannot.
+
+        `since`: the log's rows after the view's version (a `Pending` inside the lock, rows
+        read by `refresh`); `connect`: `conn` is closed, open a read for unknown jobs' options.
+        """
+        changes = since.all() if isinstance(since, Pending) else since or []
+        if [v for v, _ in changes] != list(range(view.version + 1, version)):
+            return False  # pruned, or a transaction before the log existed
+        ops = []
+        for _, change in changes:
+            if "ops" not in change:
+                return False  # a change the log does not describe (health, lease expiry, re-queue)
+            ops.extend(change["ops"])
+        unknown = [op[1] for op in ops if op[0] == "queue" and op[1] not in self._options]
+        if unknown and connect:
+            with read_transaction(self.engine) as reading:
+                self._load_options(reading, unknown)
+        elif unknown:
+            self._load_options(conn, unknown)
+        try:
+            for op in ops:
+                if op[0] == "free":
+                    view.end(op[1], op[2])
+                elif op[0] == "admit":
+                    view.admit(*op[1:])
+                elif op[0] == "queue":
+                    _, job_id, name, priority, queued_at = op
+                    self._names.setdefault(job_id, name)
+                    if self._options.get(job_id):
+                        view.enqueue((-priority, queued_at, job_id),
+                                     QueuedJob(str(job_id), queued_at, self._options[job_id]))
+                else:
+                    return False
+        except (ClusterError, KeyError, ValueError):
+            return False  # the view disagrees with the log: trust the database, read it back
+        return True
+
+    def _record(self, op: list) -> None:
+        """Note a change of this transaction for the change log (nothing once it is not described)."""
+        if self._ops is not None:
+            self._ops.append(op)
 
     @contextmanager
     def _in_transaction(self) -> Iterator[None]:
@@ -218,6 +349,7 @@ class Orchestrator:
         finally:
             self._pending = None  # a rolled-back transaction leaves no view behind
             self._lock_row = None
+            self._since = None
             self._batch = None
             self._tx = None
 
@@ -239,6 +371,7 @@ class Orchestrator:
         """After a change this process does not mirror in memory (health, expiry, register)."""
         self._settle()
         self._pending = None
+        self._ops = None  # nor does the change log: other processes read the state back
 
     def _job_row(self, conn: Connection, job_id: int, *, lock: bool = False):
         query = sa.select(jobs).where(jobs.c.id == job_id)
@@ -322,6 +455,7 @@ class Orchestrator:
             self._options[job_id] = self._intern(options.get(self.config.policy, []))
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
+            self._record(["queue", job_id, name, priority, now])
             current = self._pending is not None
             view = self._view(conn, cname)  # when read back now, it holds this job already
             if self._options[job_id] and current:
@@ -354,23 +488,17 @@ class Orchestrator:
                 raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
             if state in DONE and not freed:
                 return state
+            self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed]])
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
             if self._pending is None:  # read back now, after this change: nothing to apply to it
                 self._view(conn, cname)
             else:
-                view = self._pending
-                view.running.pop(job_id, None)
-                view.unqueue(job_id)
-                by_node: dict[str, list[int]] = {}
-                for _, node, gpu in freed:
-                    by_node.setdefault(node, []).append(gpu)
                 try:
-                    for node, gpus_freed in by_node.items():
-                        view.cluster.release(node, gpus_freed)
-                        view.free.give_back(view.cluster.node(node).gpu_type, len(gpus_freed))
+                    self._pending.end(job_id, [(node, gpu) for _, node, gpu in freed])
                 except ClusterError:  # the view disagrees with the database: trust the database
-                    self._forget_view()
+                    self._settle()
+                    self._pending = None
             if freed:
                 self._pass(conn, cname)
             return state
@@ -458,10 +586,14 @@ class Orchestrator:
         """
         cluster = self._cluster_of(job_id)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        refreshed = time.monotonic()
         while True:
             admission = self.admission(job_id)
             if admission is not None:
                 return admission
+            if time.monotonic() - refreshed >= REFRESH_EVERY_S:  # keep this process's view near current
+                self.refresh(cluster)
+                refreshed = time.monotonic()
             if self.lease_overdue(cluster):
                 self.reconcile(cluster)
                 continue
@@ -508,19 +640,47 @@ class Orchestrator:
         return lost
 
     def _load_queue(self, conn: Connection, cname: str) -> tuple[list[QueuedJob], list[tuple]]:
-        rows = conn.execute(sa.select(jobs.c.id, jobs.c.queued_at, jobs.c.priority).where(
+        # The queue with each job's name and options (as text: a process that knows a job skips it,
+        # one that does not parses each distinct list once): one query, not one per 500 unknown jobs.
+        rows = conn.execute(sa.select(jobs.c.id, jobs.c.queued_at, jobs.c.priority, jobs.c.name,
+                                      self._policy_options_text(conn)).where(
             jobs.c.cluster == cname, jobs.c.state == "queued").order_by(
             jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
-        missing = [r.id for r in rows if r.id not in self._options]
-        for start in range(0, len(missing), 500):
-            chunk = missing[start:start + 500]
-            for job_id, name, options in conn.execute(
-                    sa.select(jobs.c.id, jobs.c.name, jobs.c.options).where(jobs.c.id.in_(chunk))):
-                self._options[job_id] = self._intern(options_from_json(options, self.config.policy))
+        for job_id, _, _, name, text in rows:
+            if job_id not in self._options:
+                self._options[job_id] = self._intern_text(text)
                 self._names[job_id] = name
         kept = [r for r in rows if self._options[r.id]]
         return ([QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in kept],
                 [(-r.priority, r.queued_at, r.id) for r in kept])
+
+    def _load_options(self, conn: Connection, job_ids: list[int]) -> None:
+        """Read the options (for this process's policy) and names of jobs it has not seen yet."""
+        for start in range(0, len(job_ids), 500):
+            chunk = job_ids[start:start + 500]
+            # Only this policy's list (the column holds one per policy), as JSON text: a process
+            # reading the queue back parses each distinct list once (`_intern_text`).
+            for job_id, name, text in conn.execute(
+                    sa.select(jobs.c.id, jobs.c.name, self._policy_options_text(conn)).where(jobs.c.id.in_(chunk))):
+                self._options[job_id] = self._intern_text(text)
+                self._names[job_id] = name
+
+    def _policy_options_text(self, conn: Connection) -> sa.ColumnElement:
+        """The job's options for this process's policy as JSON text (not decoded by the driver)."""
+        if is_postgres(conn):
+            return sa.cast(jobs.c.options.op("->")(sa.literal(self.config.policy)), sa.Text)
+        return sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{self.config.policy}")
+
+    def _intern_text(self, text: str | None) -> tuple[Option, ...]:
+        """A stored option list (JSON text) as the shared tuple `_intern` gives; parsed once per distinct text."""
+        options = self._by_text.get(text)
+        if options is None:
+            listed = json.loads(text) if text else []
+            options = self._intern([Option.from_dict(o) for o in listed])
+            if len(self._by_text) > 100_000:  # a long-lived process: keep the memo bounded
+                self._by_text.clear()
+            self._by_text[text] = options
+        return options
 
     def _intern(self, options: list[Option]) -> tuple[Option, ...]:
         """One shared tuple per distinct option list: a policy pass skips every job whose options
@@ -531,10 +691,12 @@ class Orchestrator:
 
     def _load_running(self, conn: Connection, cname: str) -> dict[int, Busy]:
         out = {}
-        for job_id, admitted, run_s, placement in conn.execute(sa.select(
-                jobs.c.id, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement).where(
+        # the two fields a pass needs, not each running job's whole placement
+        for job_id, admitted, run_s, gpu_type, world_size in conn.execute(sa.select(
+                jobs.c.id, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement["gpu_type"].as_string(),
+                jobs.c.placement["world_size"].as_integer()).where(
                 jobs.c.cluster == cname, jobs.c.state == "running")):
-            out[job_id] = Busy(placement["gpu_type"], placement["world_size"], admitted + (run_s or 0.0))
+            out[job_id] = Busy(gpu_type, world_size, admitted + (run_s or 0.0))
         return out
 
     def _pass(self, conn: Connection, cname: str, *, check_leases: bool = False) -> PassResult:
@@ -565,6 +727,8 @@ class Orchestrator:
             updates.append(dict(jid=job_id, now=now, placement=placement.to_dict(), predicted_run_s=opt.run_s))
             view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + opt.run_s)
             result.admitted.append(job_id)
+            self._record(["admit", job_id, opt.gpu_type, placement.world_size, now + opt.run_s, lease,
+                          [[a.node, list(a.gpus)] for a in placement.assignments]])
         # Every job this pass admits, in one multi-row statement each (the history rows come from
         # the database's trigger on allocations).
         # These writes are the decision's last statements: queued, they go out with the COMMIT.
