@@ -26,6 +26,10 @@ from __future__ import annotations
 # ":" or the end of the line, so code lines such as "raise RuntimeError(" do not count.
 X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
 XID = r"\bXid \([^)]*\): "
+# CUDA's error prefix as any wrapper prints it before cudaGetErrorString's text: torch's
+# "CUDA error: ", Marian's "CUDA error 999 '", Paddle's "CUDA error(719), ", Kaldi's
+# "cudaError_t 4 : \"", a driver's "CUDA Error 700 (".
+CUDA_ERR = r"(?i:\bcuda[ _]?error)(?:_t)?[^A-Za-z\n]{0,12}"
 # S3 error codes that reject the request's own configuration (see "s3-rejected").
 S3_CODES = r"(?:AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|RequestTimeTooSkewed|ExpiredToken|InvalidToken|AllAccessDisabled|AccountProblem|InvalidBucketName|NoSuchBucket)"
 
@@ -58,14 +62,14 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("nvlink-message", r"(?i)nvlink (?:error|fatal|link .* (?:down|inactive))|NVLink (?:error|errors? detected)|nvlink.*replay errors|NCCL WARN .*NVL(?:S|ink)\b.*(?:fail|error)", "NVLinkError", True,
      "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- OOM before CUDA errors
-    ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|CUDA error: out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
+    ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|" + CUDA_ERR + r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
      "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
-    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b|unspecified launch failure|an illegal memory access was encountered|an illegal instruction was encountered|launch timed out and was terminated|\bhardware stack error\b", "CUDAError", True,
+    ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b|unspecified launch failure|an illegal memory access was encountered|an illegal instruction was encountered|launch timed out and was terminated|\bhardware stack error\b|" + CUDA_ERR + r"unknown error|cudaError(?:Unknown|LaunchTimeout|IllegalInstruction|MisalignedAddress|HardwareStackError)\b", "CUDAError", True,
      "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
     # A device-side assert is reported after the kernel's own "Assertion `...` failed."
     # line, which names the cause (an out-of-range index is a script error): the CUDA
     # error names the cause only when no assertion line made it into the log.
-    ("cuda-device-assert", r"CUDA error: device-side assert(?:ion)? triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b", "CUDAError", True,
+    ("cuda-device-assert", r"" + CUDA_ERR + r"device-side assert(?:ion)? triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b", "CUDAError", True,
      "A device-side assertion failed: read the kernel's 'Assertion ... failed' line (often an out-of-range index or label); " + RESTART_EXCLUDE, True),
     ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
      "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),

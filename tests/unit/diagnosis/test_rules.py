@@ -158,6 +158,15 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["<Error><Code>InternalError</Code><Message>We encountered an internal error. Please try again.</Message></Error>"],
      ("S3StorageError", True)),
     (["download failed: s3://ckpt/step_900/model.pt to ./model.pt Could not connect to the endpoint URL"], ("S3StorageError", True)),
+    # after batch 5: CUDA's error strings behind a numeric code in any wrapper's wording
+    # (Marian "CUDA error 999 'unknown error'", Kaldi "cudaError_t N : \"...\""), the
+    # OOM and device-side-assert strings in the same wordings keep their own rules
+    (["Error: CUDA error 999 'unknown error' - src/tensors/gpu/algorithm.cu:54: cudaStreamSynchronize(0)"],
+     ("CUDAError", True)),
+    (['ERROR (nnet3-train:Synchronize()) cudaError_t 999 : "unknown error" returned from cudaStreamSynchronize'],
+     ("CUDAError", True)),
+    (["cudaErrorUnknown: unknown error"], ("CUDAError", True)),
+    (["Error: CUDA error 2 'out of memory' - src/tensors/gpu/device.cu:32: cudaMalloc"], ("OutOfMemoryError", False)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
