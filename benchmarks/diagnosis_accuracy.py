@@ -36,7 +36,7 @@ Corpora:
   before it was first scored; rules changed after looking at a batch make it no longer
   held out. benchmarks/data/real_failure_logs/batches.json records, per batch, the
   commit whose rules were written from it (batch 1 -> 5df98b8, batch 2 -> b548bd4,
-  batch 3 -> 54418a9); the honest figure for the current rules is the latest batch no
+  batch 3 -> 54418a9, batch 4 -> 32c3dda, batch 5 -> 19cd7b5); the honest figure for the current rules is the latest batch no
   rule was written from: `real_heldout_*` (best path on that batch; null when every
   batch has been used). The history of each batch's held-out score is in
   benchmarks/data/real_failure_logs/README.md.
