@@ -213,6 +213,11 @@ class Orchestrator:
         self._lock_row: Pending | None = None
         self._tx: tuple | None = None
         self._since: Pending | None = None  # the change log since the cached view's version
+        # jobs submitted since the newest this process knows (their options, for the replay of
+        # their 'queue' changes), read in the lock's round trip too
+        self._new_jobs: Pending | None = None
+        self._newest_job = 0
+        self._jobs_since: sa.Select | None = None
         # what the open transaction changed, in order, for the change log; None: not described
         self._ops: list | None = []
 
@@ -237,8 +242,11 @@ class Orchestrator:
                 self._lock_row = batch.add(_BUMP_VERSION, {"cname": name})
                 cached = self._views.pop(name, None)
                 # the changes other processes made since this process's view, behind the lock
-                self._since = (batch.add(_CHANGES_SINCE, {"cname": name, "since": cached.version})
-                               if cached is not None else None)
+                self._since = self._new_jobs = None
+                if cached is not None:
+                    self._since = batch.add(_CHANGES_SINCE, {"cname": name, "since": cached.version})
+                    self._new_jobs = batch.add(self._jobs_since_statement(conn),
+                                               {"cname": name, "newest": self._newest_job})
                 self._tx = (conn, name, cached, 0)
                 if not deferred:
                     self._settle()
@@ -265,6 +273,9 @@ class Orchestrator:
             inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
         version, generation = rows[0]
         since, self._since = self._since, None
+        new_jobs, self._new_jobs = self._new_jobs, None
+        if new_jobs is not None:
+            self._know_jobs(new_jobs.all())
         if cached is not None and (cached.generation != generation
                                    or (cached.version != version - 1 and not self._replay(conn, cached, since, version))):
             cached = None  # changed in a way the log does not describe: read the state back
@@ -297,6 +308,21 @@ class Orchestrator:
                     self._views[name] = view
                     kept = True
             return kept
+
+    def _jobs_since_statement(self, conn: Connection) -> sa.Select:
+        """Name and options text of the cluster's jobs with an id above `newest` (built once: the
+        batch compiles each statement object once)."""
+        if self._jobs_since is None:
+            self._jobs_since = sa.select(jobs.c.id, jobs.c.name, self._policy_options_text(conn)).where(
+                jobs.c.cluster == sa.bindparam("cname"), jobs.c.id > sa.bindparam("newest"))
+        return self._jobs_since
+
+    def _know_jobs(self, rows) -> None:  # noqa: ANN001 - (id, name, options text) rows
+        for job_id, name, text in rows:
+            if job_id not in self._options:
+                self._options[job_id] = self._intern_text(text)
+                self._names[job_id] = name
+            self._newest_job = max(self._newest_job, job_id)
 
     def _replay(self, conn: Connection, view: _View, since: Pending | list | None, version: int,
                 *, connect: bool = False) -> bool:
@@ -349,7 +375,7 @@ class Orchestrator:
         finally:
             self._pending = None  # a rolled-back transaction leaves no view behind
             self._lock_row = None
-            self._since = None
+            self._since = self._new_jobs = None
             self._batch = None
             self._tx = None
 
@@ -456,6 +482,7 @@ class Orchestrator:
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
             self._record(["queue", job_id, name, priority, now])
+            self._newest_job = max(self._newest_job, job_id)
             current = self._pending is not None
             view = self._view(conn, cname)  # when read back now, it holds this job already
             if self._options[job_id] and current:
@@ -646,10 +673,7 @@ class Orchestrator:
                                       self._policy_options_text(conn)).where(
             jobs.c.cluster == cname, jobs.c.state == "queued").order_by(
             jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
-        for job_id, _, _, name, text in rows:
-            if job_id not in self._options:
-                self._options[job_id] = self._intern_text(text)
-                self._names[job_id] = name
+        self._know_jobs((job_id, name, text) for job_id, _, _, name, text in rows)
         kept = [r for r in rows if self._options[r.id]]
         return ([QueuedJob(str(r.id), r.queued_at, self._options[r.id]) for r in kept],
                 [(-r.priority, r.queued_at, r.id) for r in kept])
