@@ -35,6 +35,12 @@ reach the disk; and the embedded SQLite default in WAL mode, synchronous=NORMAL)
      cluster, queue and running jobs back: a process with no view, or one so far
      behind that the log was pruned (more than 4,096 decisions: ~8 s at the rates
      measured here, so a flow renewing every 20 s at this rate would be here).
+   - `decider` (`*_decider`, `admissions_with_decider`): flows with no view release
+     and submit, and a decider process (`forgeflow cluster serve`) makes the policy
+     passes; admissions are asynchronous, so the rate is jobs admitted over the wall
+     time of the whole loop, including the serial driver's own work (the flows'
+     releases and submissions and its bookkeeping reads, all on this 2-core box):
+     a lower bound on what the decider sustains.
    The separate orchestrators share the process (and its connection pool and
    compiled statements); what differs between them — the view and what it takes to
    bring it up to date — is exactly what separate processes differ in.
@@ -69,7 +75,8 @@ Run:  .venv/bin/python benchmarks/orchestrator.py [--jobs 1000] [--processes 4]
 Last line: one JSON object (admissions_per_s_pg, admissions_per_s_sqlite,
 decision_ms_p99_pg, double_booked, lease_expiry_recovery_s, pg_commit_ms_p50,
 admissions_per_s_pg_rotating, decision_ms_p99_pg_rotating, admissions_per_s_pg_cold,
-decision_ms_p50/p99_pg_cold, load_average, ...).
+decision_ms_p50/p99_pg_cold, admissions_per_s_pg_decider, release_ms_p99_pg_decider,
+load_average, ...).
 """
 
 from __future__ import annotations
@@ -206,6 +213,90 @@ def admissions(url: str, jobs: int, seed: int, deciders: str = "one", processes:
     }
 
 
+def _decider(url: str) -> None:
+    try:
+        forget_engines()  # the parent's pooled connections are not this process's
+        Orchestrator(url, OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)).serve(
+            busy_poll_s=0.0005, idle_poll_s=0.002)
+    finally:
+        os._exit(0)
+
+
+def admissions_with_decider(url: str, jobs: int, seed: int) -> dict:
+    """Sustained admissions when flows (each a fresh orchestrator, no view) release and submit and a
+    decider process (`forgeflow cluster serve`) makes the policy passes. Admissions are asynchronous
+    here, so the rate is jobs admitted / wall time of the whole loop, which also includes the
+    driver's own bookkeeping reads (which job is oldest, how many are queued): a pessimistic figure."""
+    import sqlalchemy as sa
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import jobs as jobs_table
+
+    cluster = load_cluster(CLUSTER)
+    config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
+    orch = Orchestrator(url, config)
+    orch.register(cluster, source=str(CLUSTER))
+    rng = random.Random(seed)
+    shapes: dict[tuple[int, int], dict] = {}
+    counts = list(SHARES)
+
+    def submit(by: Orchestrator, i: int) -> int:
+        count = rng.choices(counts, weights=list(SHARES.values()))[0]
+        mem = rng.choice(MEMORY_GIB)
+        if (count, mem) not in shapes:
+            shapes[(count, mem)] = demand_options(cluster, count, min_memory_gib=mem, duration_s=600)
+        return by.submit(f"eval-{i}", shapes[(count, mem)])
+
+    for i, n in enumerate(cluster.nodes):
+        orch.submit(f"fill-{i}", demand_options(cluster, n.gpu_count, gpu_type=n.gpu_type, duration_s=600))
+    submitted = 0
+    for _ in range(jobs):
+        submit(orch, submitted)
+        submitted += 1
+    forget_engines()
+    proc = multiprocessing.get_context("fork").Process(target=_decider, args=(url,), daemon=True)
+    proc.start()
+    oldest = sa.select(jobs_table.c.id).where(jobs_table.c.state == "running").order_by(
+        jobs_table.c.admitted_at, jobs_table.c.id).limit(1)
+    queued = sa.select(sa.func.count()).where(jobs_table.c.state == "queued")
+    admitted_since = sa.select(sa.func.count()).where(jobs_table.c.admitted_at >= sa.bindparam("t"))
+    try:
+        while orch.cluster().name and not _decider_alive(orch):
+            time.sleep(0.01)
+        release_ms = []
+        start_wall = time.time()
+        start = time.perf_counter()
+        admitted = 0
+        while admitted < jobs:
+            with read_transaction(orch.engine) as conn:
+                job = conn.execute(oldest).scalar()
+                waiting = conn.execute(queued).scalar()
+                admitted = conn.execute(admitted_since, {"t": start_wall}).scalar()
+            if job is not None and admitted < jobs:
+                flow = Orchestrator(url, config)  # a flow's process: no view of its own
+                t0 = time.perf_counter()
+                flow.release(job)
+                release_ms.append(1e3 * (time.perf_counter() - t0))
+            for _ in range(jobs - waiting):  # keep 1,000 queued (each submit from a flow of its own)
+                submit(Orchestrator(url, config), submitted)
+                submitted += 1
+        wall_s = time.perf_counter() - start
+    finally:
+        proc.terminate()
+        proc.join(10)
+    return {"admitted": admitted, "releases": len(release_ms), "admissions_per_s": admitted / wall_s,
+            "release_ms_p50": percentile(release_ms, 50), "release_ms_p99": percentile(release_ms, 99),
+            "double_booked": double_booked(orch.engine)}
+
+
+def _decider_alive(orch: Orchestrator) -> bool:
+    import sqlalchemy as sa
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import clusters
+
+    with read_transaction(orch.engine) as conn:
+        return conn.execute(sa.select(clusters.c.decider_seen_at)).scalar() is not None
+
+
 def commit_floor_ms(url: str, rounds: int = 200) -> float:
     """p50 of a trivial one-row UPDATE + COMMIT on the same database: what one durable commit costs here."""
     import sqlalchemy as sa
@@ -277,7 +368,7 @@ def main() -> int:
     pg_server = sa.make_url(server.get_uri()).set(drivername="postgresql+psycopg")
     admin = sa.create_engine(pg_server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        for name in ("bench", "bench_nowait", "bench_rotating", "bench_cold", "lease"):
+        for name in ("bench", "bench_nowait", "bench_rotating", "bench_cold", "bench_decider", "lease"):
             conn.execute(sa.text(f"CREATE DATABASE {name}"))
     admin.dispose()
 
@@ -308,6 +399,13 @@ def main() -> int:
                   f"{r['cycle_admissions_per_s']:,.0f}/s); decision p50 {r['decision_ms_p50']:.2f} ms, "
                   f"p99 {r['decision_ms_p99']:.2f} ms; submit p50 {r['submit_ms_p50']:.2f} ms, "
                   f"p99 {r['submit_ms_p99']:.2f} ms; double-booked {r['double_booked']}")
+        for label, url in (("pg_decider", pg("bench_decider")), ("sqlite_decider", f"sqlite:///{tmp / 'dec.db'}")):
+            r = admissions_with_decider(url, args.jobs, args.seed)
+            results[label] = r
+            print(f"{label:15s}: {r['admitted']} jobs admitted by a decider process after {r['releases']} releases "
+                  f"from flows with no view, 1,000 queued: {r['admissions_per_s']:,.0f} admissions/s (wall); "
+                  f"release p50 {r['release_ms_p50']:.2f} ms, p99 {r['release_ms_p99']:.2f} ms; "
+                  f"double-booked {r['double_booked']}")
         recovery = {}
         for label, url in (("pg", pg("lease")), ("sqlite", f"sqlite:///{tmp / 'lease.db'}")):
             recovery[label] = lease_recovery(url)
@@ -341,6 +439,10 @@ def main() -> int:
         "decision_ms_p50_pg_cold": round(results["pg_cold"]["decision_ms_p50"], 2),
         "decision_ms_p99_pg_cold": round(results["pg_cold"]["decision_ms_p99"], 2),
         "decision_ms_p99_sqlite_cold": round(results["sqlite_cold"]["decision_ms_p99"], 2),
+        # flows with no view release; a decider process (`forgeflow cluster serve`) admits
+        "admissions_per_s_pg_decider": round(results["pg_decider"]["admissions_per_s"], 1),
+        "admissions_per_s_sqlite_decider": round(results["sqlite_decider"]["admissions_per_s"], 1),
+        "release_ms_p99_pg_decider": round(results["pg_decider"]["release_ms_p99"], 2),
         "double_booked": sum(r["double_booked"] for r in results.values()),
         "lease_expiry_recovery_s": round(recovery["pg"], 2),
         "lease_expiry_recovery_s_sqlite": round(recovery["sqlite"], 2),

@@ -30,6 +30,12 @@ clusters = sa.Table(
     # bumped by every scheduling transaction: a process whose last write was version v-1 may keep
     # its in-memory view of free GPUs and the queue (nobody else changed them)
     sa.Column("state_version", sa.Integer, nullable=False, server_default="0"),
+    # A decider (`forgeflow cluster serve`) keeps a current view and makes the policy passes; while
+    # its heartbeat is fresh, a process with a stale view leaves its pass to it. `pass_pending`:
+    # the last change has not been followed by a policy pass yet.
+    sa.Column("decider", sa.String(200), nullable=True),
+    sa.Column("decider_seen_at", sa.Float, nullable=True),
+    sa.Column("pass_pending", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("registered_at", sa.Float, nullable=False),
     sa.Column("source", sa.Text, nullable=True),  # the file it was registered from
 )

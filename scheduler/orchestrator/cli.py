@@ -1,4 +1,4 @@
-"""`forgeflow cluster register|status|queue|cordon|drain|uncordon` and `forgeflow submit`.
+"""`forgeflow cluster register|status|queue|cordon|drain|uncordon|serve` and `forgeflow submit`.
 
 Each prints a readable table, or one JSON object with `--json`. Bad input (an
 unknown node or cluster, a job no GPU type can hold, an unreachable database, a
@@ -43,6 +43,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("node", help="node name (see `forgeflow cluster status`)")
         p.add_argument("--reason", default="", help="why (shown in status, kept with the node)")
         p.set_defaults(func=_guard(_health), action=action)
+    sv = sub.add_parser(
+        "serve", parents=[common, named],
+        help="be the cluster's decider: make the policy passes for flows whose view is stale (until Ctrl-C)",
+        description="Keep a current view of the cluster and make the policy passes: while this runs, a "
+                    "flow that releases or submits with a stale view only writes its change (no ~20 ms "
+                    "read-back under the scheduler lock); if it stops or dies, flows pass themselves again. "
+                    "Run one per cluster (a second is harmless).")
+    sv.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until signalled)")
+    sv.set_defaults(func=_guard(_serve))
     cluster.set_defaults(func=lambda args: (cluster.print_help(), 2)[1])
 
     submit = subparsers.add_parser(
@@ -111,6 +120,36 @@ def _register(args: argparse.Namespace) -> int:
     else:
         print(f"registered cluster {summary['cluster']!r}: {summary['nodes']} nodes, {summary['gpus']} GPUs "
               f"({summary['added']} nodes new, removed: {summary['removed'] or 'none'})")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    orch = _orchestrator(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: the heartbeat is cleared on the way out
+        signal.signal(sig, lambda *_: stop.set())
+    if args.seconds is not None:
+        threading.Timer(args.seconds, stop.set).start()
+    totals = {"passes": 0, "admitted": 0, "expired": 0}
+
+    def on_pass(result) -> None:  # noqa: ANN001 - PassResult
+        totals["passes"] += 1
+        totals["admitted"] += len(result.admitted)
+        totals["expired"] += len(result.expired_jobs)
+        if not args.json:
+            print(f"{time.strftime('%H:%M:%S')} admitted {result.admitted or '-'}"
+                  + (f", leases expired: {result.expired_jobs}" if result.expired_jobs else ""), flush=True)
+
+    if not args.json:
+        print(f"deciding for cluster {args.cluster or '(the only one)'} as {orch.actor}; Ctrl-C stops", flush=True)
+    orch.serve(args.cluster, stop=stop, on_pass=on_pass)
+    if args.json:
+        print(json.dumps({"actor": orch.actor, **totals}, indent=2))
+    else:
+        print(f"stopped: {totals['admitted']} admitted, {totals['expired']} lease(s) reclaimed")
     return 0
 
 

@@ -66,8 +66,12 @@ DONE = ("finished", "failed", "cancelled")
 # The statements of a decision, built once (a decision runs a handful of them; building and
 # compiling-cache-keying a fresh Core statement each time cost more CPU than the database did).
 _BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cname"))
-                 .values(state_version=clusters.c.state_version + 1)
-                 .returning(clusters.c.state_version, clusters.c.generation))
+                 .values(state_version=clusters.c.state_version + 1, pass_pending=True)
+                 .returning(clusters.c.state_version, clusters.c.generation, clusters.c.decider_seen_at))
+# a policy pass ran in this transaction (the lock statement marked the change as waiting for one)
+_PASS_DONE = sa.update(clusters).where(clusters.c.name == sa.bindparam("cname")).values(pass_pending=False)
+_DECIDER_STATE = sa.select(clusters.c.pass_pending, clusters.c.decider_seen_at).where(
+    clusters.c.name == sa.bindparam("cname"))
 _INSERT_JOB = sa.insert(jobs).values(
     {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_at", "queued_at",
                                      "submitted_by")}, "state": "queued", "attempts": 0, "lost_count": 0}
@@ -98,6 +102,9 @@ _CHANGES_SINCE = (sa.select(cluster_changes.c.version, cluster_changes.c.change)
 _PRUNE_CHANGES = sa.delete(cluster_changes).where(cluster_changes.c.cluster == sa.bindparam("cname"),
                                                   cluster_changes.c.version < sa.bindparam("below"))
 CHANGES_KEPT = 4096
+# A decider (`serve`) beats every DECIDER_BEAT_S; others trust it for DECIDER_TTL_S after its last beat.
+DECIDER_BEAT_S = 1.0
+DECIDER_TTL_S = 5.0
 REFRESH_EVERY_S = 15.0  # how often a waiting job's process brings its view up to date (`refresh`)
 CHANGE_PRUNE_EVERY = 256
 _GENERATION = sa.select(clusters.c.generation).where(clusters.c.name == sa.bindparam("cname"))
@@ -218,6 +225,8 @@ class Orchestrator:
         self._new_jobs: Pending | None = None
         self._newest_job = 0
         self._jobs_since: sa.Select | None = None
+        self._serving = False  # this object is the cluster's decider (`serve`)
+        self._delegate = False  # the open transaction leaves its policy pass to a live decider
         # what the open transaction changed, in order, for the change log; None: not described
         self._ops: list | None = []
 
@@ -271,7 +280,10 @@ class Orchestrator:
         rows, self._lock_row = self._lock_row.all(), None
         if not rows:
             inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
-        version, generation = rows[0]
+        version, generation, decider_seen_at = rows[0]
+        # a live decider keeps a current view: a process whose view is stale leaves the pass to it
+        self._delegate = (not self._serving and decider_seen_at is not None
+                          and decider_seen_at > time.time() - DECIDER_TTL_S)
         since, self._since = self._since, None
         new_jobs, self._new_jobs = self._new_jobs, None
         if new_jobs is not None:
@@ -374,6 +386,7 @@ class Orchestrator:
             yield
         finally:
             self._pending = None  # a rolled-back transaction leaves no view behind
+            self._delegate = False
             self._lock_row = None
             self._since = self._new_jobs = None
             self._batch = None
@@ -484,6 +497,9 @@ class Orchestrator:
             self._record(["queue", job_id, name, priority, now])
             self._newest_job = max(self._newest_job, job_id)
             current = self._pending is not None
+            if self._delegate and not current:  # the decider admits it (within milliseconds)
+                self._pass(conn, cname)
+                return job_id
             view = self._view(conn, cname)  # when read back now, it holds this job already
             if self._options[job_id] and current:
                 view.enqueue((-priority, now, job_id), QueuedJob(str(job_id), now, self._options[job_id]))
@@ -518,8 +534,9 @@ class Orchestrator:
             self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed]])
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
-            if self._pending is None:  # read back now, after this change: nothing to apply to it
-                self._view(conn, cname)
+            if self._pending is None:
+                if not self._delegate:  # read back now, after this change: nothing to apply to it
+                    self._view(conn, cname)
             else:
                 try:
                     self._pending.end(job_id, [(node, gpu) for _, node, gpu in freed])
@@ -562,10 +579,53 @@ class Orchestrator:
             )
         return until
 
-    def reconcile(self, cluster: str | None = None) -> PassResult:
+    def reconcile(self, cluster: str | None = None, *, check_leases: bool = True) -> PassResult:
         """Reclaim expired leases and admit what fits (what a waiting holder calls now and then)."""
         with self._locked(cluster) as (conn, cname):
-            return self._pass(conn, cname, check_leases=True)
+            return self._pass(conn, cname, check_leases=check_leases)
+
+    def serve(self, cluster: str | None = None, *, stop: threading.Event | None = None,
+              busy_poll_s: float = 0.002, idle_poll_s: float = 0.05,
+              on_pass: Callable[[PassResult], None] | None = None) -> None:
+        """Be the cluster's decider until `stop` is set (`forgeflow cluster serve`).
+
+        Every flow is its own process and most find their view of the cluster stale when they
+        release or submit; reading it back costs ~20 ms under the scheduler lock. While a
+        decider's heartbeat is fresh (DECIDER_TTL_S) such a process only writes its change and
+        leaves the policy pass to the decider, whose view stays current (it replays the change
+        log): it passes whenever a change is waiting for one, and at least every DECIDER_BEAT_S
+        (reclaiming expired leases). If it dies, its heartbeat goes stale and every process
+        makes its own passes again; waiting jobs make the pass a dead decider left behind.
+        """
+        stop = stop or threading.Event()
+        with read_transaction(self.engine) as conn:
+            name = inventory.resolve_cluster(conn, cluster)
+        self._serving = True
+        beat = checked = 0.0
+        try:
+            while not stop.is_set():
+                now = time.time()
+                if now - beat >= DECIDER_BEAT_S:
+                    with write_transaction(self.engine) as conn:
+                        conn.execute(sa.update(clusters).where(clusters.c.name == name).values(
+                            decider=self.actor, decider_seen_at=now))
+                    beat = now
+                with read_transaction(self.engine) as conn:
+                    pending = conn.execute(_DECIDER_STATE, {"cname": name}).one()[0]
+                if pending or now - checked >= DECIDER_BEAT_S:
+                    result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
+                    if now - checked >= DECIDER_BEAT_S:
+                        checked = now
+                    if on_pass is not None and (result.admitted or result.expired_jobs):
+                        on_pass(result)
+                    stop.wait(busy_poll_s)
+                else:
+                    stop.wait(idle_poll_s)
+        finally:
+            self._serving = False
+            with write_transaction(self.engine) as conn:
+                conn.execute(sa.update(clusters).where(clusters.c.name == name, clusters.c.decider == self.actor)
+                             .values(decider=None, decider_seen_at=None))
 
     # ---------------------------------------------------------------- reading
     def job(self, job_id: int) -> dict[str, Any]:
@@ -603,6 +663,12 @@ class Orchestrator:
                 allocations.c.cluster == name, allocations.c.released_at.is_(None))).scalar()
         return oldest is not None and oldest < cutoff
 
+    def _pass_overdue(self, cluster: str) -> bool:
+        """A change waits for a policy pass that no live decider will make (it stopped beating)."""
+        with read_transaction(self.engine) as conn:
+            pending, seen = conn.execute(_DECIDER_STATE, {"cname": cluster}).one()
+        return bool(pending) and (seen is None or seen < time.time() - DECIDER_TTL_S)
+
     def wait_admitted(self, job_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
                       on_wait: Callable[[int, int], None] | None = None) -> Admission:
         """Block until the job holds GPUs. `on_wait(position, queue_length)` is called each poll.
@@ -621,7 +687,7 @@ class Orchestrator:
             if time.monotonic() - refreshed >= REFRESH_EVERY_S:  # keep this process's view near current
                 self.refresh(cluster)
                 refreshed = time.monotonic()
-            if self.lease_overdue(cluster):
+            if self.lease_overdue(cluster) or self._pass_overdue(cluster):
                 self.reconcile(cluster)
                 continue
             if on_wait is not None:
@@ -725,6 +791,12 @@ class Orchestrator:
 
     def _pass(self, conn: Connection, cname: str, *, check_leases: bool = False) -> PassResult:
         self._settle()
+        if self._delegate and self._pending is None:
+            # A decider with a current view makes this pass (the change stays marked as waiting
+            # for one); reading the whole cluster back here would cost ~20 ms of the lock.
+            self.last_pass = PassResult([], [], 0)
+            return self.last_pass
+        self._batch.add(_PASS_DONE, {"cname": cname})
         now = time.time()
         expired = self._expire(conn, cname, now, check=check_leases)
         view = self._view(conn, cname)
