@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # Every extra (see pyproject.toml); vLLM (gpu) only where there is a GPU to run it.
-EXTRAS ?= dev,diagnosis,eval,kubernetes$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
+EXTRAS ?= dev,diagnosis,eval,kubernetes,tracking$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
 
 .PHONY: demo test unit integration venv clean slurm-packages sandbox-packages
 

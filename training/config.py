@@ -219,7 +219,8 @@ class MetricsConfig(_Section):
     (MLFLOW_TRACKING_URI, WANDB_PROJECT). Nothing has to be running."""
 
     tensorboard: bool = True
-    mlflow_tracking_uri: str | None = Field(default=None, description="e.g. file:runs/mlruns or http://mlflow:5000")
+    mlflow_tracking_uri: str | None = Field(
+        default=None, description="e.g. sqlite:///runs/mlflow.db, file:runs/mlruns or http://mlflow:5000")
     mlflow_experiment: str | None = Field(default=None, description="default: the job's name")
     wandb_project: str | None = None
 

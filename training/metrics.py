@@ -12,8 +12,11 @@ attempt opens its writer with `purge_step` = the first step it trains, so Tensor
 the failed attempt's steps from that point on (a rollback's replayed steps show once).
 
 MLflow (`metrics.mlflow_tracking_uri`, or the standard MLFLOW_TRACKING_URI) and W&B
-(`metrics.wandb_project`, or WANDB_PROJECT) are imported only when configured; neither
-needs a server (a `file:` tracking URI, WANDB_MODE=offline). A sink that cannot start or
+(`metrics.wandb_project`, or WANDB_PROJECT) come with the `tracking` extra and are imported
+only when configured; neither needs a server (a `sqlite:///PATH` or `file:` tracking URI;
+WANDB_MODE=offline, files under {run_dir}/wandb). Each keeps one run per job and part
+(`{job}-train`, `{job}-eval`) that restarts and later evaluations continue; the metric names
+are TensorBoard's (`train/loss`, `eval/{dataset}/{metric}`). A sink that cannot start or
 write is reported once on stderr and dropped: metrics never stop training.
 """
 
@@ -116,44 +119,88 @@ def masked_crc32c(data: bytes) -> int:
 
 
 class _MLflow:
+    """One MLflow run per job and part (`{job}-train`, `{job}-eval`), like W&B's: a restarted
+    attempt and every later evaluation continue it. Through MlflowClient, not the fluent API,
+    so nothing process-global (tracking URI, active run) is touched and the train and eval
+    parts can be open in one process."""
+
     name = "mlflow"
 
     def __init__(self, tracking_uri: str, experiment: str, run_name: str) -> None:
-        import mlflow
+        if _is_file_store(tracking_uri):
+            # MLflow 3 refuses its file store ("maintenance mode") unless this opts in; the job
+            # named that store, so use it (sqlite:///PATH is MLflow's own recommendation)
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        elif tracking_uri.startswith("sqlite:///"):  # sqlite creates the file, not its folder
+            Path(tracking_uri.removeprefix("sqlite:///").split("?")[0]).parent.mkdir(parents=True, exist_ok=True)
+        from mlflow.entities import Metric
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
 
-        self.mlflow = mlflow
-        mlflow.set_tracking_uri(tracking_uri)
-        mlflow.set_experiment(experiment)
-        self.run = mlflow.start_run(run_name=run_name)
+        self._metric = Metric
+        self.client = client = MlflowClient(tracking_uri)
+        found = client.get_experiment_by_name(experiment)
+        if found is None:
+            try:
+                experiment_id = client.create_experiment(experiment)
+            except MlflowException:  # the other part created it meanwhile
+                experiment_id = client.get_experiment_by_name(experiment).experiment_id
+        else:
+            experiment_id = found.experiment_id
+        runs = client.search_runs([experiment_id], filter_string=f"tags.`mlflow.runName` = '{run_name}'",
+                                  order_by=["attributes.start_time DESC"], max_results=1)
+        if runs:
+            self.run_id = runs[0].info.run_id
+            client.update_run(self.run_id, status="RUNNING")
+        else:
+            self.run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        self.mlflow.log_metrics({k.replace("/", "."): v for k, v in scalars.items()}, step=step)
+        import time
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[self._metric(key, float(value), now, step)
+                                                    for key, value in scalars.items()])
 
     def flush(self) -> None:
-        pass
+        pass  # log_batch is synchronous
 
     def close(self) -> None:
-        self.mlflow.end_run()
+        self.client.set_terminated(self.run_id)
 
 
 class _WandB:
     name = "wandb"
 
-    def __init__(self, project: str, run_name: str, run_dir: Path) -> None:
+    def __init__(self, project: str, run_name: str, run_dir: Path | None) -> None:
         import wandb
 
-        run_dir.mkdir(parents=True, exist_ok=True)
-        # one W&B run per job: restarts resume it (the id is the job's name)
-        self.run = wandb.init(project=project, name=run_name, id=run_name, resume="allow", dir=str(run_dir))
+        if run_dir is not None:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        # one W&B run per job and part: restarts and later evaluations resume it (the id is
+        # `{job}-{part}`); W&B writes under `dir`/wandb (WANDB_DIR, when set, wins).
+        # create_new: by default a second init in a process returns the run already open
+        # there, which would put the eval part's scores into the train part's run
+        self.run = wandb.init(project=project, name=run_name, id=run_name, resume="allow",
+                              dir=None if run_dir is None else str(run_dir), reinit="create_new")
+        # the training step is a metric of its own, every chart's x-axis: W&B drops a `step=`
+        # lower than the run's last one, which a resumed attempt's replayed steps and an
+        # evaluation that finishes after a later checkpoint's both are
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
 
     def log(self, scalars: dict[str, float], step: int) -> None:
-        self.run.log(scalars, step=step)
+        self.run.log({**scalars, "step": step})
 
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         self.run.finish()
+
+
+def _is_file_store(uri: str) -> bool:
+    return uri.startswith("file:") or "://" not in uri and not uri.startswith(("databricks", "sqlite:"))
 
 
 def _warn(what: str, error: BaseException) -> None:
@@ -174,7 +221,8 @@ def open_sinks(spec: JobSpec, part: str, purge_step: int | None = None,
         wanted.append(("mlflow", lambda: _MLflow(mlflow_uri, cfg.mlflow_experiment or spec.name, f"{spec.name}-{part}")))
     wandb_project = cfg.wandb_project or environ.get("WANDB_PROJECT")
     if wandb_project:
-        wanted.append(("wandb", lambda: _WandB(wandb_project, f"{spec.name}-{part}", spec.resolved_run_dir / "wandb")))
+        wandb_dir = None if environ.get("WANDB_DIR") else spec.resolved_run_dir
+        wanted.append(("wandb", lambda: _WandB(wandb_project, f"{spec.name}-{part}", wandb_dir)))
     for name, make in wanted:
         try:
             sinks.append(make())

@@ -56,19 +56,55 @@ def test_evaluation_scores_go_to_their_own_run_at_the_training_step(tmp_path):
 
 
 def test_mlflow_and_wandb_only_when_configured_and_never_fatal(tmp_path, capsys, monkeypatch):
-    import importlib.util
+    import sys
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
     assert open_sinks(_spec(tmp_path, tensorboard=False), "train") == []  # nothing configured, nothing imported
-    if importlib.util.find_spec("mlflow") or importlib.util.find_spec("wandb"):
-        pytest.skip("mlflow/wandb installed: this checks the path where a configured one is missing")
-    # configured (in the spec; by the standard variable), but not installed: warned, skipped, training goes on
+    # configured (in the spec; by the standard variable), but not installed (a node without the
+    # tracking extra; None in sys.modules fails the import): warned, skipped, training goes on
+    for name in [m for m in sys.modules if m.split(".")[0] in ("mlflow", "wandb")] + ["mlflow", "wandb"]:
+        monkeypatch.setitem(sys.modules, name, None)  # also what an earlier test imported
     spec = _spec(tmp_path, tensorboard=False, mlflow_tracking_uri=f"file:{tmp_path / 'mlruns'}")
     assert open_sinks(spec, "train", environ={"WANDB_PROJECT": "p"}) == []
     err = capsys.readouterr().err
     assert "forgeflow metrics: mlflow disabled (ModuleNotFoundError" in err
     assert "forgeflow metrics: wandb disabled (ModuleNotFoundError" in err
+
+
+def test_mlflow_file_store_one_run_per_part_continued_by_a_restart(tmp_path, monkeypatch):
+    """The real MLflow (the tracking extra) on a `file:` store, which MLflow 3 refuses unless opted
+    in: a restarted attempt continues the train part's run, and evaluation scores logged while
+    that run is open go to the eval part's own run. (A real training run against MLflow and W&B:
+    tests/integration/training/test_tracking_sinks.py.)"""
+    pytest.importorskip("mlflow", reason="the tracking extra is not installed")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "")  # recorded, so the sink's opt-in is undone after
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("WANDB_PROJECT", raising=False)
+    uri = f"file:{tmp_path / 'mlruns'}"
+    spec = _spec(tmp_path, tensorboard=False, mlflow_tracking_uri=uri, mlflow_experiment="team")
+    first = MetricsLogger.open(spec, rank=0)
+    assert [s.name for s in first.sinks] == ["mlflow"]
+    for step in (1, 2, 3):
+        first.step(step, loss=10.0 - step, lr=1e-3, grad_norm=0.5, tokens_per_s=100.0)
+    assert log_eval_scores(spec, 2, {"arith": {"em": 0.25}}) == ["mlflow"]
+    first.close()
+    resumed = MetricsLogger.open(spec, rank=0, first_step=3)
+    resumed.step(3, loss=70.0, lr=1e-3, grad_norm=None, tokens_per_s=100.0)
+    resumed.close()
+
+    client = MlflowClient(uri)
+    runs = {r.info.run_name: r for r in client.search_runs([client.get_experiment_by_name("team").experiment_id])}
+    assert sorted(runs) == ["m-eval", "m-train"]
+    assert runs["m-train"].info.status == "FINISHED"
+    history = [(m.step, m.value) for m in client.get_metric_history(runs["m-train"].info.run_id, "train/loss")]
+    # MLflow's history is append-only: a resumed attempt's replayed step shows both values
+    assert sorted(history) == [(1, 9.0), (2, 8.0), (3, 7.0), (3, 70.0)]
+    assert [(m.step, m.value) for m in client.get_metric_history(runs["m-eval"].info.run_id, "eval/arith/em")] \
+        == [(2, 0.25)]
 
 
 def test_the_record_checksum_is_tensorboards():
