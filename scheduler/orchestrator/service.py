@@ -30,8 +30,10 @@ skips queued jobs whose (shared) options already found no room.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import getpass
 import json
+import logging
 import os
 import socket
 import threading
@@ -44,6 +46,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from infra.statedb import (
+    StateDbError,
     StatementBatch,
     batched_write_transaction,
     is_postgres,
@@ -59,6 +62,8 @@ from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.options import options_to_json, placement_from_dict
+
+log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
 DONE = ("finished", "failed", "cancelled")
@@ -361,6 +366,8 @@ class Orchestrator:
             for op in ops:
                 if op[0] == "free":
                     view.end(op[1], op[2])
+                    self._options.pop(op[1], None)  # an ended job never comes back (a re-queue is
+                    self._names.pop(op[1], None)    # not replayed): a long-lived decider forgets it
                 elif op[0] == "admit":
                     view.admit(*op[1:])
                 elif op[0] == "queue":
@@ -605,25 +612,29 @@ class Orchestrator:
         try:
             while not stop.is_set():
                 now = time.time()
-                if now - beat >= DECIDER_BEAT_S:
-                    with write_transaction(self.engine) as conn:
-                        conn.execute(sa.update(clusters).where(clusters.c.name == name).values(
-                            decider=self.actor, decider_seen_at=now))
-                    beat = now
-                with read_transaction(self.engine) as conn:
-                    pending = conn.execute(_DECIDER_STATE, {"cname": name}).one()[0]
-                if pending or now - checked >= DECIDER_BEAT_S:
-                    result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
-                    if now - checked >= DECIDER_BEAT_S:
-                        checked = now
-                    if on_pass is not None and (result.admitted or result.expired_jobs):
-                        on_pass(result)
-                    stop.wait(busy_poll_s)
-                else:
-                    stop.wait(idle_poll_s)
+                try:
+                    if now - beat >= DECIDER_BEAT_S:
+                        with write_transaction(self.engine) as conn:
+                            conn.execute(sa.update(clusters).where(clusters.c.name == name).values(
+                                decider=self.actor, decider_seen_at=now))
+                        beat = now
+                    with read_transaction(self.engine) as conn:
+                        pending = conn.execute(_DECIDER_STATE, {"cname": name}).one()[0]
+                    if pending or now - checked >= DECIDER_BEAT_S:
+                        result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
+                        if now - checked >= DECIDER_BEAT_S:
+                            checked = now
+                        if on_pass is not None and (result.admitted or result.expired_jobs):
+                            on_pass(result)
+                        stop.wait(busy_poll_s)
+                    else:
+                        stop.wait(idle_poll_s)
+                except (StateDbError, sa.exc.OperationalError) as e:  # the database is down: keep trying; its
+                    log.warning("decider: %s; retrying in 1 s", e)  # beat goes stale meanwhile
+                    stop.wait(1.0)
         finally:
             self._serving = False
-            with write_transaction(self.engine) as conn:
+            with contextlib.suppress(StateDbError), write_transaction(self.engine) as conn:
                 conn.execute(sa.update(clusters).where(clusters.c.name == name, clusters.c.decider == self.actor)
                              .values(decider=None, decider_seen_at=None))
 
