@@ -136,6 +136,8 @@ def _serve(args: argparse.Namespace) -> int:
     totals = {"passes": 0, "admitted": 0, "expired": 0}
 
     def on_pass(result) -> None:  # noqa: ANN001 - PassResult
+        if not (result.admitted or result.expired_jobs):
+            return
         totals["passes"] += 1
         totals["admitted"] += len(result.admitted)
         totals["expired"] += len(result.expired_jobs)

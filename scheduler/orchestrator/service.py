@@ -140,6 +140,7 @@ class PassResult:
     admitted: list[int]
     expired_jobs: list[int]
     considered: int
+    seconds: float = 0.0  # the whole transaction, when the decider (`serve`) made it
 
 
 @dataclass
@@ -594,7 +595,7 @@ class Orchestrator:
     def serve(self, cluster: str | None = None, *, stop: threading.Event | None = None,
               busy_poll_s: float = 0.002, idle_poll_s: float = 0.05,
               on_pass: Callable[[PassResult], None] | None = None) -> None:
-        """Be the cluster's decider until `stop` is set (`forgeflow cluster serve`).
+        """Be the cluster's decider until `stop` is set (`forgeflow cluster serve`); `on_pass` sees each pass.
 
         Every flow is its own process and most find their view of the cluster stale when they
         release or submit; reading it back costs ~20 ms under the scheduler lock. While a
@@ -621,10 +622,12 @@ class Orchestrator:
                     with read_transaction(self.engine) as conn:
                         pending = conn.execute(_DECIDER_STATE, {"cname": name}).one()[0]
                     if pending or now - checked >= DECIDER_BEAT_S:
+                        t0 = time.perf_counter()
                         result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
+                        result.seconds = time.perf_counter() - t0
                         if now - checked >= DECIDER_BEAT_S:
                             checked = now
-                        if on_pass is not None and (result.admitted or result.expired_jobs):
+                        if on_pass is not None:
                             on_pass(result)
                         stop.wait(busy_poll_s)
                     else:
