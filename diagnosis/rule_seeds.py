@@ -30,6 +30,25 @@ XID = r"\bXid \([^)]*\): "
 # "CUDA error: ", Marian's "CUDA error 999 '", Paddle's "CUDA error(719), ", Kaldi's
 # "cudaError_t 4 : \"", a driver's "CUDA Error 700 (".
 CUDA_ERR = r"(?i:\bcuda[ _]?error)(?:_t)?[^A-Za-z\n]{0,12}"
+# Memory exhausted in the wording of frameworks other than torch's CUDA allocator:
+# TensorFlow 1.x/2.x and Paddle ("ResourceExhaustedError (see above for traceback): OOM
+# when allocating tensor", "Resource exhausted: OOM when allocating", "ResourceExhaustedError:
+# failed to allocate memory", Paddle's "ResourceExhaustedError: Out of memory error on GPU"),
+# JAX/XLA ("XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate",
+# "Ran out of memory in memory space hbm"), the CUDA driver API's and HIP's names, and
+# torch's ROCm / Apple / Intel backends. gRPC's RESOURCE_EXHAUSTED (message too large) names
+# no memory and does not count.
+OTHER_OOM = (r"(?i:resource[ _]?exhausted)[^\n]{0,200}?(?:\bOOM\b|(?i:out of memory|failed to allocate|ran out of memory))"
+             r"|\bOOM when allocating tensor|CUDA_ERROR_OUT_OF_MEMORY\b|hipErrorOutOfMemory\b|\b(?:HIP|XPU|MPS backend) out of memory")
+# The CUDA build does not fit the GPU or the driver: no kernel compiled for this compute
+# capability (runtime, driver API and HIP names), a driver older than the toolkit, PTX from
+# a newer toolchain, forward compatibility on a GPU that lacks it. Every restart on the same
+# image and node type fails the same way.
+CUDA_BUILD = (r"no kernel image is available for execution on the device|cudaErrorNoKernelImageForDevice\b|CUDA_ERROR_NO_BINARY_FOR_GPU\b|hipErrorNoBinaryForGpu\b"
+              r"|(?i:\b(?:cuda|hip)[ _]?error)(?:_t)?[^A-Za-z\n]{0,12}invalid device function|cudaErrorInvalidDeviceFunction\b|hipErrorInvalidDeviceFunction\b"
+              r"|CUDA driver version is insufficient for CUDA runtime version|cudaErrorInsufficientDriver\b"
+              r"|the provided PTX was compiled with an unsupported toolchain|CUDA_ERROR_UNSUPPORTED_PTX_VERSION\b|cudaErrorUnsupportedPtxVersion\b"
+              r"|forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice\b")
 # S3 error codes that reject the request's own configuration (see "s3-rejected").
 S3_CODES = r"(?:AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|RequestTimeTooSkewed|ExpiredToken|InvalidToken|AllAccessDisabled|AccountProblem|InvalidBucketName|NoSuchBucket)"
 
@@ -62,7 +81,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("nvlink-message", r"(?i)nvlink (?:error|fatal|link .* (?:down|inactive))|NVLink (?:error|errors? detected)|nvlink.*replay errors|NCCL WARN .*NVL(?:S|ink)\b.*(?:fail|error)", "NVLinkError", True,
      "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- OOM before CUDA errors
-    ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|" + CUDA_ERR + r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation", "OutOfMemoryError", False,
+    ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|" + CUDA_ERR + r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation|" + OTHER_OOM, "OutOfMemoryError", False,
      "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
     ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b|unspecified launch failure|an illegal memory access was encountered|an illegal instruction was encountered|launch timed out and was terminated|\bhardware stack error\b|" + CUDA_ERR + r"unknown error|cudaError(?:Unknown|LaunchTimeout|IllegalInstruction|MisalignedAddress|HardwareStackError)\b", "CUDAError", True,
      "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
@@ -71,6 +90,8 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # error names the cause only when no assertion line made it into the log.
     ("cuda-device-assert", r"" + CUDA_ERR + r"device-side assert(?:ion)? triggered|cudaErrorAssert\b|CUDA_ERROR_ASSERT\b", "CUDAError", True,
      "A device-side assertion failed: read the kernel's 'Assertion ... failed' line (often an out-of-range index or label); " + RESTART_EXCLUDE, True),
+    ("cuda-build-mismatch", CUDA_BUILD, "CUDAError", False,
+     "The CUDA build does not match this GPU or driver (no kernel for its compute capability, driver older than the toolkit): install a build for this GPU and driver (or run on GPUs it was built for); a restart on the same image fails again.", False),
     ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
      "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- interconnect
@@ -92,6 +113,10 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      RESTART_EXCLUDE, True),
     ("store-connection-lost", r"recvValue failed|sendBytes failed|TCPStore.*(?:Connection reset|Broken pipe|failed)|store->get\(.*\) got error|DistNetworkError|Failed to recv, got 0 bytes", "ConnectionError", True,
      "Lost the c10d store (hosted by rank 0's node): check why that node/rank went away; restart.", True),
+    # c10d's client socket giving up on the store's address, torch 1.x and 2.x wordings:
+    # timed out waiting for the store host (like the rendezvous timeouts above) ...
+    ("store-connect-timeout", r"The client socket has timed out after \S+ while trying to connect to|TCP client failed to connect/validate to host|connect\(\) timed out\. Original timeout was", "ConnectionError", True,
+     "Could not reach the c10d store (rank 0's node) in time: check that node is up and MASTER_ADDR/port reachable; restart.", False),
     ("store-timeout", r"DistStoreError: (?:Timed out|Socket Timeout)|Timed out after \d+ seconds waiting for (?:clients|workers)|RendezvousTimeoutError|RendezvousConnectionError|connection to the C10d store has failed|Timed out initializing process group in store based barrier", "ConnectionError", True,
      "Rendezvous/store timed out: some node never joined; check it is alive and reachable, then restart.", False),
     # ------------------------------------------------------------- storage
@@ -117,6 +142,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "Tracker connectivity is flaky (retrying): watch it; no action needed unless the job fails.", True),
     ("connection-reset", r"ConnectionResetError|ConnectionRefusedError|ConnectionAbortedError|Connection reset by peer|Connection refused", "ConnectionError", True,
      "A connection to a service was reset/refused: check the service and the network; restart.", False),
+    # c10d's client socket, continued from "store-connect-timeout": the warning a client
+    # prints for each failed attempt (errno 110 timed out, "any network address of"). It is
+    # printed during a slow start too, so it names the cause only when nothing else does;
+    # alone it means the store's address is wrong or blocked, which a restart does not
+    # change. (Attempts refused or unroutable are named by the rules above.)
+    ("store-connect-failed", r"\[c10d\] The client socket has failed to connect", "ConnectionError", False,
+     "This node cannot reach the c10d store's address: check MASTER_ADDR / MASTER_PORT (or --rdzv_endpoint) and that the port is open between the nodes, then restart.", True),
     # ------------------------------------------------------------- framework
     ("dataloader-killed", r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)|DataLoader worker .*killed by signal", "DataloaderKilled", False,
      "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),

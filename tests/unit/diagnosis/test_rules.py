@@ -167,6 +167,39 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
      ("CUDAError", True)),
     (["cudaErrorUnknown: unknown error"], ("CUDAError", True)),
     (["Error: CUDA error 2 'out of memory' - src/tensors/gpu/device.cu:32: cudaMalloc"], ("OutOfMemoryError", False)),
+    # after batches 6 and 7: memory exhausted in TensorFlow's, JAX/XLA's and other backends'
+    # wordings (gRPC's RESOURCE_EXHAUSTED names no memory and is no OOM) ...
+    (["ResourceExhaustedError (see above for traceback): OOM when allocating tensor with shape[64,256,56,56]"],
+     ("OutOfMemoryError", False)),
+    (["2026-11-22 07:41:02.123: W tensorflow/core/framework/op_kernel.cc:1763] OP_REQUIRES failed at conv_ops.cc:539 : Resource exhausted: OOM when allocating tensor with shape[8,64,512,512] and type float"],
+     ("OutOfMemoryError", False)),
+    (["tensorflow.python.framework.errors_impl.ResourceExhaustedError: failed to allocate memory [Op:AddV2]"], ("OutOfMemoryError", False)),
+    (["jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 4770354232 bytes."],
+     ("OutOfMemoryError", False)),
+    (["RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm."],
+     ("OutOfMemoryError", False)),
+    (["RuntimeError: MPS backend out of memory (MPS allocated: 17.00 GB, other allocations: 1.20 GB, max allowed: 18.13 GB)."],
+     ("OutOfMemoryError", False)),
+    # ... a CUDA (or HIP) build that does not fit the GPU or the driver, under any wrapper ...
+    (["RuntimeError: CUDA error: no kernel image is available for execution on the device"], ("CUDAError", False)),
+    (["Error: CUDA error 209 'no kernel image is available for execution on the device' - src/tensors/gpu/add.cu:53"], ("CUDAError", False)),
+    (["RuntimeError: HIP error: invalid device function"], ("CUDAError", False)),
+    (["RuntimeError: Unexpected error from cudaGetDeviceCount(). Did you run some cuda functions before calling NumCudaDevices() that might have already set an error? Error 35: CUDA driver version is insufficient for CUDA runtime version"],
+     ("CUDAError", False)),
+    (["jaxlib.xla_extension.XlaRuntimeError: INTERNAL: Failed to load in-memory CUBIN: CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available for execution on the device"],
+     ("CUDAError", False)),
+    # ... and c10d's client socket failing to reach the store, torch 1.x / 2.x wordings: a
+    # timeout waiting for the store host restarts; connect warnings alone (errno 110) mean a
+    # wrong or blocked address, and step aside when anything else names a cause
+    (["[W socket.cpp:558] [c10d] The client socket has failed to connect to [::ffff:10.0.0.5]:40323 (errno: 110 - Connection timed out).",
+      "[E socket.cpp:610] [c10d] The client socket has failed to connect to any network address of (node-a05, 40323)."],
+     ("ConnectionError", False)),
+    (["[W socket.cpp:663] [c10d] The client socket has failed to connect to [::ffff:10.0.0.5]:29500 (errno: 110 - Connection timed out).",
+      "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB."],
+     ("OutOfMemoryError", False)),
+    (["[E socket.cpp:793] [c10d] The client socket has timed out after 60s while trying to connect to (10.0.0.1, 2222)."],
+     ("ConnectionError", True)),
+    (["RuntimeError: connect() timed out. Original timeout was 60000 ms."], ("ConnectionError", True)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
@@ -303,3 +336,12 @@ def test_agent_looks_past_symptoms_when_unknown_error_lines_remain(tmp_path, sta
     assert diagnose_log(path).root_cause == "NCCLTimeoutError"
     only_symptoms = write(tmp_path, [timeout, "  exitcode  : -6 (pid: 12)"], "s.log")
     assert diagnose_log(only_symptoms, agent=agent).root_cause == "NCCLTimeoutError" and len(calls) == 1
+
+
+def test_grpc_resource_exhausted_without_memory_is_no_oom(tmp_path, state):
+    # gRPC's RESOURCE_EXHAUSTED (a message over the size limit) shares the status name
+    # with XLA's and TensorFlow's OOM but names no memory
+    d = diagnose_log(write(tmp_path, [
+        'grpc._channel._InactiveRpcError: <_InactiveRpcError of RPC that terminated with: status = '
+        'StatusCode.RESOURCE_EXHAUSTED details = "Received message larger than max (5242880 vs. 4194304)"']))
+    assert d.root_cause != "OutOfMemoryError"
