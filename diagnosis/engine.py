@@ -167,6 +167,10 @@ class LineFilter(Protocol):
         """(start, end) of each uncovered line; ``buf`` must end with ``\\n``."""
         ...
 
+    def uncovered_spans(self, buf: bytes) -> tuple[list[int], list[int]]:
+        """The same lines as two lists: starts, ends."""
+        ...
+
 
 def _split_gap(buf: bytes, start: int, end: int, out: list[tuple[int, int]]) -> None:
     """Append the lines inside buf[start:end] (which ends just after a newline)."""
@@ -222,6 +226,33 @@ class RunScanFilter:
             self._regex = re.compile(source.encode("utf-8"))
         else:  # pragma: no cover - guarded by build_line_filter
             raise ValueError(engine)
+
+    def uncovered_spans(self, buf: bytes) -> tuple[list[int], list[int]]:
+        """Starts and ends of the uncovered lines, as two lists (what the compressor
+        consumes in bulk; no tuple per line)."""
+        raw_match = getattr(self, "_raw_match", None)
+        if raw_match is None or self._empty:
+            spans = self.uncovered_lines(buf)
+            return [s for s, _ in spans], [e for _, e in spans]
+        starts: list[int] = []
+        ends: list[int] = []
+        add_start, add_end = starts.append, ends.append
+        find = buf.find
+        pos, size = 0, len(buf)
+        anchor = re2._Anchor.ANCHOR_START
+        while pos < size:
+            end = raw_match(anchor, buf, pos, size)[0][1]
+            if end > pos:
+                pos = end  # the run is maximal: the line at its end is uncovered
+                if pos >= size:
+                    break
+            newline = find(b"\n", pos)
+            if newline < 0:
+                newline = size
+            add_start(pos)
+            add_end(newline)
+            pos = newline + 1
+        return starts, ends
 
     def uncovered_lines(self, buf: bytes) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = []
@@ -314,6 +345,10 @@ class HyperscanFilter:
         keep = np.flatnonzero(~covered)
         return [(int(starts[i]), int(newlines[i])) for i in keep]
 
+    def uncovered_spans(self, buf: bytes) -> tuple[list[int], list[int]]:
+        spans = self.uncovered_lines(buf)
+        return [s for s, _ in spans], [e for _, e in spans]
+
 
 @functools.lru_cache(maxsize=32)
 def _cached_filter(engine: str, patterns: tuple[str, ...]) -> LineFilter:
@@ -353,30 +388,40 @@ class SignalScanner:
     mapped to its line with a ``rfind``/``find`` pair.
     """
 
-    def __init__(self, patterns: Sequence[str], caseless: Sequence[bool]):
+    def __init__(self, patterns: Sequence[str], caseless: Sequence[bool], side: Sequence[str] = ()):
+        """``side``: case-sensitive patterns whose lines ``scan`` reports apart (the
+        compressor's NCCL rank/host lines), found in the same Hyperscan pass."""
         if len(patterns) != len(caseless):
             raise ValueError("one caseless flag per pattern")
         self.patterns = tuple(patterns)
         self._db = None
         self._regex = None
+        self._side = None  # a scanner of its own for the side patterns, when not in _db
+        self._n_side = len(side)
         self.engine = "none"
         if not patterns:
+            if side:
+                self._side = SignalScanner(side, [False] * len(side))
             return
         if hyperscan is not None:
             flags = [
                 hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if c else 0)
                 for c in caseless
-            ]
+            ] + [hyperscan.HS_FLAG_MULTILINE] * len(side)
             try:
                 self._db = hyperscan.Database()
                 self._db.compile(
-                    expressions=[_as_bytes(p) for p in patterns],
-                    ids=list(range(len(patterns))),
+                    expressions=[_as_bytes(p) for p in (*patterns, *side)],
+                    ids=list(range(len(patterns) + len(side))),
                     flags=flags,
                 )
             except hyperscan.error:
                 # e.g. a learned pattern Hyperscan cannot take: RE2 is slower, still linear.
                 self._db = None
+                if side:
+                    self._side = SignalScanner(side, [False] * len(side))
+        elif side:
+            self._side = SignalScanner(side, [False] * len(side))
         # Which engine scans: Hyperscan unless it is missing or refused a pattern (tests
         # check a fallback does not hide a pattern Hyperscan cannot compile).
         self.engine = "hyperscan" if self._db is not None else "re2"
@@ -388,16 +433,37 @@ class SignalScanner:
 
     def signal_lines(self, buf: bytes) -> list[tuple[int, int]]:
         """(start, end) of every line holding a signal, in buffer order, no duplicates."""
+        return self.scan(buf)[0]
+
+    def scan(self, buf: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """Signal lines and side-pattern lines (as ``signal_lines``), in one pass where
+        Hyperscan runs."""
         ends: list[int] = []
+        side_ends: list[int] = []
         if self._db is not None:
             append = ends.append
+            if self._n_side:
+                first_side = len(self.patterns)
+                append_side = side_ends.append
 
-            def on_match(_id, _from, to, _flags, _ctx):
-                append(to)
+                def on_match(id_, _from, to, _flags, _ctx):
+                    if id_ < first_side:
+                        append(to)
+                    else:
+                        append_side(to)
+            else:
+
+                def on_match(_id, _from, to, _flags, _ctx):
+                    append(to)
 
             self._db.scan(buf, match_event_handler=on_match)
         elif self._regex is not None:
             ends = [m.end() for m in self._regex.finditer(buf)]
+        side_spans = self._side.signal_lines(buf) if self._side is not None else self._lines(buf, side_ends)
+        return self._lines(buf, ends), side_spans
+
+    @staticmethod
+    def _lines(buf: bytes, ends: list[int]) -> list[tuple[int, int]]:
         spans: dict[int, int] = {}
         for to in ends:
             # rfind stops before ``probe``, so a match whose last byte is the newline

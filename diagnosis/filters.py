@@ -32,10 +32,15 @@ from __future__ import annotations
 import os
 import re
 import time
+from bisect import bisect_left
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from itertools import compress, repeat
+from operator import is_, not_
 from typing import Iterable, Literal, Sequence
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from diagnosis.engine import (
@@ -249,6 +254,9 @@ class LogCompressor:
         self._summary_host: tuple[str, int] | None = None  # (host, line) of "host : X"
         # uncovered line with its digits zeroed -> its entry (see _process)
         self._fast_entries: dict[bytes, object] = {}
+        # _fingerprint of every uncovered entry's template (see _resolve_new_keys)
+        self._entry_prints: set[bytes] = set()
+        self._rank_spans: dict[bytes, slice | None] = {}  # key -> where its rank sits
 
     # ---------------------------------------------------------------- feeding
     def feed(self, data: bytes) -> None:
@@ -349,72 +357,189 @@ class LogCompressor:
 
     # ---------------------------------------------------------------- scanning
     def _process(self, buf: bytes) -> None:
-        """Scan complete lines: uncovered lines from the filter, signals from the scanner."""
-        uncovered = self._filter.uncovered_lines(buf)
-        signals = self._signals.signal_lines(buf)
-        for start, end in _RANK_HOST_SCANNER.signal_lines(buf):
+        """Scan complete lines: uncovered lines from the filter, signals from the scanner.
+
+        Uncovered lines are handled in bulk: each one's key (the line with every digit
+        as ``0``) is made and looked up by C-level ``map`` calls, and the repeats of
+        known messages are counted per distinct key (``Counter``), not per line. Only
+        the lines whose outcome depends on their order go through Python one by one,
+        in line order: error-signal lines, the first line of a key not seen before
+        (it may open an entry or spend the budget), lines over ``max_line_bytes`` and
+        candidates for torchrun's failure summary (``host :``/``rank :`` pairs).
+        """
+        starts, ends = self._filter.uncovered_spans(buf)
+        signals, rank_host_lines = self._signals.scan(buf)
+        for start, end in rank_host_lines:
             found = _NCCL_RANK_HOST.search(buf[start:end].decode("utf-8", "replace"))
             if found:
                 self.rank_hosts.setdefault(int(found.group(2)), found.group(1))
         first_line = self._line_no
-        if not uncovered and not signals:
+        stats = self.stats
+        if not starts and not signals:
             lines = buf.count(b"\n")
             self._line_no += lines
-            self.stats.lines_in += lines
+            stats.lines_in += lines
             return
-        signal_ends = dict(signals)
-        spans = uncovered
-        uncovered_starts: set[int] | dict = {}
-        if signal_ends:
-            uncovered_starts = {start for start, _ in uncovered}
-            covered_signals = [span for span in signals if span[0] not in uncovered_starts]
-            if covered_signals:
-                spans = sorted(uncovered + covered_signals)
-        line_no = first_line
-        cursor = 0
-        fast_get = self._fast_entries.get
+        newlines = np.flatnonzero(np.frombuffer(buf, dtype=np.uint8) == 10)
+        total_lines = len(newlines)
+        uncovered_signals: set[int] = set()
+        if signals:
+            # Signal lines are kept by _keep (one by one); take them out of the bulk.
+            drop = []
+            for start, _ in signals:
+                i = bisect_left(starts, start)
+                if i < len(starts) and starts[i] == start:
+                    drop.append(i)
+                    uncovered_signals.add(start)
+            if drop:
+                keep_starts, keep_ends, prev = [], [], 0
+                for i in drop:
+                    keep_starts += starts[prev:i]
+                    keep_ends += ends[prev:i]
+                    prev = i + 1
+                starts = keep_starts + starts[prev:]
+                ends = keep_ends + ends[prev:]
+        n = len(starts)
+        raws = list(map(buf.__getitem__, map(slice, starts, ends)))
+        keys = list(map(bytes.translate, raws, repeat(_DIGITS_TO_ZERO)))
+        fast = self._fast_entries
+        if len(fast) >= _MAX_FAST_KEYS:
+            fast.clear()  # only a cache: memory stays bounded (never cleared mid-chunk)
+            self._rank_spans.clear()
+        found = list(map(fast.get, keys))
+        # first line of each key not seen before: handled in order (entry or budget)
+        misses = list(compress(range(n), map(not_, found)))
+        first_new = dict(zip(map(keys.__getitem__, reversed(misses)), reversed(misses)))
+        counts = Counter(keys)
+        ordered: set[bytes] = set()  # keys whose every line goes one by one
+        if n and max(map(len, keys)) > self.max_line_bytes:
+            ordered.update(k for k in counts if len(k) > self.max_line_bytes)
+        distinct_text = b"\n".join(counts)
+        if b"host" in distinct_text or b"local_rank" in distinct_text:
+            for word in (b"host", b"local_rank"):
+                found_word = compress(counts, map(bytes.__contains__, counts, repeat(word)))
+                ordered.update(k for k in found_word if k[:1] in _PREFIX_STARTS)
+        budget_spent = self._entry_counts[False] >= self.max_entries[False]
+        deferred: list[bytes] = []  # new keys met once the budget is spent: order-free
+        if budget_spent:
+            deferred = [k for k in first_new if k not in ordered] if ordered else list(first_new)
+            one_by_one = []
+        else:
+            one_by_one = [i for k, i in first_new.items() if k not in ordered]
+            for k in first_new:
+                if k not in ordered:
+                    counts[k] -= 1
+        if ordered:
+            one_by_one += compress(range(n), map(ordered.__contains__, keys))
+            for k in ordered:
+                del counts[k]
+        # ---- in line order: signal lines and the lines above
+        events = sorted([(starts[i], i) for i in one_by_one] + [(start, -1 - j) for j, (start, _) in enumerate(signals)])
+        if events:
+            line_idx = np.searchsorted(newlines, [pos for pos, _ in events]).tolist()
         max_line = self.max_line_bytes
         repeats = repeat_bytes = overflow = 0
-        for start, end in spans:
-            line_no += buf.count(b"\n", cursor, start)
-            cursor = start
-            raw = buf[start:end]
-            signal = start in signal_ends
-            if not signal and end - start <= max_line:
-                # The common case, inlined: a repeat of a known uncovered message.
-                key = raw.translate(_DIGITS_TO_ZERO).replace(b"00", b"0").replace(b"00", b"0").replace(b"00", b"0")
-                entry = fast_get(key)
-                if entry is None:
-                    self._keep_uncovered(raw, key, line_no + 1)
-                elif entry is _OVERFLOW:
-                    overflow += 1  # a repeat of a message met after the entry budget was spent
-                elif entry is not _BLANK:
-                    entry.count += 1
-                    entry.last_line = line_no + 1
-                    repeats += 1
-                    repeat_bytes += end - start + 1
-                    if raw[:1] in _PREFIX_STARTS:
-                        self._prefix_facts(raw, key, entry, line_no + 1)
+        for (start, i), idx in zip(events, line_idx if events else ()):
+            line_no = first_line + idx + 1
+            if i < 0:
+                _, end = signals[-1 - i]
+                self._keep_line(buf, start, end, True, start not in uncovered_signals, line_no)
                 continue
-            truncated = len(raw) > self.max_line_bytes
-            if truncated:
-                raw = raw[: self.max_line_bytes]
-            text = raw.decode("utf-8", "replace").rstrip("\r")
-            if not text.strip() and not signal:
-                continue  # blank lines carry nothing
-            if truncated:
-                self.stats.lines_truncated += 1
-                text += f" ...[truncated: line of {end - start} bytes]"
-            covered = signal and start not in uncovered_starts
-            self._keep(text, signal, covered, truncated, line_no + 1)
-        self.stats.lines_kept += repeats
-        self.stats.lines_uncovered += repeats
-        self.stats.uncovered_overflow += overflow
-        self.stats.bytes_kept += repeat_bytes
-        # One counting pass over the buffer in all: up to each kept line, then the rest.
-        lines = line_no - first_line + buf.count(b"\n", cursor)
-        self._line_no = first_line + lines
-        self.stats.lines_in += lines
+            raw, key = raws[i], keys[i]
+            if len(raw) > max_line:
+                self._keep_line(buf, start, ends[i], False, False, line_no)
+                continue
+            entry = fast.get(key)
+            if entry is None:
+                if key not in ordered and self._entry_counts[False] >= self.max_entries[False]:
+                    deferred.append(key)  # the budget ran out in this chunk
+                    counts[key] += 1
+                    continue
+                self._keep_uncovered(raw, key, line_no)
+            elif entry is _OVERFLOW:
+                overflow += 1
+            elif entry is not _BLANK:
+                entry.count += 1
+                entry.last_line = line_no
+                repeats += 1
+                repeat_bytes += len(raw) + 1
+                if raw[:1] in _PREFIX_STARTS:
+                    self._prefix_facts(raw, key, entry, line_no)
+        if deferred:
+            self._resolve_new_keys(deferred)
+        # ---- in bulk: the other repeats of known keys
+        if counts:
+            distinct = list(counts)
+            targets = list(map(fast.__getitem__, distinct))
+            overflow += sum(compress(counts.values(), map(is_, targets, repeat(_OVERFLOW))))
+            hits = list(compress(range(len(distinct)), map(isinstance, targets, repeat(LogEntry))))
+            if hits:
+                last = dict(zip(keys, starts))
+                hit_keys = list(map(distinct.__getitem__, hits))
+                last_idx = np.searchsorted(newlines, list(map(last.__getitem__, hit_keys))).tolist()
+                rank_spans: dict[bytes, slice] = {}
+                span_cache = self._rank_spans
+                for k, j, idx in zip(hit_keys, hits, last_idx):
+                    c = counts[k]
+                    if c <= 0:
+                        continue  # only its first line, counted above
+                    entry = targets[j]
+                    entry.count += c
+                    line_no = first_line + idx + 1
+                    if line_no > entry.last_line:
+                        entry.last_line = line_no
+                    repeats += c
+                    repeat_bytes += c * (len(k) + 1)
+                    if k[:1] in _PREFIX_STARTS:
+                        span = span_cache.get(k, _BLANK)
+                        if span is _BLANK:
+                            span = span_cache[k] = _rank_span(k)
+                        if span is not None:
+                            rank_spans[k] = span
+                if rank_spans:
+                    # the rank of each line sits at the same offsets as in its key
+                    chosen = list(compress(range(n), map(rank_spans.__contains__, keys)))
+                    chosen_keys = list(map(keys.__getitem__, chosen))
+                    ranks = map(bytes.__getitem__, map(raws.__getitem__, chosen), map(rank_spans.__getitem__, chosen_keys))
+                    for k, rank in set(zip(chosen_keys, ranks)):
+                        fast[k].ranks.add(int(rank))
+        stats.lines_kept += repeats
+        stats.lines_uncovered += repeats
+        stats.uncovered_overflow += overflow
+        stats.bytes_kept += repeat_bytes
+        self._line_no = first_line + total_lines
+        stats.lines_in += total_lines
+
+    def _resolve_new_keys(self, keys: list[bytes]) -> None:
+        """Point each new key at its entry, or mark it over budget, once the uncovered
+        budget is spent (no new entry can open, so the order does not matter).
+
+        A key whose letter fingerprint (``_fingerprint``) no entry has cannot share an
+        entry's template: it is over budget without working out its template."""
+        fast = self._fast_entries
+        prints = self._entry_prints
+        maybe = list(map(prints.__contains__, map(bytes.translate, keys, repeat(None), repeat(_NOT_PRINT))))
+        unknown = list(compress(keys, map(not_, maybe)))
+        fast.update(zip(unknown, repeat(_OVERFLOW)))
+        for key in compress(keys, maybe):
+            if not key.strip():
+                fast[key] = _BLANK
+                continue
+            fast[key] = self._entries.get(_uncovered_template(key)) or _OVERFLOW
+
+    def _keep_line(self, buf: bytes, start: int, end: int, signal: bool, covered: bool, line_no: int) -> None:
+        """Keep one line through ``_keep`` (signal lines, and lines over max_line_bytes)."""
+        raw = buf[start:end]
+        truncated = len(raw) > self.max_line_bytes
+        if truncated:
+            raw = raw[: self.max_line_bytes]
+        text = raw.decode("utf-8", "replace").rstrip("\r")
+        if not text.strip() and not signal:
+            return  # blank lines carry nothing
+        if truncated:
+            self.stats.lines_truncated += 1
+            text += f" ...[truncated: line of {end - start} bytes]"
+        self._keep(text, signal, covered, truncated, line_no)
 
     def _keep_uncovered(self, raw: bytes, key: bytes, line_no: int) -> None:
         """Count the first line of a message no rule covers (no error signal either).
@@ -431,28 +556,20 @@ class LogCompressor:
         if not raw.strip():
             fast[key] = _BLANK  # blank lines carry nothing
             return
-        # The key already has digit runs (up to 8 long) as one "0"; the template also
-        # drops the launcher's rank prefix, so "[rank3]:" and "[rank12]:" lines merge.
-        body = key
-        for prefix in _KEY_PREFIXES:
-            if key.startswith(prefix):
-                body = key[len(prefix):]
-                break
-        template = "U|" + body.decode("utf-8", "replace").strip()
+        # The template has digit runs (up to 8 long) as one "0" and drops the launcher's
+        # rank prefix, so "[rank3]:" and "[rank12]:" lines merge.
+        template = _uncovered_template(key)
         entry = self._entries.get(template)
         if entry is None:
             if self._entry_counts[False] >= self.max_entries[False]:
                 self.stats.uncovered_overflow += 1  # budget spent: a new message
-                if len(fast) >= _MAX_FAST_KEYS:
-                    fast.clear()
                 fast[key] = _OVERFLOW  # its repeats are counted in _process without this call
                 return
             self._entry_counts[False] += 1
             text = raw.decode("utf-8", "replace").rstrip("\r")
             entry = LogEntry(text=text, template=template, first_line=line_no, last_line=line_no, count=0)
             self._entries[template] = entry
-        if len(fast) >= _MAX_FAST_KEYS:
-            fast.clear()  # only a cache: memory stays bounded
+            self._entry_prints.add(key.translate(None, _NOT_PRINT))
         fast[key] = entry
         entry.count += 1
         entry.last_line = line_no
@@ -502,6 +619,8 @@ class LogCompressor:
             entry = LogEntry(text=text, template=facts.template, first_line=line_no,
                              last_line=line_no, signal=signal, covered=covered, truncated=truncated)
             self._entries[key] = entry
+            if not signal:
+                self._entry_prints.add(facts.template.encode("ascii", "ignore").translate(None, _NOT_PRINT))
         else:
             entry.count += 1
             entry.last_line = line_no
@@ -525,9 +644,37 @@ _PREFIX_STARTS = b"[0123456789 "
 # signals._RANK_PREFIX for bytes; groups: 1 = srun label, 2 = torchrun's rank
 _RANK_PREFIX_BYTES = re.compile(rb"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?")
 _KEY_PREFIXES = (b"[rank0]:", b"[default0]:", b"0: ")
+
+# What a key's fingerprint keeps: ASCII letters, less those of the rank prefixes that a
+# template drops ("[rank0]:", "[default0]:"). Digits, blanks, punctuation and non-ASCII
+# bytes go, so the fingerprint survives everything a template does to a key (digit runs
+# collapsed, prefix dropped, decoded, stripped): two keys with one template share it.
+_NOT_PRINT = bytes(b for b in range(256) if not (65 <= b <= 90 or (97 <= b <= 122 and b not in b"rankdefault")))
+
+
+def _uncovered_template(key: bytes) -> str:
+    """The template of an uncovered line from its key (digits as 0): digit runs (up to
+    8 long) as one 0, without the launcher's rank prefix, so "[rank3]:" and "[rank12]:"
+    lines merge."""
+    body = key.replace(b"00", b"0").replace(b"00", b"0").replace(b"00", b"0")
+    for prefix in _KEY_PREFIXES:
+        if body.startswith(prefix):
+            body = body[len(prefix):]
+            break
+    return "U|" + body.decode("utf-8", "replace").strip()
+
+
+def _rank_span(key: bytes) -> slice | None:
+    """Where the rank of a launcher prefix sits in a line with this key (digits
+    masked as 0 keep their offsets), the same reading as ``_prefix_facts``."""
+    if key.startswith(b"[rank"):
+        close = key.find(b"]:", 5, 11)
+        return slice(5, close) if close > 5 and key[5:close].isdigit() else None
+    prefix = _RANK_PREFIX_BYTES.match(key)
+    group = 2 if prefix.group(2) is not None else 1
+    return slice(*prefix.span(group)) if prefix.group(group) is not None else None
 _MAX_FAST_KEYS = 200_000
 _NCCL_RANK_HOST_PATTERN = r"([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nranks \d+"
-_RANK_HOST_SCANNER = SignalScanner([_NCCL_RANK_HOST_PATTERN], [False])
 _NCCL_RANK_HOST = re.compile(_NCCL_RANK_HOST_PATTERN)
 _SUMMARY_HOST = re.compile(r"^(?:\S*\]:)?\s*host\s*:\s*([A-Za-z][\w.-]*)\s*$")
 _SUMMARY_RANK = re.compile(r"^(?:\S*\]:)?\s*rank\s*:\s*(\d+)")
@@ -537,7 +684,8 @@ def _cached_scanner(diagnosis_patterns: tuple[str, ...]) -> SignalScanner:
     scanner = _SCANNERS.get(diagnosis_patterns)
     if scanner is None:
         patterns, caseless = signal_patterns(diagnosis_patterns)
-        scanner = SignalScanner(patterns, caseless)
+        # NCCL's "comm ... rank N nranks" lines (rank -> host) come from the same pass
+        scanner = SignalScanner(patterns, caseless, side=[_NCCL_RANK_HOST_PATTERN])
         if len(_SCANNERS) > 16:
             _SCANNERS.clear()
         _SCANNERS[diagnosis_patterns] = scanner
