@@ -257,3 +257,51 @@ def test_a_whole_varied_log_in_one_chunk_compresses_as_fed_line_by_line():
     assert [(e.text, e.count, e.first_line, e.last_line, sorted(e.ranks)) for e in whole.entries] == [
         (e.text, e.count, e.first_line, e.last_line, sorted(e.ranks)) for e in per_line.entries
     ]
+
+
+def test_bulk_paths_compress_exactly_as_line_by_line():
+    """The chunk path's bulk steps (repeats counted per distinct key, ranks read at the
+    key's offsets, new keys resolved in bulk once the budget runs out mid-chunk, a
+    digit-length variant of a known message, torchrun's host/rank summary, an
+    over-long line) give what one line at a time gives."""
+    import random
+
+    rng = random.Random(3)
+    lines = []
+    for i in range(4000):
+        r = rng.randrange(24)
+        kind = i % 7
+        if kind == 0:
+            lines.append(f"[rank{r}]:epoch {rng.randrange(200)} shard {rng.choice('abcdefgh')} done in {rng.random():.3f}s")
+        elif kind == 1:
+            lines.append(f"{r}: user print {rng.choice(['alpha', 'beta', 'gamma'])}{rng.randrange(10**rng.randrange(1, 12))}")
+        elif kind == 2:
+            lines.append(f"[default{r}]:words {' '.join(rng.choice('xyzuvw') * rng.randrange(1, 4) for _ in range(4))}")
+        elif kind == 3:
+            lines.append(f"2026-11-22T07:41:0{r % 10}.1Z {r}: [rank{r}]:metric value={rng.randrange(10**9)}")
+        elif kind == 4:
+            lines.append(f"[rank{r}]:   \t ")  # blank once the prefix is gone
+        elif kind == 5:
+            lines.append(f"unique message number {i} {rng.choice('QRSTUV') * rng.randrange(1, 9)}")
+        else:
+            lines.append(f"[rank{r}]:step={i} loss=nan")  # a signal under a seed rule
+        if i == 1500:
+            lines += ["[rank3]:  host      : node-a07", "[rank3]:  rank      : 12 (local_rank: 4)", "x" * 300]
+    data = ("\n".join(lines) + "\n").encode()
+
+    def compress(chunks: list[bytes]):
+        compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns, max_uncovered_entries=300,
+                                   max_line_bytes=200)
+        for chunk in chunks:
+            compressor.feed(chunk)
+        return compressor.finish()
+
+    whole = compress([data])
+    per_line = compress([line + b"\n" for line in data.split(b"\n")[:-1]])
+    assert whole.stats.uncovered_overflow > 0 and whole.stats.lines_truncated == 1
+    assert whole.rank_hosts == per_line.rank_hosts == {12: "node-a07"}
+    stats = {k: v for k, v in vars(whole.stats).items() if k != "seconds"}
+    assert stats == {k: v for k, v in vars(per_line.stats).items() if k != "seconds"}
+    assert [(e.text, e.count, e.first_line, e.last_line, sorted(e.ranks), e.signal) for e in whole.entries] == [
+        (e.text, e.count, e.first_line, e.last_line, sorted(e.ranks), e.signal) for e in per_line.entries
+    ]
