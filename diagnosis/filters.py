@@ -539,7 +539,8 @@ class LogCompressor:
         fast = self._fast_entries
         prints = self._entry_prints
         # one translate over all the keys (its setup per call costs more than the bytes)
-        maybe = list(map(prints.__contains__, b"\n".join(keys).translate(None, _NOT_PRINT_BUT_NL).split(b"\n")))
+        printed = b"\n".join(keys).translate(None, _NOT_PRINT_BUT_NL).split(b"\n")
+        maybe = list(map(prints.__contains__, map(bytes.strip, printed)))
         unknown = list(compress(keys, map(not_, maybe)))
         fast.update(zip(unknown, repeat(_OVERFLOW)))
         for key in compress(keys, maybe):
@@ -590,7 +591,7 @@ class LogCompressor:
             text = raw.decode("utf-8", "replace").rstrip("\r")
             entry = LogEntry(text=text, template=template, first_line=line_no, last_line=line_no, count=0)
             self._entries[template] = entry
-            self._entry_prints.add(key.translate(None, _NOT_PRINT))
+            self._entry_prints.add(key.translate(None, _NOT_PRINT).strip())
         fast[key] = entry
         entry.count += 1
         entry.last_line = line_no
@@ -641,7 +642,7 @@ class LogCompressor:
                              last_line=line_no, signal=signal, covered=covered, truncated=truncated)
             self._entries[key] = entry
             if not signal:
-                self._entry_prints.add(facts.template.encode("ascii", "ignore").translate(None, _NOT_PRINT))
+                self._entry_prints.add(facts.template.encode("ascii", "ignore").translate(None, _NOT_PRINT).strip())
         else:
             entry.count += 1
             entry.last_line = line_no
@@ -666,11 +667,13 @@ _PREFIX_STARTS = b"[0123456789 "
 _RANK_PREFIX_BYTES = re.compile(rb"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?")
 _KEY_PREFIXES = (b"[rank0]:", b"[default0]:", b"0: ")
 
-# What a key's fingerprint keeps: ASCII letters, less those of the rank prefixes that a
-# template drops ("[rank0]:", "[default0]:"). Digits, blanks, punctuation and non-ASCII
-# bytes go, so the fingerprint survives everything a template does to a key (digit runs
-# collapsed, prefix dropped, decoded, stripped): two keys with one template share it.
-_NOT_PRINT = bytes(b for b in range(256) if not (65 <= b <= 90 or (97 <= b <= 122 and b not in b"rankdefault")))
+# What a key's fingerprint keeps: printable ASCII and the space, less digits and the
+# characters of the rank prefixes a template drops ("[rank0]:", "[default0]:", "0: ");
+# the result is stripped of its end spaces. Control characters and non-ASCII bytes go
+# too, so the fingerprint survives everything a template does to a key (digit runs
+# collapsed, prefix dropped, decoded, end whitespace stripped): two keys with one
+# template share it, and a key whose fingerprint no entry has opens no known entry.
+_NOT_PRINT = bytes(b for b in range(256) if not (32 <= b <= 126) or b in b"0123456789[]:rankdefault")
 _NOT_PRINT_BUT_NL = _NOT_PRINT.replace(b"\n", b"")  # keys hold no newline: it separates them
 
 

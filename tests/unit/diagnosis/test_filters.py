@@ -305,3 +305,25 @@ def test_bulk_paths_compress_exactly_as_line_by_line():
     assert [(e.text, e.count, e.first_line, e.last_line, sorted(e.ranks), e.signal) for e in whole.entries] == [
         (e.text, e.count, e.first_line, e.last_line, sorted(e.ranks), e.signal) for e in per_line.entries
     ]
+
+
+def test_a_known_message_in_another_form_still_counts_once_the_budget_is_spent():
+    """New keys met after the budget is spent are resolved in bulk, most without working
+    out their template (a letter fingerprint no entry has means no entry); a key that
+    differs from an entry's only in its rank prefix, digit-run lengths, end whitespace
+    (a carriage return, a no-break space) or an invalid byte must still find the entry."""
+    lines = [
+        b"a message 1", b"caf\xff 1", b"third 1",
+        b"[rank3]:a message 22", b"0: a message 7", b"  a message 12  ", b"[default4]:a message 5\r",
+        b"a message 1\xc2\xa0", b"caf\xfe 333", b"fourth 1", b"[rank5]:0: a message 3",
+    ]
+    data = b"\n".join(lines) + b"\n"
+    for chunks in ([data], [line + b"\n" for line in lines]):
+        compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns, max_uncovered_entries=2)
+        for chunk in chunks:
+            compressor.feed(chunk)
+        result = compressor.finish()
+        assert [(e.count, sorted(e.ranks), e.first_line, e.last_line) for e in result.entries] == [
+            (6, [0, 3, 4], 1, 8), (2, [], 2, 9),
+        ]
+        assert result.stats.uncovered_overflow == 3
