@@ -71,7 +71,8 @@ DONE = ("finished", "failed", "cancelled")
 # The statements of a decision, built once (a decision runs a handful of them; building and
 # compiling-cache-keying a fresh Core statement each time cost more CPU than the database did).
 _BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cname"))
-                 .values(state_version=clusters.c.state_version + 1, pass_pending=True)
+                 # a change waits for a policy pass (only tracked while a decider has beaten)
+                 .values(state_version=clusters.c.state_version + 1, pass_pending=clusters.c.decider_seen_at.isnot(None))
                  .returning(clusters.c.state_version, clusters.c.generation, clusters.c.decider_seen_at))
 # a policy pass ran in this transaction (the lock statement marked the change as waiting for one)
 _PASS_DONE = sa.update(clusters).where(clusters.c.name == sa.bindparam("cname")).values(pass_pending=False)
@@ -233,6 +234,10 @@ class Orchestrator:
         self._jobs_since: sa.Select | None = None
         self._serving = False  # this object is the cluster's decider (`serve`)
         self._delegate = False  # the open transaction leaves its policy pass to a live decider
+        self._decider_known = False  # a decider has beaten (the open transaction must clear pass_pending)
+        # whether this process's view was stale at its last decision: then the change log and new
+        # jobs are read in the lock's round trip; a process deciding on its own skips both reads
+        self._expect_stale = True
         # what the open transaction changed, in order, for the change log; None: not described
         self._ops: list | None = []
 
@@ -258,10 +263,8 @@ class Orchestrator:
                 cached = self._views.pop(name, None)
                 # the changes other processes made since this process's view, behind the lock
                 self._since = self._new_jobs = None
-                if cached is not None:
-                    self._since = batch.add(_CHANGES_SINCE, {"cname": name, "since": cached.version})
-                    self._new_jobs = batch.add(self._jobs_since_statement(conn),
-                                               {"cname": name, "newest": self._newest_job})
+                if cached is not None and self._expect_stale:
+                    self._queue_catch_up(conn, name, cached)
                 self._tx = (conn, name, cached, 0)
                 if not deferred:
                     self._settle()
@@ -288,8 +291,14 @@ class Orchestrator:
             inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
         version, generation, decider_seen_at = rows[0]
         # a live decider keeps a current view: a process whose view is stale leaves the pass to it
+        self._decider_known = decider_seen_at is not None
         self._delegate = (not self._serving and decider_seen_at is not None
                           and decider_seen_at > time.time() - DECIDER_TTL_S)
+        if cached is not None:
+            self._expect_stale = cached.version != version - 1
+            if self._expect_stale and self._since is None:  # skipped on a guess that was wrong:
+                self._queue_catch_up(conn, name, cached)      # one more round trip
+                self._batch.flush()
         since, self._since = self._since, None
         new_jobs, self._new_jobs = self._new_jobs, None
         if new_jobs is not None:
@@ -326,6 +335,12 @@ class Orchestrator:
                     self._views[name] = view
                     kept = True
             return kept
+
+    def _queue_catch_up(self, conn: Connection, name: str, cached: _View) -> None:
+        """Queue the reads that bring `cached` up to date: the change log since it, and new jobs."""
+        self._since = self._batch.add(_CHANGES_SINCE, {"cname": name, "since": cached.version})
+        self._new_jobs = self._batch.add(self._jobs_since_statement(conn),
+                                         {"cname": name, "newest": self._newest_job})
 
     def _jobs_since_statement(self, conn: Connection) -> sa.Select:
         """Name and options text of the cluster's jobs with an id above `newest` (built once: the
@@ -394,7 +409,7 @@ class Orchestrator:
             yield
         finally:
             self._pending = None  # a rolled-back transaction leaves no view behind
-            self._delegate = False
+            self._delegate = self._decider_known = False
             self._lock_row = None
             self._since = self._new_jobs = None
             self._batch = None
@@ -810,7 +825,8 @@ class Orchestrator:
             # for one); reading the whole cluster back here would cost ~20 ms of the lock.
             self.last_pass = PassResult([], [], 0)
             return self.last_pass
-        self._batch.add(_PASS_DONE, {"cname": cname})
+        if self._decider_known:
+            self._batch.add(_PASS_DONE, {"cname": cname})
         now = time.time()
         expired = self._expire(conn, cname, now, check=check_leases)
         view = self._view(conn, cname)
