@@ -128,11 +128,14 @@ def _serve(args: argparse.Namespace) -> int:
     import threading
 
     orch = _orchestrator(args)
+    name = orch.cluster(args.cluster).name  # an unknown or missing cluster is one error, before anything
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: the heartbeat is cleared on the way out
         signal.signal(sig, lambda *_: stop.set())
     if args.seconds is not None:
-        threading.Timer(args.seconds, stop.set).start()
+        timer = threading.Timer(args.seconds, stop.set)
+        timer.daemon = True
+        timer.start()
     totals = {"passes": 0, "admitted": 0, "expired": 0}
 
     def on_pass(result) -> None:  # noqa: ANN001 - PassResult
@@ -146,8 +149,8 @@ def _serve(args: argparse.Namespace) -> int:
                   + (f", leases expired: {result.expired_jobs}" if result.expired_jobs else ""), flush=True)
 
     if not args.json:
-        print(f"deciding for cluster {args.cluster or '(the only one)'} as {orch.actor}; Ctrl-C stops", flush=True)
-    orch.serve(args.cluster, stop=stop, on_pass=on_pass)
+        print(f"deciding for cluster {name!r} as {orch.actor}; Ctrl-C stops", flush=True)
+    orch.serve(name, stop=stop, on_pass=on_pass)
     if args.json:
         print(json.dumps({"actor": orch.actor, **totals}, indent=2))
     else:

@@ -40,6 +40,7 @@ def test_register_submit_cordon_status_queue(db, capsys):
     (["cluster", "cordon", "nope"], "no node named 'nope'"),
     (["submit", "configs/tiny-cpu.yaml", "--gpus", "64"], "asks for 64 GPU"),
     (["cluster", "register", "configs/clusters/missing.yaml"], "no such cluster file"),
+    (["cluster", "serve", "--cluster", "nope", "--seconds", "1"], "no cluster named 'nope'"),
 ])
 def test_bad_input_exits_2_and_changes_nothing(db, capsys, argv, message):
     assert main(["cluster", "register", "configs/clusters/frenzy-testbed.yaml", *db]) == 0
