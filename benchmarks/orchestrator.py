@@ -23,14 +23,15 @@ reach the disk; and the embedded SQLite default in WAL mode, synchronous=NORMAL)
    `cycle_admissions_per_s` = every admission / (decision + top-up submission time),
    the rate when the orchestrator also takes the submissions that keep the queue full).
    `decision_ms_p50/p99` = wall time of one decision (one admission pass, with its
-   commit). Who decides, three ways (each run on its own fresh database):
+   commit). Who decides, four ways (each run on its own fresh database):
    - `one` (the headline keys, as before): one orchestrator makes every decision and
      the top-up submissions, so its in-memory view is always current. The best case.
    - `rotating` (`*_rotating`): `--processes` (4) orchestrators decide in turn and a
      fifth submits, so every view is a few decisions behind and is brought up to date
-     from the change log (`cluster_changes`) before deciding. This is the live
-     pattern: every flow is its own process, and a flow's view is kept near current by
-     its lease loop (`Orchestrator.refresh`, every lease_s / 3).
+     from the change log (`cluster_changes`) before deciding: processes that decide
+     or refresh often (every flow is its own process; a flow's lease loop refreshes its
+     view, `Orchestrator.refresh`, every lease_s / 3 = 20 s, which at these stress
+     rates is more than the log keeps: see `cold`).
    - `cold` (`*_cold`): a fresh orchestrator per decision, which reads the whole
      cluster, queue and running jobs back: a process with no view, or one so far
      behind that the log was pruned (more than 4,096 decisions: ~8 s at the rates
@@ -40,7 +41,8 @@ reach the disk; and the embedded SQLite default in WAL mode, synchronous=NORMAL)
      passes; admissions are asynchronous, so the rate is jobs admitted over the wall
      time of the whole loop, including the serial driver's own work (the flows'
      releases and submissions and its bookkeeping reads, all on this 2-core box):
-     a lower bound on what the decider sustains.
+     a lower bound on what the decider sustains. The decider's side is reported
+     apart: its admitting passes' p50/p99 and admissions per second of pass time.
    The separate orchestrators share the process (and its connection pool and
    compiled statements); what differs between them — the view and what it takes to
    bring it up to date — is exactly what separate processes differ in.
