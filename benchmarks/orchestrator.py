@@ -113,36 +113,50 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+class _Workload:
+    """The Crius cluster registered at `url`, one job per node filling it, and Acme-shaped
+    evaluation demands drawn from `seed` (the same seed gives the same jobs in every run)."""
+
+    def __init__(self, url: str, seed: int):
+        self.cluster = load_cluster(CLUSTER)
+        self.config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
+        self.orch = Orchestrator(url, self.config)
+        self.orch.register(self.cluster, source=str(CLUSTER))
+        self.rng = random.Random(seed)
+        self._shapes: dict[tuple[int, int], dict] = {}  # options computed before any clock starts
+
+    def demand(self) -> dict:
+        """The options of the next job: 1/2/4/8 GPUs by SHARES, some GiB per GPU, any GPU type."""
+        count = self.rng.choices(list(SHARES), weights=list(SHARES.values()))[0]
+        mem = self.rng.choice(MEMORY_GIB)
+        if (count, mem) not in self._shapes:
+            self._shapes[(count, mem)] = demand_options(self.cluster, count, min_memory_gib=mem, duration_s=600)
+        return self._shapes[(count, mem)]
+
+    def fill(self) -> list[int]:
+        """One job per node asking for all of its GPUs (they start at once)."""
+        return [self.orch.submit(f"fill-{i}", demand_options(self.cluster, n.gpu_count, gpu_type=n.gpu_type,
+                                                                duration_s=600))
+                for i, n in enumerate(self.cluster.nodes)]
+
+
 def admissions(url: str, jobs: int, seed: int, deciders: str = "one", processes: int = 4) -> dict:
     """Sustained admissions with `jobs` queued; `deciders` says who makes the release decisions:
     one orchestrator (its view always current), `processes` orchestrators in turn (each view a few
     decisions behind: the change log's replay), or a fresh orchestrator per decision (cold: a flow
     whose view is hours old, or that never had one, reads the whole state back)."""
-    cluster = load_cluster(CLUSTER)
-    config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
-    orch = Orchestrator(url, config)
-    orch.register(cluster, source=str(CLUSTER))
-    rng = random.Random(seed)
-    shapes: dict[tuple[int, int], dict] = {}
-    counts = list(SHARES)
-
-    def options(count: int, mem: int) -> dict:
-        if (count, mem) not in shapes:
-            shapes[(count, mem)] = demand_options(cluster, count, min_memory_gib=mem, duration_s=600)
-        return shapes[(count, mem)]
-
+    work = _Workload(url, seed)
+    orch, config = work.orch, work.config
     submit_ms: list[float] = []
 
     def submit(i: int) -> int:
-        count = rng.choices(counts, weights=list(SHARES.values()))[0]
-        mem = rng.choice(MEMORY_GIB)
+        options = work.demand()
         t0 = time.perf_counter()
-        job = orch.submit(f"eval-{i}", options(count, mem))
+        job = orch.submit(f"eval-{i}", options)
         submit_ms.append(1e3 * (time.perf_counter() - t0))
         return job
 
-    blockers = [orch.submit(f"fill-{i}", demand_options(cluster, n.gpu_count, gpu_type=n.gpu_type, duration_s=600))
-                for i, n in enumerate(cluster.nodes)]
+    blockers = work.fill()
     assert all(orch.job(b)["state"] == "running" for b in blockers[:3])
     queued = [submit(i) for i in range(jobs)]
     position, length = orch.queue_position(queued[-1])
@@ -240,23 +254,13 @@ def admissions_with_decider(url: str, jobs: int, seed: int) -> dict:
     from infra.statedb import read_transaction
     from infra.statedb.schema import jobs as jobs_table
 
-    cluster = load_cluster(CLUSTER)
-    config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
-    orch = Orchestrator(url, config)
-    orch.register(cluster, source=str(CLUSTER))
-    rng = random.Random(seed)
-    shapes: dict[tuple[int, int], dict] = {}
-    counts = list(SHARES)
+    work = _Workload(url, seed)
+    orch, config = work.orch, work.config
 
     def submit(by: Orchestrator, i: int) -> int:
-        count = rng.choices(counts, weights=list(SHARES.values()))[0]
-        mem = rng.choice(MEMORY_GIB)
-        if (count, mem) not in shapes:
-            shapes[(count, mem)] = demand_options(cluster, count, min_memory_gib=mem, duration_s=600)
-        return by.submit(f"eval-{i}", shapes[(count, mem)])
+        return by.submit(f"eval-{i}", work.demand())
 
-    for i, n in enumerate(cluster.nodes):
-        orch.submit(f"fill-{i}", demand_options(cluster, n.gpu_count, gpu_type=n.gpu_type, duration_s=600))
+    work.fill()
     submitted = 0
     for _ in range(jobs):
         submit(orch, submitted)
@@ -270,7 +274,7 @@ def admissions_with_decider(url: str, jobs: int, seed: int) -> dict:
     queued = sa.select(sa.func.count()).where(jobs_table.c.state == "queued")
     admitted_since = sa.select(sa.func.count()).where(jobs_table.c.admitted_at >= sa.bindparam("t"))
     try:
-        while orch.cluster().name and not _decider_alive(orch):
+        while not _decider_alive(orch):  # its first heartbeat
             time.sleep(0.01)
         release_ms = []
         start_wall = time.time()

@@ -683,20 +683,18 @@ class Orchestrator:
                 jobs.c.cluster == row.cluster, jobs.c.state == "queued").order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id))]
         return (ids.index(job_id) + 1 if job_id in ids else 0), len(ids)
 
-    def lease_overdue(self, cluster: str | None = None) -> bool:
-        """Whether some live allocation is past its lease and grace (a pass would reclaim it)."""
-        cutoff = time.time() - self.config.grace_s
+    def pass_due(self, cluster: str | None = None) -> bool:
+        """Whether a waiting job should make a policy pass itself (one read): a live allocation is
+        past its lease and grace (the pass reclaims it), or a change waits for a pass that no live
+        decider will make (it stopped beating)."""
+        now = time.time()
         with read_transaction(self.engine) as conn:
             name = inventory.resolve_cluster(conn, cluster)
-            oldest = conn.execute(sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
-                allocations.c.cluster == name, allocations.c.released_at.is_(None))).scalar()
-        return oldest is not None and oldest < cutoff
-
-    def _pass_overdue(self, cluster: str) -> bool:
-        """A change waits for a policy pass that no live decider will make (it stopped beating)."""
-        with read_transaction(self.engine) as conn:
-            pending, seen = conn.execute(_DECIDER_STATE, {"cname": cluster}).one()
-        return bool(pending) and (seen is None or seen < time.time() - DECIDER_TTL_S)
+            oldest = conn.execute(_LIVE_LEASE_FLOOR, {"cname": name}).scalar()
+            pending, seen = conn.execute(_DECIDER_STATE, {"cname": name}).one()
+        if oldest is not None and oldest < now - self.config.grace_s:
+            return True
+        return bool(pending) and (seen is None or seen < now - DECIDER_TTL_S)
 
     def wait_admitted(self, job_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
                       on_wait: Callable[[int, int], None] | None = None) -> Admission:
@@ -716,7 +714,7 @@ class Orchestrator:
             if time.monotonic() - refreshed >= REFRESH_EVERY_S:  # keep this process's view near current
                 self.refresh(cluster)
                 refreshed = time.monotonic()
-            if self.lease_overdue(cluster) or self._pass_overdue(cluster):
+            if self.pass_due(cluster):
                 self.reconcile(cluster)
                 continue
             if on_wait is not None:

@@ -28,6 +28,15 @@ MIXED = {"name": "mixed", "nodes": [
 ]}
 
 
+def _two_processes(url: str) -> tuple:
+    """The MIXED cluster registered by `a`, and a second orchestrator `b` on the same database."""
+    cluster = parse_cluster(MIXED)
+    config = OrchestratorConfig(policy="has", lease_s=600)
+    a, b = Orchestrator(url, config), Orchestrator(url, config)
+    a.register(cluster)
+    return cluster, a, b
+
+
 def _counting_reloads(orch: Orchestrator) -> list[int]:
     """Count the orchestrator's full read-backs of the queue (the path the log avoids)."""
     calls = [0]
@@ -121,10 +130,7 @@ def test_two_processes_in_turn_replay_the_log_and_decide_as_one(state_db_url, tm
 
 
 def test_undescribed_change_and_pruned_log_read_the_state_back(state_db_url):
-    cluster = parse_cluster(MIXED)
-    config = OrchestratorConfig(policy="has", lease_s=600)
-    a, b = Orchestrator(state_db_url, config), Orchestrator(state_db_url, config)
-    a.register(cluster)
+    cluster, a, b = _two_processes(state_db_url)
     big = [a.submit(f"big-{i}", demand_options(cluster, 4, gpu_type="A100-80G")) for i in range(4)]
     assert [a.job(j)["state"] for j in big] == ["running"] * 3 + ["queued"]
     reloads_a = _counting_reloads(a)
@@ -151,10 +157,7 @@ def test_undescribed_change_and_pruned_log_read_the_state_back(state_db_url):
 
 def test_refresh_outside_the_lock_keeps_a_waiting_process_current(state_db_url):
     """What a flow's lease loop does between its submit and its release (`HeldJob`, `wait_admitted`)."""
-    cluster = parse_cluster(MIXED)
-    config = OrchestratorConfig(policy="has", lease_s=600)
-    a, b = Orchestrator(state_db_url, config), Orchestrator(state_db_url, config)
-    a.register(cluster)
+    cluster, a, b = _two_processes(state_db_url)
     mine = a.submit("mine", demand_options(cluster, 4, gpu_type="A100-80G"))
     reloads_a = _counting_reloads(a)
     others = [b.submit(f"other-{i}", demand_options(cluster, 2)) for i in range(12)]
