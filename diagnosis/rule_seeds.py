@@ -28,8 +28,10 @@ X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
 XID = r"\bXid \([^)]*\): "
 # CUDA's error prefix as any wrapper prints it before cudaGetErrorString's text: torch's
 # "CUDA error: ", Marian's "CUDA error 999 '", Paddle's "CUDA error(719), ", Kaldi's
-# "cudaError_t 4 : \"", a driver's "CUDA Error 700 (".
-CUDA_ERR = r"(?i:\bcuda[ _]?error)(?:_t)?[^A-Za-z\n]{0,12}"
+# "cudaError_t 4 : \"", a driver's "CUDA Error 700 (", torch 1.x's THC "cuda runtime error
+# (30) : " and its "THCudaCheck FAIL file=... line=51 error=30 : " warning.
+CUDA_ERR = (r"(?:(?i:\bcuda[ _]?(?:runtime )?error)(?:_t)?[^A-Za-z\n]{0,12}"
+            r"|THCudaCheck FAIL file=\S+ line=\d+ error=\d+ : )")
 # Memory exhausted in the wording of frameworks other than torch's CUDA allocator:
 # TensorFlow 1.x/2.x and Paddle ("ResourceExhaustedError (see above for traceback): OOM
 # when allocating tensor", "Resource exhausted: OOM when allocating", "ResourceExhaustedError:
@@ -45,7 +47,7 @@ OTHER_OOM = (r"(?i:resource[ _]?exhausted)[^\n]{0,200}?(?:\bOOM\b|(?i:out of mem
 # a newer toolchain, forward compatibility on a GPU that lacks it. Every restart on the same
 # image and node type fails the same way.
 CUDA_BUILD = (r"no kernel image is available for execution on the device|cudaErrorNoKernelImageForDevice\b|CUDA_ERROR_NO_BINARY_FOR_GPU\b|hipErrorNoBinaryForGpu\b"
-              r"|(?i:\b(?:cuda|hip)[ _]?error)(?:_t)?[^A-Za-z\n]{0,12}invalid device function|cudaErrorInvalidDeviceFunction\b|hipErrorInvalidDeviceFunction\b"
+              r"|(?i:\b(?:cuda|hip)[ _]?(?:runtime )?error)(?:_t)?[^A-Za-z\n]{0,12}invalid device function|cudaErrorInvalidDeviceFunction\b|hipErrorInvalidDeviceFunction\b"
               r"|CUDA driver version is insufficient for CUDA runtime version|cudaErrorInsufficientDriver\b"
               r"|the provided PTX was compiled with an unsupported toolchain|CUDA_ERROR_UNSUPPORTED_PTX_VERSION\b|cudaErrorUnsupportedPtxVersion\b"
               r"|forward compatibility was attempted on non supported HW|cudaErrorCompatNotSupportedOnDevice\b")
@@ -94,6 +96,20 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "The CUDA build does not match this GPU or driver (no kernel for its compute capability, driver older than the toolkit): install a build for this GPU and driver (or run on GPUs it was built for); a restart on the same image fails again.", False),
     ("cuda-xid", XID + r"(?:13|31|43|45|62|109|119|120)\b", "CUDAError", True,
      "Driver reported a GPU fault (Xid): " + RESTART_EXCLUDE, False),
+    # The process finds no usable GPU on a node that has them: no device visible (CUDA's
+    # cudaErrorNoDevice in torch 1.x's "cuda runtime error (38)", torch 2.x's "No CUDA GPUs
+    # are available" and the driver API's name), the kernel driver and the user-space
+    # libraries at different versions after a driver update without a reboot (NVML's
+    # "Driver/library version mismatch", CUDA_ERROR_SYSTEM_DRIVER_MISMATCH), nvidia-smi
+    # unable to reach the driver, devices held busy, torch's "CUDA unknown error" at
+    # initialisation (a GPU or the UVM module in a bad state). The node, not the job, is
+    # broken: elsewhere (or after a reboot) the same job starts.
+    ("gpu-unusable", r"no CUDA-capable device is detected|cudaErrorNoDevice\b|CUDA_ERROR_NO_DEVICE\b|No CUDA GPUs are available"
+     r"|(?i:driver/library version mismatch)|CUDA_ERROR_SYSTEM_DRIVER_MISMATCH\b|cudaErrorSystemDriverMismatch\b|NVML_ERROR_DRIVER_NOT_LOADED\b"
+     r"|couldn't communicate with the NVIDIA driver|all CUDA-capable devices are busy or unavailable|cudaErrorDevicesUnavailable\b"
+     r"|CUDA unknown error - this may be due to an incorrectly set up environment", "CUDAError", True,
+     "The node's GPUs are not usable (none visible, driver and libraries at different versions, a GPU in a bad state): "
+     "cordon the node, check nvidia-smi and reboot or replace it; " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- interconnect
     ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed|NET/IB ?: Got completion from peer \S+ with (?:error [1-9]|status=[1-9])|NET/OFI .*completed with error", "NetworkError", True,
      "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
@@ -138,6 +154,33 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
      "A metrics/logging/tracking service was unreachable: check the service or disable it for this run; restart.", False),
+    # An HTTP client's own retry notice (urllib3's "Retrying (Retry(total=4, ...)) after
+    # connection broken by 'ReadTimeoutError(...)'", huggingface_hub's "... Retrying in 1s
+    # [Retry 1/5]."; pip prints the first): the request may still succeed, so the notice
+    # names a cause only when nothing else does.
+    ("http-retry-notice", r"Retrying \(Retry\(total=\d+|Retrying in \d+(?:\.\d+)?s \[Retry \d+/\d+\]", "ConnectionError", True,
+     "An HTTP client is retrying a remote service: watch it; no action unless the job fails with the service's error.", True),
+    # An HTTP service (the Hugging Face Hub, a tracker, a model registry) failing on its
+    # side or shedding load, in requests' / huggingface_hub's ("502 Server Error: Bad Gateway
+    # for url: ..."), urllib's ("HTTP Error 503: Service Unavailable"), httpx's ("Server
+    # error '504 Gateway Timeout' for url") and aiohttp's ("502, message='Bad Gateway'")
+    # wordings, with or without an exception name: the request was right and the outage
+    # passes. (S3's "503 Slow Down" is named by the S3 rules above.)
+    ("http-server-error", r"\b(?:50[0234]|429) (?:Server|Client) Error: |HTTP Error (?:50[0234]|429): |(?i:server error) '50[0234] |\b50[0234], message='"
+     r"|\b(?:Bad Gateway|Gateway Time-?out|Service (?:Temporarily )?Unavailable|Too Many Requests) for url\b", "ConnectionError", True,
+     "A remote service (model hub, tracker, registry) failed on its side or throttled: wait for it or use a local mirror/cache; restart.", False),
+    # The client giving up on a response, or the server dropping it mid-transfer, in
+    # urllib3's / requests' / huggingface_hub's wordings without the package prefix
+    # ("ReadTimeoutError: HTTPSConnectionPool(...): Read timed out.", "'(ProtocolError('Connection
+    # aborted.', RemoteDisconnected(...)))' thrown while requesting GET ..."), and httpx's,
+    # aiohttp's and http.client's. (An object-store read cut short, aiohttp's ClientPayloadError
+    # under s3fs, is left to the S3 rules and the agent: the line does not say which service.)
+    ("http-connection-dropped", r"\b(?:ReadTimeoutError|ConnectTimeoutError|NewConnectionError|MaxRetryError|ChunkedEncodingError|RemoteDisconnected|IncompleteRead)\b"
+     r"|ProtocolError\(.Connection (?:aborted|broken)|Connection broken: |Remote end closed connection without response|HTTPS?ConnectionPool\(host=\S+\): Read timed out"
+     r"|httpx\.(?:ReadTimeout|ConnectTimeout|ConnectError|ReadError|RemoteProtocolError)\b|aiohttp\.\S*(?:ServerDisconnectedError|ServerTimeoutError|ClientConnectorError)\b",
+     "ConnectionError", True,
+     "A connection to a remote service (model hub, dataset stream, tracker) timed out or dropped: check the service and the network, "
+     "raise the client's timeout or retries if it keeps happening (or stage the data locally); restart.", False),
     ("tracker-retry-warning", r"wandb: Network error \(\w+\), entering retry loop", "ConnectionError", True,
      "Tracker connectivity is flaky (retrying): watch it; no action needed unless the job fails.", True),
     ("connection-reset", r"ConnectionResetError|ConnectionRefusedError|ConnectionAbortedError|Connection reset by peer|Connection refused", "ConnectionError", True,

@@ -200,6 +200,40 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["[E socket.cpp:793] [c10d] The client socket has timed out after 60s while trying to connect to (10.0.0.1, 2222)."],
      ("ConnectionError", True)),
     (["RuntimeError: connect() timed out. Original timeout was 60000 ms."], ("ConnectionError", True)),
+    # after batch 8: HTTP services failing on their side, in several clients' wordings and
+    # without an exception name; responses that time out or drop mid-transfer without the
+    # urllib3/requests package prefix; a client's retry notice steps aside ...
+    (["502 Server Error: Bad Gateway for url: https://huggingface.co/bert-base-uncased/resolve/main/config.json"],
+     ("ConnectionError", True)),
+    (["huggingface_hub.errors.HfHubHTTPError: 504 Server Error: Gateway Time-out for url: https://huggingface.co/api/models/x/revision/main"],
+     ("ConnectionError", True)),
+    (["urllib.error.HTTPError: HTTP Error 503: Service Unavailable"], ("ConnectionError", True)),
+    (["aiohttp.client_exceptions.ClientResponseError: 502, message='Bad Gateway', url=URL('https://hub.example/x')"],
+     ("ConnectionError", True)),
+    (["HTTP Error 503: Slow Down"], ("S3StorageError", True)),
+    (["[rank3]: urllib3.exceptions.ReadTimeoutError: HTTPSConnectionPool(host='cdn-lfs.hf.co', port=443): Read timed out. (read timeout=10)"],
+     ("ConnectionError", True)),
+    (["'(ProtocolError('Connection aborted.', RemoteDisconnected('Remote end closed connection without response')), '(Request ID: 1)')' thrown while requesting GET https://huggingface.co/datasets/x/resolve/main/a.jsonl.zst"],
+     ("ConnectionError", True)),
+    (["httpx.RemoteProtocolError: peer closed connection without sending complete message body (incomplete chunked read)"],
+     ("ConnectionError", True)),
+    (["WARNING: Retrying (Retry(total=4, connect=None, read=None, redirect=None, status=None)) after connection broken by 'ReadTimeoutError(\"HTTPSConnectionPool(host='pypi.org', port=443): Read timed out. (read timeout=15)\")': /simple/flash-attn/",
+      "ModuleNotFoundError: No module named 'flash_attn'"],
+     ("ImportError", False)),
+    # ... torch 1.x's THC wording of CUDA errors, and a node whose GPUs are unusable (none
+    # visible, NVML driver/library mismatch, torch's "CUDA unknown error" at init)
+    (["THCudaCheck FAIL file=/pytorch/aten/src/THC/THCGeneral.cpp line=51 error=30 : unknown error",
+      "RuntimeError: cuda runtime error (30) : unknown error at /pytorch/aten/src/THC/THCGeneral.cpp:51"], ("CUDAError", True)),
+    (["RuntimeError: cuda runtime error (2) : out of memory at /pytorch/aten/src/THC/THCCachingAllocator.cpp:510"],
+     ("OutOfMemoryError", False)),
+    (["RuntimeError: cuda runtime error (8) : invalid device function at /pytorch/aten/src/THC/THCTensorCopy.cu:204"],
+     ("CUDAError", False)),
+    (["RuntimeError: cuda runtime error (38) : no CUDA-capable device is detected at torch/csrc/cuda/Module.cpp:32"],
+     ("CUDAError", True)),
+    (["Failed to initialize NVML: Driver/library version mismatch"], ("CUDAError", True)),
+    (["RuntimeError: No CUDA GPUs are available"], ("CUDAError", True)),
+    (["RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero."],
+     ("CUDAError", True)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
