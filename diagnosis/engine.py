@@ -33,7 +33,10 @@ everything.
 from __future__ import annotations
 
 import functools
+import hashlib
+import os
 import re
+from pathlib import Path
 from typing import Iterable, Protocol, Sequence
 
 import numpy as np
@@ -52,6 +55,11 @@ LINEAR_ENGINES: tuple[str, ...] = ("re2", "hyperscan")
 # large budget keeps 100+ alternations on the DFA path.
 _RE2_MAX_MEM = 512 << 20
 MAX_PATTERN_CHARS = 2000
+
+# Patterns known to compile in Hyperscan in this process (a one-pattern database takes
+# ~7 ms to compile: 60 diagnosis rules cost 0.4 s of every `forgeflow diagnose`). Filled
+# by validate_regex and by a SignalScanner whose database compiled or loaded.
+_HYPERSCAN_OK: set[str] = set()
 
 
 class RegexError(ValueError):
@@ -101,7 +109,7 @@ def validate_regex(pattern: str) -> None:
             f"pattern {pattern!r} does not compile in RE2 ({detail}); rules must use the "
             "linear-time subset: no backreferences, no lookahead/lookbehind"
         ) from None
-    if hyperscan is not None:
+    if hyperscan is not None and pattern not in _HYPERSCAN_OK:
         try:
             db = hyperscan.Database()
             # ALLOWEMPTY: whether a pattern matches empty input is is_catch_all's call.
@@ -115,6 +123,7 @@ def validate_regex(pattern: str) -> None:
                 f"pattern {pattern!r} does not compile in Hyperscan ({exc}); simplify it "
                 "(no backreferences, lookaround or very large bounded repeats)"
             ) from None
+        _HYPERSCAN_OK.add(pattern)
 
 
 def compile_linear(pattern: str) -> "re2._Regexp":
@@ -388,9 +397,19 @@ class SignalScanner:
     mapped to its line with a ``rfind``/``find`` pair.
     """
 
-    def __init__(self, patterns: Sequence[str], caseless: Sequence[bool], side: Sequence[str] = ()):
+    def __init__(
+        self,
+        patterns: Sequence[str],
+        caseless: Sequence[bool],
+        side: Sequence[str] = (),
+        cache_dir: str | os.PathLike | None = None,
+    ):
         """``side``: case-sensitive patterns whose lines ``scan`` reports apart (the
-        compressor's NCCL rank/host lines), found in the same Hyperscan pass."""
+        compressor's NCCL rank/host lines), found in the same Hyperscan pass.
+
+        ``cache_dir``: where the compiled Hyperscan database is kept between processes
+        (compiling ~100 signal patterns takes ~0.25 s, loading it ~1 ms); a file that is
+        missing, stale or corrupt (Hyperscan checks a CRC) is compiled anew."""
         if len(patterns) != len(caseless):
             raise ValueError("one caseless flag per pattern")
         self.patterns = tuple(patterns)
@@ -408,13 +427,12 @@ class SignalScanner:
                 hyperscan.HS_FLAG_MULTILINE | (hyperscan.HS_FLAG_CASELESS if c else 0)
                 for c in caseless
             ] + [hyperscan.HS_FLAG_MULTILINE] * len(side)
+            expressions = [_as_bytes(p) for p in (*patterns, *side)]
             try:
-                self._db = hyperscan.Database()
-                self._db.compile(
-                    expressions=[_as_bytes(p) for p in (*patterns, *side)],
-                    ids=list(range(len(patterns) + len(side))),
-                    flags=flags,
-                )
+                self._db = _load_or_compile(expressions, flags, cache_dir)
+                # each case-sensitive pattern compiled, so validate_regex need not redo it
+                _HYPERSCAN_OK.update(p for p, c in zip(patterns, caseless) if not c)
+                _HYPERSCAN_OK.update(side)
             except hyperscan.error:
                 # e.g. a learned pattern Hyperscan cannot take: RE2 is slower, still linear.
                 self._db = None
@@ -475,6 +493,32 @@ class SignalScanner:
             end = buf.find(b"\n", start)
             spans[start] = len(buf) if end < 0 else end
         return sorted(spans.items())
+
+
+def _load_or_compile(expressions: list[bytes], flags: list[int], cache_dir) -> "hyperscan.Database":
+    """A block-mode database of ``expressions``, from ``cache_dir`` when it holds one
+    compiled from the same expressions and flags by the same Hyperscan version."""
+    path = None
+    if cache_dir is not None:
+        digest = hashlib.sha256(repr((hyperscan.__version__, expressions, flags)).encode()).hexdigest()
+        path = Path(cache_dir) / f"hyperscan-{digest[:40]}.db"
+        try:
+            db = hyperscan.loadb(path.read_bytes(), hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)
+            return db
+        except (OSError, hyperscan.error):
+            pass  # not cached yet, or unreadable: compile
+    db = hyperscan.Database()
+    db.compile(expressions=expressions, ids=list(range(len(expressions))), flags=flags)
+    if path is not None:
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:  # best effort: a read-only state dir only costs the compile next time
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(hyperscan.dumpb(db))
+            os.replace(tmp, path)
+        except (OSError, hyperscan.error):
+            tmp.unlink(missing_ok=True)
+    return db
 
 
 __all__ = [

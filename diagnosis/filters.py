@@ -710,7 +710,8 @@ def _cached_scanner(diagnosis_patterns: tuple[str, ...]) -> SignalScanner:
     if scanner is None:
         patterns, caseless = signal_patterns(diagnosis_patterns)
         # NCCL's "comm ... rank N nranks" lines (rank -> host) come from the same pass
-        scanner = SignalScanner(patterns, caseless, side=[_NCCL_RANK_HOST_PATTERN])
+        scanner = SignalScanner(patterns, caseless, side=[_NCCL_RANK_HOST_PATTERN],
+                                cache_dir=state_dir(None) / "cache")
         if len(_SCANNERS) > 16:
             _SCANNERS.clear()
         _SCANNERS[diagnosis_patterns] = scanner

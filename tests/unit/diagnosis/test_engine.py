@@ -148,3 +148,44 @@ def test_engines_agree_on_varied_logs():
     results = {e: build_line_filter(patterns, engine=e, trusted=True).uncovered_lines(buf) for e in ENGINE_NAMES}
     assert results["re2"] == results["hyperscan"] == results["python"]
     assert 200 < len(results["re2"]) < len(lines)
+
+
+def test_signal_database_is_reused_from_the_cache_dir(tmp_path):
+    """The compiled signal database is kept in the cache dir; a cached copy finds the
+    same lines, and a corrupt file is compiled anew (Hyperscan checks its CRC)."""
+    from diagnosis import engine
+    from diagnosis.filters import signal_patterns
+    from diagnosis.rules import DiagnosisLibrary
+
+    if engine.hyperscan is None:
+        pytest.skip("Hyperscan is not installed on this platform")
+    patterns, caseless = signal_patterns(DiagnosisLibrary().patterns)
+    compiled = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    cached_files = list(tmp_path.glob("hyperscan-*.db"))
+    assert len(cached_files) == 1
+    loaded = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    assert loaded.engine == compiled.engine == "hyperscan"
+    assert loaded.signal_lines(SAMPLE) == compiled.signal_lines(SAMPLE) != []
+    # another pattern set gets its own file
+    engine.SignalScanner(patterns[:-1], caseless[:-1], cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("hyperscan-*.db"))) == 2
+    data = cached_files[0].read_bytes()
+    cached_files[0].write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    rebuilt = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    assert rebuilt.engine == "hyperscan"
+    assert rebuilt.signal_lines(SAMPLE) == compiled.signal_lines(SAMPLE)
+    assert cached_files[0].read_bytes() == data  # rewritten whole
+
+
+def test_validate_regex_still_refuses_after_a_signal_database_compiled():
+    """Patterns a signal database compiled are not compiled again one by one; a
+    pattern Hyperscan refuses is still refused."""
+    from diagnosis import engine
+
+    if engine.hyperscan is None:
+        pytest.skip("Hyperscan is not installed on this platform")
+    engine.SignalScanner([r"worker \d+ stalled"], [False])
+    assert r"worker \d+ stalled" in engine._HYPERSCAN_OK
+    validate_regex(r"worker \d+ stalled")
+    with pytest.raises(RegexError, match="Hyperscan"):
+        validate_regex(r"(?U)worker \d+ stalled")
