@@ -26,6 +26,10 @@ from __future__ import annotations
 # ":" or the end of the line, so code lines such as "raise RuntimeError(" do not count.
 X = r"(?:^|[\s:\]>])(?:[\w]+\.)*"
 XID = r"\bXid \([^)]*\): "
+# A driver line blaming an earlier Xid ("Xid (PCI:0000:dc:00): 45, pid=..., name=python3, Ch
+# 00000001 caused by previous Xid 149": Xid 45 is the clean-up of channels a fault left): the
+# earlier Xid's number names the fault, whichever Xid the line itself carries.
+PREV_XID = r"\bcaused by previous Xid "
 # CUDA's error prefix as any wrapper prints it before cudaGetErrorString's text: torch's
 # "CUDA error: ", Marian's "CUDA error 999 '", Paddle's "CUDA error(719), ", Kaldi's
 # "cudaError_t 4 : \"", a driver's "CUDA Error 700 (", torch 1.x's THC "cuda runtime error
@@ -68,7 +72,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("hang-event", r"\bevent=hang\b|FORGEFLOW_HANG\b", "Hang", True,
      "Dump stacks (py-spy), kill the job, run the node check on all nodes, restart from the last checkpoint.", False),
     # ------------------------------------------------------------- hardware
-    ("xid-fallen-off-bus", XID + r"79\b|fallen off the bus|\bGPU is lost\b|GPU lost from the bus", "NodeFailure", True,
+    ("xid-fallen-off-bus", XID + r"79\b|" + PREV_XID + r"79\b|fallen off the bus|\bGPU is lost\b|GPU lost from the bus", "NodeFailure", True,
      "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
     ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
      RESTART_EXCLUDE, False),
@@ -76,9 +80,9 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      RESTART_EXCLUDE, False),
     ("ecc-uncorrectable", r"(?i)uncorrectable ECC error|double bit (?:ECC )?error|\bDBE\b", "ECCError", True,
      "Uncorrectable ECC error: drain the GPU (page retirement / reset), cordon the node. " + RESTART_EXCLUDE, False),
-    ("ecc-xid", XID + r"(?:48|63|64|92|94|95)\b", "ECCError", True,
+    ("ecc-xid", XID + r"(?:48|63|64|92|94|95)\b|" + PREV_XID + r"(?:48|63|64|92|94|95)\b", "ECCError", True,
      "ECC Xid reported by the driver: cordon the node and reset the GPU. " + RESTART_EXCLUDE, False),
-    ("nvlink-xid", XID + r"(?:74|144|145|146|147|148|149|150)\b", "NVLinkError", True,
+    ("nvlink-xid", XID + r"(?:74|144|145|146|147|148|149|150)\b|" + PREV_XID + r"(?:74|144|145|146|147|148|149|150)\b", "NVLinkError", True,
      "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
     ("nvlink-message", r"(?i)nvlink (?:error|fatal|link .* (?:down|inactive))|NVLink (?:error|errors? detected)|nvlink.*replay errors|NCCL WARN .*NVL(?:S|ink)\b.*(?:fail|error)", "NVLinkError", True,
      "NVLink error: check `nvidia-smi nvlink -e` and temperatures, cordon the node. " + RESTART_EXCLUDE, False),
@@ -123,9 +127,28 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "A peer died or the network dropped it: find that peer's own error; otherwise " + RESTART_EXCLUDE, True),
     ("gloo-peer-closed", r"gloo/transport/\w+/.*(?:Connection closed by peer|Connection reset by peer|Read error)|This is typically caused by a remote worker crashing|Application timeout caused pair closure", "NCCLRemoteError", True,
      "A peer's connection closed, usually because that rank crashed first: find that rank's own error; otherwise " + RESTART_EXCLUDE, True),
+    # A collective that timed out among the first of the process group (the watchdog's
+    # SeqNum, or torch 2.4+'s "work: N", below 20: set-up barriers, the parameter broadcast,
+    # the first step): the ranks never got through set-up together. Either one rank's
+    # one-off work (preprocessing, clustering, loading, compiling) outlasts the collective
+    # timeout while the others wait, or the ranks cannot reach each other at all; both
+    # repeat on a restart unchanged. A timeout after thousands of collectives, once the
+    # job ran, is the transient kind below.
+    ("nccl-timeout-at-start", r"WorkNCCL\(SeqNum=1?\d, |(?:detected by watchdog at work|Timeout at NCCL work): 1?\d, last enqueued", "NCCLTimeoutError", False,
+     "A collective timed out among the first of the job: one rank's set-up work (preprocessing, clustering, loading, compiling) outlasts "
+     "the collective timeout, or the ranks cannot reach each other: raise the process group's timeout or do that work before the "
+     "collectives (once, cached), check the NCCL network settings if no rank was busy; a restart unchanged times out again.", True),
     ("nccl-watchdog-timeout", r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out|Some NCCL operations have failed or timed out|NCCL communicator was aborted|ProcessGroupNCCL.*(?:[Tt]imeout|timed out)|collective operation timeout", "NCCLTimeoutError", True,
      "A collective timed out, usually because one rank failed or hung first: look for that rank's error; if none, run the node check and " + RESTART_EXCLUDE, True),
-    ("nccl-unhandled", r"ncclUnhandledCudaError|ncclSystemError|ncclInternalError|NCCL (?:error in:|failure) .*unhandled (?:system|cuda) error", "NCCLRemoteError", True,
+    # NCCL reporting that a CUDA call it made failed (ncclUnhandledCudaError), in torch's
+    # "NCCL error in: <file>:<line>, unhandled cuda error", the short "NCCL error: unhandled
+    # cuda error (run with NCCL_DEBUG=INFO for details)" that Ray and torch 2.x's watchdog
+    # print, "NCCL Error 1: unhandled cuda error" and nccl-tests' "NCCL failure ...": a CUDA
+    # fault on that GPU. A symptom, so that the CUDA failure NCCL logged under it (an
+    # out-of-memory, an NVLink error, an Xid) names the cause when it is in the log.
+    ("nccl-unhandled-cuda", r"ncclUnhandledCudaError|NCCL (?:error|Error \d+|failure)\b[^\n]*?\bunhandled cuda error", "CUDAError", True,
+     "NCCL reports a failed CUDA call (a GPU fault on that rank, unless NCCL_DEBUG=INFO's 'Cuda failure' line says otherwise): check the node's Xid log; " + RESTART_EXCLUDE, True),
+    ("nccl-unhandled", r"ncclSystemError|ncclInternalError|NCCL (?:error|Error \d+|failure)\b[^\n]*?\bunhandled system error", "NCCLRemoteError", True,
      RESTART_EXCLUDE, True),
     ("store-connection-lost", r"recvValue failed|sendBytes failed|TCPStore.*(?:Connection reset|Broken pipe|failed)|store->get\(.*\) got error|DistNetworkError|Failed to recv, got 0 bytes", "ConnectionError", True,
      "Lost the c10d store (hosted by rank 0's node): check why that node/rank went away; restart.", True),

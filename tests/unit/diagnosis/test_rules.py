@@ -234,6 +234,43 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["RuntimeError: No CUDA GPUs are available"], ("CUDAError", True)),
     (["RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero."],
      ("CUDAError", True)),
+    # after batch 9: a driver line blaming an earlier Xid is that Xid's fault (Xid 45 is the
+    # clean-up; a lone Xid 45 stays a CUDA fault) ...
+    (["kernel: NVRM: Xid (PCI:0000:dc:00): 45, pid=1818990, name=python3, Ch 00000001 caused by previous Xid 149"],
+     ("NVLinkError", True)),
+    (["Nov 22 07:41:02 node-a03 kernel: NVRM: Xid (PCI:0000:3b:00): 45, pid=2281, name=python, Ch 00000008 caused by previous Xid 94"],
+     ("ECCError", True)),
+    (["kernel: NVRM: Xid (PCI:0000:3b:00): 45, pid=2281, name=python, Ch 00000008"], ("CUDAError", True)),
+    # ... NCCL's failed CUDA call in any wording (Ray's dedup suffix, torch 2.x's watchdog,
+    # "NCCL Error 1:") is a CUDA fault, which the CUDA failure NCCL logged under it overrides;
+    # its unhandled system error stays a remote/system symptom ...
+    (["RuntimeError: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details) [repeated 6x across cluster]"],
+     ("CUDAError", True)),
+    (["[rank3]:[E1122 07:41:02.123456 2281 ProcessGroupNCCL.cpp:1515] [PG 0 (default_pg) Rank 3] Process group watchdog thread terminated with exception: NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.21.5",
+      "RuntimeError: NCCL Error 1: unhandled cuda error (run with NCCL_DEBUG=INFO for details)"],
+     ("CUDAError", True)),
+    (["torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:219, unhandled cuda error (run with NCCL_DEBUG=INFO for details), NCCL version 2.19.3",
+      "ncclUnhandledCudaError: Call to CUDA function failed.",
+      "Last error:",
+      "Cuda failure 'out of memory'"],
+     ("OutOfMemoryError", False)),
+    (["RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error, NCCL version 2.14.3"],
+     ("NCCLRemoteError", True)),
+    (["RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO for details)"], ("NCCLRemoteError", True)),
+    # ... and a collective that timed out among the first of the job (SeqNum / work below 20:
+    # set-up never finished together) is not fixed by a restart, unlike one after thousands
+    (["[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out.",
+      "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data."],
+     ("NCCLTimeoutError", False)),
+    (["[rank0]:[E1122 07:41:02.123456 2281 ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=2, OpType=BROADCAST, NumelIn=1024, NumelOut=1024, Timeout(ms)=1800000) ran for 1800016 milliseconds before timing out.",
+      "[rank0]:[E1122 07:41:02.223456 2281 ProcessGroupNCCL.cpp:1664] [PG 0 (default_pg) Rank 0] Exception (either an error or timeout) detected by watchdog at work: 2, last enqueued NCCL work: 2, last completed NCCL work: 1."],
+     ("NCCLTimeoutError", False)),
+    (["[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=28956, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out.",
+      "[rank1]:[E ProcessGroupNCCL.cpp:537] Some NCCL operations have failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU operations might run on corrupted/incomplete data."],
+     ("NCCLTimeoutError", True)),
+    (["[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out.",
+      "RuntimeError: CUDA error: an illegal memory access was encountered"],
+     ("CUDAError", True)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
