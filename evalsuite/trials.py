@@ -313,12 +313,19 @@ class _TrialProcess:
         tail = self.log.read().decode(errors="replace").strip()[-2000:]
         raise TrialError(f"trial {trial.trial_id}: its slot's worker process exited ({code}): {tail}")
 
+    def stop(self) -> None:
+        """End of input: the worker closes its engine and exits (`close` waits for it)."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+
     def close(self) -> None:
         if self.proc.poll() is None:
+            self.stop()
             try:
-                self.proc.stdin.close()          # end of input: the worker closes its engine and exits
                 self.proc.wait(timeout=30)
-            except (OSError, subprocess.TimeoutExpired):
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.log.close()
@@ -365,6 +372,8 @@ class SlotProcesses:
     def close(self) -> None:
         with self._lock:
             workers, self._all, self._idle = self._all, [], {}
+        for worker in workers:   # all told first: they close their engines and exit side by side
+            worker.stop()
         for worker in workers:
             worker.close()
 
@@ -402,7 +411,11 @@ def _serve() -> int:
             sys.stdout.flush()
     finally:
         engines.close()
-    return 0
+    # Every reply is written and the engine released: skip the interpreter's teardown (a second or
+    # more with torch and transformers loaded), which the evaluation would otherwise wait for.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _main() -> int:
