@@ -37,7 +37,7 @@ from checkpoint.manifest import committed_checkpoints
 from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
-                              export_checkpoint, inference_trial, jobs_for_evaluation, plan_trials, preload_model, publish_results,
+                              export_checkpoint, jobs_for_evaluation, node_trial, plan_trials, preload_model, publish_results,
                               register_for_evaluation, remove_preloaded, run_on_nodes, slot_processes, wait_all)
 from training.config import JobSpec, load_job_spec
 
@@ -151,7 +151,7 @@ def evaluate_node_work(action: str, node: str, result_path: str, source: str = "
         remove_preloaded(source, preload_root)
         done = "removed"
     elif action == "trial":
-        done = inference_trial(Trial.model_validate(trial)).model_dump_json()
+        done = node_trial(Trial.model_validate(trial)).model_dump_json()
     else:
         raise ValueError(f"unknown action {action!r}; expected preload, trial or remove-preload")
     atomic_write(Path(result_path), done)   # the evaluating flow reads it: whole or absent

@@ -36,7 +36,7 @@ from evalsuite.suite import SuiteConfig
 from evalsuite.metrics import MetricJob, ShardScore, run_metric_job
 from evalsuite.sandbox import Sandbox, SandboxLimits
 from evalsuite.slurm_trials import SlurmSubmitter
-from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial
+from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial, run_trial_in_this_process
 from training.config import JobSpec
 
 _sandboxes: dict[str, Sandbox] = {}
@@ -119,6 +119,13 @@ def inference_trial(trial: Trial) -> TrialResult:
     """Model load + inference over the trial's shards (in this thread, or in its slot's own process
     with its devices); complete shards are skipped (resume)."""
     return execute_trial(trial, processes=_processes_of_this_flow())
+
+
+@task(name="node-trial", cache_policy=NO_CACHE, task_run_name="trial {trial.trial_id} on {trial.node}")
+def node_trial(trial: Trial) -> TrialResult:
+    """A trial on its node, in the node-work flow run's own process: that process exists for this
+    trial alone, so it is the trial's process (its slot's devices set before the backend loads)."""
+    return run_trial_in_this_process(trial)
 
 
 @task(name="metric-job", cache_policy=NO_CACHE, task_run_name="metric {job.dataset.name}#{job.shard}")
