@@ -490,12 +490,97 @@ def history_in_flow(work: Path) -> dict[str, object]:
             "used": int(not runs[0]["history_used"] and set(runs[1]["history_used"]) == datasets)}
 
 
+NODE_POOL = "forgeflow-eval-bench-nodes"
+
+
+def two_node_real(work: Path, repeats: int = 2) -> dict[str, float] | None:
+    """The evaluate-checkpoint flow on two local worker "nodes" vs one, on a real Prefect server.
+
+    Each node is a Prefect process worker on its own work queue, pinned (with every flow run it
+    starts: the precursor preload, the trials, the removal) to its own half of this machine's
+    cores; the one-node run uses node A alone, so both runs have the same per-node hardware and
+    the two-node run has twice the nodes, as two machines would; a node has one slot per core it
+    has (REAL_SUITE's datasets and options otherwise). The server, the evaluating flow
+    and its CPU metric jobs are not pinned: in the one-node run they have node B's idle cores to
+    themselves, in the two-node run they share them, which favours the one-node baseline. Same
+    suite, same runtime history (warmed by one untimed two-node
+    run), alternated, medians of the flow's wall time (export, preloads on the nodes, trials,
+    metric jobs, removal)."""
+    import statistics
+    import subprocess
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from evalsuite.fixtures import make_tiny_checkpoint
+    from flows.deploy import ROOT, ensure_work_pool
+    from flows.local_server import LocalPrefectServer
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        print("two nodes vs one: skipped, this machine lends one core (each node needs its own)")
+        return None
+    half = len(cores) // 2
+    node_cores = {"node-a": set(cores[:half]), "node-b": set(cores[half:2 * half])}
+    server = LocalPrefectServer(work / "prefect-nodes", ROOT)
+    saved = {k: os.environ.get(k) for k in ("PREFECT_API_URL", "FORGEFLOW_ROOT")}
+    os.environ.update(PREFECT_API_URL=server.url, FORGEFLOW_ROOT=str(ROOT))
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: server.url}):
+            from flows.evaluate import evaluate_checkpoint
+
+            ensure_work_pool(NODE_POOL)
+            for node, node_set in node_cores.items():
+                server.start_worker(NODE_POOL, node, cpus=node_set)
+            deployed = subprocess.run([sys.executable, "-m", "prefect", "--no-prompt", "deploy", "--name",
+                                       "eval-node-work", "--prefect-file", str(ROOT / "prefect.yaml")],
+                                      cwd=ROOT, capture_output=True, text=True,
+                                      env=dict(server.env, FORGEFLOW_POOL=NODE_POOL))
+            if deployed.returncode != 0:
+                raise RuntimeError(f"prefect deploy eval-node-work failed: {deployed.stdout[-2000:]}"
+                                   f"{deployed.stderr[-2000:]}")
+            ckpt = make_tiny_checkpoint(work / "node-ckpts" / "step-00000100", hidden=256, layers=4)
+            suite_file = work / "node-suite.yaml"
+            # A CPU node runs one slot per core it has (two slots on one core would share it).
+            suite_file.write_text(REAL_SUITE.replace("DATA", str(ckpt / "data")).replace("slots: 2", f"slots: {half}"))
+            history = str(work / "node-history.json")
+            runs = iter(range(10 ** 6))
+
+            def run(nodes: list[str]) -> tuple[float, dict]:
+                t0 = time.perf_counter()
+                out = evaluate_checkpoint(str(ckpt), suite=str(suite_file), output_dir=str(work / f"nodes-{next(runs)}"),
+                                          preload_root=str(work / "node-shm"), history_path=history, nodes=nodes)
+                assert not out["failed"], out["failed"]
+                return time.perf_counter() - t0, out
+
+            run(["node-a", "node-b"])   # fills the runtime history
+            one, two, results = [], [], []
+            for _ in range(repeats):    # alternate: the machine is shared and noisy
+                for nodes, times in ((["node-a"], one), (["node-a", "node-b"], two)):
+                    seconds, out = run(nodes)
+                    times.append(seconds)
+                    results.append(out["results"])
+                    print(f"  {len(nodes)} node(s): {seconds:.1f}s wall (executor makespan {out['makespan_s']:.1f}s)")
+    finally:
+        server.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    one_s, two_s = statistics.median(one), statistics.median(two)
+    return {"one_node_s": one_s, "two_node_s": two_s, "speedup": one_s / two_s,
+            "cores_per_node": half, "same_scores": all(r == results[0] for r in results)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--skip-real", action="store_true", help="simulation only")
     parser.add_argument("--real-only", action="store_true", help="only the real CPU run (speedup_real_cpu)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the real run")
     parser.add_argument("--flow-only", action="store_true", help="simulation + the Prefect flow's history check")
+    parser.add_argument("--nodes-only", action="store_true",
+                        help="simulation + two local worker nodes vs one on a Prefect server (speedup_2node_real)")
+    parser.add_argument("--node-repeats", type=int, default=2, help="interleaved repeats of the node runs")
     args = parser.parse_args()
 
     params = SimParams()
@@ -539,7 +624,22 @@ def main() -> int:
                 "storage_gb_s_per_node": params.node_storage_gb_s,
                 "speedup_real_cpu": None, "load_s_storage": None, "load_s_shm": None,
                 "speedup_2node_real": None, "history_used_in_flow": None}
-    if args.flow_only:
+    def nodes_figure(work: Path) -> None:
+        nodes = two_node_real(work, repeats=args.node_repeats)
+        if nodes:
+            print(f"two local nodes ({nodes['cores_per_node']} core(s) each) vs one, evaluate-checkpoint flow on a "
+                  f"Prefect server, median of {args.node_repeats}: one node {nodes['one_node_s']:.1f}s, two nodes "
+                  f"{nodes['two_node_s']:.1f}s, speedup {nodes['speedup']:.2f}x, same scores: {nodes['same_scores']}")
+            headline.update(speedup_2node_real=round(nodes["speedup"], 3))
+
+    if args.nodes_only:
+        work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
+        os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
+        try:
+            nodes_figure(work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    elif args.flow_only:
         work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
         os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
         try:
@@ -569,6 +669,7 @@ def main() -> int:
             print(f"Prefect flow, two runs: datasets predicted from history: first {flow['first']}, "
                   f"second {flow['second']}")
             headline.update(history_used_in_flow=flow["used"])
+            nodes_figure(work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(headline))
