@@ -24,6 +24,7 @@ class LogEntry:
     first_line: int = 0  # 1-based line numbers in the original log
     last_line: int = 0
     earliest_ts: float | None = None
+    latest_ts: float | None = None  # of the latest-stamped occurrence (signal entries)
     signal: bool = False  # carries an error signal
     covered: bool = False  # a filter rule covers it (kept only for its signal)
     truncated: bool = False
@@ -57,6 +58,15 @@ class CompressedLog:
     source: str = ""
     # global rank -> host, learned from NCCL init lines and torchrun failure summaries
     rank_hosts: dict[int, str] = field(default_factory=dict)
+    # Training progress (signals.PROGRESS_PATTERN): (line number, timestamp or None) of
+    # the last progress line of each error-free stretch (the lines between two
+    # error-signal lines) of more than signals.PROGRESS_STRETCH_LINES lines that holds
+    # one, in line order: stretches where training ran on without failing. A job's
+    # final failure (signal lines close together, whatever is printed between them)
+    # holds none.
+    progress: list[tuple[int, float | None]] = field(default_factory=list)
+    # the last line number of each file fed (several files of one job); empty: one stream
+    file_ends: list[int] = field(default_factory=list)
 
     def render(self) -> str:
         lines = [e.render() for e in self.entries]
@@ -72,6 +82,25 @@ class CompressedLog:
     @property
     def ratio(self) -> float:
         return self.stats.bytes_in / max(self.compressed_bytes, 1)
+
+    def progress_after(self, entry: LogEntry, until: int, min_seconds: float) -> bool:
+        """True when training went on past every occurrence of ``entry`` before
+        signal line ``until`` (where the job's final failure ends): an error-free
+        stretch with progress (``progress``) after its last occurrence and before
+        ``until``, in the same file, whose progress line, when both carry a timestamp,
+        is at least ``min_seconds`` later than its latest one (files or nodes pasted one
+        after the other are not progress after each other)."""
+        last = entry.last_line
+        file_end = next((end for end in self.file_ends if end >= last), None)
+        entry_ts = entry.latest_ts if entry.latest_ts is not None else entry.earliest_ts
+        for line, ts in reversed(self.progress):
+            if line <= last:
+                return False
+            if line >= until or (file_end is not None and line > file_end):
+                continue
+            if ts is None or entry_ts is None or ts >= entry_ts + min_seconds:
+                return True
+        return False
 
     def signal_entries(self) -> list[LogEntry]:
         return [e for e in self.entries if e.signal]

@@ -41,6 +41,7 @@ from operator import is_, mul, not_
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
+import re2
 from pydantic import BaseModel, Field
 
 from diagnosis.engine import (
@@ -48,6 +49,7 @@ from diagnosis.engine import (
     LineFilter,
     RegexError,
     SignalScanner,
+    _re2_options,
     build_line_filter,
     compile_linear,
     is_catch_all,
@@ -56,7 +58,10 @@ from diagnosis.engine import (
 from diagnosis.compressed import CompressedLog, CompressionStats, LogEntry
 from diagnosis.filter_seeds import SEED_FILTER_RULES
 from diagnosis.rules import DiagnosisLibrary
-from diagnosis.signals import ERROR_KEYWORDS, format_ranks, has_error_keyword, line_facts
+from diagnosis.signals import (
+    ERROR_KEYWORDS, PROGRESS_PATTERN, PROGRESS_STRETCH_LINES, format_ranks, has_error_keyword, line_facts,
+    parse_timestamp,
+)
 from diagnosis.state import read_json, safe_family_name, state_dir, write_json_atomic
 
 RuleSource = Literal["seed", "agent", "user"]
@@ -258,6 +263,11 @@ class LogCompressor:
         # letter fingerprint (_NOT_PRINT) of every uncovered entry's template (see _resolve_new_keys)
         self._entry_prints: set[bytes] = set()
         self._rank_spans: dict[bytes, slice | None] = {}  # key -> where its rank sits
+        self._progress: list[tuple[int, float | None]] = []  # see CompressedLog.progress
+        self._last_signal_line = 0
+        self._since_signal: tuple[int, float | None] | None = None  # last progress after it
+        self._tail_from: int | None = None
+        self._file_ends: list[int] = []
 
     # ---------------------------------------------------------------- feeding
     def feed(self, data: bytes) -> None:
@@ -336,6 +346,8 @@ class LogCompressor:
         if self._pending:
             pending, self._pending = self._pending, b""
             self._process(pending + b"\n")
+        if not self._file_ends or self._line_no > self._file_ends[-1]:
+            self._file_ends.append(self._line_no)
 
     def finish(self) -> CompressedLog:
         """Flush the last line (even without a trailing newline) and return the result."""
@@ -344,7 +356,8 @@ class LogCompressor:
 
     def result(self) -> CompressedLog:
         entries = sorted(self._entries.values(), key=lambda e: e.first_line)
-        return CompressedLog(entries=entries, stats=self.stats, rank_hosts=dict(self.rank_hosts))
+        return CompressedLog(entries=entries, stats=self.stats, rank_hosts=dict(self.rank_hosts),
+                             progress=list(self._progress), file_ends=list(self._file_ends))
 
     def _pair_summary(self, text: str, line_no: int) -> None:
         # torchrun's failure summary prints "host : X" and then "rank : N (local_rank: L)".
@@ -374,6 +387,15 @@ class LogCompressor:
             self._process(buf[pos:] if pos else buf)
 
     def _process(self, buf: bytes) -> None:
+        self._tail_from = None  # where the lines after buf's last signal line start
+        self._scan(buf)
+        # the last progress since the last signal line (CompressedLog.progress)
+        if self._tail_from is None:
+            self._since_signal = self._last_progress_mark(buf, 0) or self._since_signal
+        else:
+            self._since_signal = self._last_progress_mark(buf, self._tail_from)
+
+    def _scan(self, buf: bytes) -> None:
         """Scan complete lines: uncovered lines from the filter, signals from the scanner.
 
         Uncovered lines are handled in bulk: each one's key (the line with every digit
@@ -401,6 +423,20 @@ class LogCompressor:
         total_lines = len(newlines)
         uncovered_signals: set[int] = set()
         if signals:
+            # progress in a long error-free stretch before a signal line (CompressedLog.progress)
+            prev = 0
+            signal_lines = (np.searchsorted(newlines, [s for s, _ in signals]) + first_line + 1).tolist()
+            for (start, end), line in zip(signals, signal_lines):
+                if line - self._last_signal_line > PROGRESS_STRETCH_LINES:
+                    found = _last_progress(buf, prev, start)
+                    mark = self._since_signal
+                    if found >= 0:
+                        mark = (first_line + int(np.searchsorted(newlines, found)) + 1, _line_timestamp(buf, found))
+                    if mark is not None:
+                        self._progress.append(mark)
+                self._last_signal_line, self._since_signal = line, None
+                prev = end + 1
+            self._tail_from = prev
             # Signal lines are kept by _keep (one by one); take them out of the bulk.
             drop = []
             for start, _ in signals:
@@ -530,6 +566,17 @@ class LogCompressor:
         self._line_no = first_line + total_lines
         stats.lines_in += total_lines
 
+    def _last_progress_mark(self, buf: bytes, lo: int) -> tuple[int, float | None] | None:
+        """(line number, timestamp) of the last training-progress line of ``buf[lo:]``
+        (``buf`` just scanned: ``self._line_no`` is its last line), or None."""
+        found = _last_progress(buf, lo, len(buf))
+        if found < 0:
+            return None
+        # the lines from this one to the end of buf are the last ones scanned
+        line_end = buf.find(b"\n", found)
+        line = self._line_no - buf.count(b"\n", line_end if line_end >= 0 else len(buf)) + 1
+        return line, _line_timestamp(buf, found)
+
     def _resolve_new_keys(self, keys: list[bytes]) -> None:
         """Point each new key at its entry, or mark it over budget, once the uncovered
         budget is spent (no new entry can open, so the order does not matter).
@@ -652,8 +699,11 @@ class LogCompressor:
             entry.hosts.add(facts.host)
         if facts.gpu:
             entry.gpus.add(facts.gpu)
-        if facts.timestamp is not None and (entry.earliest_ts is None or facts.timestamp < entry.earliest_ts):
-            entry.earliest_ts = facts.timestamp
+        if facts.timestamp is not None:
+            if entry.earliest_ts is None or facts.timestamp < entry.earliest_ts:
+                entry.earliest_ts = facts.timestamp
+            if entry.latest_ts is None or facts.timestamp > entry.latest_ts:
+                entry.latest_ts = facts.timestamp
         return entry
 
 
@@ -699,6 +749,35 @@ def _rank_span(key: bytes) -> slice | None:
     group = 2 if prefix.group(2) is not None else 1
     return slice(*prefix.span(group)) if prefix.group(group) is not None else None
 _MAX_FAST_KEYS = 200_000
+_PROGRESS = re2.compile(PROGRESS_PATTERN.encode(), _re2_options(latin1=True))  # ASCII pattern
+_PROGRESS_WINDOW = 512  # first backward window of _last_progress (a few step lines)
+
+
+def _last_progress(buf: bytes, lo: int, hi: int) -> int:
+    """Offset of the last training-progress match in the lines of ``buf[lo:hi]`` (both
+    at line starts), or -1.
+
+    Searched backwards in growing windows cut at line starts: in a training log the
+    last step line is near the end, so a piece costs a few KB of RE2 search, and a span
+    without progress one pass over it. (Windows are sliced: RE2's pos/endpos arguments
+    cost more than the copy.)"""
+    window, start = _PROGRESS_WINDOW, -1
+    while hi > lo and start < 0:
+        cut = max(lo, hi - window)
+        if cut > lo:
+            cut = max(lo, buf.rfind(b"\n", lo, cut) + 1)
+        for found in _PROGRESS.finditer(buf[cut:hi]):
+            start = cut + found.start()
+        hi, window = cut, window * 16
+    return start
+
+
+def _line_timestamp(buf: bytes, offset: int) -> float | None:
+    """The timestamp of the line holding ``buf[offset]``."""
+    line_start = buf.rfind(b"\n", 0, offset) + 1
+    line_end = buf.find(b"\n", offset)
+    line_end = len(buf) if line_end < 0 else line_end
+    return parse_timestamp(buf[line_start:min(line_end, line_start + 4096)].decode("utf-8", "replace"))
 _NCCL_RANK_HOST_PATTERN = r"([A-Za-z][\w.-]*):\d+:\d+ \[\d+\] NCCL INFO comm 0x[0-9a-fA-F]+ rank (\d+) nranks \d+"
 _NCCL_RANK_HOST = re.compile(_NCCL_RANK_HOST_PATTERN)
 _SUMMARY_HOST = re.compile(r"^(?:\S*\]:)?\s*host\s*:\s*([A-Za-z][\w.-]*)\s*$")

@@ -11,10 +11,19 @@ Choosing the root cause among all matched lines (``diagnose_compressed``):
 1. symptoms step aside: lines of rules marked ``symptom`` (NCCL watchdog timeouts,
    remote-peer errors, SIGABRT, ChildFailedError, lost c10d store) and rules naming
    ``Unknown`` count only when no other rule matched;
-2. precedence: hardware (NodeFailure, ECC, NVLink, CUDA) > interconnect and services
+2. survived errors step aside too: an error after whose last occurrence training went
+   on before the log's last matched line (``CompressedLog.progress``: an error-free
+   stretch of more than ``signals.PROGRESS_STRETCH_LINES`` lines with progress lines in
+   it, in the same file and, where both are stamped, ``SURVIVED_AFTER_SECONDS`` later)
+   is not what the job died of; it names the cause only when no error the job did not
+   survive does (then with lower confidence), and still before any symptom. A cause
+   logged just before its symptoms (an Xid, then NCCL timeouts as the job hangs) has no
+   progress after it and keeps its precedence, and so does the last error of a log,
+   whatever routine output follows it;
+3. precedence: hardware (NodeFailure, ECC, NVLink, CUDA) > interconnect and services
    (network, NCCL, connections, S3) > framework > script > training signals (a loss
    spike or a hang explained by an error is that error);
-3. the earliest timestamp across ranks, then the more specific rule, then the earliest
+4. the earliest timestamp across ranks, then the more specific rule, then the earliest
    line.
 
 The culprit lines are the matched lines of the chosen root cause, earliest first;
@@ -89,6 +98,12 @@ class DiagnosisRule(BaseModel):
 @functools.lru_cache(maxsize=4096)
 def _compiled(pattern: str):
     return compile_linear(pattern)
+
+
+# Where timestamps tell, how much later than an error training must have gone on for
+# it to count as survived (see the module docstring): more than the step in flight,
+# whose step lines other ranks print as the error is.
+SURVIVED_AFTER_SECONDS = 30.0
 
 
 # Generic exception rules match any "XError" line; learned rules are more specific.
@@ -279,9 +294,14 @@ def diagnose_compressed(
     matched = {id(m.entry) for m in matches}
     unexplained = [e for e in compressed.signal_entries() if id(e) not in matched and not e.covered]
     causes = [m for m in matches if not m.rule.symptom and m.rule.root_cause != "Unknown"]
-    pool = causes or [m for m in matches if m.rule.root_cause != "Unknown"]
-    if not pool:
+    named = causes or [m for m in matches if m.rule.root_cause != "Unknown"]
+    if not named:
         return RuleOutcome(None, matches, unexplained=unexplained)
+    # errors the job went on past step aside for the ones it did not survive
+    until = max(m.entry.last_line for m in matches)
+    fatal = [m for m in named
+             if not compressed.progress_after(m.entry, until, SURVIVED_AFTER_SECONDS)]
+    pool = fatal or named
     best = min(pool, key=lambda m: m.sort_key)
     culprits = sorted(
         (m for m in pool if m.rule.root_cause == best.rule.root_cause),
@@ -292,7 +312,10 @@ def diagnose_compressed(
     confidence = best.rule.confidence
     if not causes:
         confidence *= 0.6  # only symptoms: the real cause may be outside this log
-    rivals = {m.rule.root_cause for m in causes if precedence_tier(m.rule.root_cause) == precedence_tier(best.rule.root_cause)}
+    if not fatal:
+        confidence *= 0.8  # training went on past it: what ended the job may be missing
+    rivals = {m.rule.root_cause for m in pool
+              if not m.rule.symptom and precedence_tier(m.rule.root_cause) == precedence_tier(best.rule.root_cause)}
     if len(rivals) > 1:
         confidence *= 0.85
     diagnosis = Diagnosis(

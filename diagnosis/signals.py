@@ -74,6 +74,28 @@ def has_error_keyword(line: str) -> bool:
     return _KEYWORD_RE.search(line) is not None
 
 
+# Lines saying training moved on: a step or iteration printed with a finite loss, in the
+# shapes common trainers use (forgeflow's "step=12 loss=3.2", Megatron's "iteration
+# 12/ 500 |", HF Trainer's "{'loss': 3.2", DeepSpeed's "step=12, skipped=0" and
+# "global_step=12", Lightning/tqdm bars with "it/s, loss=3.2", and any "step 12 ...
+# loss 3.2"). An error followed by a long error-free stretch holding such lines was
+# survived: the compressor records those stretches (``CompressedLog.progress``) so that
+# diagnosis can tell the error the job died of from the ones it went on past. Matched
+# in bytes by RE2, within one line.
+PROGRESS_PATTERN = (
+    r"\bstep=\d+ loss=\d"
+    r"|\biteration\s+\d+/\s*\d+ \|"
+    r"|\{'(?:train_)?loss': \d"
+    r"|\bstep=\d+, skipped=\d+|\bglobal_step=\d+"
+    r"|(?:it/s|s/it), (?:train_)?loss=\d"
+    r"|(?i:\b(?:step|iter|iteration)\b[ =:]*\d+\b[^\n]{0,200}?\bloss\b[ =:]*\d)"
+)
+# An error-free stretch longer than this (lines between two error-signal lines) with
+# progress in it shows the job ran on past the errors before it. A job's final failure
+# prints its error lines closer together than that, whatever else is printed between.
+PROGRESS_STRETCH_LINES = 200
+
+
 # ----------------------------------------------------------------- line anatomy
 
 # Prefixes launchers put in front of each rank's output: torchrun --tee/--redirects
