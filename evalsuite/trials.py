@@ -284,22 +284,6 @@ def run_trial_in_process(trial: Trial, timeout_s: float | None = None) -> TrialR
     return TrialResult.model_validate_json(proc.stdout.strip().splitlines()[-1])
 
 
-def run_trial_in_this_process(trial: Trial) -> TrialResult:
-    """Run `trial` here, in a process that exists for this trial alone (a node's flow run): the
-    slot's devices go into this process's environment before its backend loads, instead of
-    starting a second interpreter that imports torch and the backend again (seconds per trial).
-    Once CUDA is initialised here the devices a process sees are fixed, so then (and for a trial
-    that asks for no process of its own) it runs the way `execute_trial` would."""
-    torch = sys.modules.get("torch")
-    if trial.isolation != "process" or (torch is not None and torch.cuda.is_initialized()):
-        return execute_trial(trial)
-    env, seen = trial_environment(trial)
-    if "CUDA_VISIBLE_DEVICES" in env:
-        os.environ["CUDA_VISIBLE_DEVICES"] = env["CUDA_VISIBLE_DEVICES"]
-    _pin(seen)
-    return run_trial(seen)
-
-
 class _TrialProcess:
     """A long-lived interpreter that sees one slot's devices and runs that slot's trials one after
     another, keeping its engine between them (`python -m evalsuite.trials --serve`)."""

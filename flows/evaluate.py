@@ -29,16 +29,16 @@ from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
 from evalsuite.executor import execute
+from evalsuite.node_session import serve_node
 from evalsuite.history import RuntimeHistory
 from evalsuite.reporting import has_results
 from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
 from checkpoint.manifest import committed_checkpoints
-from evalsuite.trials import Trial
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
-                              export_checkpoint, jobs_for_evaluation, node_trial, plan_trials, preload_model, publish_results,
-                              register_for_evaluation, remove_preloaded, run_on_nodes, slot_processes, wait_all)
+                              export_checkpoint, jobs_for_evaluation, node_sessions, plan_trials, preload_model,
+                              publish_results, register_for_evaluation, remove_preloaded, slot_processes)
 from training.config import JobSpec, load_job_spec
 
 
@@ -99,16 +99,15 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
         # 1. One HF folder per checkpoint, then one copy of it in this node's shared memory.
         source = export_checkpoint(checkpoint, spec, str(out))
         local = preload_model(source, suite_config.preload_root)
-        node_runs = []
         try:
-            # 1b. Across nodes: a precursor on each node (its own work queue) preloads it there too.
-            if nodes:
-                node_runs = run_on_nodes(nodes, "preload", {"source": source, "preload_root": suite_config.preload_root},
-                                         out / "node-results", "preload")
-                wait_all(node_runs)
+            # 1b. Across nodes: one session per node (a run on its own work queue): it preloads the
+            #     model there (the precursor), runs the trials handed to it on its slots' long-lived
+            #     processes, and removes its preload when told to stop or when this flow stops beating.
+            sessions = held.enter_context(node_sessions(nodes, source, suite_config.preload_root,
+                                                        out / "node-sessions", suite_config.slots)) if nodes else None
             # 2. Trials balanced over slots with predicted times from the runtime history.
             plan = plan_trials(suite_config, local, source, str(out), history_path, nodes)
-            # 3. One chain of trials per slot, each trial a task run (or a run on its node's queue);
+            # 3. One chain of trials per slot, each trial a task run (or handed to its node's session);
             #    metric jobs start as soon as a trial's outputs exist. The executor is the CLI's: it
             #    records the runtimes this run measures, so the next plan balances on them.
             progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
@@ -116,7 +115,7 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
             if slurm is not None:
                 runs: Any = SlurmTaskSubmitter(out / "slurm", slurm, 1, None)
             else:
-                runs = NodeSubmitter(str(out / "node-results")) if nodes else PrefectSubmitter()
+                runs = NodeSubmitter(sessions) if sessions else PrefectSubmitter()
             try:
                 with slot_processes():
                     report = execute(plan, runs, history=RuntimeHistory(history_path),
@@ -125,12 +124,9 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
                 if slurm is not None:
                     runs.close()   # scancels the trial jobs a failed or cancelled run left behind
         finally:
-            # 4. The preloads go, also when something failed: this node's, and each node's.
+            # 4. This node's preload goes, also when something failed (each node's session removes
+            #    its own when `held` closes: told to stop, waited for).
             remove_preloaded(source, suite_config.preload_root)
-            if node_runs:
-                wait_all(run_on_nodes(nodes, "remove-preload",
-                                      {"source": source, "preload_root": suite_config.preload_root},
-                                      out / "node-results", "remove preload"))
 
     print(report.format())
     payload = results_payload(report, suite_config, source)
@@ -142,20 +138,15 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | J
 
 @flow(name="evaluate-node-work", log_prints=True)
 def evaluate_node_work(action: str, node: str, result_path: str, source: str = "", preload_root: str | None = None,
-                       trial: dict | None = None) -> str:
-    """One node's part of a multi-node evaluation, run on that node's work queue:
-    `preload` (the precursor), `trial` (one inference trial on this node's slot), `remove-preload`."""
-    if action == "preload":
-        done = preload_model(source, preload_root)
-    elif action == "remove-preload":
-        remove_preloaded(source, preload_root)
-        done = "removed"
-    elif action == "trial":
-        done = node_trial(Trial.model_validate(trial)).model_dump_json()
-    else:
-        raise ValueError(f"unknown action {action!r}; expected preload, trial or remove-preload")
+                       session_dir: str = "", slots: int = 1) -> str:
+    """One node's part of a multi-node evaluation, run on that node's work queue. `serve`: the
+    node's session (evalsuite.node_session): preload the model here, run the trials the
+    evaluating flow hands it on `slots` slots, remove the preload at the end."""
+    if action != "serve":
+        raise ValueError(f"unknown action {action!r}; expected serve")
+    done = serve_node(session_dir, node, source, preload_root, slots)
     atomic_write(Path(result_path), done)   # the evaluating flow reads it: whole or absent
-    print(f"node {node}: {action} done")
+    print(done)
     return result_path
 
 

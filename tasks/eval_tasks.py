@@ -36,7 +36,7 @@ from evalsuite.suite import SuiteConfig
 from evalsuite.metrics import MetricJob, ShardScore, run_metric_job
 from evalsuite.sandbox import Sandbox, SandboxLimits
 from evalsuite.slurm_trials import SlurmSubmitter
-from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial, run_trial_in_this_process
+from evalsuite.trials import SlotProcesses, Trial, TrialResult, execute_trial
 from training.config import JobSpec
 
 _sandboxes: dict[str, Sandbox] = {}
@@ -119,13 +119,6 @@ def inference_trial(trial: Trial) -> TrialResult:
     """Model load + inference over the trial's shards (in this thread, or in its slot's own process
     with its devices); complete shards are skipped (resume)."""
     return execute_trial(trial, processes=_processes_of_this_flow())
-
-
-@task(name="node-trial", cache_policy=NO_CACHE, task_run_name="trial {trial.trial_id} on {trial.node}")
-def node_trial(trial: Trial) -> TrialResult:
-    """A trial on its node, in the node-work flow run's own process: that process exists for this
-    trial alone, so it is the trial's process (its slot's devices set before the backend loads)."""
-    return run_trial_in_this_process(trial)
 
 
 @task(name="metric-job", cache_policy=NO_CACHE, task_run_name="metric {job.dataset.name}#{job.shard}")
@@ -298,38 +291,134 @@ def run_on_nodes(nodes: list[str], action: str, parameters: dict[str, Any], resu
         return [f.result() for f in futures]
 
 
-class NodeSubmitter(PrefectSubmitter):
-    """Trials on their slot's node: runs of the node-work deployment on that node's work queue.
-    Metric jobs stay task runs of this flow (CPU work, never in a GPU slot)."""
+@contextmanager
+def node_sessions(nodes: list[str], source: str, preload_root: str | None, session_dir: Path,
+                  slots: int) -> Iterator["NodeSessions"]:
+    """One session per node (a run of the node-work deployment on the node's work queue) for the
+    evaluation's lifetime: started here and waited for until each has preloaded the model; at the
+    end told to stop and waited for (each removes its preload). While it lasts this flow beats, so
+    a session whose evaluator died ends on its own (evalsuite.node_session.EVALUATOR_GONE_S)."""
+    sessions = NodeSessions(session_dir, nodes)
+    sessions.start_beating()
+    try:
+        sessions.runs = dict(zip(nodes, run_on_nodes(
+            nodes, "serve", {"source": source, "preload_root": preload_root, "session_dir": str(session_dir),
+                             "slots": slots}, session_dir / "runs", "session")))
+        sessions.wait_ready()
+        yield sessions
+    finally:
+        for node in nodes:
+            sessions.folder(node).tell_stop()
+        try:
+            if sessions.runs:
+                wait_all(list(sessions.runs.values()))
+        finally:
+            sessions.stop_beating()
 
-    def __init__(self, result_dir: str, poll_s: float = 1.0) -> None:
-        self.result_dir, self.poll_s = Path(result_dir), poll_s
-        self.result_dir.mkdir(parents=True, exist_ok=True)
+
+class NodeSessions:
+    """The evaluator's side of the node sessions: their folders, their runs, its heartbeat."""
+
+    def __init__(self, session_dir: Path, nodes: list[str], beat_s: float = 10.0) -> None:
+        from evalsuite.node_session import SessionFolder
+
+        self.session_dir, self.nodes, self.beat_s = Path(session_dir), list(nodes), beat_s
+        self.folders = {node: SessionFolder(session_dir, node) for node in nodes}
+        self.runs: dict[str, _NodeRun] = {}
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    def folder(self, node: str):
+        if node not in self.folders:
+            raise ValueError(f"trial for node {node!r}, but the sessions are on {', '.join(self.nodes)}")
+        return self.folders[node]
+
+    def start_beating(self) -> None:
+        self.folders[self.nodes[0]].beat()
+
+        def beat() -> None:
+            while not self._stop.wait(self.beat_s):
+                self.folders[self.nodes[0]].beat()
+
+        self._beater = threading.Thread(target=beat, name="eval-session-heartbeat", daemon=True)
+        self._beater.start()
+
+    def stop_beating(self) -> None:
+        self._stop.set()
+
+    def wait_ready(self, poll_s: float = 0.5) -> None:
+        """Until every session has its preload in place; a session that ended first is the error."""
+        import time
+
+        from evalsuite.errors import TrialError
+
+        while True:
+            refresh_states(list(self.runs.values()))
+            waiting = False
+            for node, run in self.runs.items():
+                if self.folders[node].ready.exists():
+                    continue
+                if run.final():
+                    raise TrialError(f"the evaluation session on {node} (flow run {run.flow_run_id}) ended "
+                                     f"{run.state.name} before its preload was in place: "
+                                     f"{getattr(run.state, 'message', '')}")
+                waiting = True
+            if not waiting:
+                return
+            time.sleep(poll_s)
+
+
+class _SessionTrial:
+    """A trial handed to its node's session: done when its result file is there or the session ended."""
+
+    def __init__(self, trial: Trial, result_path: Path, run: _NodeRun) -> None:
+        self.trial, self.result_path, self.run = trial, result_path, run
+
+    def done(self) -> bool:
+        return self.result_path.exists() or self.run.final()
+
+    def result(self) -> TrialResult:
+        from evalsuite.errors import TrialError
+        from evalsuite.node_session import read_result
+
+        if self.result_path.exists():
+            return read_result(self.result_path)
+        name = self.run.state.name if self.run.state else "unknown"
+        raise TrialError(f"trial {self.trial.trial_id}: the session on {self.trial.node} ended {name} before it "
+                         f"finished: {getattr(self.run.state, 'message', '')}")
+
+
+class NodeSubmitter(PrefectSubmitter):
+    """Trials on their slot's node: handed to that node's session (`node_sessions`). Metric jobs
+    stay task runs of this flow (CPU work, never in a GPU slot)."""
+
+    def __init__(self, sessions: NodeSessions, poll_s: float = 0.25) -> None:
+        self.sessions, self.poll_s = sessions, poll_s
 
     def submit_trial(self, trial: Trial, on_progress: Callable[[str, int], None] | None) -> Any:
-        result_path = str(self.result_dir / f"{trial.trial_id}.json")
-        Path(result_path).unlink(missing_ok=True)
-        run = run_on_node(trial.node, "trial", {"trial": trial.model_dump(mode="json")}, result_path,
-                          f"trial {trial.trial_id} on {trial.node}")
-        return _TrialRun(run)
+        result_path = self.sessions.folder(trial.node).send(trial)
+        return _SessionTrial(trial, result_path, self.sessions.runs[trial.node])
 
     def wait_first(self, handles: list[Any]) -> Any:
-        """The first handle done: a node run (its flow-run state from the API) or a metric task
-        of this flow (its local future). A local task run's state must not be read from the API:
-        the server learns it from the client's events, which can lag or never arrive (an events
-        client bound to another API, a dropped websocket); polling it left the evaluation waiting
-        forever after every metric had finished (seen in CI: 9 minutes, then the test timeout)."""
+        """The first handle done: a trial whose result file its session wrote (or whose session
+        ended), or a metric task of this flow (its local future). A local task run's state must
+        not be read from the API: the server learns it from the client's events, which can lag or
+        never arrive (an events client bound to another API, a dropped websocket); polling it left
+        the evaluation waiting forever after every metric had finished (seen in CI: 9 minutes,
+        then the test timeout)."""
         import concurrent.futures as cf
         import time
 
-        node_runs = [h.run for h in handles if isinstance(h, _TrialRun)]
         waitable = [f for h in handles if isinstance(f := getattr(h, "wrapped_future", None), cf.Future)]
+        last_refresh = 0.0
         while True:
-            refresh_states(node_runs)
+            if time.monotonic() - last_refresh > 2.0:   # a session's end is rare: ask the API now and then
+                refresh_states([h.run for h in handles if isinstance(h, _SessionTrial)])
+                last_refresh = time.monotonic()
             for h in handles:   # the plan's order among those already done
-                if h.run.final() if isinstance(h, _TrialRun) else _local_done(h):
+                if h.done() if isinstance(h, _SessionTrial) else _local_done(h):
                     return h
-            # Until a local task finishes or the poll interval passes; then ask about the node runs.
+            # Until a local task finishes or the poll interval passes; then look for result files.
             if waitable:
                 cf.wait(waitable, timeout=self.poll_s, return_when=cf.FIRST_COMPLETED)
             else:
@@ -352,17 +441,6 @@ class SlurmTaskSubmitter(SlurmSubmitter):
 
     def submit_metric(self, job: MetricJob) -> PrefectFuture:
         return metric_job.submit(job)
-
-
-class _TrialRun:
-    def __init__(self, run: _NodeRun) -> None:
-        self.run = run
-
-    def done(self) -> bool:
-        return self.run.done()
-
-    def result(self) -> TrialResult:
-        return TrialResult.model_validate_json(self.run.result())
 
 
 class ProgressArtifact:

@@ -1,10 +1,11 @@
 """Evaluation across two worker "nodes" on a real Prefect server: the nodes allocated by the
-cluster orchestrator (held while the evaluation runs, released after), a precursor preload on
-each node's work queue, trials on both nodes' slots, metric jobs in the evaluating flow (CPU),
-and every preload removed at the end."""
+cluster orchestrator (held while the evaluation runs, released after), one session per node on
+its work queue (the precursor preload, trials on that node's slots, the preload's removal),
+metric jobs in the evaluating flow (CPU), and every preload removed at the end."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -77,19 +78,20 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster
         runs = client.read_flow_runs(deployment_filter=DeploymentFilter(
             name=DeploymentFilterName(any_=["eval-node-work"])))
     runs = [run for run in runs if run.created >= started]
-    by_action: dict[str, list] = {}
-    for run in runs:
-        by_action.setdefault(run.parameters["action"], []).append(run)
     assert all(r.state.is_completed() for r in runs)
-    # One precursor and one removal per node, each on that node's own work queue.
-    for action in ("preload", "remove-preload"):
-        assert sorted(r.work_queue_name for r in by_action[action]) == ["node-a", "node-b"]
-    # Trials ran on both nodes (2 slots each), each on the queue of the node its slot belongs to.
-    trials = by_action["trial"]
-    assert {r.work_queue_name for r in trials} == {"node-a", "node-b"}
-    assert all(r.parameters["trial"]["node"] == r.work_queue_name for r in trials)
-    assert len(trials) >= 4
-
+    # One session per node, each on that node's own work queue: its precursor preload, its trials,
+    # its preload's removal, in one run instead of a run per step.
+    assert sorted((r.parameters["action"], r.work_queue_name) for r in runs) == [("serve", "node-a"),
+                                                                                ("serve", "node-b")]
+    # Trials ran on both nodes (2 slots each), each in the session of the node its slot belongs to.
+    served = {}
+    for node in ("node-a", "node-b"):
+        for path in (tmp_path / "out" / "node-sessions" / node / "outbox").glob("*.json"):
+            reply = json.loads(path.read_text())
+            trial = json.loads((path.parent.parent / "inbox" / path.name).read_text())
+            assert trial["node"] == node and reply["result"]["worker"]["node"] == node
+            served[trial["trial_id"]] = node
+    assert set(served.values()) == {"node-a", "node-b"} and len(served) >= 4
 
 def test_node_submitter_sees_finished_metric_tasks_without_the_api(use_prefect_server, tmp_path):
     """A metric task of the evaluating flow is done when its local future is. Its task-run state
@@ -102,13 +104,16 @@ def test_node_submitter_sees_finished_metric_tasks_without_the_api(use_prefect_s
 
     from prefect.futures import PrefectConcurrentFuture
 
-    from tasks.eval_tasks import NodeSubmitter, _NodeRun, _TrialRun
+    from evalsuite.trials import Trial
+    from tasks.eval_tasks import NodeSessions, NodeSubmitter, _NodeRun, _SessionTrial
 
     finished: cf.Future = cf.Future()
     finished.set_result("score")
     metric = PrefectConcurrentFuture(task_run_id=uuid.uuid4(), wrapped_future=finished)   # unknown to the API
-    trial = _TrialRun(_NodeRun(uuid.uuid4(), "unused", "a trial still running on its node"))
-    submitter = NodeSubmitter(str(tmp_path), poll_s=0.05)
+    running = Trial(trial_id="t-running", shards=[], backend="transformers", output_dir=str(tmp_path), node="node-a")
+    session = _NodeRun(uuid.uuid4(), "unused", "a session still running its trial")   # unknown to the API: never final
+    trial = _SessionTrial(running, tmp_path / "no-result-yet.json", session)
+    submitter = NodeSubmitter(NodeSessions(tmp_path / "sessions", ["node-a"]), poll_s=0.05)
     got: list = []
     context = contextvars.copy_context()   # this test's Prefect settings (the server's API URL)
     waiter = threading.Thread(target=lambda: got.append(context.run(submitter.wait_first, [trial, metric])),

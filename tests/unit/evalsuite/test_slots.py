@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -155,30 +154,3 @@ def test_every_node_of_an_allocation_brings_the_suites_slots(tiny_model, tmp_pat
             assert plan.trial(tid).devices == plan.devices[slot]
     assert {plan.trial(t).node for ids in plan.assignment.values() for t in ids} == {"node-a", "node-b"}
 
-
-def test_a_node_trial_runs_in_its_flow_runs_own_process_with_its_slots_devices(tiny_model, tmp_path):
-    """A node-work flow run exists for one trial: the trial runs in that process (no second
-    interpreter importing torch and the backend again), after its slot's devices were set in it."""
-    import json
-    import subprocess
-    import sys
-
-    core = sorted(os.sched_getaffinity(0))[-1]
-    shard = ShardSpec(dataset=DatasetRef(name="arith-em", options={"limit": 2}), shard=0, start=0, stop=2)
-    trial = Trial(trial_id="t-node", shards=[shard], backend="transformers", model_path=str(tiny_model),
-                  backend_options={"batch_size": 2}, output_dir=str(tmp_path / "out"), devices=[f"cpu:{core}"],
-                  isolation="process", node="node-a")
-    script = ("import json, os, sys\n"
-              "from evalsuite.trials import Trial, run_trial_in_this_process\n"
-              "result = run_trial_in_this_process(Trial.model_validate_json(sys.stdin.read()))\n"
-              "print(json.dumps({'here': str(os.getpid()), 'worker': result.worker,\n"
-              "                  'samples': [s.samples for s in result.shards]}))\n")
-    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    run = subprocess.run([sys.executable, "-c", script], input=trial.model_dump_json(), capture_output=True,
-                         text=True, env=env, cwd=Path(__file__).resolve().parents[3], timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    out = json.loads(run.stdout.strip().splitlines()[-1])
-    assert out["worker"]["pid"] == out["here"]                     # ran in the calling process
-    assert out["worker"]["cuda_visible_devices"] == ""             # its CPU slot sees no GPU
-    assert out["worker"]["cpu_affinity"] == str(core)              # pinned to its slot's core
-    assert out["samples"] == [2]
