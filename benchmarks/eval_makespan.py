@@ -51,13 +51,19 @@ Measurements (figures printed, the last line one JSON object):
    run twice on the tiny model with a fresh runtime history: 1 when the second
    run's plan predicted every dataset from the runtimes the first run recorded
    (the flow and the CLI share one executor, which records them).
-   `speedup_2node_real` (two local worker nodes vs one) stays null here: the
-   multi-node path (evaluate-checkpoint with `nodes`, tested in
-   tests/integration/flows/test_evaluate_nodes.py) needs a Prefect server and
-   one worker per node, and two "nodes" on one 2-core box share its cores, so
-   their makespan would say nothing about two machines.
+5. `speedup_2node_real` (`--nodes-only`, also in the full run): the evaluate-checkpoint flow
+   across two local worker "nodes" vs one, on a real Prefect server (see `two_node_real`): each
+   node a process worker on its own work queue, pinned with every flow run it starts to its own
+   half of the cores (one slot per core), so the two-node run has twice the node hardware of the
+   one-node run, as two machines would. The evaluating flow and its metric jobs run on node A in
+   both runs (only the Prefect server is unpinned). Each node runs one session (a run of the
+   node-work deployment: preload, its trials on long-lived slot processes, removal), so a node's
+   fixed cost is one dispatch, one slot process start and one model load. The suite is
+   NODE_SUITE (full-size HumanEval and perplexity: inference outweighs that fixed cost, as on
+   GPU nodes); `--node-suite real` runs REAL_SUITE, which on one core per node is start-up-bound.
 
-Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | --real-only] [--repeats N]
+Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | --real-only | --nodes-only]
+      [--repeats N] [--node-repeats N]
 """
 
 from __future__ import annotations
@@ -491,19 +497,25 @@ def history_in_flow(work: Path) -> dict[str, object]:
 
 
 NODE_POOL = "forgeflow-eval-bench-nodes"
+# The node figure's suite: REAL_SUITE's datasets at the size where inference, not a node's fixed
+# start-up (its session's flow run, its slot process importing torch and the backend, the model
+# load: ~10 s on one core here), is most of a node's work, as on GPU nodes whose trials run for
+# minutes: all 164 HumanEval problems and 256 perplexity windows. `--node-suite real` runs
+# REAL_SUITE itself (start-up-bound on this box).
+NODE_SUITE = REAL_SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 164, max_new_tokens: 128}") \
+    .replace("max_windows: 64", "max_windows: 256")
 
 
-def two_node_real(work: Path, repeats: int = 2) -> dict[str, float] | None:
+def two_node_real(work: Path, repeats: int = 2, suite_text: str = NODE_SUITE) -> dict[str, float] | None:
     """The evaluate-checkpoint flow on two local worker "nodes" vs one, on a real Prefect server.
 
     Each node is a Prefect process worker on its own work queue, pinned (with every flow run it
     starts: the precursor preload, the trials, the removal) to its own half of this machine's
     cores; the one-node run uses node A alone, so both runs have the same per-node hardware and
     the two-node run has twice the nodes, as two machines would; a node has one slot per core it
-    has (REAL_SUITE's datasets and options otherwise). The server, the evaluating flow
-    and its CPU metric jobs are not pinned: in the one-node run they have node B's idle cores to
-    themselves, in the two-node run they share them, which favours the one-node baseline. Same
-    suite, same runtime history (warmed by one untimed two-node
+    has. The evaluating flow with its CPU metric jobs runs on node A in both runs (a head node
+    that also has slots), so node B is all that the two-node run adds; only the Prefect server
+    is not pinned. Same suite, same runtime history (warmed by one untimed two-node
     run), alternated, medians of the flow's wall time (export, preloads on the nodes, trials,
     metric jobs, removal)."""
     import statistics
@@ -541,7 +553,7 @@ def two_node_real(work: Path, repeats: int = 2) -> dict[str, float] | None:
             ckpt = make_tiny_checkpoint(work / "node-ckpts" / "step-00000100", hidden=256, layers=4)
             suite_file = work / "node-suite.yaml"
             # A CPU node runs one slot per core it has (two slots on one core would share it).
-            suite_file.write_text(REAL_SUITE.replace("DATA", str(ckpt / "data")).replace("slots: 2", f"slots: {half}"))
+            suite_file.write_text(suite_text.replace("DATA", str(ckpt / "data")).replace("slots: 2", f"slots: {half}"))
             history = str(work / "node-history.json")
             runs = iter(range(10 ** 6))
 
@@ -552,6 +564,10 @@ def two_node_real(work: Path, repeats: int = 2) -> dict[str, float] | None:
                 assert not out["failed"], out["failed"]
                 return time.perf_counter() - t0, out
 
+            # The evaluating flow (and its metric jobs, its sandboxed programs) runs on node A, as on a
+            # head node that also has slots: in both runs, so node B is all the two-node run adds.
+            # Threads and processes started from here on inherit it.
+            os.sched_setaffinity(0, node_cores["node-a"])
             run(["node-a", "node-b"])   # fills the runtime history
             one, two, results = [], [], []
             for _ in range(repeats):    # alternate: the machine is shared and noisy
@@ -561,6 +577,7 @@ def two_node_real(work: Path, repeats: int = 2) -> dict[str, float] | None:
                     results.append(out["results"])
                     print(f"  {len(nodes)} node(s): {seconds:.1f}s wall (executor makespan {out['makespan_s']:.1f}s)")
     finally:
+        os.sched_setaffinity(0, cores)
         server.stop()
         for k, v in saved.items():
             if v is None:
@@ -581,6 +598,8 @@ def main() -> int:
     parser.add_argument("--nodes-only", action="store_true",
                         help="simulation + two local worker nodes vs one on a Prefect server (speedup_2node_real)")
     parser.add_argument("--node-repeats", type=int, default=2, help="interleaved repeats of the node runs")
+    parser.add_argument("--node-suite", choices=["full", "real"], default="full",
+                        help="the node figure's suite: full-size datasets (default) or REAL_SUITE's")
     args = parser.parse_args()
 
     params = SimParams()
@@ -625,9 +644,11 @@ def main() -> int:
                 "speedup_real_cpu": None, "load_s_storage": None, "load_s_shm": None,
                 "speedup_2node_real": None, "history_used_in_flow": None}
     def nodes_figure(work: Path) -> None:
-        nodes = two_node_real(work, repeats=args.node_repeats)
+        nodes = two_node_real(work, repeats=args.node_repeats,
+                              suite_text=NODE_SUITE if args.node_suite == "full" else REAL_SUITE)
         if nodes:
-            print(f"two local nodes ({nodes['cores_per_node']} core(s) each) vs one, evaluate-checkpoint flow on a "
+            print(f"two local nodes ({nodes['cores_per_node']} core(s) each, {args.node_suite} suite) vs one, "
+                  f"evaluate-checkpoint flow on a "
                   f"Prefect server, median of {args.node_repeats}: one node {nodes['one_node_s']:.1f}s, two nodes "
                   f"{nodes['two_node_s']:.1f}s, speedup {nodes['speedup']:.2f}x, same scores: {nodes['same_scores']}")
             headline.update(speedup_2node_real=round(nodes["speedup"], 3))
