@@ -150,33 +150,32 @@ def test_rank0_writes_the_steps_metrics_to_tensorboard(dp2_run):
 
 # --- exact resume --------------------------------------------------------------------------------
 
-def test_resume_after_a_kill_continues_bit_for_bit(tiny_job_dict, tiny_prepared, tmp_path):
-    straight = write_spec(tiny_job_dict, tmp_path, "straight", training={"steps": 40},
-                          checkpoint={"interval": 20})
-    proc = torchrun(straight, nproc=2)
-    assert proc.returncode == 0, explain(proc)
+def test_resume_after_a_kill_continues_bit_for_bit(dp2_run, tiny_job_dict, tmp_path):
+    # The uninterrupted run is the module's dp2_run (12 steps, checkpoints at 6 and 12): the
+    # same job as below but for its fault, so one torchrun launch less than a run of its own.
+    straight = dp2_run
 
-    # Same job, SIGKILLed right after its step-20 checkpoint; the restart keeps the same
+    # Same job, SIGKILLed right after its step-6 checkpoint; the restart keeps the same
     # FORGEFLOW_FAULT, which must not fire again (it already fired in this run directory).
-    resumed = write_spec(tiny_job_dict, tmp_path, "resumed", training={"steps": 40},
-                         checkpoint={"interval": 20})
-    killed = torchrun(resumed, nproc=2, fault="oom_kill@20")
+    resumed = write_spec(tiny_job_dict, tmp_path, "resumed", training={"steps": 12},
+                         checkpoint={"interval": 6})
+    killed = torchrun(resumed, nproc=2, fault="oom_kill@6")
     assert killed.returncode != 0
     assert "Signal 9 (SIGKILL)" in killed.stderr, explain(killed)
-    assert [s for s, _ in logged_losses(resumed)][-1] == "20"
-    proc = torchrun(resumed, nproc=2, fault="oom_kill@20")
+    assert [s for s, _ in logged_losses(resumed)][-1] == "6"
+    proc = torchrun(resumed, nproc=2, fault="oom_kill@6")
     assert proc.returncode == 0, explain(proc)
-    assert "event=resumed step=20" in runfiles.log_path(run_dir(resumed), 0).read_text()
+    assert "event=resumed step=6" in runfiles.log_path(run_dir(resumed), 0).read_text()
 
     expected = logged_losses(straight)
-    assert len(expected) == 40
+    assert len(expected) == 12
     got = logged_losses(resumed)
-    assert got[:20] == expected[:20] and got[20:] == expected[20:]  # killed run, then resumed run
+    assert got[:6] == expected[:6] and got[6:] == expected[6:]  # killed run, then resumed run
     for rank in (0, 1):
-        assert logged_losses(resumed, rank)[20:] == logged_losses(straight, rank)[20:]
+        assert logged_losses(resumed, rank)[6:] == logged_losses(straight, rank)[6:]
 
-    a = checkpoint_tensors(run_dir(straight) / "ckpt", 40)
-    b = checkpoint_tensors(run_dir(resumed) / "ckpt", 40)
+    a = checkpoint_tensors(run_dir(straight) / "ckpt", 12)
+    b = checkpoint_tensors(run_dir(resumed) / "ckpt", 12)
     assert a.keys() == b.keys() and any(k.startswith("optimizer.") for k in a)
     different = [k for k in a if not (a[k].dtype == b[k].dtype and a[k].shape == b[k].shape
                                       and bool((a[k] == b[k]).all()))]
