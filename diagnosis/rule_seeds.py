@@ -76,6 +76,21 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
     ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
      RESTART_EXCLUDE, False),
+    # Slurm's daemons telling of a node that cannot run jobs: slurmstepd unable to exec the
+    # batch script slurmd itself spooled ("execve(): /var/spool/slurmd/job123/slurm_script: No
+    # such file or directory": the node's spool or tmp is broken, not the user's path), a task
+    # the node could not kill, a prolog/epilog failing, the job's launch failing and being
+    # requeued held, sacct's NODE_FAIL state. The job is fine elsewhere (or after a reboot).
+    ("node-failure-slurm-daemon", r"slurmstepd(?:\[\d+\])?: error: execve\(\): \S*/slurm_script: (?:No such file or directory|Permission denied)|\bKill task failed\b|\bbatch job complete failure\b"
+     r"|launch failed requeued held|\b(?:Prolog|Epilog) (?:error|failure|failed)\b|\bNODE_FAIL\b", "NodeFailure", True,
+     RESTART_EXCLUDE, False),
+    # slurmctld recording that a job's batch step was killed by SIGKILL ("_job_complete:
+    # JobId=N WTERMSIG 9") while the job itself printed nothing: killed from outside on its node.
+    # A symptom, so that an out-of-memory kill or the job's own error names the cause when the
+    # log has it; alone, the node is the suspect.
+    ("slurm-job-sigkilled", r"_job_complete: JobId=\d+ WTERMSIG 9\b", "NodeFailure", True,
+     "Slurm's controller saw the job killed by SIGKILL with no error of its own: check the node (slurmd log, dmesg, "
+     "the OOM killer) and " + RESTART_EXCLUDE, True),
     ("node-not-ready", r"(?i)\bnode \S+ (?:is )?(?:not responding|unreachable|NotReady|lost)\b|NodeNotReady|kernel: .*\[Hardware Error\]|mce: \[Hardware Error\]", "NodeFailure", True,
      RESTART_EXCLUDE, False),
     ("ecc-uncorrectable", r"(?i)uncorrectable ECC error|double bit (?:ECC )?error|\bDBE\b", "ECCError", True,
@@ -172,11 +187,23 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # a missing bucket): the same request fails after a restart until the setting is fixed.
     ("s3-rejected", r"(?:An error occurred|A client error) \(" + S3_CODES + r"\)|<Code>" + S3_CODES + r"</Code>|\b403 " + S3_CODES + r"\b", "S3StorageError", False,
      "Object storage refused the request (permissions, credentials, clock skew or bucket name): fix the IAM policy / credentials / node clock / bucket, then restart.", False),
-    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|<Error><Code>\w+</Code>|(?:upload|download|copy|move|delete) failed: (?:\S+ to )?s3://|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError", "S3StorageError", True,
+    ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|<Error><Code>\w+</Code>|(?:upload|download|copy|move|delete) failed: (?:\S+ to )?s3://|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError"
+     # an HTTP client's timeout or dropped connection to an S3 endpoint (botocore's vendored
+     # urllib3, requests, aiohttp under s3fs): the object store, not a tracker or the Hub
+     r"|ConnectionPool\(host='(?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com(?:\.cn)?'|Cannot connect to host (?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com", "S3StorageError", True,
      "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
      "A metrics/logging/tracking service was unreachable: check the service or disable it for this run; restart.", False),
+    # A model hub refusing the job's credentials: a gated Hugging Face repo whose terms the
+    # account has not accepted (huggingface_hub's GatedRepoError, "Cannot access gated repo for
+    # url", transformers' "You are trying to access a gated repo", "Access to model X is
+    # restricted"), a missing or invalid token (401/403 for url in requests' or urllib's
+    # wording). The same request is refused after a restart until access is granted.
+    ("hub-access-refused", r"GatedRepoError|Cannot access gated repo|You are trying to access a gated repo|Access to model \S+ is restricted"
+     r"|\b40[13] Client Error: (?:Unauthorized|Forbidden) for url\b|HTTP Error 40[13]: (?:Unauthorized|Forbidden)|Invalid (?:user )?token passed|Invalid credentials in Authorization header", "PermissionError", False,
+     "The model hub refused the job's credentials (gated repo, missing or invalid token): request access to the repo and log in "
+     "(HF_TOKEN) on every node, or use a local copy of the weights; a restart without that is refused again.", False),
     # An HTTP client's own retry notice (urllib3's "Retrying (Retry(total=4, ...)) after
     # connection broken by 'ReadTimeoutError(...)'", huggingface_hub's "... Retrying in 1s
     # [Retry 1/5]."; pip prints the first): the request may still succeed, so the notice
@@ -218,7 +245,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- framework
     ("dataloader-killed", r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)|DataLoader worker .*killed by signal", "DataloaderKilled", False,
      "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),
-    ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
+    ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|Error while deserializing header: |\b(?:HeaderTooLarge|HeaderTooSmall|InvalidHeaderDeserialization|MetadataIncompleteBuffer)\b|PytorchStreamReader failed reading zip archive|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
      "The checkpoint/weights do not load: check the checkpoint path, that its manifest is complete, and that the model config matches it.", False),
     ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)", "DatasetLoadingError", False,
      "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),

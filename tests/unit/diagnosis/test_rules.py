@@ -271,6 +271,34 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["[rank1]:[E ProcessGroupNCCL.cpp:523] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600659 milliseconds before timing out.",
       "RuntimeError: CUDA error: an illegal memory access was encountered"],
      ("CUDAError", True)),
+    # Slurm's daemons on a node that cannot run jobs (slurmstepd unable to exec the script
+    # slurmd spooled, a task it could not kill, sacct's NODE_FAIL) and slurmctld's record of a
+    # job SIGKILLed with no error of its own; an OOM kill in the same log names the cause ...
+    (["slurmstepd: error: execve(): /var/spool/slurmd/job4411/slurm_script: No such file or directory"], ("NodeFailure", True)),
+    (["[2024-03-02T11:02:03.456] error: *** JOB 881 STEPD TERMINATED ON gpu17 AT 2024-03-02T11:02:03 DUE TO JOB NOT ENDING WITH SIGNALS ***",
+      "[2024-03-02T11:02:03.457] Kill task failed on node gpu17"], ("NodeFailure", True)),
+    (["881            train      gpu   NODE_FAIL      1:0"], ("NodeFailure", True)),
+    (["[2023-01-10T08:00:01.001] _job_complete: JobId=5521 WTERMSIG 9",
+      "[2023-01-10T08:00:01.001] _job_complete: JobId=5521 done"], ("NodeFailure", True)),
+    (["[2023-01-10T08:00:00.900] RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity)",
+      "[2023-01-10T08:00:01.001] _job_complete: JobId=5521 WTERMSIG 9"], ("OutOfMemoryError", False)),
+    # ... a user's own script path missing under srun stays the user's error
+    (["python: can't open file '/home/u/train.py': [Errno 2] No such file or directory"], ("FileNotFoundError", False)),
+    # ... a safetensors / torch checkpoint cut short (any version's wording) does not load ...
+    (["Exception: Error while deserializing header: MetadataIncompleteBuffer"], ("ModelLoadingError", False)),
+    (["safetensors_rust.SafetensorError: Error while deserializing header: InvalidHeaderDeserialization"], ("ModelLoadingError", False)),
+    (["RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory"], ("ModelLoadingError", False)),
+    # ... a model hub refusing the job's access (gated repo, bad token) is not fixed by a restart ...
+    (["huggingface_hub.utils._errors.GatedRepoError: 403 Client Error. (Request ID: Root=1-65)",
+      "Cannot access gated repo for url https://huggingface.co/meta-llama/Llama-2-7b-hf/resolve/main/config.json.",
+      "Access to model meta-llama/Llama-2-7b-hf is restricted and you are not in the authorized list."], ("PermissionError", False)),
+    (["OSError: You are trying to access a gated repo.", "Make sure to request access at https://huggingface.co/google/gemma-7b and pass a token having permission to this repo either by logging in with `huggingface-cli login` or by passing `token=<your_token>`."],
+     ("PermissionError", False)),
+    (["requests.exceptions.HTTPError: 401 Client Error: Unauthorized for url: https://huggingface.co/api/models/org/private-model"], ("PermissionError", False)),
+    # ... and an HTTP client's timeout talking to an S3 endpoint is the object store's
+    (["urllib3.exceptions.ReadTimeoutError: AWSHTTPSConnectionPool(host='my-bucket.s3.us-west-2.amazonaws.com', port=443): Read timed out. (read timeout=60)"],
+     ("S3StorageError", True)),
+    (["ReadTimeoutError: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. (read timeout=10)"], ("ConnectionError", True)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
