@@ -293,7 +293,7 @@ def run_on_nodes(nodes: list[str], action: str, parameters: dict[str, Any], resu
 
 @contextmanager
 def node_sessions(nodes: list[str], source: str, preload_root: str | None, session_dir: Path,
-                  slots: int) -> Iterator["NodeSessions"]:
+                  slots: int, ready_timeout_s: float = 900.0) -> Iterator["NodeSessions"]:
     """One session per node (a run of the node-work deployment on the node's work queue) for the
     evaluation's lifetime: started here and waited for until each has preloaded the model; at the
     end told to stop and waited for (each removes its preload). While it lasts this flow beats, so
@@ -304,16 +304,13 @@ def node_sessions(nodes: list[str], source: str, preload_root: str | None, sessi
         sessions.runs = dict(zip(nodes, run_on_nodes(
             nodes, "serve", {"source": source, "preload_root": preload_root, "session_dir": str(session_dir),
                              "slots": slots}, session_dir / "runs", "session")))
-        sessions.wait_ready()
+        sessions.wait_ready(ready_timeout_s)
         yield sessions
-    finally:
-        for node in nodes:
-            sessions.folder(node).tell_stop()
-        try:
-            if sessions.runs:
-                wait_all(list(sessions.runs.values()))
-        finally:
-            sessions.stop_beating()
+    except BaseException:
+        sessions.end(failed=True)   # the error that ended the evaluation is the one raised
+        raise
+    else:
+        sessions.end(failed=False)  # a session that failed at the end is an error too
 
 
 class NodeSessions:
@@ -346,15 +343,17 @@ class NodeSessions:
     def stop_beating(self) -> None:
         self._stop.set()
 
-    def wait_ready(self, poll_s: float = 0.5) -> None:
-        """Until every session has its preload in place; a session that ended first is the error."""
+    def wait_ready(self, timeout_s: float = 900.0, poll_s: float = 0.5) -> None:
+        """Until every session has its preload in place; a session that ended first, or one that
+        no worker started within `timeout_s` (no worker on that node's queue), is the error."""
         import time
 
         from evalsuite.errors import TrialError
 
+        deadline = time.monotonic() + timeout_s
         while True:
             refresh_states(list(self.runs.values()))
-            waiting = False
+            waiting = []
             for node, run in self.runs.items():
                 if self.folders[node].ready.exists():
                     continue
@@ -362,10 +361,44 @@ class NodeSessions:
                     raise TrialError(f"the evaluation session on {node} (flow run {run.flow_run_id}) ended "
                                      f"{run.state.name} before its preload was in place: "
                                      f"{getattr(run.state, 'message', '')}")
-                waiting = True
+                waiting.append(node)
             if not waiting:
                 return
+            if time.monotonic() > deadline:
+                raise TrialError(f"the evaluation session(s) on {', '.join(waiting)} did not get the model preloaded "
+                                 f"within {timeout_s:.0f} s; is a worker running on each node's work queue (`prefect "
+                                 f"worker start --pool POOL --work-queue {waiting[0]}`)? Runs no worker started are "
+                                 "cancelled")
             time.sleep(poll_s)
+
+    def end(self, failed: bool) -> None:
+        """Tell every session to stop, cancel those never started, wait for the others (each removes
+        its preload); their failures are raised unless the evaluation is already failing."""
+        try:
+            for folder in self.folders.values():
+                folder.tell_stop()
+            if self.runs:
+                self.cancel_unstarted()
+                try:
+                    wait_all(list(self.runs.values()))
+                except Exception:
+                    if not failed:
+                        raise
+        finally:
+            self.stop_beating()
+
+    def cancel_unstarted(self) -> None:
+        """Cancel the session runs no worker has picked up: nothing would ever end them."""
+        from prefect import get_client
+        from prefect.states import Cancelled
+
+        refresh_states(list(self.runs.values()))
+        with get_client(sync_client=True) as client:
+            for run in self.runs.values():
+                if run.state is None or run.state.is_scheduled():
+                    client.set_flow_run_state(run.flow_run_id, Cancelled(message="the evaluation ended before a "
+                                              "worker started this session"), force=True)
+                    run.state = None   # read again
 
 
 class _SessionTrial:

@@ -122,3 +122,27 @@ def test_node_submitter_sees_finished_metric_tasks_without_the_api(use_prefect_s
     waiter.join(timeout=60)
     assert got == [metric], "wait_first did not return the finished metric task"
     assert metric.result() == "score"
+
+
+def test_a_node_no_worker_serves_is_one_clear_error_and_its_session_run_is_cancelled(use_prefect_server, tmp_path):
+    """No worker on a node's queue: the evaluation does not wait forever for that node's session,
+    it fails naming the node and the queue to start a worker on, and the session run it created
+    (which nothing would ever start or end) is cancelled."""
+    from prefect import get_client
+
+    from evalsuite.errors import TrialError
+    from flows.deploy import ensure_work_pool
+    from tasks.eval_tasks import node_sessions
+
+    ensure_work_pool(POOL)
+    deploy_node_work(POOL)
+    created: list = []
+    with pytest.raises(TrialError, match=r"session\(s\) on node-nobody did not get the model preloaded within 3 s.*"
+                                         r"--work-queue node-nobody"):
+        with node_sessions(["node-nobody"], "file:///nowhere", str(tmp_path / "shm"), tmp_path / "sessions",
+                           slots=1, ready_timeout_s=3) as sessions:
+            created.append(sessions)
+    with get_client(sync_client=True) as client:
+        session_runs = [r for r in client.read_flow_runs() if r.parameters.get("node") == "node-nobody"]
+    assert len(session_runs) == 1 and session_runs[0].state.is_cancelled()
+    assert not created   # never handed to the evaluation
