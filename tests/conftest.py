@@ -51,3 +51,14 @@ def tiny_data_dir(tmp_path_factory) -> Path:
     from tests.tiny_job import prepare_tiny_data
 
     return prepare_tiny_data(tmp_path_factory.mktemp("tiny-data"))
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A Prefect test API for flows run in this process, one for the session (the flow and
+    Slurm integration tests share it: starting one, a fresh home's migrations, takes ~10 s on
+    2 cores, up to minutes on a loaded machine)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=180):
+        yield

@@ -1,5 +1,6 @@
-"""Fixtures for pretrain-flow tests: a tiny job over data prepared once, a Prefect test API,
-and a Slack-compatible HTTP receiver on 127.0.0.1."""
+"""Fixtures for pretrain-flow tests: a tiny job over data prepared once, a real Prefect server
+shared by the folder, and a Slack-compatible HTTP receiver on 127.0.0.1 (the Prefect test API,
+`prefect_api`, is the session's: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -37,14 +38,6 @@ def make_job(tiny_data_dir: Path, tmp_path: Path):
         return write_tiny_job(TINY_JOB, tiny_data_dir, tmp_path, name, **sections)
 
     return make
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
 
 
 class SlackReceiver:

@@ -68,12 +68,3 @@ def slurm_cluster(slurm, tmp_path: Path) -> Path:
         "slurm": {"partition": "debug", "slurm_conf": str(slurm.conf), "poll_s": 1.0},
     }, sort_keys=False))
     return path
-
-
-@pytest.fixture(scope="session")
-def prefect_api():
-    """A Prefect API for flows run in this process (a fresh home's migrations take a while)."""
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=180):
-        yield
