@@ -24,40 +24,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-
-def start_server(home: Path) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=url, PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_API_DATABASE_CONNECTION_URL=f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-               PREFECT_LOGGING_LEVEL="WARNING")
-    log = open(home / "server.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                return proc, url
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError(f"prefect server did not start: {(home / 'server.log').read_text()[-2000:]}")
+from flows.local_server import LocalPrefectServer  # noqa: E402
 
 
 class Heartbeats(threading.Thread):
@@ -162,8 +138,8 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="forgeflow-watch-bench-"))
     home = workdir / "prefect-home"
     home.mkdir()
-    server, url = start_server(home)
-    os.environ.update(PREFECT_API_URL=url, PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="WARNING")
+    server = LocalPrefectServer(home, ROOT)
+    os.environ.update(PREFECT_API_URL=server.url, PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="WARNING")
     try:
         from tasks.launchers import PrefectJob
 
@@ -184,11 +160,7 @@ def main() -> int:
         batched = measure(PrefectJob, args.nodes, args.ranks_per_node, args.seconds, workdir, counter)
         per_node = measure(PerNodeReads, args.nodes, args.ranks_per_node, args.seconds, workdir, counter)
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        server.stop()
     print(f"{args.nodes} nodes x {args.ranks_per_node} ranks, watched {args.seconds:.0f}s at 0.5 s polls:")
     print(f"  batched reads (now):        {batched:7.2f} Prefect API calls/s")
     print(f"  one read per node (before): {per_node:7.2f} Prefect API calls/s")
