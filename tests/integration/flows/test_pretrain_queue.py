@@ -1,11 +1,13 @@
 """Two pretrain deployment runs on a real Prefect server share a cluster sized for one job:
 the second waits in the orchestrator's queue (visible in its artifact), then runs when the
-first finishes; cancelling a waiting run takes it out of the queue."""
+first finishes; cancelling a waiting run takes it out of the queue, and cancelling the running
+one kills every training process it started (the deployment runs on a worker)."""
 
 from __future__ import annotations
 
 import time
 
+import psutil
 import pytest
 import yaml
 
@@ -38,6 +40,16 @@ def _until(what, check, timeout_s: float = 300.0, every_s: float = 1.0):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _ranks(job) -> list[psutil.Process]:
+    """The training ranks (not their torchrun) of the job whose spec is `job`."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "training.train" in cmd and str(job) in cmd and "torch.distributed.run" not in cmd:
+            found.append(p)
+    return found
+
+
 def _final_state(client, run_id, timeout_s: float = 600.0):
     return _until(f"flow run {run_id} to end", lambda: (s := client.read_flow_run(run_id).state).is_final() and s,
                   timeout_s)
@@ -57,8 +69,10 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     use_prefect_server.start_worker(POOL, "default")
     orch = Orchestrator()
 
+    specs = {}
+
     def start(name: str, steps: int):
-        job = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
+        job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
         parameters = {"job_spec": str(job), "cluster": str(inventory), "launcher": "local"}
         return run_deployment("pretrain/pretrain", parameters=parameters, timeout=0, as_subflow=False)
 
@@ -79,16 +93,27 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     assert one["state"] == two["state"] == "finished"
     assert two["admitted_at"] >= one["finished_at"]  # it ran only once the first gave the GPU back
 
+    # The holder's cancellation must leave none of its training ranks alive (it was
+    # test_prefect_deployments' test_cancelling_the_flow_run_kills_every_training_process:
+    # the same deployment run on a worker, cancelled while it trains; sharing this run
+    # saves a deployment and a flow run's start-up).
     holder = start("queue-holder", 100000)
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
     waiter = start("queue-waiter", 10)
     _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")
+    running = _until("the holder's training ranks to start", lambda: _ranks(specs["queue-holder"]), timeout_s=240)
+    pids = {p.pid for p in running}
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(waiter.id, Cancelling(), force=True)
         assert _final_state(client, waiter.id, 180).is_cancelled()
         assert _job(orch, "queue-waiter")["state"] == "cancelled"  # out of the queue, never admitted
         client.set_flow_run_state(holder.id, Cancelling(), force=True)
         assert _final_state(client, holder.id, 180).is_cancelled()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
+        time.sleep(0.5)
+    alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"training ranks outlived the cancelled flow run: {alive}"
     held = _job(orch, "queue-holder")
     assert held["state"] in ("cancelled", "finished")  # released in `finally` (a graceful stop counts as either)
     assert orch.cluster("one-slot").free_gpus_by_type() == {"cpu": 1}
