@@ -21,16 +21,44 @@ def _deployments(client) -> dict[str, object]:
     return {d.name: d for d in client.read_deployments()}
 
 
+def _deployed_in_pool() -> bool:
+    """Every deployment of prefect.yaml is on this server, in POOL (`forgeflow deploy` ran)."""
+    import yaml
+    from prefect import get_client
+
+    from flows.deploy import ROOT
+
+    wanted = {d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]}
+    with get_client(sync_client=True) as client:
+        return wanted <= {d.name for d in client.read_deployments() if d.work_pool_name == POOL}
+
+
 @pytest.fixture
 def deployed(use_prefect_server, two_node_cluster, monkeypatch):
+    yield from _deployed(use_prefect_server, two_node_cluster, monkeypatch, again=True)
+
+
+@pytest.fixture
+def deployed_once(use_prefect_server, two_node_cluster, monkeypatch):
+    """`deployed`, without deploying again what an earlier test of this server deployed: the
+    deployment tests run in this order, and deploying loads every flow module (~10 s on a busy
+    2-core machine). The Slack webhook is this test's own either way."""
+    yield from _deployed(use_prefect_server, two_node_cluster, monkeypatch, again=not _deployed_in_pool())
+
+
+def _deployed(server, two_node_cluster, monkeypatch, again: bool):
+    from flows.deploy import ensure_cluster_registered
     from tests.integration.flows.conftest import SlackReceiver
 
     slack = SlackReceiver()
     monkeypatch.setenv("SLACK_WEBHOOK_URL", slack.url)
-    assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0
-    use_prefect_server.slack = slack  # the webhook behind the Slack block deploy saved
+    if again:
+        assert deploy_all(cluster=str(two_node_cluster), pool=POOL) == 0
+    else:
+        ensure_cluster_registered(str(two_node_cluster))  # what deploy_all registers
+    server.slack = slack  # the webhook behind the Slack block deploy saved
     try:
-        yield use_prefect_server
+        yield server
     finally:
         slack.close()
         _forget_slack()
@@ -109,7 +137,8 @@ def test_deploy_creates_pool_deployments_cluster_and_automation(deployed, capsys
     assert texts and "pretrain flow run needs attention" in texts[0] and str(run.id) in texts[0], texts
 
 
-def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed, make_job, two_node_cluster):
+def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed_once, make_job, two_node_cluster):
+    deployed = deployed_once
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 

@@ -12,6 +12,7 @@ import pytest
 from tests.integration.flows.conftest import PrefectServer
 from tests.integration.flows.test_prefect_deployments import (  # noqa: F401  (collected here, on PostgreSQL)
     deployed,
+    deployed_once,
     test_deploy_creates_pool_deployments_cluster_and_automation,
     test_job_across_two_worker_nodes_recovers_from_a_fault_on_one,
 )
