@@ -5,20 +5,16 @@ shared by the folder, and a Slack-compatible HTTP receiver on 127.0.0.1 (the Pre
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
 import subprocess
-import sys
 import threading
-import time
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
+
+from flows.local_server import LocalPrefectServer, stop_process_groups
 
 TINY_JOB = {
     "training": {"global_batch_size": 8, "micro_batch_size": 2, "steps": 40, "lr": 1.0e-3,
@@ -97,94 +93,15 @@ def two_node_cluster(tmp_path: Path) -> Path:
 
 
 def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
-    _stop_all([proc], grace_s)
+    stop_process_groups([proc], grace_s)
 
 
-def _stop_all(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
-    """Stop process groups (each started with start_new_session) together, and everything they
-    started. SIGTERM first; then SIGINT, because uvicorn (the server) treats a second SIGTERM like
-    the first and keeps waiting for its open websocket connections to close (that wait was the
-    20-30 s teardowns in CI), while a SIGINT after it forces the exit; then SIGKILL. Descendants
-    that left the group (Prefect starts flow runs in their own sessions) are killed at the end."""
-    descendants: list[psutil.Process] = []
-    for proc in procs:
-        try:
-            descendants += psutil.Process(proc.pid).children(recursive=True)
-        except psutil.Error:
-            pass
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGINT, 2.0), (signal.SIGKILL, 10.0)):
-        alive = [p for p in procs if p.poll() is None]
-        if not alive:
-            break
-        for proc in alive:
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait_s
-        for proc in alive:
-            try:
-                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(descendants, timeout=5)
-
-
-class PrefectServer:
+class PrefectServer(LocalPrefectServer):
     """`prefect server start` on 127.0.0.1 with its own home and SQLite file (or `database_url`,
-    e.g. postgresql+asyncpg://...), plus workers."""
+    e.g. postgresql+asyncpg://...), plus workers: flows.local_server's, as the benchmarks use it."""
 
     def __init__(self, home: Path, port: int, repo_root: Path, database_url: str | None = None):
-        self.home = home
-        self.repo_root = repo_root
-        self.url = f"http://127.0.0.1:{port}/api"
-        self.env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_API_URL=self.url,
-                        PREFECT_API_DATABASE_CONNECTION_URL=database_url or f"sqlite+aiosqlite:///{home / 'prefect.db'}",
-                        PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1",
-                        PREFECT_WORKER_PREFETCH_SECONDS="5", PREFECT_RUNNER_HEARTBEAT_FREQUENCY="30",
-                        PREFECT_LOGGING_LEVEL="WARNING", FORGEFLOW_ROOT=str(repo_root))
-        self.logs = home / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.server = self._spawn("server", [sys.executable, "-m", "prefect", "server", "start",
-                                             "--host", "127.0.0.1", "--port", str(port)])
-        self.workers: list[subprocess.Popen] = []
-        deadline = time.monotonic() + 180  # PostgreSQL migrations take a minute on 2 cores
-        while time.monotonic() < deadline:
-            if self.server.poll() is not None:
-                raise RuntimeError(f"prefect server exited: {(self.logs / 'server.log').read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.5)
-        _stop_all([self.server])  # not left running behind the error
-        raise RuntimeError("prefect server did not answer /api/health in 180 s")
-
-    def _spawn(self, name: str, command: list[str]) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")
-        return subprocess.Popen(command, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.repo_root, start_new_session=True)
-
-    def start_worker(self, pool: str, queue: str) -> subprocess.Popen:
-        worker = self._spawn(f"worker-{queue}", [sys.executable, "-m", "prefect", "worker", "start",
-                                                 "--pool", pool, "--work-queue", queue, "--type", "process"])
-        self.workers.append(worker)
-        return worker
-
-    def stop_workers(self) -> None:
-        _stop_all(self.workers)
-        self.workers = []
-
-    def stop(self) -> None:
-        # Workers first (together): a worker stopping may still report to the server.
-        self.stop_workers()
-        _stop_all([self.server])
+        super().__init__(home, repo_root, port=port, database_url=database_url)
 
 
 _shared_server: PrefectServer | None = None
