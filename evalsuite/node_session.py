@@ -101,7 +101,13 @@ def serve_node(session_dir: str | Path, node: str, source: str, preload_root: st
             for path in sorted(folder.inbox.glob("*.json")):
                 if path.name not in seen:
                     seen.add(path.name)
-                    trial = Trial.model_validate_json(path.read_text())
+                    try:
+                        trial = Trial.model_validate_json(path.read_text())
+                    except ValueError as e:   # not a trial: say so in its result, serve the others
+                        atomic_write(folder.result_path(path.stem), json.dumps(
+                            {"error": f"{path} on {node} is not a trial: {e}"}))
+                        failed += 1
+                        continue
                     if trial.isolation == "thread" and trial.backend not in imported:
                         _import_backend(trial.backend)   # before slot threads do it at once
                         imported.add(trial.backend)

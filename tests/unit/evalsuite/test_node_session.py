@@ -46,6 +46,7 @@ def test_a_session_preloads_serves_its_trials_and_removes_the_preload_when_told_
     sent = [folder.send(_trial("t-arith", "arith-em", local, tmp_path / "out", isolation="process")),
             folder.send(_trial("t-capitals", "capitals-mc", local, tmp_path / "out")),
             folder.send(_trial("t-broken", "arith-em", str(tmp_path / "no-model"), tmp_path / "out"))]
+    (folder.inbox / "t-garbled.json").write_text("{not json")   # what no evaluator writes: one error
     for path in sent:
         _wait_for(path)
     arith, capitals = read_result(sent[0]), read_result(sent[1])
@@ -54,10 +55,13 @@ def test_a_session_preloads_serves_its_trials_and_removes_the_preload_when_told_
     assert [s.samples for s in arith.shards] == [2] and [s.samples for s in capitals.shards] == [2]
     with pytest.raises(TrialError, match="t-broken"):
         read_result(sent[2])
+    _wait_for(folder.result_path("t-garbled"))
+    with pytest.raises(TrialError, match="t-garbled.json on node-a is not a trial"):
+        read_result(folder.result_path("t-garbled"))
     assert session.is_alive()                        # a failed trial does not end the session
     folder.tell_stop()
     session.join(timeout=60)
-    assert not session.is_alive() and outcome == ["node node-a: 2 trial(s) served, 1 failed"]
+    assert not session.is_alive() and outcome == ["node node-a: 2 trial(s) served, 2 failed"]
     assert not (shm / preload_key(source)).exists(), "the session left its preload behind"
 
 
