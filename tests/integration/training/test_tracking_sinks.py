@@ -15,6 +15,7 @@ import os
 import struct
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,13 @@ def _wandb_history(run_dir: Path, run_id: str) -> tuple[list[dict], list[str]]:
                    key=lambda p: p.stat().st_mtime_ns)  # a resume in the same second: `{id}-1`
     assert files, sorted(p.name for p in (run_dir / "wandb").iterdir())
     for path in files:
+        # W&B's service writes the file behind run.finish(): seen in CI, finish() returned before the
+        # train run's history rows were on disk (they were there a minute later). Its last record
+        # is the run's exit record: read the file once that is there.
+        deadline = time.monotonic() + 60
+        while not any(r.WhichOneof("record_type") == "exit" for r in _wandb_records(path)):
+            assert time.monotonic() < deadline, f"{path} has no exit record 60 s after run.finish()"
+            time.sleep(0.2)
         for record in _wandb_records(path):
             kind = record.WhichOneof("record_type")
             if kind == "run":
