@@ -399,6 +399,14 @@ def real_run(work: Path, repeats: int = 5) -> dict[str, float]:
             "same_scores": naive.results == coord.results}
 
 
+def _restore_env(saved: dict[str, str | None]) -> None:
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -453,11 +461,7 @@ def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
         remove_preload(url, work / "shm-bench")
     finally:
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore_env(saved)
     return {"model_mb": size_mb, "load_s_storage": sorted(storage_s)[len(storage_s) // 2],
             "load_s_shm": sorted(shm_s)[len(shm_s) // 2]}
 
@@ -579,11 +583,7 @@ def two_node_real(work: Path, repeats: int = 2, suite_text: str = NODE_SUITE) ->
     finally:
         os.sched_setaffinity(0, cores)
         server.stop()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _restore_env(saved)
     one_s, two_s = statistics.median(one), statistics.median(two)
     return {"one_node_s": one_s, "two_node_s": two_s, "speedup": one_s / two_s,
             "cores_per_node": half, "same_scores": all(r == results[0] for r in results)}

@@ -120,25 +120,9 @@ def measure_full(row) -> dict:
 
     from training import model as tm
 
-    model_cfg, training_cfg = configs(row)
-    micro, gbs, seq = training_cfg.micro_batch_size, training_cfg.global_batch_size, model_cfg.seq_length
     env = tm.init_distributed(1)
     torch.cuda.reset_peak_memory_stats()
-    model = tm.build_model(model_cfg, training_cfg)
-    ddp = tm.wrap_data_parallel(model, training_cfg)
-    optimizer = tm.build_optimizer(ddp, training_cfg)
-    tokens = torch.randint(0, model_cfg.vocab_size, (micro, seq), device=env.device)
-    positions = torch.arange(seq, device=env.device).unsqueeze(0).expand(micro, seq)
-    for _ in range(2):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        for _ in range(gbs // micro):
-            loss = model(tokens, positions, None, labels=tokens).float().mean() / (gbs // micro)
-            loss.backward()
-            del loss
-        ddp.finish_grad_sync()
-        optimizer.step()
-    torch.cuda.synchronize()
+    two_steps(*configs(row), env.device)
     used, source = _process_device_memory()
     outside_allocator = used - torch.cuda.memory_reserved()
     return {"reserved_peak": torch.cuda.max_memory_reserved(), "outside_allocator": outside_allocator,
@@ -164,6 +148,30 @@ def _process_device_memory() -> tuple[int, str]:
         pass
     free, total = torch.cuda.mem_get_info()
     return total - free, "device"
+
+
+def two_steps(model_cfg, training_cfg, device) -> None:
+    """Two optimizer steps of the actual model (training/model.py) with gradient accumulation."""
+    import torch
+
+    from training import model as tm
+
+    micro, gbs, seq = training_cfg.micro_batch_size, training_cfg.global_batch_size, model_cfg.seq_length
+    model = tm.build_model(model_cfg, training_cfg)
+    ddp = tm.wrap_data_parallel(model, training_cfg)
+    optimizer = tm.build_optimizer(ddp, training_cfg)
+    tokens = torch.randint(0, model_cfg.vocab_size, (micro, seq), device=device)
+    positions = torch.arange(seq, device=device).unsqueeze(0).expand(micro, seq)
+    for _ in range(2):
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        for _ in range(gbs // micro):
+            loss = model(tokens, positions, None, labels=tokens).float().mean() / (gbs // micro)
+            loss.backward()
+            del loss
+        ddp.finish_grad_sync()
+        optimizer.step()
+    torch.cuda.synchronize()
 
 
 def heldout_memory() -> dict:
@@ -242,31 +250,13 @@ def measure(row) -> tuple[int, int]:
 
     from scheduler.memory import MEGATRON_GPU, ParallelPlan, estimate_memory
     from training import model as tm
-    from training.config import ModelConfig, TrainingConfig
 
-    layers, hidden, heads, kv, ffn, seq, micro, gbs, recompute, dist_opt = row
-    model_cfg = ModelConfig(num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_query_groups=kv,
-                            ffn_hidden_size=ffn, vocab_size=32000, seq_length=seq)
-    training_cfg = TrainingConfig(global_batch_size=gbs, micro_batch_size=micro, steps=2, precision="bf16",
-                                  recompute=recompute, use_distributed_optimizer=dist_opt)
+    *_, micro, gbs, recompute, dist_opt = row
+    model_cfg, training_cfg = configs(row)
     env = tm.init_distributed(1)
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()  # what init left (nothing model-sized)
-    model = tm.build_model(model_cfg, training_cfg)
-    ddp = tm.wrap_data_parallel(model, training_cfg)
-    optimizer = tm.build_optimizer(ddp, training_cfg)
-    tokens = torch.randint(0, model_cfg.vocab_size, (micro, seq), device=env.device)
-    positions = torch.arange(seq, device=env.device).unsqueeze(0).expand(micro, seq)
-    for _ in range(2):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        for _ in range(gbs // micro):
-            loss = model(tokens, positions, None, labels=tokens).float().mean() / (gbs // micro)
-            loss.backward()
-            del loss
-        ddp.finish_grad_sync()
-        optimizer.step()
-    torch.cuda.synchronize()
+    two_steps(model_cfg, training_cfg, env.device)
     measured = torch.cuda.max_memory_allocated() - base
     plan = ParallelPlan(global_batch_size=gbs, micro_batch_size=micro, dp=1, tp=1, pp=1, recompute=recompute,
                         distributed_optimizer=dist_opt, precision="bf16")
