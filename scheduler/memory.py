@@ -65,7 +65,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from training.config import ModelConfig, Precision, Recompute, TrainingConfig
+from scheduler.gpus import lookup_gpu
+from training.config import (Attention, ModelConfig, Precision, Recompute, TrainingConfig,
+                             resolve_attention)
 
 GIB = 1024**3
 
@@ -130,9 +132,26 @@ MEGATRON_TE_FLASH_GPU = replace(
 """Transformer Engine layers: flash attention (no s² terms), fused norms and SwiGLU."""
 
 
-def profile_for_device(gpu_type: str) -> RuntimeProfile:
-    """The profile a plan on this device type should be sized with."""
-    return CPU_MEASURED if gpu_type == "cpu" else MEGATRON_GPU
+CPU_SDPA_MEASURED = replace(CPU_MEASURED, name="megatron-local-sdpa-cpu", attention="flash")
+"""`training.attention: sdpa` on CPU: torch's fused CPU kernel keeps no s x s tensor (checked
+against MemTracker by tests/integration/scheduler/test_memory_measured.py)."""
+
+MEGATRON_SDPA_GPU = replace(MEGATRON_GPU, name="megatron-local-sdpa-gpu", attention="flash")
+"""The local layer spec with torch's fused SDPA (`training.attention` auto on a GPU in
+bf16/fp16): no s x s terms; norms, SwiGLU and softmax bookkeeping as the local spec."""
+
+
+def profile_for_device(gpu_type: str, precision: Precision = "bf16",
+                       attention: Attention = "auto") -> RuntimeProfile:
+    """The profile a plan on this device type should be sized with: the attention kernel
+    the worker will build there (`training.config.resolve_attention`) decides the s x s terms.
+    Flash kernels need an Ampere-or-newer GPU, the GPUs with bf16; a GPU type the catalogue
+    does not know is sized unfused (the larger estimate)."""
+    spec = None if gpu_type == "cpu" else lookup_gpu(gpu_type)
+    kernel = resolve_attention(attention, precision, flash_device=spec is not None and spec.supports_bf16)
+    if gpu_type == "cpu":
+        return CPU_SDPA_MEASURED if kernel == "sdpa" else CPU_MEASURED
+    return MEGATRON_SDPA_GPU if kernel == "sdpa" else MEGATRON_GPU
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -565,7 +584,7 @@ def breakdown_table(bd: MemoryBreakdown) -> list[tuple[str, float]]:
 
 
 __all__ = [
-    "CPU_MEASURED", "MEGATRON_GPU", "MEGATRON_TE_FLASH_GPU", "MemoryBreakdown", "MemoryModelError",
+    "CPU_MEASURED", "CPU_SDPA_MEASURED", "MEGATRON_GPU", "MEGATRON_SDPA_GPU", "MEGATRON_TE_FLASH_GPU", "MemoryBreakdown", "MemoryModelError",
     "ParallelPlan", "RuntimeProfile", "breakdown_table", "estimate_memory", "frenzy_estimate",
     "frenzy_parameters", "layer_activation_terms", "profile_for_device", "stage_layers",
     "stage_parameters", "static_bytes",

@@ -117,6 +117,7 @@ class PlanRequest:
     precision: str = "bf16"
     name: str = "job"
     steps: int | None = None
+    attention: str = "auto"  # training.attention: which core attention the worker builds
 
     @classmethod
     def from_job(cls, job: JobSpec) -> "PlanRequest":
@@ -126,6 +127,7 @@ class PlanRequest:
             precision=job.training.precision,
             name=job.name,
             steps=job.training.steps,
+            attention=job.training.attention,
         )
 
 
@@ -346,7 +348,7 @@ class _Search:
 
     def fits_at_all(self, pool: GpuPool, n: int, usable: int) -> bool:
         """Cheap lower bound: does the most frugal layout of n GPUs fit?"""
-        self.profile = marp.profile_for_device(pool.gpu_type)
+        self.profile = marp.profile_for_device(pool.gpu_type, self.request.precision, self.request.attention)
         best = None
         frugal = self.recompute_order[-1]
         for dp, tp, pp in self.layouts(pool, n):
@@ -366,7 +368,7 @@ class _Search:
         """
         r, cfg = self.request, self.config
         usable = int(pool.memory_bytes * (1 - cfg.memory_margin))
-        self.profile = marp.profile_for_device(pool.gpu_type)
+        self.profile = marp.profile_for_device(pool.gpu_type, self.request.precision, self.request.attention)
         per_node = min(n, pool.gpus_per_node)
         out: list[Plan] = []
         # The distributed optimizer costs no step time here (reduce-scatter + all-gather
@@ -541,7 +543,7 @@ def _explain_infeasible(request: PlanRequest, pools: list[GpuPool], config: Plan
     seq = m.seq_length // 2
     while seq >= 128:
         shorter = PlanRequest(model=m.model_copy(update={"seq_length": seq}), global_batch=request.global_batch,
-                              precision=request.precision, name=request.name)
+                              precision=request.precision, name=request.name, attention=request.attention)
         s = _Search(shorter, config)
         if any(s.counts_for(p) for p in pools):
             alternatives.append(f"shorter sequence: seq_length {seq} (from {m.seq_length}) fits")

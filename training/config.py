@@ -89,6 +89,26 @@ class ModelConfig(_Section):
 
 Precision = Literal["fp32", "bf16", "fp16"]
 Recompute = Literal["none", "selective", "full"]
+Attention = Literal["auto", "local", "sdpa"]
+ResolvedAttention = Literal["local", "sdpa"]
+
+
+def resolve_attention(choice: Attention, precision: Precision, flash_device: bool) -> ResolvedAttention:
+    """The core-attention kernel a run builds (`training.attention`).
+
+    local: megatron-core's local layer spec, unfused (baddbmm, softmax, bmm; the s x s
+    scores are materialised and saved). sdpa: the same layer spec with core attention
+    done by torch's scaled_dot_product_attention, which on a GPU of compute capability
+    8.0 or newer in bf16/fp16 runs a fused flash kernel (no s x s tensor, GQA without
+    repeating k/v). Parameters, and so checkpoints and exports, are the same for both.
+    auto: sdpa where that flash kernel exists (`flash_device`: an Ampere-or-newer GPU) in
+    half precision, the faster path there (benchmarks/gpu_check.py measures both); local
+    elsewhere (CPU, fp32, older GPUs, whose GQA would fall back to torch's unfused math
+    kernel), where it is exact and the CPU memory model was measured on it.
+    """
+    if choice != "auto":
+        return choice
+    return "sdpa" if flash_device and precision in ("bf16", "fp16") else "local"
 
 
 class TrainingConfig(_Section):
@@ -115,6 +135,9 @@ class TrainingConfig(_Section):
         "the first chunks taking any remainder")
     use_distributed_optimizer: bool = False
     recompute: Recompute = "none"
+    attention: Attention = Field(
+        default="auto", description="core attention kernel: local (megatron's unfused), sdpa "
+        "(torch's fused scaled_dot_product_attention), auto (sdpa on CUDA in bf16/fp16, else local)")
     log_interval: int = Field(default=1, gt=0)
     torch_threads: int | None = Field(default=None, gt=0, description="intra-op threads per rank")
 

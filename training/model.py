@@ -2,7 +2,8 @@
 
     dist = init_distributed(training_cfg.tensor_parallel,   # torch.distributed + megatron groups
                             training_cfg.pipeline_parallel, training_cfg.virtual_pipeline_stages)
-    model = build_model(spec.model, spec.training)          # GPTModel (RoPE, RMSNorm, SwiGLU, GQA)
+    model = build_model(spec.model, spec.training)          # GPTModel (RoPE, RMSNorm, SwiGLU, GQA;
+                                                            # core attention per training.attention)
     ddp_model = wrap_data_parallel(model, spec.training)     # megatron DDP: grad buffers + all-reduce
     optimizer = build_optimizer(ddp_model, spec.training)    # megatron Adam(W) + grad clipping
 
@@ -30,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from training import megatron_compat
-from training.config import ModelConfig, TrainingConfig
+from training.config import ModelConfig, TrainingConfig, resolve_attention
 
 
 class UnsupportedOnCPU(RuntimeError):
@@ -248,6 +249,13 @@ def model_chunks(model) -> list:
     return list(model) if isinstance(model, ModelChunks) else [model]
 
 
+def attention_kernel(training_cfg: TrainingConfig) -> str:
+    """The core attention this process builds: `training.attention`, auto resolved for this
+    process's device (torch's flash SDPA kernels need compute capability 8.0)."""
+    flash_device = torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0)
+    return resolve_attention(training_cfg.attention, training_cfg.precision, flash_device)
+
+
 def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
     """A megatron-core GPTModel shaped Llama-style. Needs `init_distributed()` first.
 
@@ -258,9 +266,11 @@ def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
     """
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from training.attention import gpt_layer_spec
 
     config = transformer_config(model_cfg, training_cfg)
+    layer_spec = gpt_layer_spec(attention_kernel(training_cfg))
     torch.manual_seed(training_cfg.seed)
     if not megatron_compat.cuda_absent():
         # On GPUs megatron initialises weights (and forks dropout RNG) through its CUDA RNG
@@ -275,7 +285,7 @@ def build_model(model_cfg: ModelConfig, training_cfg: TrainingConfig):
         vp = vp_stage if virtual > 1 else None
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+            transformer_layer_spec=layer_spec,
             vocab_size=model_cfg.vocab_size,
             max_sequence_length=model_cfg.seq_length,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp),

@@ -108,7 +108,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     from training.data import BatchSampler, PackedTokens, SkippedBatches, load_prepared
     from training.data import micro_batches_per_rank
     from training.faults import FaultInjector, plan_from
-    from training.model import build_model, build_optimizer, init_distributed, wrap_data_parallel
+    from training.model import (attention_kernel, build_model, build_optimizer, count_parameters,
+                                init_distributed, wrap_data_parallel)
     from training.control import StepControl, write_stop_marker
     from training.metrics import MetricsLogger
     from training.runlog import Heartbeat, RankLog
@@ -134,6 +135,9 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
             f"model.vocab_size is {spec.model.vocab_size}; prepare the data with this config"
         )
     model = build_model(spec.model, cfg)
+    # what `auto` chose is part of the run's record (the same job runs unfused on CPU)
+    log.event("started", attention=attention_kernel(cfg), parameters=count_parameters(model),
+              world_size=env.world_size)
     ddp_model = wrap_data_parallel(model, cfg)
     optimizer = build_optimizer(ddp_model, cfg)
     ddp_chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]

@@ -291,13 +291,19 @@ def test_tensor_parallel_2_trains_the_same_model(tiny_job_dict, tiny_prepared, t
     tp1 = write_spec(tiny_job_dict, tmp_path, "tp1", training={"steps": 3})
     proc = worker(tp1)
     assert proc.returncode == 0, explain(proc)
-    tp2 = write_spec(tiny_job_dict, tmp_path, "tp2", training={"steps": 10, "tensor_parallel": 2})
+    # tp=2 also runs the fused SDPA core attention (tp=1 the unfused local kernel): each rank
+    # holds half the heads, and the curve must still be tp=1's
+    tp2 = write_spec(tiny_job_dict, tmp_path, "tp2", training={"steps": 10, "tensor_parallel": 2,
+                                                                "attention": "sdpa"})
     proc = torchrun(tp2, nproc=2)
     assert proc.returncode == 0, explain(proc)
     losses = [r.loss for r in read_steps(runfiles.log_path(run_dir(tp2), 0))]
     rank1 = [r.loss for r in read_steps(runfiles.log_path(run_dir(tp2), 1))]
     assert len(losses) == 10 and losses == rank1
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.1, losses
+    started = [line for line in runfiles.log_path(run_dir(tp2), 0).read_text().splitlines()
+               if "event=started" in line]
+    assert len(started) == 1 and "attention=sdpa" in started[0], started
     # Same seed, same global batches: splitting the layers over 2 ranks changes only
     # float summation order, so the curve matches tp=1 closely (not bitwise).
     reference = [r.loss for r in read_steps(runfiles.log_path(run_dir(tp1), 0))]

@@ -6,7 +6,9 @@ import pytest
 
 from scheduler.memory import (
     CPU_MEASURED,
+    CPU_SDPA_MEASURED,
     MEGATRON_GPU,
+    MEGATRON_SDPA_GPU,
     MEGATRON_TE_FLASH_GPU,
     MemoryBreakdown,
     MemoryModelError,
@@ -185,8 +187,26 @@ def test_bf16_keeps_fp32_logits_and_softmax_copies():
 
 
 def test_profile_for_device():
-    assert profile_for_device("cpu") is CPU_MEASURED
-    assert profile_for_device("A100-80G") is MEGATRON_GPU
+    """The profile follows the attention kernel the worker builds on that device."""
+    assert profile_for_device("cpu") is CPU_MEASURED  # auto on CPU: megatron's unfused kernel
+    assert profile_for_device("cpu", "fp32", "sdpa") is CPU_SDPA_MEASURED
+    assert profile_for_device("A100-80G") is MEGATRON_SDPA_GPU  # auto, bf16 on a GPU: fused SDPA
+    assert profile_for_device("A100-80G", "fp16") is MEGATRON_SDPA_GPU
+    assert profile_for_device("A100-80G", "fp32") is MEGATRON_GPU  # no flash kernel in fp32
+    assert profile_for_device("A100-80G", "bf16", "local") is MEGATRON_GPU
+    assert profile_for_device("V100-32G", "fp16") is MEGATRON_GPU  # flash kernels need Ampere
+    assert profile_for_device("some-new-accelerator") is MEGATRON_GPU  # unknown: the larger estimate
+
+
+def test_sdpa_profile_drops_the_quadratic_terms_and_so_fits_longer_sequences():
+    long = SEVEN_B.model_copy(update={"seq_length": 8192})
+    plan = ParallelPlan(global_batch_size=1, tp=8, precision="bf16")
+    unfused = estimate_memory(long, plan, MEGATRON_GPU)
+    fused = estimate_memory(long, plan, MEGATRON_SDPA_GPU)
+    assert "attention_probs" not in layer_activation_terms(long, plan, MEGATRON_SDPA_GPU)
+    scores = plan.micro_batch_size * (long.num_attention_heads // 8) * 8192**2
+    # per layer the unfused kernel keeps the probabilities in bf16 and in fp32
+    assert unfused.activations - fused.activations >= long.num_layers * scores * 4
 
 
 def test_plan_from_training_config():

@@ -57,7 +57,7 @@ def test_every_plan_fits_its_gpu_with_the_margin_and_is_a_valid_layout(crius):
         again = marp.estimate_memory(m, marp.ParallelPlan(
             global_batch_size=request.global_batch, micro_batch_size=p.micro_batch_size, dp=p.dp, tp=p.tp,
             pp=p.pp, recompute=p.recompute, distributed_optimizer=p.distributed_optimizer, precision="bf16",
-        ))
+        ), marp.profile_for_device(p.gpu_type, "bf16"))
         assert again.total == p.peak_memory_bytes
 
 
