@@ -76,6 +76,14 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
     ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
      RESTART_EXCLUDE, False),
+    # The scheduler or the cloud taking the node back from a job that did nothing wrong:
+    # Slurm's "CANCELLED AT ... DUE TO PREEMPTION" (sacct's PREEMPTED state), a spot / preemptible
+    # VM's termination notice (GCP's metadata server "termination is imminent", AWS's spot
+    # interruption notice), a node preempted. The job runs again as it is once it has nodes.
+    ("node-preempted", r"DUE TO PREEMPTION|\bPREEMPTED\b|(?i:termination is imminent)|(?i:spot (?:instance )?(?:interruption|termination) notice)"
+     r"|(?i:\b(?:instance|node|vm) (?:was |has been |is being )?preempted)|(?i:\bpreemption notice\b)", "NodeFailure", True,
+     "The job lost its node(s) to preemption (a higher-priority job or a spot/preemptible VM reclaimed): resubmit or requeue; "
+     "it resumes from the last checkpoint (checkpoint more often, or on the termination signal, on preemptible capacity).", False),
     # Slurm's daemons telling of a node that cannot run jobs: slurmstepd unable to exec the
     # batch script slurmd itself spooled ("execve(): /var/spool/slurmd/job123/slurm_script: No
     # such file or directory": the node's spool or tmp is broken, not the user's path), a task
@@ -104,6 +112,23 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- OOM before CUDA errors
     ("cuda-oom", r"OutOfMemoryError|CUDA out of memory|" + CUDA_ERR + r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|Cuda failure 'out of memory'|cudaErrorMemoryAllocation|" + OTHER_OOM, "OutOfMemoryError", False,
      "GPU memory exhausted: pick a plan with more recompute, a smaller micro-batch or more model parallelism (re-plan), then restart.", False),
+    # Memory exhausted in the wording of the job's memory limit rather than the GPU's: Slurm's
+    # cgroup ("Detected 1 oom-kill event(s) in step 123.0 cgroup", srun's "task 4: Out Of
+    # Memory", sacct's OUT_OF_MEMORY), Kubernetes ("reason: OOMKilled", kubelet evicting a pod
+    # because "The node was low on resource: memory"), docker / OpenPAI / YARN ("exceeded the
+    # request memory", "killed ... for exceeding memory limits"). A restart with the same memory
+    # request runs out again. (The kernel's own "oom-kill" / "Killed process" lines stay
+    # symptoms: a DataLoader worker's death or the job's error names the cause.)
+    ("job-memory-limit", r"Detected \d+ oom[-_ ]kill events?|oom[-_]kill event\(s\)|srun: error: [^\n]*: tasks? [\d,-]+: Out Of Memory|\bOUT_OF_MEMORY\b"
+     r"|\bOOMKilled\b|The node was low on resource: memory|exceeded the request memory|(?i:killed [^\n]{0,40}for exceeding memory limits?)|(?i:exceeded (?:its|the) memory limit)", "OutOfMemoryError", False,
+     "The job exceeded its memory limit (Slurm cgroup, Kubernetes or container limit) and was killed: request more memory per task "
+     "(or whole nodes), or lower host memory use (DataLoader workers, prefetch, in-memory datasets), then restart.", False),
+    # An inference engine with no GPU memory left for its KV cache under the configured memory
+    # budget (vLLM's "No available memory for the cache blocks", SGLang's "Not enough memory.
+    # Please try to increase --mem-fraction-static"): a memory budget, not a fault.
+    ("kv-cache-memory", r"No available memory for the cache blocks|Not enough memory\. Please try to increase --mem-fraction-static", "OutOfMemoryError", False,
+     "The engine has no GPU memory left for its KV cache: raise gpu_memory_utilization / mem-fraction-static, lower max_model_len or "
+     "max_num_seqs, or use more tensor parallelism, then restart.", False),
     ("cuda-error", r"CUDA error: (?:an illegal memory access|unspecified launch failure|misaligned address|an illegal instruction|invalid device|an uncorrectable|unknown error|the launch timed out|operation not permitted|invalid argument)|cudaErrorIllegalAddress|cudaErrorLaunchFailure|CUBLAS_STATUS_EXECUTION_FAILED|CUDNN_STATUS_(?:EXECUTION_FAILED|INTERNAL_ERROR)|CUDA driver error|Cuda failure '|CUDA_ERROR_(?:ILLEGAL_ADDRESS|LAUNCH_FAILED|ILLEGAL_INSTRUCTION|MISALIGNED_ADDRESS|HARDWARE_STACK_ERROR|UNKNOWN)\b|unspecified launch failure|an illegal memory access was encountered|an illegal instruction was encountered|launch timed out and was terminated|\bhardware stack error\b|" + CUDA_ERR + r"unknown error|cudaError(?:Unknown|LaunchTimeout|IllegalInstruction|MisalignedAddress|HardwareStackError)\b", "CUDAError", True,
      "CUDA fault: check the node's Xid log; " + RESTART_EXCLUDE, False),
     # A device-side assert is reported after the kernel's own "Assertion `...` failed."
@@ -130,6 +155,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "The node's GPUs are not usable (none visible, driver and libraries at different versions, a GPU in a bad state): "
      "cordon the node, check nvidia-smi and reboot or replace it; " + RESTART_EXCLUDE, False),
     # ------------------------------------------------------------- interconnect
+    # A queue pair that cannot be brought up (ibv_modify_qp failing, e.g. INIT -> RTR timing out)
+    # fails while the connection is set up: the two NICs have no working path (rail-only fabric
+    # with cross-NIC traffic, RoCE GID / routing, a wrong NCCL_IB_GID_INDEX). The same node set
+    # and settings fail the same way on a restart; a port dying mid-run is the rule below.
+    ("ib-qp-setup-failed", r"\bibv_modify_qp failed\b|Call to ibv_modify_qp failed", "NetworkError", False,
+     "NCCL could not bring up an InfiniBand/RoCE connection between two NICs: check that they can reach each other (ib_write_bw), "
+     "the fabric's rail topology (NCCL_CROSS_NIC=0 on rail-only fabrics), NCCL_IB_GID_INDEX and RoCE routing, then restart.", False),
     ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed|NET/IB ?: Got completion from peer \S+ with (?:error [1-9]|status=[1-9])|NET/OFI .*completed with error", "NetworkError", True,
      "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
     # NCCL finds no interface it can open a socket on (container without host networking,
@@ -165,6 +197,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "NCCL reports a failed CUDA call (a GPU fault on that rank, unless NCCL_DEBUG=INFO's 'Cuda failure' line says otherwise): check the node's Xid log; " + RESTART_EXCLUDE, True),
     ("nccl-unhandled", r"ncclSystemError|ncclInternalError|NCCL (?:error|Error \d+|failure)\b[^\n]*?\bunhandled system error", "NCCLRemoteError", True,
      RESTART_EXCLUDE, True),
+    # The rendezvous/store port is already taken on this machine (another job, or a previous
+    # run still alive, on torchrun's default 29500): c10d's "failed to bind to [::]:29500 (errno:
+    # 98 - Address already in use)", torch 2.4+'s "name: EADDRINUSE", torch 1.x's "Address already
+    # in use". Not a lost store: a launch setting, the same on every restart while the port is held.
+    ("store-port-in-use", r"errno: 98 - Address already in use|\bname: EADDRINUSE\b|RuntimeError: Address already in use|The server socket has failed to bind to \S+ \(errno: 98", "ArgumentError", False,
+     "The launcher's rendezvous port is already in use on this node: give this job its own --master_port / --rdzv_endpoint "
+     "(or port 0 for a free one), or stop the process holding it, then restart.", False),
     ("store-connection-lost", r"recvValue failed|sendBytes failed|TCPStore.*(?:Connection reset|Broken pipe|failed)|store->get\(.*\) got error|DistNetworkError|Failed to recv, got 0 bytes", "ConnectionError", True,
      "Lost the c10d store (hosted by rank 0's node): check why that node/rank went away; restart.", True),
     # c10d's client socket giving up on the store's address, torch 1.x and 2.x wordings:
@@ -181,16 +220,27 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # Disk full, over quota or failing writes, in Python's, Rust's (safetensors: "(os
     # error 28)", "kind: StorageFull"), C's (EIO "Input/output error") and torch.save's
     # zip writer's wordings, whatever exception wraps it.
-    ("disk-full", r"(?i)No space left on device|Disk quota exceeded|\(os error (?:5|28|122)\)|kind: StorageFull|\bENOSPC\b|\bEDQUOT\b|Input/output error|PytorchStreamWriter failed writing file|\binline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+", "OSError", False,
+    ("disk-full", r"(?i)No space left on device|Disk quota exceeded|low on resource: (?:ephemeral-storage|nodefs|imagefs)|ephemeral local storage usage exceeds|exceeded its local ephemeral storage limit|\(os error (?:5|28|122)\)|kind: StorageFull|\bENOSPC\b|\bEDQUOT\b|Input/output error|PytorchStreamWriter failed writing file|\binline_container\.cc:\d+\] \. unexpected pos \d+ vs \d+", "OSError", False,
      "The file system is full or over quota: free space or write checkpoints elsewhere (and keep fewer), then restart.", False),
     # S3 refusing the request itself (credentials' permissions, signature, clock skew,
     # a missing bucket): the same request fails after a restart until the setting is fixed.
-    ("s3-rejected", r"(?:An error occurred|A client error) \(" + S3_CODES + r"\)|<Code>" + S3_CODES + r"</Code>|\b403 " + S3_CODES + r"\b", "S3StorageError", False,
+    ("s3-rejected", r"(?:An error occurred|A client error) \(" + S3_CODES + r"\)|<Code>" + S3_CODES + r"</Code>|\b403 " + S3_CODES + r"\b|ExceptionName: " + S3_CODES + r"\b", "S3StorageError", False,
      "Object storage refused the request (permissions, credentials, clock skew or bucket name): fix the IAM policy / credentials / node clock / bucket, then restart.", False),
+    # Google Cloud Storage's per-object and per-project mutation limits (one write per second to
+    # an object, bucket creation every ~2 s): hit by a workload that rewrites one object or
+    # creates buckets in parallel, and hit again by the same workload after a restart.
+    ("gcs-mutation-rate-limit", r"exceeded the rate limit for (?:creating and deleting buckets|object mutation operations)|The total number of changes to the object \S+ exceeds the rate limit", "S3StorageError", False,
+     "The job mutates one GCS object (or creates buckets) faster than GCS allows: write distinct objects, check a bucket exists "
+     "before creating it, back off between writes; then restart.", False),
     ("s3-botocore", r"botocore\.exceptions\.\w+|An error occurred \(\w+\) when calling the \w+ operation|<Error><Code>\w+</Code>|(?:upload|download|copy|move|delete) failed: (?:\S+ to )?s3://|A client error \(\w+\) occurred when calling the \w+ operation|S3UploadFailedError|\bSlowDown\b|HTTP Error 503: Slow Down|503 Slow Down|Please reduce your request rate|S3 (?:upload|download|put|get|write|read)\w* failed|s3fs.*(?:Error|failed)|aiobotocore.*Error|NoSuchBucket|EndpointConnectionError"
      # an HTTP client's timeout or dropped connection to an S3 endpoint (botocore's vendored
      # urllib3, requests, aiohttp under s3fs): the object store, not a tracker or the Hub
-     r"|ConnectionPool\(host='(?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com(?:\.cn)?'|Cannot connect to host (?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com", "S3StorageError", True,
+     r"|ConnectionPool\(host='(?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com(?:\.cn)?'|Cannot connect to host (?:[\w.-]+\.)?s3[\w.-]*\.amazonaws\.com"
+     # aws-sdk-cpp's "Unable to parse ExceptionName: InternalError Message: ...", S3's own
+     # server-side messages; Azure Blob's ServerBusy / "The server is busy." / OperationTimedOut
+     # and Google Cloud Storage's endpoint in any client's error line
+     r"|ExceptionName: \w+ Message: |We encountered an internal error\. Please try again|\bServerBusy\b|The server is busy\.|\bOperationTimedOut\b|Operation could not be completed within the specified time"
+     r"|https://storage\.googleapis\.com/\S*: |\.blob\.core\.windows\.net\b[^\n]*(?i:error|fail)", "S3StorageError", True,
      "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
@@ -204,6 +254,22 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      r"|\b40[13] Client Error: (?:Unauthorized|Forbidden) for url\b|HTTP Error 40[13]: (?:Unauthorized|Forbidden)|Invalid (?:user )?token passed|Invalid credentials in Authorization header", "PermissionError", False,
      "The model hub refused the job's credentials (gated repo, missing or invalid token): request access to the repo and log in "
      "(HF_TOKEN) on every node, or use a local copy of the weights; a restart without that is refused again.", False),
+    # The model hub answering that the repo, revision or file does not exist where the job
+    # looks (huggingface_hub's RepositoryNotFoundError / RevisionNotFoundError /
+    # EntryNotFoundError, "Repository Not Found for url" even under a 401, transformers' "is not
+    # a local folder and is not a valid model identifier"): a wrong name, repo type or revision.
+    ("hub-not-found", r"\b(?:RepositoryNotFoundError|RevisionNotFoundError|EntryNotFoundError)\b|\b(?:401|404) Client Error: (?:Repository Not Found|Revision Not Found|Entry Not Found|Not Found) for url"
+     r"|is not a local folder and is not a valid model identifier", "FileNotFoundError", False,
+     "The hub has no such repo/revision/file under that name: check the repo id, repo_type (model/dataset/space) and revision "
+     "(a private repo also answers not-found without a token), then restart.", False),
+    # The hub unreachable with nothing cached to fall back on ("LocalEntryNotFoundError:
+    # Connection error, and we cannot find the requested files in the disk cache", transformers'
+    # "We couldn't connect to 'https://huggingface.co' to load this file"): the network or the
+    # hub, which passes. (Offline mode with nothing cached says "outgoing traffic has been
+    # disabled" and is a setting: not matched here.)
+    ("hub-unreachable-uncached", r"Connection error, and we cannot find the requested files in the (?:disk |local )?cache|We couldn't connect to '?https?://\S+'? to load", "ConnectionError", True,
+     "The model hub could not be reached and the files are not cached: check the network / hub status or pre-download the weights "
+     "to a shared cache; restart.", False),
     # An HTTP client's own retry notice (urllib3's "Retrying (Retry(total=4, ...)) after
     # connection broken by 'ReadTimeoutError(...)'", huggingface_hub's "... Retrying in 1s
     # [Retry 1/5]."; pip prints the first): the request may still succeed, so the notice
@@ -247,7 +313,10 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),
     ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|Error while deserializing header: |\b(?:HeaderTooLarge|HeaderTooSmall|InvalidHeaderDeserialization|MetadataIncompleteBuffer)\b|PytorchStreamReader failed reading zip archive|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
      "The checkpoint/weights do not load: check the checkpoint path, that its manifest is complete, and that the model config matches it.", False),
-    ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)", "DatasetLoadingError", False,
+    ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)"
+     # a sample the loader cannot decode: PIL's "cannot identify image file", a truncated image,
+     # datasets' "Not able to read records in the JSON file"
+     r"|UnidentifiedImageError|cannot identify image file|image file is truncated|Not able to read records in the JSON file", "DatasetLoadingError", False,
      "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),
     # ------------------------------------------------------------- torchrun summaries and signals (pure symptoms)
     ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed|\] failed \(exitcode: -?\d+\) local_rank: \d+|^\S*\s*[\w.-]+\.py FAILED\s*$", "Unknown", True,
@@ -274,7 +343,11 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # transformers' lazy imports wrap the ImportError in "RuntimeError: Failed to import X
     # because of the following error"; a compiled extension built for another torch says
     # "undefined symbol".
-    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named |Failed to import [\w.]+ because of the following error|\.so: undefined symbol: |\.so[.\d]*: cannot open shared object file", "ImportError", False,
+    ("import", X + r"(?:ImportError|ModuleNotFoundError)(?::|\s*$)|No module named |Failed to import [\w.]+ because of the following error|\.so: undefined symbol: |\.so[.\d]*: cannot open shared object file"
+     # a library found missing at run time in a framework's own wording (XLA's "Unable to load
+     # NCCL library", TF's "Could not load dynamic library 'libcudnn.so.8'", "Failed to load library",
+     # cuDNN 9's "Unable to load any of {libcudnn_graph.so.9.1.0, ...}")
+     r"|(?i:\b(?:unable|failed|could not|couldn't) (?:to )?(?:load|dlopen) (?:the )?(?:dynamic |shared )?(?:library\b|\S+ library\b))|Unable to load any of \{lib", "ImportError", False,
      "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
     ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)(?::|\s*$)", "SyntaxError", False,
      "The script does not parse: fix the syntax error.", False),

@@ -299,6 +299,64 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["urllib3.exceptions.ReadTimeoutError: AWSHTTPSConnectionPool(host='my-bucket.s3.us-west-2.amazonaws.com', port=443): Read timed out. (read timeout=60)"],
      ("S3StorageError", True)),
     (["ReadTimeoutError: HTTPSConnectionPool(host='huggingface.co', port=443): Read timed out. (read timeout=10)"], ("ConnectionError", True)),
+    # after batches 11 and 12: the node taken back by the scheduler or the cloud (Slurm
+    # preemption, sacct's PREEMPTED, a spot interruption notice) restarts as it is ...
+    (["slurmstepd: error: *** STEP 4411.0 ON gpu-b07 CANCELLED AT 2025-02-11T03:12:44 DUE TO PREEMPTION ***"], ("NodeFailure", True)),
+    (["4411         pretrain        gpu  PREEMPTED      0:0"], ("NodeFailure", True)),
+    (["2025-03-01T10:00:00Z agent: received spot instance interruption notice, instance i-0abc12 terminates at 2025-03-01T10:02:00Z"],
+     ("NodeFailure", True)),
+    # ... the job's memory limit (Slurm cgroup, Kubernetes, YARN) is an OOM, not a bare SIGKILL ...
+    (["slurmstepd: error: Detected 2 oom_kill events in StepId=991.batch. Some of the step tasks have been OOM Killed."],
+     ("OutOfMemoryError", False)),
+    (["srun: error: gpu-a01: task 0: Out Of Memory"], ("OutOfMemoryError", False)),
+    (["    Last State:     Terminated", "      Reason:       OOMKilled", "      Exit Code:    137"], ("OutOfMemoryError", False)),
+    (["Container killed by YARN for exceeding memory limits. 10.4 GB of 10 GB physical memory used."], ("OutOfMemoryError", False)),
+    (["Warning  Evicted  42s  kubelet  The node was low on resource: memory. Container trainer was using 61Gi, request is 32Gi."],
+     ("OutOfMemoryError", False)),
+    # ... an inference engine with no memory left for its KV cache (SGLang's and vLLM's wordings) ...
+    (["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static."], ("OutOfMemoryError", False)),
+    (["(EngineCore_DP0 pid=2231) ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` when initializing the engine."],
+     ("OutOfMemoryError", False)),
+    # ... a queue pair that cannot be set up between two NICs is configuration; a completion
+    # error once the job runs still restarts ...
+    (["node-b2:1133:1201 [0] misc/ibvwrap.cc:284 NCCL WARN Call to ibv_modify_qp failed with error Invalid argument"],
+     ("NetworkError", False)),
+    (["node-b2:1133:1201 [0] NCCL WARN NET/IB : Got completion from peer 10.0.0.2<4432> with status=12 opcode=0 len=0 vendor err 129 (Recv)"],
+     ("NetworkError", True)),
+    # ... the rendezvous port already taken is a launch setting, a store that went away is not ...
+    (["RuntimeError: The server socket has failed to listen on any local network address. The server socket has failed to bind to 0.0.0.0:29400 (errno: 98 - Address already in use)."],
+     ("ArgumentError", False)),
+    (["torch.distributed.DistNetworkError: The server socket has failed to listen on any local network address. port: 23456, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use"],
+     ("ArgumentError", False)),
+    (["torch.distributed.DistNetworkError: Connection reset by peer"], ("ConnectionError", True)),
+    # ... a node or container out of ephemeral storage is a full disk ...
+    (["Message: Pod ephemeral local storage usage exceeds the total limit of containers 20Gi."], ("OSError", False)),
+    (['Container trainer exceeded its local ephemeral storage limit "50Gi".'], ("OSError", False)),
+    # ... object storage in other SDKs and clouds: aws-sdk-cpp's ExceptionName, Azure Blob busy,
+    # GCS failing on its side (restart) or refusing a workload's mutation rate (no restart) ...
+    (["S3 error: Unable to parse ExceptionName: ServiceUnavailable Message: Service is unable to handle request."], ("S3StorageError", True)),
+    (["Unable to parse ExceptionName: AccessDenied Message: Access Denied"], ("S3StorageError", False)),
+    (["azure.core.exceptions.HttpResponseError: The server is busy.", "RequestId:8d2c3f1e-001e-0045-2b1a-7c6b7e000000",
+      "ErrorCode:ServerBusy"], ("S3StorageError", True)),
+    (["google.api_core.exceptions.ServiceUnavailable: 503 GET https://storage.googleapis.com/download/storage/v1/b/ckpt/o/step_100%2Fmodel.pt?alt=media: Backend Error"],
+     ("S3StorageError", True)),
+    (["google.api_core.exceptions.TooManyRequests: 429 PATCH https://storage.googleapis.com/upload/storage/v1/b/ckpt/o?uploadType=multipart: The object ckpt/latest.json exceeded the rate limit for object mutation operations (create, update, and delete)."],
+     ("S3StorageError", False)),
+    # ... the hub: a name that does not exist is the script's; unreachable with nothing cached
+    # passes; offline mode with nothing cached is a setting, not a connection error ...
+    (["huggingface_hub.errors.RevisionNotFoundError: 404 Client Error. (Request ID: Root=1-66) Revision Not Found for url: https://huggingface.co/api/models/org/m/revision/v2."],
+     ("FileNotFoundError", False)),
+    (["OSError: org/llama-7b-typo is not a local folder and is not a valid model identifier listed on 'https://huggingface.co/models'"],
+     ("FileNotFoundError", False)),
+    (["OSError: We couldn't connect to 'https://huggingface.co' to load this file, couldn't find it in the cached files and it looks like bert-base-uncased is not the path to a directory containing a file named config.json."],
+     ("ConnectionError", True)),
+    (["huggingface_hub.errors.LocalEntryNotFoundError: Cannot find the requested files in the disk cache and outgoing traffic has been disabled. To enable hf.co look-ups and downloads online, set 'local_files_only' to False."],
+     ("Unknown", False)),
+    # ... a shared library missing at run time in a framework's own wording, and a sample the
+    # loader cannot decode
+    (["Unable to load any of {libcudnn_graph.so.9.1.0, libcudnn_graph.so.9.1, libcudnn_graph.so.9, libcudnn_graph.so}"], ("ImportError", False)),
+    (["W0000 00:00:1700000000.123 2281 cuda_executor.cc:1040] Failed to load the NCCL library: libnccl.so.2 not found"], ("ImportError", False)),
+    (["OSError: image file is truncated (7 bytes not processed)"], ("DatasetLoadingError", False)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
