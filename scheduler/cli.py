@@ -137,7 +137,12 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
                   f"global batch {job.training.global_batch_size}, {job.training.precision} — "
                   f"{len(plans)} feasible plan(s) on cluster [bold]{cluster.name}[/]")
 
-    mem = Table(title=f"Per-GPU peak memory of the chosen plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout})")
+    from scheduler.memory import profile_for_device
+
+    # the attention kernel the worker builds on that GPU decides the s x s terms (training.attention)
+    profile = profile_for_device(chosen.gpu_type, job.training.precision, job.training.attention)
+    mem = Table(title=f"Per-GPU peak memory of the chosen plan ({chosen.num_gpus}x {chosen.gpu_type}, "
+                      f"{chosen.layout}; sized as {profile.name})")
     mem.add_column("part")
     mem.add_column("GiB", justify="right")
     for part, gib in memory_breakdown_dict(chosen.memory).items():
