@@ -225,9 +225,8 @@ class RunScanFilter:
             ascii_only = all(p.isascii() for p in patterns)
             # Latin-1 mode lets RE2's DFA step byte by byte (faster) and match any byte
             # with '.'; UTF-8 mode is needed only for non-ASCII rule text.
-            self._regex = re2.compile(
-                source.encode("latin-1" if ascii_only else "utf-8"), _re2_options(ascii_only)
-            )
+            self.run_pattern = source.encode("latin-1" if ascii_only else "utf-8")
+            self._regex = re2.compile(self.run_pattern, _re2_options(ascii_only))
             inner = getattr(self._regex, "_regexp", None)
             if inner is not None and hasattr(inner, "Match") and hasattr(re2, "_Anchor"):
                 self._raw_match = inner.Match  # spans[0] is (-1, -1) on a miss

@@ -56,6 +56,7 @@ from diagnosis.engine import (
     validate_regex,
 )
 from diagnosis.compressed import CompressedLog, CompressionStats, LogEntry
+from diagnosis.native import BLANK as native_BLANK, OVERFLOW as native_OVERFLOW, line_scan_for, native_failure
 from diagnosis.filter_seeds import SEED_FILTER_RULES
 from diagnosis.rules import DiagnosisLibrary
 from diagnosis.signals import (
@@ -68,6 +69,7 @@ RuleSource = Literal["seed", "agent", "user"]
 DEFAULT_FAMILY = "default"
 CHUNK_BYTES = 16 << 20
 PIECE_BYTES = 1 << 20  # what _process scans at a time (see _process_pieces)
+NATIVE_PIECE_BYTES = CHUNK_BYTES  # the same with the native line pass (no copy of a chunk)
 MAX_LINE_BYTES = 64 << 10
 # Bounds on distinct (collapsed) entries, so memory stays bounded even for a log whose
 # lines no rule knows. Signal entries get a far larger budget than uncovered ones.
@@ -239,11 +241,21 @@ class LogCompressor:
         chunk_bytes: int = CHUNK_BYTES,
         max_uncovered_entries: int = MAX_UNCOVERED_ENTRIES,
         max_signal_entries: int = MAX_SIGNAL_ENTRIES,
+        native: bool | None = None,
     ):
+        """``native``: use the C line pass (``diagnosis.native``) with the ``re2``
+        engine; None (default) where it builds, False never (the pure-Python scan, same
+        result), True or raise ``RuntimeError`` saying why it cannot."""
         self.rules = rules or FilterRuleSet()
         if diagnosis_patterns is None:
             diagnosis_patterns = DiagnosisLibrary.load(None).patterns
         self._filter = self.rules.line_filter(engine)
+        self._native = None if native is False else line_scan_for(self._filter)
+        if native and self._native is None:
+            raise RuntimeError(f"the native line pass is not available: {native_failure() or 'engine ' + engine}")
+        # the native pass has no per-line Python lists to keep in the CPU caches
+        self._piece_bytes = PIECE_BYTES if self._native is None else NATIVE_PIECE_BYTES
+        self._native_prints_sent = False  # entry fingerprints handed to the C pass
         self._signals = _cached_scanner(tuple(diagnosis_patterns))
         self.max_line_bytes = max_line_bytes
         self.chunk_bytes = chunk_bytes
@@ -377,10 +389,11 @@ class LogCompressor:
         the whole buffer."""
         size = len(buf)
         pos = 0
-        while size - pos > PIECE_BYTES:
-            end = buf.rfind(b"\n", pos, pos + PIECE_BYTES) + 1
+        piece = self._piece_bytes
+        while size - pos > piece:
+            end = buf.rfind(b"\n", pos, pos + piece) + 1
             if end <= pos:  # a line longer than a piece
-                end = buf.find(b"\n", pos + PIECE_BYTES) + 1 or size
+                end = buf.find(b"\n", pos + piece) + 1 or size
             self._process(buf[pos:end])
             pos = end
         if pos < size:
@@ -406,12 +419,12 @@ class LogCompressor:
         (it may open an entry or spend the budget), lines over ``max_line_bytes`` and
         candidates for torchrun's failure summary (``host :``/``rank :`` pairs).
         """
+        if self._native is not None:
+            self._scan_native(buf)
+            return
         starts, ends = self._filter.uncovered_spans(buf)
         signals, rank_host_lines = self._signals.scan(buf)
-        for start, end in rank_host_lines:
-            found = _NCCL_RANK_HOST.search(buf[start:end].decode("utf-8", "replace"))
-            if found:
-                self.rank_hosts.setdefault(int(found.group(2)), found.group(1))
+        self._note_rank_hosts(buf, rank_host_lines)
         first_line = self._line_no
         stats = self.stats
         if not starts and not signals:
@@ -423,20 +436,9 @@ class LogCompressor:
         total_lines = len(newlines)
         uncovered_signals: set[int] = set()
         if signals:
-            # progress in a long error-free stretch before a signal line (CompressedLog.progress)
-            prev = 0
             signal_lines = (np.searchsorted(newlines, [s for s, _ in signals]) + first_line + 1).tolist()
-            for (start, end), line in zip(signals, signal_lines):
-                if line - self._last_signal_line > PROGRESS_STRETCH_LINES:
-                    found = _last_progress(buf, prev, start)
-                    mark = self._since_signal
-                    if found >= 0:
-                        mark = (first_line + int(np.searchsorted(newlines, found)) + 1, _line_timestamp(buf, found))
-                    if mark is not None:
-                        self._progress.append(mark)
-                self._last_signal_line, self._since_signal = line, None
-                prev = end + 1
-            self._tail_from = prev
+            self._note_signal_progress(buf, signals, signal_lines,
+                                       lambda offset, _: int(np.searchsorted(newlines, offset)))
             # Signal lines are kept by _keep (one by one); take them out of the bulk.
             drop = []
             for start, _ in signals:
@@ -490,34 +492,9 @@ class LogCompressor:
         events = sorted([(starts[i], i) for i in one_by_one] + [(start, -1 - j) for j, (start, _) in enumerate(signals)])
         if events:
             line_idx = np.searchsorted(newlines, [pos for pos, _ in events]).tolist()
-        max_line = self.max_line_bytes
-        repeats = repeat_bytes = overflow = 0
-        for (start, i), idx in zip(events, line_idx if events else ()):
-            line_no = first_line + idx + 1
-            if i < 0:
-                _, end = signals[-1 - i]
-                self._keep_line(buf, start, end, True, start not in uncovered_signals, line_no)
-                continue
-            raw, key = raws[i], keys[i]
-            if len(raw) > max_line:
-                self._keep_line(buf, start, ends[i], False, False, line_no)
-                continue
-            entry = fast.get(key)
-            if entry is None:
-                if key not in ordered and self._entry_counts[False] >= self.max_entries[False]:
-                    deferred.append(key)  # the budget ran out in this chunk
-                    counts[key] += 1
-                    continue
-                self._keep_uncovered(raw, key, line_no)
-            elif entry is _OVERFLOW:
-                overflow += 1
-            elif entry is not _BLANK:
-                entry.count += 1
-                entry.last_line = line_no
-                repeats += 1
-                repeat_bytes += len(raw) + 1
-                if raw[:1] in _PREFIX_STARTS:
-                    self._prefix_facts(raw, key, entry, line_no)
+        repeats, repeat_bytes, overflow = self._in_order(
+            buf, events, line_idx if events else (), first_line, signals, uncovered_signals,
+            raws.__getitem__, keys.__getitem__, ends.__getitem__, ordered, deferred, counts)
         if deferred:
             self._resolve_new_keys(deferred)
         # ---- in bulk: the other repeats of known keys
@@ -565,6 +542,220 @@ class LogCompressor:
         stats.bytes_kept += repeat_bytes
         self._line_no = first_line + total_lines
         stats.lines_in += total_lines
+
+    def _note_rank_hosts(self, buf: bytes, rank_host_lines: list[tuple[int, int]]) -> None:
+        for start, end in rank_host_lines:
+            found = _NCCL_RANK_HOST.search(buf[start:end].decode("utf-8", "replace"))
+            if found:
+                self.rank_hosts.setdefault(int(found.group(2)), found.group(1))
+
+    def _note_signal_progress(self, buf: bytes, signals: list[tuple[int, int]], signal_lines: list[int],
+                              line_index) -> None:
+        """Progress in a long error-free stretch before each signal line
+        (CompressedLog.progress); ``line_index(offset, j)``: the 0-based line of a byte of
+        buf before signal line ``j``."""
+        first_line = self._line_no
+        prev = 0
+        for j, ((start, end), line) in enumerate(zip(signals, signal_lines)):
+            if line - self._last_signal_line > PROGRESS_STRETCH_LINES:
+                found = _last_progress(buf, prev, start)
+                mark = self._since_signal
+                if found >= 0:
+                    mark = (first_line + line_index(found, j) + 1, _line_timestamp(buf, found))
+                if mark is not None:
+                    self._progress.append(mark)
+            self._last_signal_line, self._since_signal = line, None
+            prev = end + 1
+        self._tail_from = prev
+
+    def _in_order(self, buf: bytes, events, line_idx, first_line: int, signals, uncovered_signals: set[int],
+                  raw_of, key_of, end_of, ordered: set[bytes], deferred: list[bytes], counts: Counter) -> tuple[int, int, int]:
+        """Keep the lines ``_scan`` hands over one by one, in line order: ``events`` are
+        (start, i), ``i`` an uncovered line (``raw_of``/``key_of``/``end_of`` read it) or
+        ``-1 - j`` signal line ``j``. Returns (repeats, their bytes, overflow) to add to
+        the stats."""
+        fast = self._fast_entries
+        max_line = self.max_line_bytes
+        repeats = repeat_bytes = overflow = 0
+        for (start, i), idx in zip(events, line_idx):
+            line_no = first_line + idx + 1
+            if i < 0:
+                _, end = signals[-1 - i]
+                self._keep_line(buf, start, end, True, start not in uncovered_signals, line_no)
+                continue
+            raw = raw_of(i)
+            if len(raw) > max_line:
+                self._keep_line(buf, start, end_of(i), False, False, line_no)
+                continue
+            key = key_of(i)
+            entry = fast.get(key)
+            if entry is None:
+                if key not in ordered and self._entry_counts[False] >= self.max_entries[False]:
+                    deferred.append(key)  # the budget ran out in this chunk
+                    counts[key] += 1
+                    continue
+                self._keep_uncovered(raw, key, line_no)
+            elif entry is _OVERFLOW:
+                overflow += 1
+            elif entry is not _BLANK:
+                entry.count += 1
+                entry.last_line = line_no
+                repeats += 1
+                repeat_bytes += len(raw) + 1
+                if raw[:1] in _PREFIX_STARTS:
+                    self._prefix_facts(raw, key, entry, line_no)
+        return repeats, repeat_bytes, overflow
+
+    def _scan_native(self, buf: bytes) -> None:
+        """``_scan`` with the native pass (``diagnosis.native``): the C code finds the
+        uncovered lines (RE2's run-scan), keys them and counts each distinct key, so
+        Python works once per distinct key of ``buf``, not once per line. The same
+        steps as ``_scan`` on what it returns; the same result (tests compare both)."""
+        signals, rank_host_lines = self._signals.scan(buf)
+        self._note_rank_hosts(buf, rank_host_lines)
+        first_line = self._line_no
+        stats = self.stats
+        fast = self._fast_entries
+        native = self._native
+        if len(fast) >= _MAX_FAST_KEYS or native.full():
+            # both at once: the C pass's key statuses mirror what fast says
+            fast.clear()
+            self._rank_spans.clear()
+            native.reset()
+        budget_spent = self._entry_counts[False] >= self.max_entries[False]
+        if budget_spent and not self._native_prints_sent:
+            native.add_prints(self._entry_prints)  # no entry opens any more: they are final
+            self._native_prints_sent = True
+        found = native.scan(buf, [start for start, _ in signals], self.max_line_bytes, budget_spent)
+        total_lines = found.total_lines
+        stats.uncovered_overflow += found.overflow  # lines of keys known to be overflow
+        n = len(found.starts)
+        if not n and not signals:
+            self._line_no += total_lines
+            stats.lines_in += total_lines
+            return
+        starts, ends, line_of, ids = found.starts, found.ends, found.lines, found.ids
+        uncovered_signals: set[int] = set()
+        if signals:
+            signal_line_idx = found.signal_lines.tolist()
+            signal_lines = [first_line + 1 + i for i in signal_line_idx]
+            # the progress line is the last one before the signal line: count back from it
+            self._note_signal_progress(
+                buf, signals, signal_lines,
+                lambda offset, j: signal_line_idx[j] - buf.count(b"\n", offset, signals[j][0]))
+            uncovered_signals = {signals[j][0] for j in np.flatnonzero(found.signal_uncovered).tolist()}
+        id_keys = native.keys
+        touched = found.touched.tolist()
+        tcount = found.touched_count.tolist()
+        tkeys = list(map(id_keys.__getitem__, touched))
+        counts = Counter(dict(zip(tkeys, tcount)))
+        known = list(map(fast.get, tkeys))
+        first_new = dict(zip(compress(tkeys, map(not_, known)), compress(found.touched_first.tolist(), map(not_, known))))
+        ordered: set[bytes] = set()  # keys whose every line goes one by one
+        ordered_lines: list[int] = np.flatnonzero(ids < 0).tolist()  # over max_line_bytes: no key
+        distinct_text = b"\n".join(tkeys)
+        if b"host" in distinct_text or b"local_rank" in distinct_text:
+            for word in (b"host", b"local_rank"):
+                found_word = compress(tkeys, map(bytes.__contains__, tkeys, repeat(word)))
+                ordered.update(k for k in found_word if k[:1] in _PREFIX_STARTS)
+        deferred: list[bytes] = []  # new keys met once the budget is spent: order-free
+        if budget_spent:
+            deferred = [k for k in first_new if k not in ordered] if ordered else list(first_new)
+            one_by_one = []
+        else:
+            one_by_one = [i for k, i in first_new.items() if k not in ordered]
+            for k in first_new:
+                if k not in ordered:
+                    counts[k] -= 1
+        if ordered:
+            ordered_ids = [i for i, k in zip(touched, tkeys) if k in ordered]
+            ordered_lines += np.flatnonzero(np.isin(ids, ordered_ids)).tolist()
+            for k in ordered:
+                del counts[k]
+        one_by_one += ordered_lines
+        # ---- in line order: signal lines and the lines above
+        chosen = np.asarray(one_by_one, dtype=np.int64)
+        at = dict(zip(one_by_one, zip(starts[chosen].tolist(), ends[chosen].tolist(), line_of[chosen].tolist(),
+                                      ids[chosen].tolist())))
+        events = sorted([(at[i][0], i) for i in one_by_one] + [(start, -1 - j) for j, (start, _) in enumerate(signals)])
+        signal_line_idx = found.signal_lines.tolist()
+        line_idx = [at[i][2] if i >= 0 else signal_line_idx[-1 - i] for _, i in events]
+        repeats, repeat_bytes, overflow = self._in_order(
+            buf, events, line_idx, first_line, signals, uncovered_signals,
+            lambda i: buf[at[i][0]:at[i][1]], lambda i: id_keys[at[i][3]], lambda i: at[i][1],
+            ordered, deferred, counts)
+        if deferred:
+            self._resolve_new_keys(deferred)
+        # ---- in bulk: the other repeats of known keys
+        if counts:
+            distinct = list(counts)
+            targets = list(map(fast.__getitem__, distinct))
+            overflow += sum(compress(counts.values(), map(is_, targets, repeat(_OVERFLOW))))
+            is_hit = list(map(isinstance, targets, repeat(LogEntry)))
+            hit_keys = list(compress(distinct, is_hit))
+            if hit_keys:
+                hit_counts = list(map(counts.__getitem__, hit_keys))
+                if not all(hit_counts):
+                    hit_keys = list(compress(hit_keys, hit_counts))
+                    hit_counts = list(filter(None, hit_counts))
+            if hit_keys:
+                last = dict(zip(tkeys, found.touched_last.tolist()))
+                base = first_line + 1
+                for entry, c, idx in zip(map(fast.__getitem__, hit_keys), hit_counts, map(last.__getitem__, hit_keys)):
+                    entry.count += c
+                    if base + idx > entry.last_line:
+                        entry.last_line = base + idx
+                repeats += sum(hit_counts)
+                repeat_bytes += sum(map(mul, hit_counts, map(len, hit_keys))) + sum(hit_counts)
+                prefixed = [k for k in hit_keys if k[:1] in _PREFIX_STARTS]
+                if prefixed:
+                    self._native_ranks(buf, found, prefixed)
+        # from now on the C pass counts or skips the lines of overflow and blank keys
+        outcome = list(map(fast.get, tkeys))
+        native.set_status(list(compress(touched, map(is_, outcome, repeat(_OVERFLOW)))), native_OVERFLOW)
+        native.set_status(list(compress(touched, map(is_, outcome, repeat(_BLANK)))), native_BLANK)
+        stats.lines_kept += repeats
+        stats.lines_uncovered += repeats
+        stats.uncovered_overflow += overflow
+        stats.bytes_kept += repeat_bytes
+        self._line_no = first_line + total_lines
+        stats.lines_in += total_lines
+
+    def _native_ranks(self, buf: bytes, found, prefixed: list[bytes]) -> None:
+        """Add the rank of every line of the ``prefixed`` keys (hits of ``_scan_native``)
+        to its entry: the rank sits at the same offsets as in its key (``_rank_span``),
+        read for all lines at once."""
+        fast = self._fast_entries
+        span_cache = self._rank_spans
+        id_of = dict(zip(map(self._native.keys.__getitem__, found.touched.tolist()), found.touched.tolist()))
+        span_ids, span_lo, span_hi = [], [], []
+        for k, span in zip(prefixed, map(span_cache.get, prefixed, repeat(_BLANK))):
+            if span is _BLANK:
+                span = span_cache[k] = _rank_span(k)
+            if span is not None:
+                span_ids.append(id_of[k])
+                span_lo.append(span.start)
+                span_hi.append(span.stop)
+        if not span_ids:
+            return
+        ids = found.ids
+        lo = np.full(self._native.n_ids + 1, -1, dtype=np.int64)  # index -1: lines without a key
+        hi = lo.copy()
+        lo[span_ids] = span_lo
+        hi[span_ids] = span_hi
+        chosen = np.flatnonzero(lo[ids] >= 0)
+        chosen_ids = ids[chosen]
+        offsets = found.starts[chosen] + lo[chosen_ids]
+        lengths = hi[chosen_ids] - lo[chosen_ids]
+        data = np.frombuffer(buf, dtype=np.uint8)
+        ranks = np.zeros(len(chosen), dtype=np.int64)
+        for d in range(int(lengths.max())):
+            digit = data[np.minimum(offsets + d, len(data) - 1)].astype(np.int64) - 48
+            ranks = np.where(d < lengths, ranks * 10 + digit, ranks)
+        pairs = np.unique((chosen_ids.astype(np.int64) << 24) | ranks).tolist()
+        keys = self._native.keys
+        for pair in pairs:
+            fast[keys[pair >> 24]].ranks.add(pair & 0xFFFFFF)
 
     def _last_progress_mark(self, buf: bytes, lo: int) -> tuple[int, float | None] | None:
         """(line number, timestamp) of the last training-progress line of ``buf[lo:]``

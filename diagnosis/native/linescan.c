@@ -1,0 +1,405 @@
+/* One pass over a buffer of complete lines: the uncovered lines of the RE2 run-scan
+ * filter, each keyed (digits 1-9 as '0') and counted per distinct key, without a
+ * Python object per line. Built on first use by diagnosis/native/__init__.py (cffi);
+ * diagnosis.filters.LogCompressor uses it when it builds and falls back to its
+ * pure-Python scan otherwise (both give the same result: tests/unit/diagnosis).
+ *
+ * The filter's regex runs in RE2 itself: the caller hands over the address of
+ * re2::RE2::Match (exported by google-re2's extension module) and the RE2 object the
+ * Python filter compiled, so the covered runs are matched by exactly the same code,
+ * call for call, as RunScanFilter.uncovered_spans does from Python.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* libstdc++'s std::string_view: passed by value in two registers, like this struct. */
+typedef struct { size_t len; const char *ptr; } ff_sv;
+typedef _Bool (*ff_match_fn)(const void *re, ff_sv text, size_t startpos, size_t endpos,
+                             int anchor, ff_sv *submatch, int nsubmatch);
+#define FF_ANCHOR_START 1
+
+typedef struct {
+    /* open addressing: slot holds id + 1 (0 = empty) */
+    int32_t *slots;
+    uint64_t *slot_hash;
+    int64_t cap; /* power of two */
+    int32_t n_ids, ids_cap;
+    int64_t *key_off;
+    int64_t *key_len;
+    char *arena;
+    int64_t arena_len, arena_cap;
+    int64_t *stamp;   /* per id: the scan that last touched it */
+    int32_t *touched; /* per id: its index among that scan's touched ids */
+    int64_t scan_no;
+    int8_t *status;   /* per id: FF_KEEP, FF_OVERFLOW or FF_BLANK (see ff_set_status) */
+    unsigned char *scratch;
+    int64_t scratch_cap;
+    /* the fingerprints of the uncovered entries' templates (a set of byte strings) */
+    int32_t *print_slots;
+    uint64_t *print_hash;
+    int64_t print_cap, n_prints, prints_cap;
+    int64_t *print_off, *print_len;
+    char *print_arena;
+    int64_t print_arena_len, print_arena_cap;
+    /* new keys of the last scan, each followed by '\n' (see ff_scan) */
+    char *new_keys;
+    int64_t new_keys_len, new_keys_cap;
+} ff_table;
+
+enum { FF_KEEP = 0, FF_OVERFLOW = 1, FF_BLANK = 2 };
+
+static void ff_clear_ids(ff_table *t) {
+    free(t->slots); free(t->slot_hash); free(t->key_off); free(t->key_len);
+    free(t->arena); free(t->stamp); free(t->touched); free(t->status);
+    t->slots = NULL; t->slot_hash = NULL; t->key_off = NULL; t->key_len = NULL;
+    t->arena = NULL; t->stamp = NULL; t->touched = NULL; t->status = NULL;
+    t->cap = 0; t->n_ids = t->ids_cap = 0; t->arena_len = t->arena_cap = 0;
+}
+
+ff_table *ff_new(void) { return (ff_table *)calloc(1, sizeof(ff_table)); }
+
+void ff_free(ff_table *t) {
+    if (!t) return;
+    ff_clear_ids(t);
+    free(t->scratch); free(t->print_slots); free(t->print_hash); free(t->print_off);
+    free(t->print_len); free(t->print_arena); free(t->new_keys);
+    free(t);
+}
+
+/* Forget every key (ids start again at 0); the fingerprints stay. */
+void ff_reset(ff_table *t) { ff_clear_ids(t); }
+
+int32_t ff_n_ids(ff_table *t) { return t->n_ids; }
+
+int64_t ff_arena_bytes(ff_table *t) { return t->arena_len; }
+
+static uint64_t ff_hash(const unsigned char *p, int64_t n) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
+    while (n >= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        p += 8; n -= 8;
+    }
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)n);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    return h;
+}
+
+static int ff_grow_slots(ff_table *t) {
+    int64_t cap = t->cap ? t->cap * 2 : 1 << 14;
+    int32_t *slots = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
+    uint64_t *hashes = (uint64_t *)malloc((size_t)cap * sizeof(uint64_t));
+    if (!slots || !hashes) { free(slots); free(hashes); return -1; }
+    for (int64_t i = 0; i < t->cap; i++) {
+        if (!t->slots[i]) continue;
+        int64_t j = (int64_t)(t->slot_hash[i] & (uint64_t)(cap - 1));
+        while (slots[j]) j = (j + 1) & (cap - 1);
+        slots[j] = t->slots[i];
+        hashes[j] = t->slot_hash[i];
+    }
+    free(t->slots); free(t->slot_hash);
+    t->slots = slots; t->slot_hash = hashes; t->cap = cap;
+    return 0;
+}
+
+#define FF_GROW(ptr, type, n) do { void *g_ = realloc((ptr), (size_t)(n) * sizeof(type)); \
+    if (!g_) return -1; (ptr) = (type *)g_; } while (0)
+
+/* id of the key (scratch[0:n]); a new key gets the next id. -1: out of memory */
+static int32_t ff_intern(ff_table *t, const unsigned char *key, int64_t n, int *is_new) {
+    *is_new = 0;
+    if ((int64_t)(t->n_ids + 1) * 2 > t->cap && ff_grow_slots(t) < 0) return -1;
+    uint64_t h = ff_hash(key, n);
+    int64_t mask = t->cap - 1, j = (int64_t)(h & (uint64_t)mask);
+    for (;;) {
+        int32_t s = t->slots[j];
+        if (!s) break;
+        if (t->slot_hash[j] == h) {
+            int32_t id = s - 1;
+            if (t->key_len[id] == n && memcmp(t->arena + t->key_off[id], key, (size_t)n) == 0) return id;
+        }
+        j = (j + 1) & mask;
+    }
+    if (t->n_ids == t->ids_cap) {
+        int32_t cap = t->ids_cap ? t->ids_cap * 2 : 1 << 12;
+        FF_GROW(t->key_off, int64_t, cap);
+        FF_GROW(t->key_len, int64_t, cap);
+        FF_GROW(t->stamp, int64_t, cap);
+        FF_GROW(t->touched, int32_t, cap);
+        FF_GROW(t->status, int8_t, cap);
+        t->ids_cap = cap;
+    }
+    if (t->arena_len + n > t->arena_cap) {
+        int64_t cap = t->arena_cap ? t->arena_cap : 1 << 20;
+        while (cap < t->arena_len + n) cap *= 2;
+        FF_GROW(t->arena, char, cap);
+        t->arena_cap = cap;
+    }
+    int32_t id = t->n_ids++;
+    *is_new = 1;
+    memcpy(t->arena + t->arena_len, key, (size_t)n);
+    t->key_off[id] = t->arena_len;
+    t->key_len[id] = n;
+    t->arena_len += n;
+    t->stamp[id] = 0;
+    t->status[id] = FF_KEEP;
+    t->slots[j] = id + 1;
+    t->slot_hash[j] = h;
+    return id;
+}
+
+/* What a key's fingerprint keeps (diagnosis.filters._NOT_PRINT): printable ASCII less
+ * digits and the letters and signs of the rank prefixes; then stripped of end spaces. */
+static int ff_print_keeps(unsigned char c) {
+    if (c < 32 || c > 126) return 0;
+    if (c >= '0' && c <= '9') return 0;
+    return !strchr("[]:rankdefault", c);
+}
+
+static int64_t ff_fingerprint(const unsigned char *key, int64_t n, unsigned char *out) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (ff_print_keeps(key[i])) out[m++] = key[i];
+    int64_t lo = 0;
+    while (lo < m && out[lo] == ' ') lo++;
+    while (m > lo && out[m - 1] == ' ') m--;
+    if (lo) memmove(out, out + lo, (size_t)(m - lo));
+    return m - lo;
+}
+
+static int ff_grow_prints(ff_table *t) {
+    int64_t cap = t->print_cap ? t->print_cap * 2 : 1 << 14;
+    int32_t *slots = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
+    uint64_t *hashes = (uint64_t *)malloc((size_t)cap * sizeof(uint64_t));
+    if (!slots || !hashes) { free(slots); free(hashes); return -1; }
+    for (int64_t i = 0; i < t->print_cap; i++) {
+        if (!t->print_slots[i]) continue;
+        int64_t j = (int64_t)(t->print_hash[i] & (uint64_t)(cap - 1));
+        while (slots[j]) j = (j + 1) & (cap - 1);
+        slots[j] = t->print_slots[i];
+        hashes[j] = t->print_hash[i];
+    }
+    free(t->print_slots); free(t->print_hash);
+    t->print_slots = slots; t->print_hash = hashes; t->print_cap = cap;
+    return 0;
+}
+
+/* 1 when print[0:n] is a known fingerprint; with add, it becomes one. -1: no memory */
+static int ff_print_lookup(ff_table *t, const unsigned char *print, int64_t n, int add) {
+    if (add && (t->n_prints + 1) * 2 > t->print_cap && ff_grow_prints(t) < 0) return -1;
+    if (!t->print_cap) return 0;
+    uint64_t h = ff_hash(print, n);
+    int64_t mask = t->print_cap - 1, j = (int64_t)(h & (uint64_t)mask);
+    for (;;) {
+        int32_t s = t->print_slots[j];
+        if (!s) break;
+        if (t->print_hash[j] == h && t->print_len[s - 1] == n &&
+            memcmp(t->print_arena + t->print_off[s - 1], print, (size_t)n) == 0) return 1;
+        j = (j + 1) & mask;
+    }
+    if (!add) return 0;
+    if (t->n_prints == t->prints_cap) {
+        int64_t cap = t->prints_cap ? t->prints_cap * 2 : 1024;
+        FF_GROW(t->print_off, int64_t, cap);
+        FF_GROW(t->print_len, int64_t, cap);
+        t->prints_cap = cap;
+    }
+    if (t->print_arena_len + n > t->print_arena_cap) {
+        int64_t cap = t->print_arena_cap ? t->print_arena_cap : 1 << 16;
+        while (cap < t->print_arena_len + n) cap *= 2;
+        FF_GROW(t->print_arena, char, cap);
+        t->print_arena_cap = cap;
+    }
+    int64_t k = t->n_prints++;
+    memcpy(t->print_arena + t->print_arena_len, print, (size_t)n);
+    t->print_off[k] = t->print_arena_len;
+    t->print_len[k] = n;
+    t->print_arena_len += n;
+    t->print_slots[j] = (int32_t)(k + 1);
+    t->print_hash[j] = h;
+    return 0;
+}
+
+/* Add fingerprints, each followed by '\n'. 0, or -1 when out of memory. */
+int ff_add_prints(ff_table *t, const char *joined, int64_t size) {
+    int64_t pos = 0;
+    while (pos < size) {
+        const char *nl = (const char *)memchr(joined + pos, '\n', (size_t)(size - pos));
+        int64_t end = nl ? (int64_t)(nl - joined) : size;
+        if (ff_print_lookup(t, (const unsigned char *)joined + pos, end - pos, 1) < 0) return -1;
+        pos = end + 1;
+    }
+    return 0;
+}
+
+/* What the caller decided for keys of the last scans: their lines are no longer
+ * reported but counted (FF_OVERFLOW) or skipped (FF_BLANK). */
+void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status) {
+    for (int64_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < t->n_ids) t->status[ids[i]] = status;
+}
+
+static const char *ff_memmem(const unsigned char *hay, int64_t n, const char *needle, int64_t m) {
+    for (int64_t i = 0; i + m <= n; i++)
+        if (hay[i] == (unsigned char)needle[0] && memcmp(hay + i, needle, (size_t)m) == 0)
+            return (const char *)hay + i;
+    return NULL;
+}
+
+static int64_t ff_count_newlines(const char *p, int64_t n) {
+    int64_t c = 0;
+    for (int64_t i = 0; i < n; i++) c += p[i] == '\n';
+    return c;
+}
+
+int64_t ff_lines(const char *buf, int64_t size) { return ff_count_newlines(buf, size); }
+
+/* Scan buf[0:size] (complete lines, ending in '\n').
+ *
+ * sig[0:n_sig]: ascending starts of the error-signal lines (kept by the caller one
+ * by one): for each, sig_line gets its line index and sig_uncovered whether no rule
+ * covers it; those lines are not keyed.
+ * Every other uncovered line gets o_start/o_end (its bytes, without the newline),
+ * o_line (its 0-based line index in buf) and o_id: the id of its key (the line with
+ * digits 1-9 as '0'), or -1 for a line longer than max_line (not keyed).
+ * Each distinct id among them, in order of first appearance: t_id, t_count (lines),
+ * t_first (index into the o_ arrays of its first line), t_last (line index of its
+ * last line). Ids at or above the table's n_ids before the call are new keys.
+ *
+ * Lines of keys whose status is FF_OVERFLOW are only counted (out[3]), those of FF_BLANK
+ * keys skipped. With budget_spent (no uncovered entry can open any more), a new key
+ * whose fingerprint is not among ff_add_prints' gets FF_OVERFLOW at once (unless it may
+ * be a line of torchrun's failure summary: those go to the caller one by one), as
+ * LogCompressor._resolve_new_keys would decide. The new keys that are reported are in
+ * t->new_keys (ff_new_keys), each followed by '\n', in order of their ids.
+ *
+ * out[0] = uncovered lines written, out[1] = distinct ids, out[2] = lines in buf,
+ * out[3] = lines counted as overflow.
+ * Returns 0, or -1 when out of memory (the caller falls back to Python).
+ * The o_ arrays hold at least one slot per line of buf.
+ */
+int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *buf, int64_t size,
+            int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
+            int64_t *sig_line, int64_t *o_start, int64_t *o_end, int64_t *o_line, int32_t *o_id,
+            int32_t *t_id, int64_t *t_count, int64_t *t_first, int64_t *t_last, int64_t *out) {
+    ff_match_fn match = (ff_match_fn)match_addr;
+    const void *re = (const void *)re_addr;
+    ff_sv text = { (size_t)size, buf }, sub;
+    int64_t pos = 0, cur = 0, line = 0, j = 0, n_out = 0, n_touched = 0, overflow = 0;
+    int64_t scan_no = ++t->scan_no;
+    t->new_keys_len = 0;
+    while (pos < size) {
+        int64_t end = -1;
+        sub.len = 0; sub.ptr = NULL;
+        if (match(re, text, (size_t)pos, (size_t)size, FF_ANCHOR_START, &sub, 1) && sub.ptr)
+            end = (int64_t)(sub.ptr - buf) + (int64_t)sub.len;
+        if (end > pos) {
+            /* a run of covered lines: its signal lines are covered */
+            while (j < n_sig && sig[j] < end) {
+                line += ff_count_newlines(buf + cur, sig[j] - cur);
+                cur = sig[j];
+                sig_line[j] = line;
+                sig_uncovered[j] = 0;
+                j++;
+            }
+            line += ff_count_newlines(buf + cur, end - cur);
+            cur = pos = end;
+            if (pos >= size) break; /* the run is maximal: the line at its end is uncovered */
+        }
+        const char *nl = (const char *)memchr(buf + pos, '\n', (size_t)(size - pos));
+        int64_t newline = nl ? (int64_t)(nl - buf) : size;
+        while (j < n_sig && sig[j] < pos) { /* not at a line start: cannot happen */
+            sig_line[j] = line; sig_uncovered[j] = 0; j++;
+        }
+        if (j < n_sig && sig[j] == pos) {
+            sig_line[j] = line;
+            sig_uncovered[j] = 1;
+            j++;
+        } else {
+            int64_t n = newline - pos;
+            int32_t id = -1;
+            if (n <= max_line) {
+                if (2 * n > t->scratch_cap) { /* the key, then its fingerprint */
+                    int64_t cap = t->scratch_cap ? t->scratch_cap : 4096;
+                    while (cap < 2 * n) cap *= 2;
+                    FF_GROW(t->scratch, unsigned char, cap);
+                    t->scratch_cap = cap;
+                }
+                const unsigned char *src = (const unsigned char *)buf + pos;
+                unsigned char *dst = t->scratch;
+                for (int64_t i = 0; i < n; i++) {
+                    unsigned char c = src[i];
+                    dst[i] = (unsigned char)(c - '1') < 9 ? '0' : c;
+                }
+                int is_new;
+                id = ff_intern(t, dst, n, &is_new);
+                if (id < 0) return -1;
+                if (is_new) {
+                    if (budget_spent && !(n && memchr("[0123456789 ", dst[0], 12) &&
+                                          (ff_memmem(dst, n, "host", 4) || ff_memmem(dst, n, "local_rank", 10)))) {
+                        int64_t m = ff_fingerprint(dst, n, dst + n);
+                        int known = ff_print_lookup(t, dst + n, m, 0);
+                        if (known < 0) return -1;
+                        if (!known) t->status[id] = FF_OVERFLOW;
+                    }
+                    if (t->status[id] == FF_KEEP) {
+                        if (t->new_keys_len + n + 1 > t->new_keys_cap) {
+                            int64_t cap = t->new_keys_cap ? t->new_keys_cap : 1 << 16;
+                            while (cap < t->new_keys_len + n + 1) cap *= 2;
+                            FF_GROW(t->new_keys, char, cap);
+                            t->new_keys_cap = cap;
+                        }
+                        memcpy(t->new_keys + t->new_keys_len, dst, (size_t)n);
+                        t->new_keys[t->new_keys_len + n] = '\n';
+                        t->new_keys_len += n + 1;
+                    }
+                }
+                if (t->status[id] != FF_KEEP) {
+                    overflow += t->status[id] == FF_OVERFLOW;
+                    goto next_line;
+                }
+                if (t->stamp[id] != scan_no) {
+                    t->stamp[id] = scan_no;
+                    t->touched[id] = (int32_t)n_touched;
+                    t_id[n_touched] = id;
+                    t_count[n_touched] = 1;
+                    t_first[n_touched] = n_out;
+                    t_last[n_touched] = line;
+                    n_touched++;
+                } else {
+                    int32_t k = t->touched[id];
+                    t_count[k]++;
+                    t_last[k] = line;
+                }
+            }
+            o_start[n_out] = pos;
+            o_end[n_out] = newline;
+            o_line[n_out] = line;
+            o_id[n_out] = id;
+            n_out++;
+        }
+    next_line:
+        if (newline >= size) { cur = pos = size; break; }
+        line += 1;
+        cur = pos = newline + 1;
+    }
+    while (j < n_sig) { /* past the last line: cannot happen */
+        sig_line[j] = line; sig_uncovered[j] = 0; j++;
+    }
+    line += ff_count_newlines(buf + cur, size - cur);
+    out[0] = n_out;
+    out[1] = n_touched;
+    out[2] = line;
+    out[3] = overflow;
+    return 0;
+}
+
+int64_t ff_new_keys(ff_table *t, const char **keys) {
+    *keys = t->new_keys;
+    return t->new_keys_len;
+}
