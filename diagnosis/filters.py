@@ -69,7 +69,6 @@ RuleSource = Literal["seed", "agent", "user"]
 DEFAULT_FAMILY = "default"
 CHUNK_BYTES = 16 << 20
 PIECE_BYTES = 1 << 20  # what _process scans at a time (see _process_pieces)
-NATIVE_PIECE_BYTES = CHUNK_BYTES  # the same with the native line pass (no copy of a chunk)
 MAX_LINE_BYTES = 64 << 10
 # Bounds on distinct (collapsed) entries, so memory stays bounded even for a log whose
 # lines no rule knows. Signal entries get a far larger budget than uncovered ones.
@@ -253,8 +252,9 @@ class LogCompressor:
         self._native = None if native is False else line_scan_for(self._filter)
         if native and self._native is None:
             raise RuntimeError(f"the native line pass is not available: {native_failure() or 'engine ' + engine}")
-        # the native pass has no per-line Python lists to keep in the CPU caches
-        self._piece_bytes = PIECE_BYTES if self._native is None else NATIVE_PIECE_BYTES
+        # the native pass has no per-line Python lists to keep in the CPU caches: a
+        # chunk of feed_file (a line completed) is one piece, not copied
+        self._piece_bytes = PIECE_BYTES if self._native is None else chunk_bytes + max_line_bytes
         self._native_prints_sent = False  # entry fingerprints handed to the C pass
         self._signals = _cached_scanner(tuple(diagnosis_patterns))
         self.max_line_bytes = max_line_bytes
@@ -389,15 +389,25 @@ class LogCompressor:
         the whole buffer."""
         size = len(buf)
         pos = 0
-        piece = self._piece_bytes
+        piece = self._piece_size()
         while size - pos > piece:
             end = buf.rfind(b"\n", pos, pos + piece) + 1
             if end <= pos:  # a line longer than a piece
                 end = buf.find(b"\n", pos + piece) + 1 or size
             self._process(buf[pos:end])
             pos = end
+            piece = self._piece_size()
         if pos < size:
             self._process(buf[pos:] if pos else buf)
+
+    def _piece_size(self) -> int:
+        """PIECE_BYTES; with the native pass, a whole chunk once the uncovered budget is
+        spent (no per-line lists to keep in the caches; the chunk is not copied). Until
+        then 1 MB pieces: where the budget runs out inside a piece, each new key after
+        that point goes through Python one by one."""
+        if self._native is None or self._entry_counts[False] < self.max_entries[False]:
+            return PIECE_BYTES
+        return self._piece_bytes
 
     def _process(self, buf: bytes) -> None:
         self._tail_from = None  # where the lines after buf's last signal line start
