@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/diagnosis_accuracy.py                 # all corpora, 2 logs of 100 MB
     .venv/bin/python benchmarks/diagnosis_accuracy.py --big-mb 0 --skip-heldout
 
-Paths, each through `diagnosis.api.diagnose_log` (the agent hook runs only when no
-rule names a root cause):
+Paths, each through `diagnosis.api.diagnose_log` (the agent hook runs when no rule names
+a root cause, and when only symptom rules matched while error lines no rule explains
+remain; the agent's answer then replaces the symptom):
 
 * rules      — the diagnosis rule library alone;
 * retrieval  — plus the failure agent without an LLM: a similarity-weighted vote over
@@ -18,6 +19,34 @@ rule names a root cause):
                "agent (scripted LLM)" before issue 17; it is not a language model, and
                since exception names are label names it flatters the script classes.
                The old `agent_*` keys carry its figures.
+
+On the real logs only, three more paths measure what the failure memory adds as it
+grows (issue 17 item 3: the product is meant to learn from confirmed failures):
+
+* memory         — the retrieval path (rules first, the same agent hook semantics),
+                   with a memory grown batch by batch: batch N is diagnosed with the
+                   template cases PLUS the real logs of batches 1..N-1 with their labels
+                   (what a team would have confirmed by the time batch N arrived), stored
+                   the way the product stores a confirmed failure
+                   (`DiagnosisAgents.remember`: compressed log, failure lines, key).
+                   Batch N's own logs and later batches never enter its memory: they are
+                   added only after batch N is scored. Batch 1's memory is the templates
+                   alone, so there it equals `retrieval`;
+* retrieval_only — no rule answers: the agent hook called directly on the compressed log
+                   (the same line grouping the hook gets), templates-only memory;
+* memory_only    — the same with the grown memory.
+
+Why this is fair, and what it does not show: batches were collected in order, each from
+threads none of the earlier batches came from, and labelled before scoring, so a batch's
+memory holds only failures a team could have confirmed before it. But the CURRENT rules
+were written from batches 1-12 (batches.json), and which rules existed when batch N came
+is not reproduced; with rules first (`memory`) the rules answer nearly every real log,
+so `memory` - `retrieval` is only what the grown memory adds where today's rules do not
+know. `memory_only` vs `retrieval_only` is free of that leakage (no rule answers; the
+library only sorts lines into telling lines and symptoms for the retrieval key) and is the
+figure for "does remembering earlier real failures help on new ones". Pooled figures
+(`real_pooled_*`, `real_memory_grown_*`) cover batches 5 and later (5-12 today), with a
+paired sign test of each grown-memory path against its templates-only counterpart.
 
 Corpora:
 
@@ -56,7 +85,14 @@ The last line is the JSON headline. Old keys (templates corpus): `cases`, `best_
 (best path on real logs), `real_…` per path, `real_batchN_…` per batch and path, and
 `real_heldout_batch`, `real_heldout_logs`, `real_heldout_best_path`,
 `real_heldout_root_cause`, `real_heldout_kind`, `real_heldout_restart` and
-`real_heldout_<path>_…` (the latest batch no rule was written from).
+`real_heldout_<path>_…` (the latest batch no rule was written from). Grown memory (real
+logs): `real_<path>_…` and `real_batchN_<path>_…` for `memory`, `retrieval_only`,
+`memory_only`; `real_batchN_memory_size` (past failures in batch N's memory);
+`real_pooled_batches`, `real_pooled_logs`, `real_pooled_<path>_…` for every path;
+`real_memory_grown_root_cause`, `_kind`, `_restart` (= `memory`, pooled),
+`real_memory_only_grown_…` (= `memory_only`, pooled) and
+`real_pooled_<memory|memory_only>_fixes`, `_breaks`, `_sign_test_p` (root cause, against
+`retrieval` / `retrieval_only`).
 """
 
 from __future__ import annotations
@@ -84,6 +120,11 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
 CORPUS = REPO / "tests" / "data" / "failures"
 PATHS = ("rules", "retrieval", "heuristic")
+# Real logs only: the memory grown batch by batch (see the docstring), with rules first
+# (`memory`) and without rules (`memory_only`), and the templates-only memory without
+# rules (`retrieval_only`) to compare the latter with.
+MEMORY_PATHS = ("memory", "retrieval_only", "memory_only")
+POOLED_FROM = 5  # pooled figures: batches 5 and later
 REAL_CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 
 
@@ -188,6 +229,15 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)
 
 
+def sign_test(k: int, m: int) -> float:
+    """Exact two-sided sign test (McNemar) of k against m discordant pairs."""
+    n = k + m
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(k, m) + 1)) / 2**n
+    return round(min(1.0, 2 * tail), 4)
+
+
 def score(results: list[tuple[dict, object]]) -> dict[str, float]:
     n = len(results)
     return {
@@ -218,10 +268,11 @@ def main() -> None:
     args = parser.parse_args()
 
     from diagnosis.agents import AgentsConfig, DiagnosisAgents, failure_lines
-    from diagnosis.api import compress_log, diagnose_log
+    from diagnosis.api import DiagnosisContext, compress_log, diagnose_log
     from diagnosis.failure_agent import FailureAgentConfig
     from diagnosis.llm import LLMConfig
     from diagnosis.memory import FailureMemory, MemoryConfig, make_excerpt, make_key, shared_embedder
+    from diagnosis.rules import diagnose_compressed
     from diagnosis.vocabulary import Diagnosis
     from realistic import realistic_variant
     from scripted_llm_server import MODEL_ID, ScriptedLLMServer
@@ -263,15 +314,16 @@ def main() -> None:
         def run_paths(path: Path, state_key: str) -> dict[str, object]:
             return {p: diagnose_log(path, state_dir=tmp / f"state-{state_key}-{p}", agent=agents[p]) for p in PATHS}
 
-        def report(title: str, names: list[str], results: dict[str, list], answers: dict[str, list]) -> dict:
-            table = {p: score(results[p]) for p in PATHS}
+        def report(title: str, names: list[str], results: dict[str, list], answers: dict[str, list],
+                   paths: tuple[str, ...] = PATHS) -> dict:
+            table = {p: score(results[p]) for p in paths}
             print(f"\n{title} ({len(names)} logs)")
-            print(f"{'path':12} {'root cause':>10} {'kind':>8} {'restart':>8}   95% CI (root cause)   answered by")
-            for p in PATHS:
+            print(f"{'path':14} {'root cause':>10} {'kind':>8} {'restart':>8}   95% CI (root cause)   answered by")
+            for p in paths:
                 s_ = table[p]
                 k = sum(d.root_cause == l["root_cause"] for l, d in results[p])
                 low, high = wilson(k, len(names))
-                print(f"{p:12} {s_['root_cause_accuracy']:10.3f} {s_['kind_accuracy']:8.3f} {s_['restart_accuracy']:8.3f}"
+                print(f"{p:14} {s_['root_cause_accuracy']:10.3f} {s_['kind_accuracy']:8.3f} {s_['restart_accuracy']:8.3f}"
                       f"   [{low:.3f}, {high:.3f}]        " + ", ".join(f"{a}={b}" for a, b in sorted(Counter(answers[p]).items())))
             return table
 
@@ -341,6 +393,87 @@ def main() -> None:
             print(f"real logs batch {b} ({len(idx)} logs): " + "; ".join(
                 f"{p} {real_batches[b][p]['root_cause_accuracy']:.3f}/{real_batches[b][p]['kind_accuracy']:.3f}/"
                 f"{real_batches[b][p]['restart_accuracy']:.3f}" for p in PATHS) + "  (root cause/kind/restart)")
+
+        # ---------------------------------------------------------------- grown memory
+        # Batch N is diagnosed with a memory of the template cases plus the real logs of
+        # batches 1..N-1 with their labels (what a team would have confirmed by the time
+        # batch N arrived), stored as the product stores a confirmed failure
+        # (DiagnosisAgents.remember); batch N's own logs and later batches are added only
+        # after batch N is scored.
+        grown = FailureMemory(MemoryConfig(path=tmp / "memory-grown"), embedder)
+        for name in cases:
+            label = labels[name]
+            grown.add(excerpts[name], Diagnosis(label["root_cause"], label["kind"], label["restart_helps"]),
+                      failure_id=name, key=keys[name])
+        grown_agent = DiagnosisAgents(AgentsConfig(llm=None, failure_agent=no_learning), memory=grown)
+        no_rule_agents = {"retrieval_only": agents["retrieval"], "memory_only": grown_agent}
+        m_results: dict[str, list] = {p: [None] * len(real_names) for p in MEMORY_PATHS}
+        m_answers: dict[str, list] = {p: [None] * len(real_names) for p in MEMORY_PATHS}
+        memory_sizes: dict[int, int] = {}
+        for b in batches:
+            idx = [i for i, n in enumerate(real_names) if real_labels[n].get("batch", 1) == b]
+            memory_sizes[b] = len(grown)
+            confirmed = []
+            for i in idx:
+                name = real_names[i]
+                label = real_labels[name]
+                path = args.real_corpus / name
+                d = diagnose_log(path, state_dir=tmp / f"state-real-{name}-memory", agent=grown_agent)
+                m_results["memory"][i], m_answers["memory"][i] = (label, d), d.source
+                # No rule answers: the agent alone, on the same compressed log and line
+                # grouping the hook gets.
+                state = tmp / f"state-real-{name}-norules"
+                compressed, filter_rules, library = compress_log(path, state_dir=state)
+                context = DiagnosisContext(
+                    log_path=str(path), job_family=filter_rules.job_family, compressed=compressed,
+                    rule_outcome=diagnose_compressed(compressed, library), library=library,
+                    filter_rules=filter_rules, state_dir=state, log_paths=[str(path)],
+                )
+                for p, agent in no_rule_agents.items():
+                    d = agent(context) or Diagnosis("Unknown", "unknown", False, confidence=0.0, source="none")
+                    m_results[p][i], m_answers[p][i] = (label, d), d.source
+                confirmed.append((compressed, library, label))
+            for compressed, library, label in confirmed:  # confirmed once batch b is done
+                grown_agent.remember(
+                    compressed, Diagnosis(label["root_cause"], label["kind"], label["restart_helps"]), library=library
+                )
+        real_memory = report("real failure logs, memory grown batch by batch", real_names,
+                             m_results, m_answers, paths=MEMORY_PATHS)
+        all_paths = PATHS + MEMORY_PATHS
+        all_results = {**q_results, **m_results}
+        for b in batches:
+            idx = [i for i, n in enumerate(real_names) if real_labels[n].get("batch", 1) == b]
+            real_batches[b].update({p: score([m_results[p][i] for i in idx]) for p in MEMORY_PATHS})
+        print(f"\nper batch, memory = templates ({len(cases)}) + real logs of earlier batches; "
+              "root cause/kind/restart")
+        print(f"{'batch':>5} {'logs':>4} {'memory':>6}  " + "  ".join(f"{p:>17}" for p in all_paths))
+        for b in batches:
+            n_b = sum(real_labels[n].get("batch", 1) == b for n in real_names)
+            print(f"{b:5d} {n_b:4d} {memory_sizes[b]:6d}  " + "  ".join(
+                f"{real_batches[b][p]['root_cause_accuracy']:.3f}/{real_batches[b][p]['kind_accuracy']:.3f}/"
+                f"{real_batches[b][p]['restart_accuracy']:.3f}" for p in all_paths))
+        pooled_batches = [b for b in batches if b >= POOLED_FROM]
+        pooled_idx = [i for i, n in enumerate(real_names) if real_labels[n].get("batch", 1) in pooled_batches]
+        pooled = {p: score([all_results[p][i] for i in pooled_idx]) for p in all_paths}
+        print(f"pooled batches {pooled_batches[0]}-{pooled_batches[-1]} ({len(pooled_idx)} logs): " + "; ".join(
+            f"{p} {pooled[p]['root_cause_accuracy']:.3f}/{pooled[p]['kind_accuracy']:.3f}/"
+            f"{pooled[p]['restart_accuracy']:.3f}" for p in all_paths))
+        paired = {}
+        for a, c in (("retrieval", "memory"), ("retrieval_only", "memory_only")):
+            right = [(all_results[a][i][1].root_cause == all_results[a][i][0]["root_cause"],
+                      all_results[c][i][1].root_cause == all_results[c][i][0]["root_cause"]) for i in pooled_idx]
+            fixes, breaks = sum(not x and y for x, y in right), sum(x and not y for x, y in right)
+            paired[c] = (fixes, breaks, sign_test(fixes, breaks))
+            print(f"pooled, root cause, {a} -> {c}: fixes {fixes}, breaks {breaks} "
+                  f"(exact two-sided sign test p = {paired[c][2]:.3f})")
+        print("real logs where the grown memory changes the answer: label | retrieval -> memory | "
+              "retrieval_only -> memory_only")
+        for i, name in enumerate(real_names):
+            pairs = (("retrieval", "memory"), ("retrieval_only", "memory_only"))
+            if any(all_results[a][i][1].root_cause != all_results[c][i][1].root_cause for a, c in pairs):
+                label = real_labels[name]["root_cause"]
+                print(f"  b{real_labels[name].get('batch', 1):<2} {name:48} {label:18} | " + " | ".join(
+                    f"{all_results[a][i][1].root_cause} -> {all_results[c][i][1].root_cause}" for a, c in pairs))
         print(f"\nLLM requests: {len(server.requests)}; total {time.perf_counter() - started:.1f} s")
 
     order = {path: i for i, path in enumerate(PATHS)}
@@ -399,6 +532,21 @@ def main() -> None:
         "real_heldout_kind": held.get("kind_accuracy"),
         "real_heldout_restart": held.get("restart_accuracy"),
         **{f"real_heldout_{p}_{k}": v for p in PATHS if latest is not None for k, v in real_batches[latest][p].items()},
+        # the memory grown batch by batch (templates + earlier batches' real logs)
+        **{f"real_{p}_{k}": v for p in MEMORY_PATHS for k, v in real_memory[p].items()},
+        **{f"real_batch{b}_{p}_{k}": v for b, t in real_batches.items() for p in MEMORY_PATHS for k, v in t[p].items()},
+        **{f"real_batch{b}_memory_size": n for b, n in memory_sizes.items()},
+        "real_pooled_batches": f"{pooled_batches[0]}-{pooled_batches[-1]}",
+        "real_pooled_logs": len(pooled_idx),
+        **{f"real_pooled_{p}_{k}": v for p in all_paths for k, v in pooled[p].items()},
+        "real_memory_grown_root_cause": pooled["memory"]["root_cause_accuracy"],
+        "real_memory_grown_kind": pooled["memory"]["kind_accuracy"],
+        "real_memory_grown_restart": pooled["memory"]["restart_accuracy"],
+        "real_memory_only_grown_root_cause": pooled["memory_only"]["root_cause_accuracy"],
+        "real_memory_only_grown_kind": pooled["memory_only"]["kind_accuracy"],
+        "real_memory_only_grown_restart": pooled["memory_only"]["restart_accuracy"],
+        **{f"real_pooled_{c}_{what}": paired[c][j] for c in paired
+           for j, what in enumerate(("fixes", "breaks", "sign_test_p"))},
     })
     print(json.dumps(headline))
 
