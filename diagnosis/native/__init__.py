@@ -43,14 +43,14 @@ void ff_free(ff_table *t);
 void ff_reset(ff_table *t);
 int32_t ff_n_ids(ff_table *t);
 int64_t ff_arena_bytes(ff_table *t);
-int64_t ff_lines(const char *buf, int64_t size);
+void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_line, int32_t **o_id,
+                int32_t **t_id, int64_t **t_count, int64_t **t_first, int64_t **t_last);
 int ff_add_prints(ff_table *t, const char *joined, int64_t size);
 void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status);
 int64_t ff_new_keys(ff_table *t, const char **keys);
 int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *buf, int64_t size,
             int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
-            int64_t *sig_line, int64_t *o_start, int64_t *o_end, int64_t *o_line, int32_t *o_id,
-            int32_t *t_id, int64_t *t_count, int64_t *t_first, int64_t *t_last, int64_t *out);
+            int64_t *sig_line, int64_t *out);
 """
 # re2::RE2::Match(std::string_view, size_t, size_t, RE2::Anchor, std::string_view*, int) const
 _RE2_MATCH_SYMBOL = "_ZNK3re23RE25MatchESt17basic_string_viewIcSt11char_traitsIcEEmmNS0_6AnchorEPS4_i"
@@ -204,7 +204,8 @@ class LineScan:
         self._regex = regex  # keeps the RE2 object alive while the C code holds its address
         self._table = self._ffi.gc(self._lib.ff_new(), self._lib.ff_free)
         self.keys: list[bytes] = []
-        self._arrays = [np.empty(0, dtype=np.int64)] * 8  # see scan
+        # where ff_outputs puts the addresses of the last scan's arrays
+        self._where = [self._ffi.new(f"{kind} **") for kind in ("int64_t",) * 3 + ("int32_t",) * 2 + ("int64_t",) * 3]
 
     @property
     def n_ids(self) -> int:
@@ -238,10 +239,6 @@ class LineScan:
         (``overflow`` counts the former), keyed; ``keys`` gets the new keys (None for
         those never reported). The arrays returned are valid until the next call."""
         ffi = self._ffi
-        cap = self._lib.ff_lines(ffi.from_buffer(buf), len(buf)) + 1
-        if cap > len(self._arrays[0]):  # one slot per line; reused from buffer to buffer
-            self._arrays = [np.empty(cap, dtype=np.int32 if i in (3, 4) else np.int64) for i in range(8)]
-        starts, ends, lines, ids, touched, touched_count, touched_first, touched_last = self._arrays
         signals = np.asarray(signal_starts, dtype=np.int64)
         signal_uncovered = np.zeros(len(signals), dtype=np.int8)
         signal_lines = np.zeros(len(signals), dtype=np.int64)
@@ -254,17 +251,23 @@ class LineScan:
         status = self._lib.ff_scan(
             self._table, self._match, self._re, ffi.from_buffer(buf), len(buf), max_line, int(budget_spent),
             ptr(signals, "int64_t[]"), len(signals), ptr(signal_uncovered, "int8_t[]"), ptr(signal_lines, "int64_t[]"),
-            ptr(starts, "int64_t[]"), ptr(ends, "int64_t[]"), ptr(lines, "int64_t[]"), ptr(ids, "int32_t[]"),
-            ptr(touched, "int32_t[]"), ptr(touched_count, "int64_t[]"), ptr(touched_first, "int64_t[]"),
-            ptr(touched_last, "int64_t[]"), ptr(out, "int64_t[]"),
+            ptr(out, "int64_t[]"),
         )
         if status != 0:
             raise MemoryError("the native line scan ran out of memory")
         n, m, total, overflow = out.tolist()
+        where = self._where
+        self._lib.ff_outputs(self._table, *where)
+
+        def view(i: int, count: int, dtype) -> np.ndarray:
+            size = count * np.dtype(dtype).itemsize
+            return np.frombuffer(ffi.buffer(where[i][0], size), dtype=dtype) if count else np.empty(0, dtype=dtype)
+
         result = ScanResult()
-        result.starts, result.ends, result.lines, result.ids = starts[:n], ends[:n], lines[:n], ids[:n]
-        result.touched, result.touched_count = touched[:m], touched_count[:m]
-        result.touched_first, result.touched_last = touched_first[:m], touched_last[:m]
+        result.starts, result.ends = view(0, n, np.int64), view(1, n, np.int64)
+        result.lines, result.ids = view(2, n, np.int64), view(3, n, np.int32)
+        result.touched, result.touched_count = view(4, m, np.int32), view(5, m, np.int64)
+        result.touched_first, result.touched_last = view(6, m, np.int64), view(7, m, np.int64)
         result.signal_uncovered, result.signal_lines = signal_uncovered, signal_lines
         result.total_lines = total
         result.overflow = overflow

@@ -12,6 +12,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 /* libstdc++'s std::string_view: passed by value in two registers, like this struct. */
 typedef struct { size_t len; const char *ptr; } ff_sv;
@@ -45,6 +48,10 @@ typedef struct {
     /* new keys of the last scan, each followed by '\n' (see ff_scan) */
     char *new_keys;
     int64_t new_keys_len, new_keys_cap;
+    /* the last scan's lines and distinct ids (see ff_scan), out_cap slots each */
+    int64_t *o_start, *o_end, *o_line, *t_count, *t_first, *t_last;
+    int32_t *o_id, *t_id;
+    int64_t out_cap;
 } ff_table;
 
 enum { FF_KEEP = 0, FF_OVERFLOW = 1, FF_BLANK = 2 };
@@ -64,6 +71,8 @@ void ff_free(ff_table *t) {
     ff_clear_ids(t);
     free(t->scratch); free(t->print_slots); free(t->print_hash); free(t->print_off);
     free(t->print_len); free(t->print_arena); free(t->new_keys);
+    free(t->o_start); free(t->o_end); free(t->o_line); free(t->t_count); free(t->t_first);
+    free(t->t_last); free(t->o_id); free(t->t_id);
     free(t);
 }
 
@@ -252,19 +261,45 @@ static const char *ff_memmem(const unsigned char *hay, int64_t n, const char *ne
 }
 
 static int64_t ff_count_newlines(const char *p, int64_t n) {
-    int64_t c = 0;
-    for (int64_t i = 0; i < n; i++) c += p[i] == '\n';
+    int64_t c = 0, i = 0;
+#if defined(__SSE2__)
+    const __m128i nl = _mm_set1_epi8('\n');
+    for (; i + 16 <= n; i += 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
+        c += __builtin_popcount((unsigned)_mm_movemask_epi8(_mm_cmpeq_epi8(v, nl)));
+    }
+#endif
+    for (; i < n; i++) c += p[i] == '\n';
     return c;
 }
 
-int64_t ff_lines(const char *buf, int64_t size) { return ff_count_newlines(buf, size); }
+static int ff_grow_out(ff_table *t) {
+    int64_t cap = t->out_cap ? t->out_cap * 2 : 1 << 14;
+    FF_GROW(t->o_start, int64_t, cap);
+    FF_GROW(t->o_end, int64_t, cap);
+    FF_GROW(t->o_line, int64_t, cap);
+    FF_GROW(t->t_count, int64_t, cap);
+    FF_GROW(t->t_first, int64_t, cap);
+    FF_GROW(t->t_last, int64_t, cap);
+    FF_GROW(t->o_id, int32_t, cap);
+    FF_GROW(t->t_id, int32_t, cap);
+    t->out_cap = cap;
+    return 0;
+}
+
+/* Where the last scan's arrays are (valid until the next scan). */
+void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_line, int32_t **o_id,
+                int32_t **t_id, int64_t **t_count, int64_t **t_first, int64_t **t_last) {
+    *o_start = t->o_start; *o_end = t->o_end; *o_line = t->o_line; *o_id = t->o_id;
+    *t_id = t->t_id; *t_count = t->t_count; *t_first = t->t_first; *t_last = t->t_last;
+}
 
 /* Scan buf[0:size] (complete lines, ending in '\n').
  *
  * sig[0:n_sig]: ascending starts of the error-signal lines (kept by the caller one
  * by one): for each, sig_line gets its line index and sig_uncovered whether no rule
  * covers it; those lines are not keyed.
- * Every other uncovered line gets o_start/o_end (its bytes, without the newline),
+ * Every other uncovered line gets (in the table's arrays, see ff_outputs) o_start/o_end (its bytes, without the newline),
  * o_line (its 0-based line index in buf) and o_id: the id of its key (the line with
  * digits 1-9 as '0'), or -1 for a line longer than max_line (not keyed).
  * Each distinct id among them, in order of first appearance: t_id, t_count (lines),
@@ -280,19 +315,18 @@ int64_t ff_lines(const char *buf, int64_t size) { return ff_count_newlines(buf, 
  *
  * out[0] = uncovered lines written, out[1] = distinct ids, out[2] = lines in buf,
  * out[3] = lines counted as overflow.
- * Returns 0, or -1 when out of memory (the caller falls back to Python).
- * The o_ arrays hold at least one slot per line of buf.
+ * Returns 0, or -1 when out of memory.
  */
 int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *buf, int64_t size,
             int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
-            int64_t *sig_line, int64_t *o_start, int64_t *o_end, int64_t *o_line, int32_t *o_id,
-            int32_t *t_id, int64_t *t_count, int64_t *t_first, int64_t *t_last, int64_t *out) {
+            int64_t *sig_line, int64_t *out) {
     ff_match_fn match = (ff_match_fn)match_addr;
     const void *re = (const void *)re_addr;
     ff_sv text = { (size_t)size, buf }, sub;
     int64_t pos = 0, cur = 0, line = 0, j = 0, n_out = 0, n_touched = 0, overflow = 0;
     int64_t scan_no = ++t->scan_no;
     t->new_keys_len = 0;
+    if (!t->out_cap && ff_grow_out(t) < 0) return -1;
     while (pos < size) {
         int64_t end = -1;
         sub.len = 0; sub.ptr = NULL;
@@ -323,6 +357,7 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
         } else {
             int64_t n = newline - pos;
             int32_t id = -1;
+            if (n_out == t->out_cap && ff_grow_out(t) < 0) return -1; /* n_touched <= n_out */
             if (n <= max_line) {
                 if (2 * n > t->scratch_cap) { /* the key, then its fingerprint */
                     int64_t cap = t->scratch_cap ? t->scratch_cap : 4096;
@@ -364,6 +399,8 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
                     goto next_line;
                 }
                 if (t->stamp[id] != scan_no) {
+                    int32_t *t_id = t->t_id;
+                    int64_t *t_count = t->t_count, *t_first = t->t_first, *t_last = t->t_last;
                     t->stamp[id] = scan_no;
                     t->touched[id] = (int32_t)n_touched;
                     t_id[n_touched] = id;
@@ -373,14 +410,14 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
                     n_touched++;
                 } else {
                     int32_t k = t->touched[id];
-                    t_count[k]++;
-                    t_last[k] = line;
+                    t->t_count[k]++;
+                    t->t_last[k] = line;
                 }
             }
-            o_start[n_out] = pos;
-            o_end[n_out] = newline;
-            o_line[n_out] = line;
-            o_id[n_out] = id;
+            t->o_start[n_out] = pos;
+            t->o_end[n_out] = newline;
+            t->o_line[n_out] = line;
+            t->o_id[n_out] = id;
             n_out++;
         }
     next_line:
