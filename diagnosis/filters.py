@@ -683,17 +683,32 @@ class LogCompressor:
             for k in ordered:
                 del counts[k]
         one_by_one += ordered_lines
-        # ---- in line order: signal lines and the lines above
         chosen = np.asarray(one_by_one, dtype=np.int64)
-        at = dict(zip(one_by_one, zip(starts[chosen].tolist(), ends[chosen].tolist(), line_of[chosen].tolist(),
-                                      ids[chosen].tolist())))
-        events = sorted([(at[i][0], i) for i in one_by_one] + [(start, -1 - j) for j, (start, _) in enumerate(signals)])
+        signal_events = [(start, -1 - j) for j, (start, _) in enumerate(signals)]
         signal_line_idx = found.signal_lines.tolist()
-        line_idx = [at[i][2] if i >= 0 else signal_line_idx[-1 - i] for _, i in events]
-        repeats, repeat_bytes, overflow = self._in_order(
-            buf, events, line_idx, first_line, signals, uncovered_signals,
-            lambda i: buf[at[i][0]:at[i][1]], lambda i: id_keys[at[i][3]], lambda i: at[i][1],
-            ordered, deferred, counts)
+        if not ordered_lines and not budget_spent and \
+                len(one_by_one) <= self.max_entries[False] - self._entry_counts[False]:
+            # No new key can find the budget spent, none pairs torchrun's summary and no
+            # line is kept through _keep as uncovered: the first lines of new keys share
+            # nothing with the signal lines (entries, budgets, summary state are apart),
+            # so each kind goes in line order on its own, the new keys in one tight loop.
+            chosen.sort()  # the C pass lists lines in line order
+            self._open_entries(zip(map(buf.__getitem__, map(slice, starts[chosen].tolist(), ends[chosen].tolist())),
+                                   map(id_keys.__getitem__, ids[chosen].tolist()),
+                                   (line_of[chosen] + (first_line + 1)).tolist()))
+            repeats, repeat_bytes, overflow = self._in_order(
+                buf, signal_events, [signal_line_idx[j] for j in range(len(signals))], first_line, signals,
+                uncovered_signals, None, None, None, ordered, deferred, counts)
+        else:
+            # ---- in line order: signal lines and the lines above
+            at = dict(zip(one_by_one, zip(starts[chosen].tolist(), ends[chosen].tolist(), line_of[chosen].tolist(),
+                                          ids[chosen].tolist())))
+            events = sorted([(at[i][0], i) for i in one_by_one] + signal_events)
+            line_idx = [at[i][2] if i >= 0 else signal_line_idx[-1 - i] for _, i in events]
+            repeats, repeat_bytes, overflow = self._in_order(
+                buf, events, line_idx, first_line, signals, uncovered_signals,
+                lambda i: buf[at[i][0]:at[i][1]], lambda i: id_keys[at[i][3]], lambda i: at[i][1],
+                ordered, deferred, counts)
         if deferred:
             self._resolve_new_keys(deferred)
         # ---- in bulk: the other repeats of known keys
@@ -810,6 +825,38 @@ class LogCompressor:
             self.stats.lines_truncated += 1
             text += f" ...[truncated: line of {end - start} bytes]"
         self._keep(text, signal, covered, truncated, line_no)
+
+    def _open_entries(self, lines: Iterable[tuple[bytes, bytes, int]]) -> None:
+        """``_keep_uncovered`` for the first lines (raw, key, line number) of new keys, in
+        line order, where the uncovered budget cannot run out (``_scan_native``): the
+        same steps with the lookups hoisted out of the loop."""
+        fast = self._fast_entries
+        entries = self._entries
+        prints = self._entry_prints
+        opened = kept = kept_bytes = 0
+        for raw, key, line_no in lines:
+            if not raw.strip():
+                fast[key] = _BLANK  # blank lines carry nothing
+                continue
+            template = _uncovered_template(key)
+            entry = entries.get(template)
+            if entry is None:
+                opened += 1
+                entry = LogEntry(text=raw.decode("utf-8", "replace").rstrip("\r"), template=template,
+                                 first_line=line_no, last_line=line_no, count=0)
+                entries[template] = entry
+                prints.add(key.translate(None, _NOT_PRINT).strip())
+            fast[key] = entry
+            entry.count += 1
+            entry.last_line = line_no
+            kept += 1
+            kept_bytes += len(raw) + 1
+            if raw[:1] in _PREFIX_STARTS:
+                self._prefix_facts(raw, key, entry, line_no)
+        self._entry_counts[False] += opened
+        self.stats.lines_kept += kept
+        self.stats.lines_uncovered += kept
+        self.stats.bytes_kept += kept_bytes
 
     def _keep_uncovered(self, raw: bytes, key: bytes, line_no: int) -> None:
         """Count the first line of a message no rule covers (no error signal either).
