@@ -693,9 +693,9 @@ class LogCompressor:
             # nothing with the signal lines (entries, budgets, summary state are apart),
             # so each kind goes in line order on its own, the new keys in one tight loop.
             chosen.sort()  # the C pass lists lines in line order
-            self._open_entries(zip(map(buf.__getitem__, map(slice, starts[chosen].tolist(), ends[chosen].tolist())),
-                                   map(id_keys.__getitem__, ids[chosen].tolist()),
-                                   (line_of[chosen] + (first_line + 1)).tolist()))
+            self._open_entries(list(map(buf.__getitem__, map(slice, starts[chosen].tolist(), ends[chosen].tolist()))),
+                               list(map(id_keys.__getitem__, ids[chosen].tolist())),
+                               (line_of[chosen] + (first_line + 1)).tolist())
             repeats, repeat_bytes, overflow = self._in_order(
                 buf, signal_events, [signal_line_idx[j] for j in range(len(signals))], first_line, signals,
                 uncovered_signals, None, None, None, ordered, deferred, counts)
@@ -826,19 +826,18 @@ class LogCompressor:
             text += f" ...[truncated: line of {end - start} bytes]"
         self._keep(text, signal, covered, truncated, line_no)
 
-    def _open_entries(self, lines: Iterable[tuple[bytes, bytes, int]]) -> None:
-        """``_keep_uncovered`` for the first lines (raw, key, line number) of new keys, in
-        line order, where the uncovered budget cannot run out (``_scan_native``): the
-        same steps with the lookups hoisted out of the loop."""
+    def _open_entries(self, raws: list[bytes], keys: list[bytes], line_nos: list[int]) -> None:
+        """``_keep_uncovered`` for the first lines of new keys, in line order, where the
+        uncovered budget cannot run out (``_scan_native``): the same steps with the
+        templates made in one go and the lookups hoisted out of the loop."""
         fast = self._fast_entries
         entries = self._entries
         prints = self._entry_prints
         opened = kept = kept_bytes = 0
-        for raw, key, line_no in lines:
+        for raw, key, line_no, template in zip(raws, keys, line_nos, _uncovered_templates(keys)):
             if not raw.strip():
                 fast[key] = _BLANK  # blank lines carry nothing
                 continue
-            template = _uncovered_template(key)
             entry = entries.get(template)
             if entry is None:
                 opened += 1
@@ -852,7 +851,13 @@ class LogCompressor:
             kept += 1
             kept_bytes += len(raw) + 1
             if raw[:1] in _PREFIX_STARTS:
-                self._prefix_facts(raw, key, entry, line_no)
+                # _prefix_facts; no key here is torchrun's summary (those go one by one)
+                if raw.startswith(b"[rank"):
+                    close = raw.find(b"]:", 5, 11)
+                    if close > 5 and raw[5:close].isdigit():
+                        entry.ranks.add(int(raw[5:close]))
+                else:
+                    self._prefix_facts(raw, key, entry, line_no)
         self._entry_counts[False] += opened
         self.stats.lines_kept += kept
         self.stats.lines_uncovered += kept
@@ -985,6 +990,23 @@ def _uncovered_template(key: bytes) -> str:
             body = body[len(prefix):]
             break
     return "U|" + body.decode("utf-8", "replace").strip()
+
+
+def _uncovered_templates(keys: list[bytes]) -> list[str]:
+    """``_uncovered_template`` of each key, the digit runs collapsed in one go over all
+    of them (keys hold no newline, so no run spans two keys)."""
+    if not keys:
+        return []
+    bodies = b"\n".join(keys).replace(b"00", b"0").replace(b"00", b"0").replace(b"00", b"0").split(b"\n")
+    templates = []
+    for body in bodies:
+        if body[:1] in b"[0":
+            for prefix in _KEY_PREFIXES:
+                if body.startswith(prefix):
+                    body = body[len(prefix):]
+                    break
+        templates.append("U|" + body.decode("utf-8", "replace").strip())
+    return templates
 
 
 def _rank_span(key: bytes) -> slice | None:

@@ -190,3 +190,15 @@ def test_an_re2_object_that_does_not_hold_the_pattern_is_refused():
     assert native.re2_binding(line_filter._regex, line_filter.run_pattern) is not None
     assert native.re2_binding(line_filter._regex, line_filter.run_pattern + b"x") is None
     assert native.re2_binding(object(), b"") is None
+
+
+def test_templates_made_in_one_go_are_the_templates_made_one_by_one():
+    from diagnosis.filters import _DIGITS_TO_ZERO, _uncovered_template, _uncovered_templates
+
+    rng = random.Random(9)
+    pieces = [b"[rank12]:", b"[default3]:", b"7: ", b"0: ", b"step ", b"123456789012", b"00", b" ", b"\t",
+              b"\r", b"caf\xc3\xa9", b"\xff", b"\xe2\x82", b"\xc2\xa0", b"x", b"[rank", b"]:", b""]
+    keys = [b"".join(rng.choice(pieces) for _ in range(rng.randrange(6))).translate(_DIGITS_TO_ZERO)
+            for _ in range(3000)]
+    assert _uncovered_templates(keys) == [_uncovered_template(k) for k in keys]
+    assert _uncovered_templates([]) == []
