@@ -33,21 +33,26 @@ a fresh process (imports, rule compilation, compression, diagnosis) on a 100 MB
 periodic log, on the varied log, and on a tiny log (CLI start-up alone).
 
 Where the varied log's time goes (RE2 engine, 100 MB, CPU seconds on the loaded 2-core
-dev box; the compressor handles uncovered lines in bulk since issue 17 item 5): the
-RE2 run-scan ~0.33 s (one pybind call per uncovered line, ~228 000 of them at ~1.2 us
-with the DFA over the covered runs), the Hyperscan signal pass ~0.1 s, keying and
-counting the uncovered lines per distinct key ~0.4 s, opening the first 20 000 entries
-~0.2 s (the first 18 of 101 1-MB pieces take 22 ms each, the rest 9 ms): about 1.1-1.2 s
-in all (81-90 MB/s; 64-72 MB/s before, same box); the steady state past the entry
-budget is ~110 MB/s. 250 MB/s is out of reach of this design: RE2's calls plus the
-signal pass alone take 0.43 s, and the per-line bookkeeping is already C-level
-``map``/``Counter`` calls. Deciding coverage once per digit-masked key instead of once
-per line would halve the RE2 calls (110 000 distinct keys among the 228 000 uncovered
-lines) but needs every covered line keyed too (~0.18 s) and rules whose verdict cannot
-depend on a digit (seed rules with literal digits, ``0x`` and ``T5``, can): the measured
-parts put the net gain under 0.1 s. Hyperscan as the line filter calls Python once
-per *covered* line (0.43-0.59 s here). What reaches 250 MB/s is a native pass that
-keys, counts and filters lines without a Python object per line.
+dev box, issue 17 item 5): the compressor's native line pass (``diagnosis/native``: C,
+built on first use) runs RE2's run-scan by calling ``re2::RE2::Match`` on the filter's
+own RE2 object, keys the uncovered lines and counts them per distinct key, and counts
+the lines of keys already known to be overflow or blank; Python works once per
+distinct key of a buffer. That pass takes ~0.21-0.29 s, of which RE2's DFA ~0.15 s
+(~1.5 ns a byte: a trivial ``(?:[^\n]*\n)+`` runs as fast, so the rules cost nothing
+extra, the DFA's speed is the floor) and keying ~0.06 s; the Hyperscan signal pass
+~0.1 s; reading the file ~0.05 s (+ ~0.02 s completing each chunk's last line);
+opening the first 20 000 entries ~0.17 s (Python: one ``LogEntry`` and template per
+new message, in 1 MB pieces until the budget is spent); the per-distinct-key
+bookkeeping, ranks and progress marks ~0.15 s. In all ~0.75-0.8 s: 124-135 MB/s
+(78-81 MB/s before the native pass, same box, side by side), ~200 MB/s in the steady
+state past the entry budget (16 MB pieces); ``diagnose_varied_s`` 1.05-1.11 s wall (1.57 s
+before). 250 MB/s (0.4 s) is out of reach of an
+exact RE2 run-scan: the DFA, the signal pass and the file read alone take ~0.3 s, and
+20 000 entries cannot open in the ~0.1 s left. Skipping the DFA over covered line
+tails (a per-line head match with an early exit) would change which lines are covered
+where a rule's ``\s`` or ``[^...]`` reaches over a newline (the run-scan covers such
+line pairs), so compression output would no longer be identical; counting the hits of
+known entries in C too was measured slower than Python's bulk ``map`` calls.
 
 End to end, most of the old 2.3 s was start-up: compiling the signal patterns' Hyperscan
 database (~0.25 s) and validating each diagnosis rule in a one-pattern Hyperscan database

@@ -28,9 +28,7 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -70,11 +68,11 @@ def cache_dir() -> Path:
 
 
 def _module_name() -> str:
-    import cffi
+    import _cffi_backend  # cffi's C part (its version is cffi's), quicker to import than cffi
 
     digest = hashlib.sha256(
         repr((SOURCE.read_bytes(), CDEF, sys.implementation.cache_tag, sys.platform,
-              os.uname().machine, cffi.__version__)).encode()
+              os.uname().machine, _cffi_backend.__version__)).encode()
     ).hexdigest()
     return f"_ff_linescan_{digest[:16]}"
 
@@ -98,6 +96,9 @@ def _load_built(path: Path, name: str):
 
 
 def _build() -> object:
+    import subprocess
+    import tempfile
+
     name = _module_name()
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     cache = cache_dir()
