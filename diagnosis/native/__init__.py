@@ -96,7 +96,9 @@ def _load_built(path: Path, name: str):
 
 
 def _build() -> object:
+    import shutil
     import subprocess
+    import sysconfig
     import tempfile
 
     name = _module_name()
@@ -104,6 +106,12 @@ def _build() -> object:
     cache = cache_dir()
     target = cache / f"{name}{suffix}"
     if not target.exists():
+        # the usual reasons a build cannot work, found without spawning one
+        compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+        if shutil.which(compiler) is None:
+            raise RuntimeError(f"no C compiler ({compiler}) to build {SOURCE.name}")
+        if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
+            raise RuntimeError(f"no Python headers (Python.h) to build {SOURCE.name}")
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache, prefix=".build-") as tmp:
             done = subprocess.run(
