@@ -646,8 +646,8 @@ class LogCompressor:
             return
         starts, ends, line_of, ids = found.starts, found.ends, found.lines, found.ids
         uncovered_signals: set[int] = set()
+        signal_line_idx = found.signal_lines.tolist()
         if signals:
-            signal_line_idx = found.signal_lines.tolist()
             signal_lines = [first_line + 1 + i for i in signal_line_idx]
             # the progress line is the last one before the signal line: count back from it
             self._note_signal_progress(
@@ -685,7 +685,6 @@ class LogCompressor:
         one_by_one += ordered_lines
         chosen = np.asarray(one_by_one, dtype=np.int64)
         signal_events = [(start, -1 - j) for j, (start, _) in enumerate(signals)]
-        signal_line_idx = found.signal_lines.tolist()
         if not ordered_lines and not budget_spent and \
                 len(one_by_one) <= self.max_entries[False] - self._entry_counts[False]:
             # No new key can find the budget spent, none pairs torchrun's summary and no
@@ -697,7 +696,7 @@ class LogCompressor:
                                list(map(id_keys.__getitem__, ids[chosen].tolist())),
                                (line_of[chosen] + (first_line + 1)).tolist())
             repeats, repeat_bytes, overflow = self._in_order(
-                buf, signal_events, [signal_line_idx[j] for j in range(len(signals))], first_line, signals,
+                buf, signal_events, signal_line_idx, first_line, signals,
                 uncovered_signals, None, None, None, ordered, deferred, counts)
         else:
             # ---- in line order: signal lines and the lines above
@@ -720,6 +719,7 @@ class LogCompressor:
             hit_keys = list(compress(distinct, is_hit))
             if hit_keys:
                 hit_counts = list(map(counts.__getitem__, hit_keys))
+                # keys whose only line here was their first (counted one by one above)
                 if not all(hit_counts):
                     hit_keys = list(compress(hit_keys, hit_counts))
                     hit_counts = list(filter(None, hit_counts))
