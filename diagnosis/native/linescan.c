@@ -22,20 +22,24 @@ typedef _Bool (*ff_match_fn)(const void *re, ff_sv text, size_t startpos, size_t
                              int anchor, ff_sv *submatch, int nsubmatch);
 #define FF_ANCHOR_START 1
 
+/* What the table knows of one key (one struct: one cache line to touch per line). */
 typedef struct {
-    /* open addressing: slot holds id + 1 (0 = empty) */
-    int32_t *slots;
-    uint64_t *slot_hash;
+    int64_t off;     /* its bytes: arena[off:off + len] */
+    int64_t stamp;   /* the scan that last touched it */
+    int32_t len;
+    int32_t touched; /* its index among that scan's touched ids */
+    int8_t status;   /* FF_KEEP, FF_OVERFLOW or FF_BLANK (see ff_set_status) */
+} ff_key;
+
+typedef struct {
+    /* open addressing: a slot holds (hash tag << 32) | (id + 1); 0 = empty */
+    uint64_t *slots;
     int64_t cap; /* power of two */
     int32_t n_ids, ids_cap;
-    int64_t *key_off;
-    int64_t *key_len;
+    ff_key *keys;
     char *arena;
     int64_t arena_len, arena_cap;
-    int64_t *stamp;   /* per id: the scan that last touched it */
-    int32_t *touched; /* per id: its index among that scan's touched ids */
     int64_t scan_no;
-    int8_t *status;   /* per id: FF_KEEP, FF_OVERFLOW or FF_BLANK (see ff_set_status) */
     unsigned char *scratch;
     int64_t scratch_cap;
     /* the fingerprints of the uncovered entries' templates (a set of byte strings) */
@@ -57,10 +61,8 @@ typedef struct {
 enum { FF_KEEP = 0, FF_OVERFLOW = 1, FF_BLANK = 2 };
 
 static void ff_clear_ids(ff_table *t) {
-    free(t->slots); free(t->slot_hash); free(t->key_off); free(t->key_len);
-    free(t->arena); free(t->stamp); free(t->touched); free(t->status);
-    t->slots = NULL; t->slot_hash = NULL; t->key_off = NULL; t->key_len = NULL;
-    t->arena = NULL; t->stamp = NULL; t->touched = NULL; t->status = NULL;
+    free(t->slots); free(t->keys); free(t->arena);
+    t->slots = NULL; t->keys = NULL; t->arena = NULL;
     t->cap = 0; t->n_ids = t->ids_cap = 0; t->arena_len = t->arena_cap = 0;
 }
 
@@ -101,18 +103,16 @@ static uint64_t ff_hash(const unsigned char *p, int64_t n) {
 
 static int ff_grow_slots(ff_table *t) {
     int64_t cap = t->cap ? t->cap * 2 : 1 << 14;
-    int32_t *slots = (int32_t *)calloc((size_t)cap, sizeof(int32_t));
-    uint64_t *hashes = (uint64_t *)malloc((size_t)cap * sizeof(uint64_t));
-    if (!slots || !hashes) { free(slots); free(hashes); return -1; }
+    uint64_t *slots = (uint64_t *)calloc((size_t)cap, sizeof(uint64_t));
+    if (!slots) return -1;
     for (int64_t i = 0; i < t->cap; i++) {
         if (!t->slots[i]) continue;
-        int64_t j = (int64_t)(t->slot_hash[i] & (uint64_t)(cap - 1));
+        int64_t j = (int64_t)((t->slots[i] >> 32) & (uint64_t)(cap - 1));
         while (slots[j]) j = (j + 1) & (cap - 1);
         slots[j] = t->slots[i];
-        hashes[j] = t->slot_hash[i];
     }
-    free(t->slots); free(t->slot_hash);
-    t->slots = slots; t->slot_hash = hashes; t->cap = cap;
+    free(t->slots);
+    t->slots = slots; t->cap = cap;
     return 0;
 }
 
@@ -123,24 +123,20 @@ static int ff_grow_slots(ff_table *t) {
 static int32_t ff_intern(ff_table *t, const unsigned char *key, int64_t n, int *is_new) {
     *is_new = 0;
     if ((int64_t)(t->n_ids + 1) * 2 > t->cap && ff_grow_slots(t) < 0) return -1;
-    uint64_t h = ff_hash(key, n);
-    int64_t mask = t->cap - 1, j = (int64_t)(h & (uint64_t)mask);
+    uint64_t tag = ff_hash(key, n) >> 32;
+    int64_t mask = t->cap - 1, j = (int64_t)(tag & (uint64_t)mask);
     for (;;) {
-        int32_t s = t->slots[j];
+        uint64_t s = t->slots[j];
         if (!s) break;
-        if (t->slot_hash[j] == h) {
-            int32_t id = s - 1;
-            if (t->key_len[id] == n && memcmp(t->arena + t->key_off[id], key, (size_t)n) == 0) return id;
+        if (s >> 32 == tag) {
+            int32_t id = (int32_t)(uint32_t)s - 1;
+            if (t->keys[id].len == n && memcmp(t->arena + t->keys[id].off, key, (size_t)n) == 0) return id;
         }
         j = (j + 1) & mask;
     }
     if (t->n_ids == t->ids_cap) {
         int32_t cap = t->ids_cap ? t->ids_cap * 2 : 1 << 12;
-        FF_GROW(t->key_off, int64_t, cap);
-        FF_GROW(t->key_len, int64_t, cap);
-        FF_GROW(t->stamp, int64_t, cap);
-        FF_GROW(t->touched, int32_t, cap);
-        FF_GROW(t->status, int8_t, cap);
+        FF_GROW(t->keys, ff_key, cap);
         t->ids_cap = cap;
     }
     if (t->arena_len + n > t->arena_cap) {
@@ -152,13 +148,13 @@ static int32_t ff_intern(ff_table *t, const unsigned char *key, int64_t n, int *
     int32_t id = t->n_ids++;
     *is_new = 1;
     memcpy(t->arena + t->arena_len, key, (size_t)n);
-    t->key_off[id] = t->arena_len;
-    t->key_len[id] = n;
+    t->keys[id].off = t->arena_len;
+    t->keys[id].len = (int32_t)n;
+    t->keys[id].stamp = 0;
+    t->keys[id].touched = 0;
+    t->keys[id].status = FF_KEEP;
     t->arena_len += n;
-    t->stamp[id] = 0;
-    t->status[id] = FF_KEEP;
-    t->slots[j] = id + 1;
-    t->slot_hash[j] = h;
+    t->slots[j] = (tag << 32) | (uint64_t)(uint32_t)(id + 1);
     return id;
 }
 
@@ -250,7 +246,7 @@ int ff_add_prints(ff_table *t, const char *joined, int64_t size) {
  * reported but counted (FF_OVERFLOW) or skipped (FF_BLANK). */
 void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status) {
     for (int64_t i = 0; i < n; i++)
-        if (ids[i] >= 0 && ids[i] < t->n_ids) t->status[ids[i]] = status;
+        if (ids[i] >= 0 && ids[i] < t->n_ids) t->keys[ids[i]].status = status;
 }
 
 static const char *ff_memmem(const unsigned char *hay, int64_t n, const char *needle, int64_t m) {
@@ -358,7 +354,7 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
             int64_t n = newline - pos;
             int32_t id = -1;
             if (n_out == t->out_cap && ff_grow_out(t) < 0) return -1; /* n_touched <= n_out */
-            if (n <= max_line) {
+            if (n <= max_line && n < INT32_MAX) {
                 if (2 * n > t->scratch_cap) { /* the key, then its fingerprint */
                     int64_t cap = t->scratch_cap ? t->scratch_cap : 4096;
                     while (cap < 2 * n) cap *= 2;
@@ -380,9 +376,9 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
                         int64_t m = ff_fingerprint(dst, n, dst + n);
                         int known = ff_print_lookup(t, dst + n, m, 0);
                         if (known < 0) return -1;
-                        if (!known) t->status[id] = FF_OVERFLOW;
+                        if (!known) t->keys[id].status = FF_OVERFLOW;
                     }
-                    if (t->status[id] == FF_KEEP) {
+                    if (t->keys[id].status == FF_KEEP) {
                         if (t->new_keys_len + n + 1 > t->new_keys_cap) {
                             int64_t cap = t->new_keys_cap ? t->new_keys_cap : 1 << 16;
                             while (cap < t->new_keys_len + n + 1) cap *= 2;
@@ -394,22 +390,22 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
                         t->new_keys_len += n + 1;
                     }
                 }
-                if (t->status[id] != FF_KEEP) {
-                    overflow += t->status[id] == FF_OVERFLOW;
+                if (t->keys[id].status != FF_KEEP) {
+                    overflow += t->keys[id].status == FF_OVERFLOW;
                     goto next_line;
                 }
-                if (t->stamp[id] != scan_no) {
+                if (t->keys[id].stamp != scan_no) {
                     int32_t *t_id = t->t_id;
                     int64_t *t_count = t->t_count, *t_first = t->t_first, *t_last = t->t_last;
-                    t->stamp[id] = scan_no;
-                    t->touched[id] = (int32_t)n_touched;
+                    t->keys[id].stamp = scan_no;
+                    t->keys[id].touched = (int32_t)n_touched;
                     t_id[n_touched] = id;
                     t_count[n_touched] = 1;
                     t_first[n_touched] = n_out;
                     t_last[n_touched] = line;
                     n_touched++;
                 } else {
-                    int32_t k = t->touched[id];
+                    int32_t k = t->keys[id].touched;
                     t->t_count[k]++;
                     t->t_last[k] = line;
                 }
