@@ -692,9 +692,11 @@ class LogCompressor:
             # nothing with the signal lines (entries, budgets, summary state are apart),
             # so each kind goes in line order on its own, the new keys in one tight loop.
             chosen.sort()  # the C pass lists lines in line order
+            chosen_ids = ids[chosen].tolist()
             self._open_entries(list(map(buf.__getitem__, map(slice, starts[chosen].tolist(), ends[chosen].tolist()))),
-                               list(map(id_keys.__getitem__, ids[chosen].tolist())),
-                               (line_of[chosen] + (first_line + 1)).tolist())
+                               list(map(id_keys.__getitem__, chosen_ids)),
+                               (line_of[chosen] + (first_line + 1)).tolist(),
+                               list(map(found.new_templates.__getitem__, chosen_ids)))
             repeats, repeat_bytes, overflow = self._in_order(
                 buf, signal_events, signal_line_idx, first_line, signals,
                 uncovered_signals, None, None, None, ordered, deferred, counts)
@@ -826,15 +828,15 @@ class LogCompressor:
             text += f" ...[truncated: line of {end - start} bytes]"
         self._keep(text, signal, covered, truncated, line_no)
 
-    def _open_entries(self, raws: list[bytes], keys: list[bytes], line_nos: list[int]) -> None:
+    def _open_entries(self, raws: list[bytes], keys: list[bytes], line_nos: list[int], templates: list[str]) -> None:
         """``_keep_uncovered`` for the first lines of new keys, in line order, where the
-        uncovered budget cannot run out (``_scan_native``): the same steps with the
-        templates made in one go and the lookups hoisted out of the loop."""
+        uncovered budget cannot run out (``_scan_native``, which has their templates
+        from the C pass): the same steps with the lookups hoisted out of the loop."""
         fast = self._fast_entries
         entries = self._entries
         prints = self._entry_prints
         opened = kept = kept_bytes = 0
-        for raw, key, line_no, template in zip(raws, keys, line_nos, _uncovered_templates(keys)):
+        for raw, key, line_no, template in zip(raws, keys, line_nos, templates):
             if not raw.strip():
                 fast[key] = _BLANK  # blank lines carry nothing
                 continue
@@ -990,23 +992,6 @@ def _uncovered_template(key: bytes) -> str:
             body = body[len(prefix):]
             break
     return "U|" + body.decode("utf-8", "replace").strip()
-
-
-def _uncovered_templates(keys: list[bytes]) -> list[str]:
-    """``_uncovered_template`` of each key, the digit runs collapsed in one go over all
-    of them (keys hold no newline, so no run spans two keys)."""
-    if not keys:
-        return []
-    bodies = b"\n".join(keys).replace(b"00", b"0").replace(b"00", b"0").replace(b"00", b"0").split(b"\n")
-    templates = []
-    for body in bodies:
-        if body[:1] in b"[0":
-            for prefix in _KEY_PREFIXES:
-                if body.startswith(prefix):
-                    body = body[len(prefix):]
-                    break
-        templates.append("U|" + body.decode("utf-8", "replace").strip())
-    return templates
 
 
 def _rank_span(key: bytes) -> slice | None:

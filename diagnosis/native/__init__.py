@@ -46,6 +46,7 @@ void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_lin
 int ff_add_prints(ff_table *t, const char *joined, int64_t size);
 void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status);
 int64_t ff_new_keys(ff_table *t, const char **keys);
+int64_t ff_new_bodies(ff_table *t, const char **bodies);
 int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *buf, int64_t size,
             int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
             int64_t *sig_line, int64_t *out);
@@ -193,10 +194,12 @@ def re2_binding(regex, pattern: bytes) -> tuple[int, int] | None:
 
 
 class ScanResult:
-    """What ``LineScan.scan`` found in one buffer (numpy arrays, see ``linescan.c``)."""
+    """What ``LineScan.scan`` found in one buffer (numpy arrays, see ``linescan.c``;
+    ``new_templates``: id -> template of each new key reported)."""
 
     __slots__ = ("starts", "ends", "lines", "ids", "touched", "touched_count", "touched_first",
-                 "touched_last", "signal_uncovered", "signal_lines", "total_lines", "overflow")
+                 "touched_last", "signal_uncovered", "signal_lines", "total_lines", "overflow",
+                 "new_templates")
 
 
 class LineScan:
@@ -280,6 +283,7 @@ class LineScan:
         result.signal_uncovered, result.signal_lines = signal_uncovered, signal_lines
         result.total_lines = total
         result.overflow = overflow
+        result.new_templates = {}
         added = self._lib.ff_n_ids(self._table) - before
         if added:
             keys = self.keys
@@ -292,6 +296,12 @@ class LineScan:
                 new_keys = ffi.buffer(where[0], size)[:].split(b"\n")
                 for i, key in zip(reported, new_keys):
                     keys[i] = key
+                # their templates (diagnosis.filters._uncovered_template), decoded in one go:
+                # bodies hold no newline, and a sequence a newline cuts short decodes as one
+                # the end of a body cuts short
+                size = self._lib.ff_new_bodies(self._table, where)
+                bodies = ffi.buffer(where[0], size)[:].decode("utf-8", "replace").split("\n")
+                result.new_templates = dict(zip(reported, ["U|" + body.strip() for body in bodies]))
         return result
 
 

@@ -52,6 +52,9 @@ typedef struct {
     /* new keys of the last scan, each followed by '\n' (see ff_scan) */
     char *new_keys;
     int64_t new_keys_len, new_keys_cap;
+    /* and their template bodies (see ff_body), in the same order */
+    char *new_bodies;
+    int64_t new_bodies_len, new_bodies_cap;
     /* the last scan's lines and distinct ids (see ff_scan), out_cap slots each */
     int64_t *o_start, *o_end, *o_line, *t_count, *t_first, *t_last;
     int32_t *o_id, *t_id;
@@ -72,7 +75,7 @@ void ff_free(ff_table *t) {
     if (!t) return;
     ff_clear_ids(t);
     free(t->scratch); free(t->print_slots); free(t->print_hash); free(t->print_off);
-    free(t->print_len); free(t->print_arena); free(t->new_keys);
+    free(t->print_len); free(t->print_arena); free(t->new_keys); free(t->new_bodies);
     free(t->o_start); free(t->o_end); free(t->o_line); free(t->t_count); free(t->t_first);
     free(t->t_last); free(t->o_id); free(t->t_id);
     free(t);
@@ -256,6 +259,26 @@ static const char *ff_memmem(const unsigned char *hay, int64_t n, const char *ne
     return NULL;
 }
 
+/* A key's template body (diagnosis.filters._uncovered_template before decoding): each
+ * run of k '0's as ceil(k / 8) of them (three passes of "00" -> "0"), then without
+ * the first of the launcher prefixes "[rank0]:", "[default0]:", "0: " it starts with.
+ * Writes at most n bytes to out; returns the length. */
+static int64_t ff_body(const unsigned char *key, int64_t n, unsigned char *out) {
+    int64_t m = 0, i = 0;
+    while (i < n) {
+        if (key[i] != '0') { out[m++] = key[i++]; continue; }
+        int64_t run = 0;
+        while (i < n && key[i] == '0') { run++; i++; }
+        for (int64_t k = (run + 7) / 8; k > 0; k--) out[m++] = '0';
+    }
+    int64_t cut = 0;
+    if (m >= 8 && memcmp(out, "[rank0]:", 8) == 0) cut = 8;
+    else if (m >= 11 && memcmp(out, "[default0]:", 11) == 0) cut = 11;
+    else if (m >= 3 && memcmp(out, "0: ", 3) == 0) cut = 3;
+    if (cut) memmove(out, out + cut, (size_t)(m - cut));
+    return m - cut;
+}
+
 static int64_t ff_count_newlines(const char *p, int64_t n) {
     int64_t c = 0, i = 0;
 #if defined(__SSE2__)
@@ -307,7 +330,8 @@ void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_lin
  * whose fingerprint is not among ff_add_prints' gets FF_OVERFLOW at once (unless it may
  * be a line of torchrun's failure summary: those go to the caller one by one), as
  * LogCompressor._resolve_new_keys would decide. The new keys that are reported are in
- * t->new_keys (ff_new_keys), each followed by '\n', in order of their ids.
+ * t->new_keys (ff_new_keys), each followed by '\n', in order of their ids, and their
+ * template bodies (ff_body) in t->new_bodies (ff_new_bodies) the same way.
  *
  * out[0] = uncovered lines written, out[1] = distinct ids, out[2] = lines in buf,
  * out[3] = lines counted as overflow.
@@ -322,6 +346,7 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
     int64_t pos = 0, cur = 0, line = 0, j = 0, n_out = 0, n_touched = 0, overflow = 0;
     int64_t scan_no = ++t->scan_no;
     t->new_keys_len = 0;
+    t->new_bodies_len = 0;
     if (!t->out_cap && ff_grow_out(t) < 0) return -1;
     while (pos < size) {
         int64_t end = -1;
@@ -388,6 +413,15 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
                         memcpy(t->new_keys + t->new_keys_len, dst, (size_t)n);
                         t->new_keys[t->new_keys_len + n] = '\n';
                         t->new_keys_len += n + 1;
+                        if (t->new_bodies_len + n + 1 > t->new_bodies_cap) {
+                            int64_t cap = t->new_bodies_cap ? t->new_bodies_cap : 1 << 16;
+                            while (cap < t->new_bodies_len + n + 1) cap *= 2;
+                            FF_GROW(t->new_bodies, char, cap);
+                            t->new_bodies_cap = cap;
+                        }
+                        int64_t m = ff_body(dst, n, (unsigned char *)t->new_bodies + t->new_bodies_len);
+                        t->new_bodies[t->new_bodies_len + m] = '\n';
+                        t->new_bodies_len += m + 1;
                     }
                 }
                 if (t->keys[id].status != FF_KEEP) {
@@ -435,4 +469,9 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
 int64_t ff_new_keys(ff_table *t, const char **keys) {
     *keys = t->new_keys;
     return t->new_keys_len;
+}
+
+int64_t ff_new_bodies(ff_table *t, const char **bodies) {
+    *bodies = t->new_bodies;
+    return t->new_bodies_len;
 }

@@ -192,13 +192,21 @@ def test_an_re2_object_that_does_not_hold_the_pattern_is_refused():
     assert native.re2_binding(object(), b"") is None
 
 
-def test_templates_made_in_one_go_are_the_templates_made_one_by_one():
-    from diagnosis.filters import _DIGITS_TO_ZERO, _uncovered_template, _uncovered_templates
+@needs_native
+def test_the_c_pass_makes_the_templates_python_makes():
+    """The C pass hands over the template body of each new key (digit runs collapsed,
+    a launcher prefix dropped), decoded in one go: the same as _uncovered_template."""
+    from diagnosis.filters import _uncovered_template
 
     rng = random.Random(9)
     pieces = [b"[rank12]:", b"[default3]:", b"7: ", b"0: ", b"step ", b"123456789012", b"00", b" ", b"\t",
-              b"\r", b"caf\xc3\xa9", b"\xff", b"\xe2\x82", b"\xc2\xa0", b"x", b"[rank", b"]:", b""]
-    keys = [b"".join(rng.choice(pieces) for _ in range(rng.randrange(6))).translate(_DIGITS_TO_ZERO)
-            for _ in range(3000)]
-    assert _uncovered_templates(keys) == [_uncovered_template(k) for k in keys]
-    assert _uncovered_templates([]) == []
+              b"\r", b"caf\xc3\xa9", b"\xff", b"\xe2\x82", b"\xf0\x90\x80", b"\xc2\xa0", b"\xc2\x85", b"\x1c",
+              b"\x0b", b"x", b"[rank", b"]:", b"[default", b"0:", b":", b""]
+    lines = [b"".join(rng.choice(pieces) for _ in range(rng.randrange(1, 7))) for _ in range(20_000)]
+    line_filter = FilterRuleSet(include_seeds=False, learned=[
+        FilterRule(name="never", pattern=r"^zzzz-never-printed", source="user")]).line_filter("re2")
+    scan = native.line_scan_for(line_filter)
+    found = scan.scan(b"\n".join(lines) + b"\n", [], 1 << 20, False)
+    assert len(found.new_templates) > 5000
+    for i, template in found.new_templates.items():
+        assert template == _uncovered_template(scan.keys[i]), scan.keys[i]
