@@ -35,20 +35,21 @@ periodic log, on the varied log, and on a tiny log (CLI start-up alone).
 Where the varied log's time goes (RE2 engine, 100 MB, CPU seconds on the loaded 2-core
 dev box, issue 17 item 5): the compressor's native line pass (``diagnosis/native``: C,
 built on first use) runs RE2's run-scan by calling ``re2::RE2::Match`` on the filter's
-own RE2 object, keys the uncovered lines and counts them per distinct key, and counts
-the lines of keys already known to be overflow or blank; Python works once per
-distinct key of a buffer. That pass takes ~0.21-0.29 s, of which RE2's DFA ~0.15 s
-(~1.5 ns a byte: a trivial ``(?:[^\n]*\n)+`` runs as fast, so the rules cost nothing
-extra, the DFA's speed is the floor) and keying ~0.06 s; the Hyperscan signal pass
-~0.1 s; reading the file ~0.05 s (+ ~0.02 s completing each chunk's last line);
-opening the first 20 000 entries ~0.17 s (Python: one ``LogEntry`` and template per
-new message, in 1 MB pieces until the budget is spent); the per-distinct-key
-bookkeeping, ranks and progress marks ~0.15 s. In all ~0.75-0.8 s: 124-135 MB/s
-(78-81 MB/s before the native pass, same box, side by side), ~200 MB/s in the steady
-state past the entry budget (16 MB pieces); ``diagnose_varied_s`` 1.05-1.11 s wall (1.57 s
-before). 250 MB/s (0.4 s) is out of reach of an
-exact RE2 run-scan: the DFA, the signal pass and the file read alone take ~0.3 s, and
-20 000 entries cannot open in the ~0.1 s left. Skipping the DFA over covered line
+own RE2 object, keys the uncovered lines (digits as 0) and counts them per distinct key,
+writes the template body of each new key, and counts the lines of keys already known to
+be overflow or blank without reporting them; Python works once per distinct key of a
+buffer, not once per line. That pass takes ~0.26-0.29 s with the Python that takes its
+output, of which RE2's DFA ~0.14 s (~1.4 ns a byte: a trivial ``(?:[^\n]*\n)+`` runs
+as fast, so the rules cost nothing extra; the DFA's speed is the floor); the Hyperscan
+signal pass ~0.1 s; reading the file ~0.05 s (+ ~0.02 s completing each chunk's last
+line); opening the first 20 000 entries ~0.13 s (one ``LogEntry`` per new message,
+in 1 MB pieces until the budget is spent) and their ranks ~0.07 s; the per-distinct-key
+bookkeeping and progress marks ~0.1 s. In all ~0.68-0.75 s: 134-147 MB/s (144 MB/s
+against 83-90 MB/s before the native pass in side-by-side runs on a quiet moment of
+the same box), ~210 MB/s in the steady state past the entry budget (16 MB pieces);
+``diagnose_varied_s`` 0.99 s wall (1.41 s before). 250 MB/s (0.4 s) is out of reach of
+an exact RE2 run-scan: the DFA, the signal pass and the file read alone take ~0.3 s,
+and 20 000 entries cannot open in the ~0.1 s left. Skipping the DFA over covered line
 tails (a per-line head match with an early exit) would change which lines are covered
 where a rule's ``\s`` or ``[^...]`` reaches over a newline (the run-scan covers such
 line pairs), so compression output would no longer be identical; counting the hits of

@@ -249,7 +249,8 @@ class LineScan:
         """The uncovered lines of ``buf`` (complete lines) other than the signal lines
         starting at ``signal_starts`` (ascending) and the lines of OVERFLOW/BLANK keys
         (``overflow`` counts the former), keyed; ``keys`` gets the new keys (None for
-        those never reported). The arrays returned are valid until the next call."""
+        those never reported), ``new_templates`` the templates of those reported while
+        the budget lasts. The arrays returned are valid until the next call."""
         ffi = self._ffi
         signals = np.asarray(signal_starts, dtype=np.int64)
         signal_uncovered = np.zeros(len(signals), dtype=np.int8)
@@ -291,16 +292,17 @@ class LineScan:
             reported = result.touched[result.touched >= before].tolist()
             if reported:
                 # the C pass wrote these keys in order of their ids, as touched lists them
-                where = ffi.new("const char **")
-                size = self._lib.ff_new_keys(self._table, where)
-                new_keys = ffi.buffer(where[0], size)[:].split(b"\n")
+                text = ffi.new("const char **")
+                size = self._lib.ff_new_keys(self._table, text)
+                new_keys = ffi.buffer(text[0], size)[:].split(b"\n")
                 for i, key in zip(reported, new_keys):
                     keys[i] = key
+            if reported and not budget_spent:  # (entries open only until it is)
                 # their templates (diagnosis.filters._uncovered_template), decoded in one go:
                 # bodies hold no newline, and a sequence a newline cuts short decodes as one
                 # the end of a body cuts short
-                size = self._lib.ff_new_bodies(self._table, where)
-                bodies = ffi.buffer(where[0], size)[:].decode("utf-8", "replace").split("\n")
+                size = self._lib.ff_new_bodies(self._table, text)
+                bodies = ffi.buffer(text[0], size)[:].decode("utf-8", "replace").split("\n")
                 result.new_templates = dict(zip(reported, ["U|" + body.strip() for body in bodies]))
         return result
 
