@@ -2,8 +2,10 @@
 
 ``LogCompressor`` spends most of its time on logs whose lines no filter rule covers
 when each such line becomes a Python object (a ``bytes``, a key, a dict lookup).
-``linescan.c`` does the RE2 run-scan, the keying (digits as ``0``) and the counting
-per distinct key in one C pass, so Python works once per distinct key of a buffer.
+``linescan.c`` does the RE2 run-scan, the keying (digits as ``0``), the counting per
+distinct key and the template body of each new key in one C pass, and counts (or skips)
+the lines of keys the compressor found to be overflow (or blank) without reporting
+them, so Python works once per distinct key of a buffer.
 
 It is compiled with cffi the first time it is needed and kept in
 ``$FORGEFLOW_NATIVE_CACHE`` (default ``$XDG_CACHE_HOME/forgeflow/native``, else
@@ -17,8 +19,8 @@ varied corpus). ``FORGEFLOW_NATIVE=0`` turns it off.
 The filter's regex is matched by RE2 itself: the C pass calls ``re2::RE2::Match``
 (exported by google-re2's extension module) on the very RE2 object the Python filter
 compiled. ``re2_binding`` finds both and checks the object before any call: the
-pybind11 instance's value and holder pointers agree, and the object's first member is
-the compiled pattern's text.
+pybind11 instance's value and holder pointers agree, and the object's first member
+points to the compiled pattern's text.
 """
 
 from __future__ import annotations
