@@ -584,7 +584,8 @@ def breakdown_table(bd: MemoryBreakdown) -> list[tuple[str, float]]:
 
 
 __all__ = [
-    "CPU_MEASURED", "CPU_SDPA_MEASURED", "MEGATRON_GPU", "MEGATRON_SDPA_GPU", "MEGATRON_TE_FLASH_GPU", "MemoryBreakdown", "MemoryModelError",
+    "CPU_MEASURED", "CPU_SDPA_MEASURED", "MEGATRON_GPU", "MEGATRON_SDPA_GPU", "MEGATRON_TE_FLASH_GPU",
+    "MemoryBreakdown", "MemoryModelError",
     "ParallelPlan", "RuntimeProfile", "breakdown_table", "estimate_memory", "frenzy_estimate",
     "frenzy_parameters", "layer_activation_terms", "profile_for_device", "stage_layers",
     "stage_parameters", "static_bytes",

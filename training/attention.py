@@ -2,10 +2,10 @@
 
     spec = gpt_layer_spec("sdpa")     # megatron's local layer spec, core attention via SDPA
 
-`training.attention` picks the kernel (`training.config.resolve_attention`: auto is sdpa on
-CUDA in half precision). Only the core attention differs, so both build the same parameters
-under the same names: a checkpoint written with one resumes with the other, and the
-Hugging Face export is unchanged.
+`training.attention` picks the kernel (`training.config.resolve_attention`: auto is sdpa
+on Ampere-or-newer GPUs in half precision, local elsewhere). Only the core attention
+differs, so both build the same parameters under the same names: a checkpoint written
+with one resumes with the other, and the Hugging Face export is unchanged.
 
 megatron-core 0.16 without Transformer Engine has no fused attention for training (its
 flash-attn imports serve inference with a KV cache), so `SDPAttention` is the fused path
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
@@ -87,12 +86,3 @@ def gpt_layer_spec(attention: ResolvedAttention):
     return dataclasses.replace(spec, submodules=dataclasses.replace(
         spec.submodules, self_attention=dataclasses.replace(self_attention, submodules=attention_submodules)))
 
-
-def sdpa_backends_available() -> dict[str, bool]:
-    """Which fused SDPA kernels this torch build can use on the current GPU (for reports)."""
-    if not torch.cuda.is_available():
-        return {}
-    backends = torch.backends.cuda
-    return {"flash": backends.flash_sdp_enabled() and backends.is_flash_attention_available(),
-            "mem_efficient": backends.mem_efficient_sdp_enabled(),
-            "cudnn": backends.cudnn_sdp_enabled()}

@@ -137,7 +137,8 @@ class TrainingConfig(_Section):
     recompute: Recompute = "none"
     attention: Attention = Field(
         default="auto", description="core attention kernel: local (megatron's unfused), sdpa "
-        "(torch's fused scaled_dot_product_attention), auto (sdpa on CUDA in bf16/fp16, else local)")
+        "(torch's fused scaled_dot_product_attention), auto (sdpa on Ampere-or-newer GPUs in "
+        "bf16/fp16, else local)")
     log_interval: int = Field(default=1, gt=0)
     torch_threads: int | None = Field(default=None, gt=0, description="intra-op threads per rank")
 
