@@ -45,7 +45,16 @@ CUDA_ERR = (r"(?:(?i:\bcuda[ _]?(?:runtime )?error)(?:_t)?[^A-Za-z\n]{0,12}"
 # torch's ROCm / Apple / Intel backends. gRPC's RESOURCE_EXHAUSTED (message too large) names
 # no memory and does not count.
 OTHER_OOM = (r"(?i:resource[ _]?exhausted)[^\n]{0,200}?(?:\bOOM\b|(?i:out of memory|failed to allocate|ran out of memory))"
-             r"|\bOOM when allocating tensor|CUDA_ERROR_OUT_OF_MEMORY\b|hipErrorOutOfMemory\b|\b(?:HIP|XPU|MPS backend) out of memory")
+             r"|\bOOM when allocating tensor|CUDA_ERROR_OUT_OF_MEMORY\b|hipErrorOutOfMemory\b|\b(?:HIP|XPU|MPS backend) out of memory"
+             # cudaMalloc failing in a framework's own allocator (MXNet's "cudaMalloc retry failed: out
+             # of memory", ggml / llama.cpp's "cudaMalloc failed: out of memory", Caffe's "Check failed:
+             # error == cudaSuccess (2 vs. 0)  out of memory"); Paddle 1.x / 2.x's "Out of memory error on
+             # GPU 0. Cannot allocate 80.000000MB memory on GPU 0" with or without ResourceExhaustedError;
+             # llama.cpp's buffers that do not fit ("failed to allocate buffer for kv cache", "unable to
+             # allocate CUDA0 buffer")
+             r"|\bcudaMalloc\w*[^\n]{0,80}?\bout of memory|== cudaSuccess\b[^\n]{0,40}?\bout of memory"
+             r"|\bOut of memory error on (?:GPU|XPU|NPU|MLU|CPU)\b|\bCannot allocate [\d.]+ ?[KMGT]i?B memory on (?:GPU|XPU|NPU) \d+"
+             r"|(?i:failed to allocate (?:the )?buffer for (?:the )?kv cache)|(?i:(?:unable|failed) to allocate (?:CUDA|ROCm|Vulkan|Metal|SYCL)\d* buffer)")
 # The CUDA build does not fit the GPU or the driver: no kernel compiled for this compute
 # capability (runtime, driver API and HIP names), a driver older than the toolkit, PTX from
 # a newer toolchain, forward compatibility on a GPU that lacks it. Every restart on the same
@@ -72,7 +81,11 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("hang-event", r"\bevent=hang\b|FORGEFLOW_HANG\b", "Hang", True,
      "Dump stacks (py-spy), kill the job, run the node check on all nodes, restart from the last checkpoint.", False),
     # ------------------------------------------------------------- hardware
-    ("xid-fallen-off-bus", XID + r"79\b|" + PREV_XID + r"79\b|fallen off the bus|\bGPU is lost\b|GPU lost from the bus", "NodeFailure", True,
+    # (nvidia-smi / NVML unable to reach a GPU the node has: "Unable to determine the device handle
+    # for GPU 0000:0B:00.0: Unknown Error" or ": GPU is lost", NVML_ERROR_GPU_IS_LOST: the GPU is
+    # gone from the bus, whatever Xid the log lacks.)
+    ("xid-fallen-off-bus", XID + r"79\b|" + PREV_XID + r"79\b|fallen off the bus|\bGPU is lost\b|GPU lost from the bus"
+     r"|Unable to determine the device handle for GPU|NVML_ERROR_GPU_IS_LOST\b", "NodeFailure", True,
      "GPU fell off the bus: cordon the node and open a hardware ticket; " + RESTART_EXCLUDE, False),
     ("node-failure-slurm", r"DUE TO NODE FAILURE|srun: error: Node failure on|Node failure on \S+", "NodeFailure", True,
      RESTART_EXCLUDE, False),
@@ -81,7 +94,9 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # VM's termination notice (GCP's metadata server "termination is imminent", AWS's spot
     # interruption notice), a node preempted. The job runs again as it is once it has nodes.
     ("node-preempted", r"DUE TO PREEMPTION|\bPREEMPTED\b|(?i:termination is imminent)|(?i:spot (?:instance )?(?:interruption|termination) notice)"
-     r"|(?i:\b(?:instance|node|vm) (?:was |has been |is being )?preempted)|(?i:\bpreemption notice\b)", "NodeFailure", True,
+     # SkyPilot's "Cluster is preempted (status: INIT). Recovering...", a TPU / pod / worker
+     # preempted, Kubernetes' "Preempted by <pod> on node ...".
+     r"|(?i:\b(?:instance|node|vm|cluster|pod|worker|host|tpu|slice)s? (?:was |were |has been |have been |is being |is |are |got )?preempted)|(?i:\bpreemption notice\b)|\bPreempted by \S+", "NodeFailure", True,
      "The job lost its node(s) to preemption (a higher-priority job or a spot/preemptible VM reclaimed): resubmit or requeue; "
      "it resumes from the last checkpoint (checkpoint more often, or on the termination signal, on preemptible capacity).", False),
     # Slurm's daemons telling of a node that cannot run jobs: slurmstepd unable to exec the
@@ -99,7 +114,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("slurm-job-sigkilled", r"_job_complete: JobId=\d+ WTERMSIG 9\b", "NodeFailure", True,
      "Slurm's controller saw the job killed by SIGKILL with no error of its own: check the node (slurmd log, dmesg, "
      "the OOM killer) and " + RESTART_EXCLUDE, True),
-    ("node-not-ready", r"(?i)\bnode \S+ (?:is )?(?:not responding|unreachable|NotReady|lost)\b|NodeNotReady|kernel: .*\[Hardware Error\]|mce: \[Hardware Error\]", "NodeFailure", True,
+    # (also: an MPI launcher losing the daemon on another node, Open MPI's "ORTE has lost
+    # communication with its daemon" / "with a remote daemon", PRRTE's, a PMIx server; and
+    # PCIe errors the hardware could not correct, AER's "Uncorrected (Fatal) error received",
+    # "PCIe Bus Error: severity=Uncorrected". Corrected AER errors are noise and not matched.)
+    ("node-not-ready", r"(?i)\bnode \S+ (?:is )?(?:not responding|unreachable|NotReady|lost)\b|NodeNotReady|kernel: .*\[Hardware Error\]|mce: \[Hardware Error\]"
+     r"|(?i:\b(?:ORTE|PRTE|PRRTE|PMIx|mpirun|HNP) has lost (?:communication|contact|connection) with (?:its|a remote|the remote|a) daemon)|(?i:\blost (?:communication|contact|connection) with (?:its|a remote|the remote) daemon)"
+     r"|AER: (?:Multiple )?Uncorrected \((?:Non-)?Fatal\) error received|PCIe Bus Error: severity=Uncorrected", "NodeFailure", True,
      RESTART_EXCLUDE, False),
     ("ecc-uncorrectable", r"(?i)uncorrectable ECC error|double bit (?:ECC )?error|\bDBE\b", "ECCError", True,
      "Uncorrectable ECC error: drain the GPU (page retirement / reset), cordon the node. " + RESTART_EXCLUDE, False),
@@ -240,7 +261,11 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      # server-side messages; Azure Blob's ServerBusy / "The server is busy." / OperationTimedOut
      # and Google Cloud Storage's endpoint in any client's error line
      r"|ExceptionName: \w+ Message: |We encountered an internal error\. Please try again|\bServerBusy\b|The server is busy\.|\bOperationTimedOut\b|Operation could not be completed within the specified time"
-     r"|https://storage\.googleapis\.com/\S*: |\.blob\.core\.windows\.net\b[^\n]*(?i:error|fail)", "S3StorageError", True,
+     r"|https://storage\.googleapis\.com/\S*: |\.blob\.core\.windows\.net\b[^\n]*(?i:error|fail)"
+     # GCS's error message without its endpoint: gcsfs raising it as it came ("RuntimeError:
+     # b'Backend Error'", "gcsfs.retry.HttpError: Backend Error, 503"), the JSON's "reason":
+     # "backendError", googleapiclient's "<HttpError 503 when requesting https://storage...>"
+     r"|b?'Backend Error'|\bBackend Error, 5\d\d\b|\bgcsfs\.\w+\.HttpError\b|\breason.: .backendError\b|HttpError 5\d\d when requesting https://(?:www|storage)\.googleapis\.com/", "S3StorageError", True,
      "Object storage failed (throttling, credentials, endpoint): check the bucket and credentials; restart resumes from the last committed checkpoint.", False),
     # ------------------------------------------------------------- service connections
     ("tracker-connection", r"requests\.exceptions\.(?:ConnectionError|ConnectTimeout|ReadTimeout)|urllib3\.exceptions\.(?:MaxRetryError|NewConnectionError|ProtocolError)|redis\.exceptions\.ConnectionError|wandb\.errors\.\w*(?:Comm|Network|Connection)\w*|grpc.*StatusCode\.UNAVAILABLE|HTTPSConnectionPool\(host=\S+\): Max retries exceeded", "ConnectionError", True,
@@ -316,7 +341,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)"
      # a sample the loader cannot decode: PIL's "cannot identify image file", a truncated image,
      # datasets' "Not able to read records in the JSON file"
-     r"|UnidentifiedImageError|cannot identify image file|image file is truncated|Not able to read records in the JSON file", "DatasetLoadingError", False,
+     r"|UnidentifiedImageError|cannot identify image file|image file is truncated|Not able to read records in the JSON file"
+     # a data file corrupt or cut short: TensorFlow's record reader ("DataLossError: corrupted
+     # record at 15458974733", "Data loss: truncated record at"), gzip / lzma shards ("Compressed
+     # file ended before the end-of-stream marker was reached", BadGzipFile), and text shards
+     # that do not decode ("UnicodeDecodeError: 'utf-8' codec can't decode byte 0xdf")
+     r"|(?i:\b(?:corrupted|truncated) record at \d+)|DataLossError: [^\n]{0,40}(?i:record)|Compressed file ended before the end-of-stream marker was reached|\bBadGzipFile\b|Not a gzipped file"
+     r"|" + X + r"UnicodeDecodeError(?::|\s*$)|codec can't decode byte 0x[0-9a-fA-F]+ in position \d+", "DatasetLoadingError", False,
      "The dataset does not load: check the data path and that preprocessing finished (index and binary files match).", False),
     # ------------------------------------------------------------- torchrun summaries and signals (pure symptoms)
     ("child-failed", r"ChildFailedError|Worker group FAILED|Local worker group failed|\] failed \(exitcode: -?\d+\) local_rank: \d+|^\S*\s*[\w.-]+\.py FAILED\s*$", "Unknown", True,
@@ -332,7 +363,12 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("segfault", r"Segmentation fault|SIGSEGV|Signal 11", "Unknown", True,
      "A process crashed with a segmentation fault.", True),
     # ------------------------------------------------------------- Python exceptions (script)
-    ("argparse-error", r"error: unrecognized arguments:|error: the following arguments are required:|error: argument [-\w/]+: |argparse\.ArgumentError|error: ambiguous option:", "ArgumentError", False,
+    # (and hydra's overrides: "Could not override 'task.data'." / omegaconf's "Key 'data' is
+    # not in struct" for a key the config does not have, "Could not append to config. An item is
+    # already at", an override that does not parse, a config group option that does not exist)
+    ("argparse-error", r"error: unrecognized arguments:|error: the following arguments are required:|error: argument [-\w/]+: |argparse\.ArgumentError|error: ambiguous option:"
+     r"|Could not override '[^'\n]+'|Could not (?:append to|delete from) config\b|\bKey '[^'\n]+' is not in struct\b|hydra\.errors\.(?:OverrideParseException|ConfigCompositionException|MissingConfigException)\b"
+     r"|Error (?:parsing|merging) override\b", "ArgumentError", False,
      "The command line is wrong: fix the arguments in the job spec / launch command.", False),
     ("called-process", r"CalledProcessError|returned non-zero exit status \d+", "CalledProcessError", False,
      "A subprocess the script runs failed: check that command and its environment.", False),
@@ -347,7 +383,13 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      # a library found missing at run time in a framework's own wording (XLA's "Unable to load
      # NCCL library", TF's "Could not load dynamic library 'libcudnn.so.8'", "Failed to load library",
      # cuDNN 9's "Unable to load any of {libcudnn_graph.so.9.1.0, ...}")
-     r"|(?i:\b(?:unable|failed|could not|couldn't) (?:to )?(?:load|dlopen) (?:the )?(?:dynamic |shared )?(?:library\b|\S+ library\b))|Unable to load any of \{lib", "ImportError", False,
+     r"|(?i:\b(?:unable|failed|could not|couldn't) (?:to )?(?:load|dlopen) (?:the )?(?:dynamic |shared )?(?:library\b|\S+ library\b))|Unable to load any of \{lib"
+     # an extension compiled against another numpy (or another build of a C type): "numpy.dtype
+     # size changed, may indicate binary incompatibility", numpy 2's "A module that was compiled
+     # using NumPy 1.x cannot be run in NumPy 2.0", "_ARRAY_API not found", "module compiled
+     # against API version 0x10 but this version of numpy is 0xe"
+     r"|size changed, may indicate binary incompatibility|compiled using NumPy \d\.x cannot be run in NumPy|\b_ARRAY_API not found"
+     r"|module compiled against (?:ABI|API) version \w+ but this version of numpy is", "ImportError", False,
      "A module is missing or broken: fix the environment (install/pin the package) on every node.", False),
     ("syntax", X + r"(?:SyntaxError|IndentationError|TabError)(?::|\s*$)", "SyntaxError", False,
      "The script does not parse: fix the syntax error.", False),

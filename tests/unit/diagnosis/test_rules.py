@@ -357,6 +357,36 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["Unable to load any of {libcudnn_graph.so.9.1.0, libcudnn_graph.so.9.1, libcudnn_graph.so.9, libcudnn_graph.so}"], ("ImportError", False)),
     (["W0000 00:00:1700000000.123 2281 cuda_executor.cc:1040] Failed to load the NCCL library: libnccl.so.2 not found"], ("ImportError", False)),
     (["OSError: image file is truncated (7 bytes not processed)"], ("DatasetLoadingError", False)),
+    # after batch 13: a data file corrupt or cut short (TF's record reader, a gzip shard, text
+    # that does not decode) ...
+    (["tensorflow.python.framework.errors_impl.DataLossError: truncated record at 88210 [Op:IteratorGetNext]"], ("DatasetLoadingError", False)),
+    (["EOFError: Compressed file ended before the end-of-stream marker was reached"], ("DatasetLoadingError", False)),
+    (["  File \"/opt/data/reader.py\", line 40, in __iter__", "UnicodeDecodeError: 'utf-8' codec can't decode byte 0x8b in position 1: invalid start byte"],
+     ("DatasetLoadingError", False)),
+    # ... hydra / omegaconf refusing an override is the launch command's ...
+    (["omegaconf.errors.ConfigAttributeError: Key 'lr_warmup' is not in struct", "    full_key: optim.lr_warmup"], ("ArgumentError", False)),
+    (["hydra.errors.ConfigCompositionException: Could not override 'model.depth'. No match in config."], ("ArgumentError", False)),
+    # ... memory exhausted in MXNet's / Caffe's / Paddle's / llama.cpp's wordings ...
+    (["[12:01:33] src/storage/pooled_storage_manager.h:157: cudaMalloc failed: out of memory"], ("OutOfMemoryError", False)),
+    (["F0301 10:02:03.123 4412 syncedmem.cpp:71] Check failed: error == cudaSuccess (2 vs. 0)  out of memory"], ("OutOfMemoryError", False)),
+    (["paddle.fluid.core_avx.EnforceNotMet: Cannot allocate 1.250000GB memory on GPU 3, available memory is only 512.000000MB."],
+     ("OutOfMemoryError", False)),
+    (["ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 4294967296", "ValueError: Failed to load model from file: /models/q4.gguf"],
+     ("OutOfMemoryError", False)),
+    # ... an extension built against another numpy ...
+    (["ValueError: numpy.ufunc size changed, may indicate binary incompatibility. Expected 232 from C header, got 216 from PyObject"],
+     ("ImportError", False)),
+    (["A module that was compiled using NumPy 1.x cannot be run in NumPy 2.1.3 as it may crash."], ("ImportError", False)),
+    # ... GCS failing on its side without its endpoint in the line (gcsfs) restarts ...
+    (["gcsfs.retry.HttpError: Backend Error, 503"], ("S3StorageError", True)),
+    # ... and nodes lost: an MPI daemon gone, a preempted cluster or pod, a GPU NVML cannot reach,
+    # an uncorrectable PCIe error (a corrected one alone names nothing)
+    (["PRTE has lost communication with a remote daemon.", "  HNP daemon   : [prterun-node1-1234@0,0] on node node1"], ("NodeFailure", True)),
+    (["W 03-02 04:11:09 jobs/controller.py:201] The cluster was preempted. Relaunching the job."], ("NodeFailure", True)),
+    (["Warning  Preempted  12s  default-scheduler  Preempted by research/high-prio-7c9 on node gke-a100-pool-3"], ("NodeFailure", True)),
+    (["$ nvidia-smi", "Unable to determine the device handle for GPU2: 0000:41:00.0: Unknown Error", "No devices were found"], ("NodeFailure", True)),
+    (["[ 812.001] pcieport 0000:80:01.1: AER: Uncorrected (Fatal) error received: 0000:81:00.0"], ("NodeFailure", True)),
+    (["[ 812.001] pcieport 0000:80:01.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"], ("Unknown", False)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
