@@ -67,9 +67,11 @@ Corpora:
   commit whose rules were written from it (batch 1 -> 5df98b8, batch 2 -> b548bd4,
   batch 3 -> 54418a9, batch 4 -> 32c3dda, batch 5 -> 19cd7b5, batches 6 and 7 ->
   1c98e3c, batch 8 -> 244ede4, batch 9 -> d0c2675, batch 10 -> 276b2e7, batches 11 and
-  12 -> 04edc12); the honest
+  12 -> 04edc12, batch 13 -> fd8097f); the honest
   figure for the current rules is the latest batch no rule was written from:
-  `real_heldout_*` (best path on that batch; null when every batch has been used; batch 12
+  `real_heldout_*` (best path on that batch; null when every batch has been used, as after
+  fd8097f until batch 14 is collected; batch 13 at 44ed918, rules of 04edc12: rules 0.235 /
+  0.294 / 0.647 on 17 logs, best path retrieval 0.471 / 0.824 / 0.824; batch 12
   at 9fe0427, rules of 276b2e7: rules 0.556 / 0.611 / 0.722 on 18 logs, best path retrieval
   0.722 / 0.889 / 0.778; batch 11
   at b1e00d5, rules of 276b2e7: rules 0.455 / 0.455 / 0.727 on 11 logs, best path
