@@ -509,27 +509,13 @@ class LogCompressor:
             self._resolve_new_keys(deferred)
         # ---- in bulk: the other repeats of known keys
         if counts:
-            distinct = list(counts)
-            targets = list(map(fast.__getitem__, distinct))
-            overflow += sum(compress(counts.values(), map(is_, targets, repeat(_OVERFLOW))))
-            is_hit = list(map(isinstance, targets, repeat(LogEntry)))
-            hit_keys = list(compress(distinct, is_hit))
-            if hit_keys:
-                hit_counts = list(map(counts.__getitem__, hit_keys))
-                # keys whose only line here was their first (counted one by one above)
-                if not all(hit_counts):
-                    hit_keys = list(compress(hit_keys, hit_counts))
-                    hit_counts = list(filter(None, hit_counts))
-            if hit_keys:
+            def last_line_index(hit_keys: list[bytes]) -> list[int]:
                 last = dict(zip(keys, starts))
-                last_idx = np.searchsorted(newlines, list(map(last.__getitem__, hit_keys))).tolist()
-                base = first_line + 1
-                for entry, c, idx in zip(map(fast.__getitem__, hit_keys), hit_counts, last_idx):
-                    entry.count += c
-                    if base + idx > entry.last_line:
-                        entry.last_line = base + idx
-                repeats += sum(hit_counts)
-                repeat_bytes += sum(map(mul, hit_counts, map(len, hit_keys))) + sum(hit_counts)
+                return np.searchsorted(newlines, list(map(last.__getitem__, hit_keys))).tolist()
+
+            hit_keys, lines, nbytes, over = self._count_known_repeats(counts, first_line, last_line_index)
+            repeats, repeat_bytes, overflow = repeats + lines, repeat_bytes + nbytes, overflow + over
+            if hit_keys:
                 prefixed = [k for k in hit_keys if k[:1] in _PREFIX_STARTS]
                 rank_spans: dict[bytes, slice] = {}
                 if prefixed:
@@ -552,6 +538,31 @@ class LogCompressor:
         stats.bytes_kept += repeat_bytes
         self._line_no = first_line + total_lines
         stats.lines_in += total_lines
+
+    def _count_known_repeats(self, counts: dict[bytes, int], first_line: int,
+                             last_line_index) -> tuple[list[bytes], int, int, int]:
+        """Both scans' bulk step: the other repeats of known keys in a buffer. Each entry's
+        count and last line grow (``last_line_index(keys)``: the 0-based line of each key's
+        last line in the buffer); overflow keys' lines are counted. Returns (the entries' keys,
+        their repeat lines, the bytes of those lines, overflow lines)."""
+        fast = self._fast_entries
+        distinct = list(counts)
+        targets = list(map(fast.__getitem__, distinct))
+        overflow = sum(compress(counts.values(), map(is_, targets, repeat(_OVERFLOW))))
+        hit_keys = list(compress(distinct, map(isinstance, targets, repeat(LogEntry))))
+        hit_counts = list(map(counts.__getitem__, hit_keys))
+        if not all(hit_counts):  # keys whose only line here was their first (counted one by one)
+            hit_keys = list(compress(hit_keys, hit_counts))
+            hit_counts = list(filter(None, hit_counts))
+        if not hit_keys:
+            return [], 0, 0, overflow
+        base = first_line + 1
+        for entry, c, idx in zip(map(fast.__getitem__, hit_keys), hit_counts, last_line_index(hit_keys)):
+            entry.count += c
+            if base + idx > entry.last_line:
+                entry.last_line = base + idx
+        lines = sum(hit_counts)
+        return hit_keys, lines, sum(map(mul, hit_counts, map(len, hit_keys))) + lines, overflow
 
     def _note_rank_hosts(self, buf: bytes, rank_host_lines: list[tuple[int, int]]) -> None:
         for start, end in rank_host_lines:
@@ -714,26 +725,12 @@ class LogCompressor:
             self._resolve_new_keys(deferred)
         # ---- in bulk: the other repeats of known keys
         if counts:
-            distinct = list(counts)
-            targets = list(map(fast.__getitem__, distinct))
-            overflow += sum(compress(counts.values(), map(is_, targets, repeat(_OVERFLOW))))
-            is_hit = list(map(isinstance, targets, repeat(LogEntry)))
-            hit_keys = list(compress(distinct, is_hit))
+            def last_line_index(hit_keys: list[bytes]) -> list[int]:
+                return list(map(dict(zip(tkeys, found.touched_last.tolist())).__getitem__, hit_keys))
+
+            hit_keys, lines, nbytes, over = self._count_known_repeats(counts, first_line, last_line_index)
+            repeats, repeat_bytes, overflow = repeats + lines, repeat_bytes + nbytes, overflow + over
             if hit_keys:
-                hit_counts = list(map(counts.__getitem__, hit_keys))
-                # keys whose only line here was their first (counted one by one above)
-                if not all(hit_counts):
-                    hit_keys = list(compress(hit_keys, hit_counts))
-                    hit_counts = list(filter(None, hit_counts))
-            if hit_keys:
-                last = dict(zip(tkeys, found.touched_last.tolist()))
-                base = first_line + 1
-                for entry, c, idx in zip(map(fast.__getitem__, hit_keys), hit_counts, map(last.__getitem__, hit_keys)):
-                    entry.count += c
-                    if base + idx > entry.last_line:
-                        entry.last_line = base + idx
-                repeats += sum(hit_counts)
-                repeat_bytes += sum(map(mul, hit_counts, map(len, hit_keys))) + sum(hit_counts)
                 prefixed = [k for k in hit_keys if k[:1] in _PREFIX_STARTS]
                 if prefixed:
                     self._native_ranks(buf, found, prefixed)

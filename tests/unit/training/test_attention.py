@@ -12,17 +12,6 @@ GQA = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=8, num_query
 MHA = GQA.model_copy(update={"num_query_groups": None})
 
 
-@pytest.fixture(scope="module")
-def dist_env():
-    from training.model import init_distributed, shutdown_distributed
-
-    owned = not torch.distributed.is_initialized()
-    env = init_distributed(tensor_parallel=1)
-    yield env
-    if owned:
-        shutdown_distributed()
-
-
 @pytest.mark.parametrize("choice, precision, flash_device, kernel", [
     ("auto", "bf16", True, "sdpa"),
     ("auto", "fp16", True, "sdpa"),

@@ -13,17 +13,6 @@ TRAINING = TrainingConfig(global_batch_size=4, micro_batch_size=2, steps=5, lr=1
                           min_lr=1e-4, grad_clip=0.5, seed=7)
 
 
-@pytest.fixture(scope="module")
-def dist_env():
-    from training.model import init_distributed, shutdown_distributed
-
-    owned = not torch.distributed.is_initialized()
-    env = init_distributed(tensor_parallel=1)
-    yield env
-    if owned:
-        shutdown_distributed()
-
-
 def test_world_of_one_without_torchrun(dist_env):
     assert (dist_env.rank, dist_env.world_size, dist_env.dp_size, dist_env.tp_size) == (0, 1, 1, 1)
     assert dist_env.backend == ("nccl" if torch.cuda.is_available() else "gloo")
