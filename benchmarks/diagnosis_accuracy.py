@@ -221,6 +221,24 @@ def seeds_without(root_cause: str | None):
         rules.seed_rules = original
 
 
+def check_labels(labels: dict[str, dict], where: Path) -> None:
+    """Every label names a root cause of the vocabulary with that root cause's kind (the
+    kind is a function of the root cause), and its file exists; one error lists them all."""
+    from diagnosis.vocabulary import ROOT_CAUSE_KIND
+
+    problems = []
+    for name, label in sorted(labels.items()):
+        expected = ROOT_CAUSE_KIND.get(label.get("root_cause"))
+        if expected is None:
+            problems.append(f"{name}: root_cause {label.get('root_cause')!r} is not in the vocabulary")
+        elif label.get("kind") != expected:
+            problems.append(f"{name}: kind {label.get('kind')!r} should be {expected!r} (the kind of {label['root_cause']})")
+        if not (where.parent / name).is_file():
+            problems.append(f"{name}: no such log file next to {where.name}")
+    if problems:
+        raise SystemExit(f"{where}: {len(problems)} bad label(s); fix them before scoring:\n  " + "\n  ".join(problems))
+
+
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """95 % Wilson score interval of k successes in n trials."""
     if n == 0:
@@ -282,6 +300,7 @@ def main() -> None:
     labels = json.loads((args.corpus / "labels.json").read_text())
     cases = sorted(labels)
     real_labels = json.loads((args.real_corpus / "labels.json").read_text())
+    check_labels(real_labels, args.real_corpus / "labels.json")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="diag-acc-") as tmp, ScriptedLLMServer() as server:
         tmp = Path(tmp)
