@@ -67,6 +67,9 @@ CUDA_BUILD = (r"no kernel image is available for execution on the device|cudaErr
 # S3 error codes that reject the request's own configuration (see "s3-rejected").
 S3_CODES = r"(?:AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|RequestTimeTooSkewed|ExpiredToken|InvalidToken|AllAccessDisabled|AccountProblem|InvalidBucketName|NoSuchBucket)"
 
+# The Slurm client commands a job is submitted with, as they prefix their messages.
+SLURM_CMD = r"\b(?:sbatch|srun|salloc)(?:\[\d+\])?: "
+
 RESTART_EXCLUDE = "Restart from the last checkpoint after cordoning the suspect node(s) and running the node check."
 
 SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
@@ -99,6 +102,16 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      r"|(?i:\b(?:instance|node|vm|cluster|pod|worker|host|tpu|slice)s? (?:was |were |has been |have been |is being |is |are |got )?preempted)|(?i:\bpreemption notice\b)|\bPreempted by \S+", "NodeFailure", True,
      "The job lost its node(s) to preemption (a higher-priority job or a spot/preemptible VM reclaimed): resubmit or requeue; "
      "it resumes from the last checkpoint (checkpoint more often, or on the termination signal, on preemptible capacity).", False),
+    # Slurm's controller refusing a submission or allocation for a passing reason: it was
+    # busy or unreachable ("sbatch: error: Batch job submission failed: Socket timed out on
+    # send/recv operation", "Unable to contact slurm controller (connect failure)", "Slurm
+    # temporarily unable to accept job, sleeping and retrying", "Unable to create job record, try
+    # again"), or the nodes asked for at once were busy. The same submission goes through later.
+    # (Refusals for the job's own request are "slurm-submit-refused", further down.)
+    ("slurm-submit-transient", SLURM_CMD + r"error: [^\n]*?(?:Socket timed out on send/recv operation|Unable to contact slurm controller|Zero Bytes were transmitted or received"
+     r"|Unable to create job record, try again|backup controller in standby mode|Communication connection failure|Message (?:send|receive) failure"
+     r"|Resource temporarily unavailable|Requested nodes are busy|Immediate execution impossible)|Slurm temporarily unable to accept job", "ConnectionError", True,
+     "Slurm's controller was busy or unreachable when the job was submitted: submit it again (check slurmctld's health if it persists).", False),
     # Slurm's daemons telling of a node that cannot run jobs: slurmstepd unable to exec the
     # batch script slurmd itself spooled ("execve(): /var/spool/slurmd/job123/slurm_script: No
     # such file or directory": the node's spool or tmp is broken, not the user's path), a task
@@ -186,8 +199,12 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     ("ib-completion-error", r"NCCL WARN NET/IB.*(?:completion.*(?:error|status=[1-9])|status=[1-9]\d*)|transport retry counter exceeded|NCCL WARN NET/IB : .*(?:failed|error)|ibv_\w+ failed|NET/IB ?: Got completion from peer \S+ with (?:error [1-9]|status=[1-9])|NET/OFI .*completed with error", "NetworkError", True,
      "InfiniBand error: check the HCA/port of the suspect node (ibstat, link flaps). " + RESTART_EXCLUDE, False),
     # NCCL finds no interface it can open a socket on (container without host networking,
-    # a wrong NCCL_SOCKET_IFNAME): the same on every restart until the setting changes.
-    ("nccl-no-interface", r"WARN (?:NET/|Net/)?Socket creation failed|Bootstrap : no socket interface found|No usable listening interface found|no socket interface found|NCCL_SOCKET_IFNAME.*(?:not found|no interface)", "NetworkError", False,
+    # a wrong NCCL_SOCKET_IFNAME), or its topology names a network device it cannot find
+    # ("NCCL WARN Could not find NET with id 0": a topology file from other hardware, a net
+    # plugin or NCCL build that does not match the NICs): the same on every restart until the
+    # setting changes.
+    ("nccl-no-interface", r"WARN (?:NET/|Net/)?Socket creation failed|Bootstrap : no socket interface found|No usable listening interface found|no socket interface found|NCCL_SOCKET_IFNAME.*(?:not found|no interface)"
+     r"|NCCL WARN Could not find (?:NET|NIC) with id\b", "NetworkError", False,
      "NCCL found no usable network interface: run the container with host networking or set NCCL_SOCKET_IFNAME to an interface that exists on every node, then restart.", False),
     ("network-unreachable", r"(?i)Network is unreachable|No route to host|\bmlx5_\d+.*(?:link down|port .*down)|IB port \d+ .*(?:down|inactive)|WARN NET/Socket ?: .*(?:fail|error)", "NetworkError", True,
      RESTART_EXCLUDE, False),
@@ -336,7 +353,7 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # ------------------------------------------------------------- framework
     ("dataloader-killed", r"DataLoader worker \(pid\(?s?\)? ?[\d, ]+\)? (?:is killed by signal|exited unexpectedly)|DataLoader worker .*killed by signal", "DataloaderKilled", False,
      "A DataLoader worker died (usually host RAM or /dev/shm exhausted): lower num_workers/prefetch, enlarge /dev/shm, check host memory.", False),
-    ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|Error while deserializing header: |\b(?:HeaderTooLarge|HeaderTooSmall|InvalidHeaderDeserialization|MetadataIncompleteBuffer)\b|PytorchStreamReader failed reading zip archive|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
+    ("model-loading", r"Error\(s\) in loading state_dict for|size mismatch for [\w.]+: copying a param|Missing key\(s\) in state_dict|Unexpected key\(s\) in state_dict|SafetensorError|Error while deserializing header: |\b(?:HeaderTooLarge|HeaderTooSmall|InvalidHeaderDeserialization|MetadataIncompleteBuffer)\b|PytorchStreamReader failed (?:reading zip archive|locating file|reading file)|unexpected EOF, expected \d+ more bytes|UnpicklingError|CheckpointingException|(?i:(?:failed|unable) to load (?:the )?(?:checkpoint|model|weights))|does not appear to have a file named (?:pytorch_model|model)|(?i:checkpoint .*(?:corrupt|truncated|incomplete))", "ModelLoadingError", False,
      "The checkpoint/weights do not load: check the checkpoint path, that its manifest is complete, and that the model config matches it.", False),
     ("dataset-loading", r"DatasetGenerationError|datasets\.exceptions\.\w+|(?i:(?:failed|unable|error) (?:to load|loading|while loading) (?:the )?(?:dataset|data shard|index))|ArrowInvalid|(?i:indexed dataset .*(?:mismatch|corrupt))|(?i:dataset (?:index|shard) .*(?:corrupt|mismatch|truncated))|MMapIndexedDataset.*(?:Error|assert)|(?i:\bdataset\b[^\n]{0,40} does not exist)"
      # a sample the loader cannot decode: PIL's "cannot identify image file", a truncated image,
@@ -370,11 +387,31 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      r"|Could not override '[^'\n]+'|Could not (?:append to|delete from) config\b|\bKey '[^'\n]+' is not in struct\b|hydra\.errors\.(?:OverrideParseException|ConfigCompositionException|MissingConfigException)\b"
      r"|Error (?:parsing|merging) override\b", "ArgumentError", False,
      "The command line is wrong: fix the arguments in the job spec / launch command.", False),
-    ("called-process", r"CalledProcessError|returned non-zero exit status \d+", "CalledProcessError", False,
+    # Slurm refusing the job's own request: sbatch's "Batch job submission failed: Requested node
+    # configuration is not available" (or an invalid account, partition, QOS, time limit, gres,
+    # node count; a policy the job violates), srun's "Unable to allocate resources: ...", salloc's
+    # "Job submit/allocate failed: ...", an option the site no longer accepts ("Parameter
+    # --gres=gpu:1 no longer acceptable, please switch to --gpus=1") or an invalid one. The same
+    # request is refused again: the job's resources or options must change. (Passing reasons are
+    # "slurm-submit-transient", which matches such a line first.)
+    ("slurm-submit-refused", SLURM_CMD + r"error: (?:Batch job submission failed|Unable to allocate resources|Job submit/allocate failed|Allocation failure): "
+     r"|" + SLURM_CMD + r"(?:error: )?(?:[Ii]nvalid|[Uu]nrecognized) (?:option\b|argument\b|[-\w/() ]{1,40}?(?:specification|specified)\b)"
+     r"|" + SLURM_CMD + r"error: [^\n]*?\bno longer (?:acceptable|supported|allowed)\b", "ArgumentError", False,
+     "Slurm refused the job's request (resources, account, partition, QOS, time limit or an option): change the job's Slurm "
+     "options (or the cluster inventory's slurm: section) to what the cluster offers, then submit again.", False),
+    # (and a build step the job runs failing in the compiler's or linker's own words: a JIT-built
+    # extension or Triton's launcher - "collect2: error: ld returned 1 exit status", "cannot find
+    # 'ld'", "/usr/bin/ld: cannot find -lcuda", "ninja: build stopped: subcommand failed",
+    # setuptools' "error: command '/usr/bin/gcc' failed with exit code 1", "nvcc fatal : ...")
+    ("called-process", r"CalledProcessError|returned non-zero exit status \d+"
+     r"|\bcollect2: (?:fatal )?error: |\bld returned \d+ exit status\b|\bld(?:\.(?:bfd|gold|lld))?: (?:error: )?cannot find -l"
+     r"|cannot find [^\w\s]{1,3}ld[^\w\s]|ninja: build stopped: subcommand failed|error: command '[^'\n]*' failed with exit (?:code|status) \d+|\bnvcc fatal\s*: ", "CalledProcessError", False,
      "A subprocess the script runs failed: check that command and its environment.", False),
     ("permission", X + r"PermissionError(?::|\s*$)|\[Errno 13\] Permission denied", "PermissionError", False,
      "Permission denied: fix ownership/permissions of the path, or write elsewhere.", False),
-    ("file-not-found", X + r"FileNotFoundError(?::|\s*$)|\[Errno 2\] No such file or directory", "FileNotFoundError", False,
+    # (transformers' "OSError: <dir> does not appear to have a file named generation_config.json":
+    # a file the folder lacks; missing weights files are model-loading's, which matches first)
+    ("file-not-found", X + r"FileNotFoundError(?::|\s*$)|\[Errno 2\] No such file or directory|\bdoes not appear to have (?:a file|files) named\b", "FileNotFoundError", False,
      "A file is missing: check the path in the job spec and that the data/checkpoint exists on every node.", False),
     # transformers' lazy imports wrap the ImportError in "RuntimeError: Failed to import X
     # because of the following error"; a compiled extension built for another torch says

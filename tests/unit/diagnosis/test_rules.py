@@ -387,6 +387,34 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["$ nvidia-smi", "Unable to determine the device handle for GPU2: 0000:41:00.0: Unknown Error", "No devices were found"], ("NodeFailure", True)),
     (["[ 812.001] pcieport 0000:80:01.1: AER: Uncorrected (Fatal) error received: 0000:81:00.0"], ("NodeFailure", True)),
     (["[ 812.001] pcieport 0000:80:01.1: PCIe Bus Error: severity=Corrected, type=Physical Layer, (Receiver ID)"], ("Unknown", False)),
+    # after batch 14: Slurm refusing the job's own request is the launch's; refusing it because
+    # the controller was busy is transient ...
+    (["sbatch: error: Batch job submission failed: Invalid account or account/partition combination specified"], ("ArgumentError", False)),
+    (["srun: error: Unable to allocate resources: Job violates accounting/QOS policy (job submit limit, user's size and/or time limits)"],
+     ("ArgumentError", False)),
+    (["salloc: error: Job submit/allocate failed: Requested time limit is invalid (missing or exceeds some limit)"], ("ArgumentError", False)),
+    (["sbatch: error: Invalid generic resource (gres) specification"], ("ArgumentError", False)),
+    (["sbatch: error: Option --cpus-per-task=0 no longer supported on this cluster"], ("ArgumentError", False)),
+    (["sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"], ("ConnectionError", True)),
+    (["srun: error: Unable to allocate resources: Unable to contact slurm controller (connect failure)"], ("ConnectionError", True)),
+    (["sbatch: error: Slurm temporarily unable to accept job, sleeping and retrying"], ("ConnectionError", True)),
+    # ... a build step failing in the linker's or compiler's words is the subprocess's ...
+    (["/usr/bin/ld: cannot find -lcuda: No such file or directory", "collect2: error: ld returned 1 exit status"],
+     ("CalledProcessError", False)),
+    (["gcc: fatal error: cannot find 'ld'", "compilation terminated."], ("CalledProcessError", False)),
+    (["ninja: build stopped: subcommand failed."], ("CalledProcessError", False)),
+    (["error: command '/usr/local/cuda/bin/nvcc' failed with exit code 1"], ("CalledProcessError", False)),
+    # ... NCCL's topology naming a network device it cannot find is configuration ...
+    (["node7:3021:3299 [5] NCCL WARN Could not find NET with id 3"], ("NetworkError", False)),
+    # ... a checkpoint cut short in torch.load's wording, and a file a model folder lacks
+    (["RuntimeError: unexpected EOF, expected 1024 more bytes. The file might be corrupted."], ("ModelLoadingError", False)),
+    (["RuntimeError: PytorchStreamReader failed locating file data.pkl: file not found"], ("ModelLoadingError", False)),
+    (["OSError: /ckpt/llama-8b does not appear to have a file named preprocessor_config.json. Checkout 'https://huggingface.co//ckpt/llama-8b/tree/main' for available files."],
+     ("FileNotFoundError", False)),
+    (["OSError: /ckpt/llama-8b does not appear to have a file named pytorch_model.bin, model.safetensors, tf_model.h5 or flax_model.msgpack."],
+     ("ModelLoadingError", False)),
+    # a "cannot find" that is no linker's stays unmatched
+    (["warning: cannot find build directory, using defaults"], ("Unknown", False)),
 ])
 def test_generic_wordings(tmp_path, state, lines, expected):
     d = diagnose_log(write(tmp_path, lines))
