@@ -64,20 +64,13 @@ Corpora:
   (`real_*` keys) and per collection batch (`real_batchN_*`). Each batch was committed
   before it was first scored; rules changed after looking at a batch make it no longer
   held out. benchmarks/data/real_failure_logs/batches.json records, per batch, the
-  commit whose rules were written from it (batch 1 -> 5df98b8, batch 2 -> b548bd4,
-  batch 3 -> 54418a9, batch 4 -> 32c3dda, batch 5 -> 19cd7b5, batches 6 and 7 ->
-  1c98e3c, batch 8 -> 244ede4, batch 9 -> d0c2675, batch 10 -> 276b2e7, batches 11 and
-  12 -> 04edc12, batch 13 -> fd8097f); the honest
-  figure for the current rules is the latest batch no rule was written from:
-  `real_heldout_*` (best path on that batch; null when every batch has been used, as after
-  fd8097f until batch 14 is collected; batch 13 at 44ed918, rules of 04edc12: rules 0.235 /
-  0.294 / 0.647 on 17 logs, best path retrieval 0.471 / 0.824 / 0.824; batch 12
-  at 9fe0427, rules of 276b2e7: rules 0.556 / 0.611 / 0.722 on 18 logs, best path retrieval
-  0.722 / 0.889 / 0.778; batch 11
-  at b1e00d5, rules of 276b2e7: rules 0.455 / 0.455 / 0.727 on 11 logs, best path
-  heuristic 0.636 / 0.636 / 0.545; batch 10 at d7c2f30, rules of d0c2675: rules 0.650 /
-  0.800 / 0.850 on 20 logs, best path retrieval 0.750 / 0.900 / 0.900). The history of each batch's held-out score is in
-  benchmarks/data/real_failure_logs/README.md.
+  commit it was collected at and the commit whose rules were written from it (batch 14
+  -> 7a95f34 is the latest). The honest figure for the current rules is the latest batch
+  no rule was written from: `real_heldout_*` (best path on that batch; null when every
+  batch has been used, as after 7a95f34 until batch 15 is collected). Every batch's blind
+  figure, each scored by the code of its own collection commit, comes from
+  `benchmarks/diagnosis_blind.py` (git history; pooled 5-14 rules 0.694 / 0.740 / 0.850);
+  the history with each batch's misses is in benchmarks/data/real_failure_logs/README.md.
 
 The last line is the JSON headline. Old keys (templates corpus): `cases`, `best_path`,
 `root_cause_accuracy`, `kind_accuracy`, `restart_accuracy`, `rules_…`, `retrieval_…`,
