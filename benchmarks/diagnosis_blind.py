@@ -88,11 +88,11 @@ def extract(commit: str, into: Path) -> Path:
 
 def score_batch(commit: str, logs: list[Path], workdir: Path) -> dict[str, list]:
     tree = extract(commit, workdir / f"tree-{commit}")
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FORGEFLOW_STATE_DIR")}
-    env["PYTHONPATH"] = str(tree)
-    env["HF_HUB_OFFLINE"] = "1"
+    state = workdir / f"state-{commit}"  # learned rules, caches: nothing of the user's is read or written
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(tree), FORGEFLOW_STATE_DIR=str(state), HF_HUB_OFFLINE="1", FORGEFLOW_NATIVE="0")
     done = subprocess.run(
-        [sys.executable, "-c", _SCORER, str(workdir / f"state-{commit}"), *map(str, logs)],
+        [sys.executable, "-c", _SCORER, str(state), *map(str, logs)],
         cwd=tree, env=env, capture_output=True, text=True,
     )
     if done.returncode != 0:
