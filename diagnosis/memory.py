@@ -374,6 +374,7 @@ def retrieval_vote(
     culprit_lines: Sequence[str] = (),
     max_confidence: float = 0.5,
     temperature: float = 0.05,
+    min_similarity: float = -1.0,
 ) -> Diagnosis | None:
     """The root cause the nearest past failures point to, by a softmax-weighted vote.
 
@@ -381,9 +382,11 @@ def retrieval_vote(
     with a small temperature the nearest failure decides unless others are nearly as
     close, so a cause that merely has more stored examples does not outvote a much
     closer match. It is a guess by analogy: confidence is capped low (default 0.5)
-    and the result is marked source="retrieval".
+    and the result is marked source="retrieval". Neighbours less similar than
+    ``min_similarity`` do not vote (None when none is left): see
+    ``FailureAgentConfig.min_similarity`` for why the agent sets one.
     """
-    scored = [p for p in neighbours if p.similarity is not None]
+    scored = [p for p in neighbours if p.similarity is not None and p.similarity >= min_similarity]
     if not scored:
         return None
     best_similarity = max(p.similarity for p in scored)

@@ -53,6 +53,11 @@ PAST_FAILURES = [
 ]
 
 
+# The same failure as NOVEL seen before, in another run (other numbers, rank, time): what a
+# team confirmed earlier, and what the retrieval vote may answer from without an LLM.
+RECURRENCE = past("ValueError", "framework", False,
+                  "[rank5]: [2026-11-20 03:11:42,998] tokenizer vocabulary mismatch: checkpoint has 50304 tokens, data has 32000; aborting run")
+
 _WORD = re.compile(r"[a-z]{3,}")
 
 
@@ -97,14 +102,14 @@ def careful_llm(rule_regex=RULE_REGEX, without_context: Diagnosis | None = None)
     return respond
 
 
-def agents_for(tmp_path, llm_config, embedder, **failure_agent):
+def agents_for(tmp_path, llm_config, embedder, *, also=(), **failure_agent):
     config = AgentsConfig(
         llm=llm_config,
         memory=MemoryConfig(path=tmp_path / "memory"),
         failure_agent=FailureAgentConfig(**failure_agent),
     )
     agents = DiagnosisAgents(config, embedder=embedder)
-    agents.memory_for(None).add_many(PAST_FAILURES)
+    agents.memory_for(None).add_many(PAST_FAILURES + list(also))
     return agents
 
 
@@ -183,18 +188,18 @@ def test_invalid_llm_diagnosis_falls_back_to_retrieval(tmp_path, llm_server, llm
     log = write_log(tmp_path / "job.log")
     state = tmp_path / "state"
     llm_server.respond_with(lambda request: bad_reply if "You diagnose" in request.text else json.dumps({"filters": []}))
-    agents = agents_for(tmp_path, llm_config, embedder)
+    agents = agents_for(tmp_path, llm_config, embedder, also=[RECURRENCE])
     diagnosis = diagnose_log(log, state_dir=state, agent=agents)
     report = agents.last_report.failure_agent
     assert diagnosis.source == "retrieval" and diagnosis.confidence <= 0.5
-    assert diagnosis.root_cause == "ValueError"  # the nearest past failure
+    assert diagnosis.root_cause == "ValueError"  # the nearest past failure: the same one, seen before
     assert len(report.failures) == 2  # both attempts refused, with the reason
     assert report.learned_rule is None and DiagnosisLibrary.load(state).learned == []
 
 
 def test_without_llm_the_retrieval_vote_answers_with_low_confidence(tmp_path, embedder):
     log = write_log(tmp_path / "job.log")
-    agents = agents_for(tmp_path, None, embedder)
+    agents = agents_for(tmp_path, None, embedder, also=[RECURRENCE])
     diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
     assert (diagnosis.root_cause, diagnosis.restart_helps, diagnosis.source) == ("ValueError", False, "retrieval")
     assert 0 < diagnosis.confidence <= 0.5
@@ -202,11 +207,26 @@ def test_without_llm_the_retrieval_vote_answers_with_low_confidence(tmp_path, em
     assert DiagnosisLibrary.load(tmp_path / "state").learned == []  # guesses teach no rules
 
 
+def test_without_llm_a_past_failure_only_like_this_one_does_not_answer(tmp_path, embedder):
+    """The nearest past failure is the same kind of trouble in other words (similarity ~0.6,
+    below the floor): without an LLM to judge the analogy, its cause and restart policy
+    are not taken; the log stays Unknown for a person. With the floor lowered it answers."""
+    log = write_log(tmp_path / "job.log")
+    agents = agents_for(tmp_path, None, embedder)
+    diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    neighbours = agents.last_report.failure_agent.neighbours
+    assert neighbours[0].diagnosis.root_cause == "ValueError"
+    assert neighbours[0].similarity < FailureAgentConfig().min_similarity
+    assert (diagnosis.root_cause, diagnosis.source) == ("Unknown", "none")
+    lowered = agents_for(tmp_path / "lowered", None, embedder, min_similarity=0.5)
+    assert diagnose_log(log, state_dir=tmp_path / "state", agent=lowered).root_cause == "ValueError"
+
+
 def test_llm_timeout_falls_back_to_retrieval_without_hanging(tmp_path, llm_server, llm_config, embedder):
     log = write_log(tmp_path / "job.log")
     llm_server.respond_with(lambda request: Reply(content="{}", delay_s=30))
     config = llm_config.model_copy(update={"timeout_s": 0.5, "max_retries": 1})
-    agents = agents_for(tmp_path, config, embedder)
+    agents = agents_for(tmp_path, config, embedder, also=[RECURRENCE])
     diagnosis = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
     assert diagnosis.source == "retrieval"
     assert agents.last_report.log_agent[0].runs_answered == 0
