@@ -290,3 +290,34 @@ def build_default_agent(
 
         config.memory = config.memory.model_copy(update={"path": resolve(state_dir) / "failure-memory"})
     return DiagnosisAgents(config)
+
+
+def remember_failure(
+    path,
+    diagnosis: Diagnosis,
+    job_family: str | None = None,
+    state_dir: str | os.PathLike | None = None,
+    agents: DiagnosisAgents | None = None,
+) -> str:
+    """Store a failure whose diagnosis a person confirmed (``diagnosis.api.confirmed_diagnosis``)
+    in the failure memory, as the agents store what they learn (``DiagnosisAgents.remember``):
+    the failure agent then finds it for similar logs (its retrieval vote without an LLM; a
+    solved example shown to one with it). ``path``: the job's log file(s). Returns the stored
+    failure's id.
+
+    Without it a memory with no LLM configured never grows: the agents store only their
+    own LLM answers. Needs the ``diagnosis`` extra (Chroma, the embedding model)."""
+    from diagnosis.api import compress_log
+    from diagnosis.state import state_dir as resolve
+
+    missing = missing_agent_modules()
+    if missing:
+        raise RuntimeError(f"the failure memory needs {', '.join(missing)}: pip install 'forgeflow[diagnosis]'")
+    compressed, rules, library = compress_log(path, job_family, state_dir)
+    if agents is None:
+        config = AgentsConfig.from_env()
+        if config.memory.path is None and config.memory.server_url is None:
+            # where build_default_agent (forgeflow diagnose) looks for it
+            config.memory = config.memory.model_copy(update={"path": resolve(state_dir) / "failure-memory"})
+        agents = DiagnosisAgents(config)
+    return agents.remember(compressed, diagnosis, library=library, state_dir=resolve(state_dir), job_family=rules.job_family)

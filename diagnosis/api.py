@@ -38,7 +38,7 @@ from diagnosis.engine import DEFAULT_ENGINE
 from diagnosis.filters import CompressedLog, FilterRuleSet, LogCompressor
 from diagnosis.rules import DiagnosisLibrary, RuleOutcome, diagnose_compressed, suspects
 from diagnosis.state import state_dir as resolve_state_dir
-from diagnosis.vocabulary import Diagnosis
+from diagnosis.vocabulary import Diagnosis, kind_of
 
 UNKNOWN_CONFIDENCE = 0.1
 
@@ -157,6 +157,42 @@ def diagnose_log(
         mitigation="No rule knows this failure: a person should read the culprit lines; "
                    "the diagnosis they settle on should become a rule.",
         source="none",
+    )
+
+
+def confirmed_diagnosis(
+    found: Diagnosis,
+    root_cause: str | None = None,
+    restart_helps: bool | None = None,
+    mitigation: str | None = None,
+) -> Diagnosis:
+    """What a person says of a diagnosis ``found``: confirmed as it is (no ``root_cause``), or
+    corrected to ``root_cause``. A correction must say whether a restart helps (``restart_helps``;
+    a wrong default would teach the wrong action); without a ``mitigation`` it says only that.
+    Raises ``VocabularyError`` for a root cause outside the vocabulary, and
+    ``ValueError`` for a correction without ``restart_helps`` or to ``Unknown``."""
+    cause = root_cause or found.root_cause
+    kind = kind_of(cause)  # VocabularyError names the causes there are
+    if cause == "Unknown":
+        raise ValueError("a confirmed diagnosis names a root cause: pass the one the failure had "
+                         "(forgeflow diagnose LOG --confirm ROOT_CAUSE --restart-helps yes|no)")
+    changed = cause != found.root_cause
+    if restart_helps is None:
+        if changed:
+            raise ValueError(f"--confirm {cause} corrects the diagnosis ({found.root_cause}): also say whether "
+                             "a restart helps with --restart-helps yes|no (did relaunching fix it?)")
+        restart_helps = found.restart_helps
+    if mitigation is None:
+        # a rule's mitigation speaks of its own message ("GPU fell off the bus: ..."), so a
+        # correction without one says only what is known
+        mitigation = found.mitigation if not changed else (
+            f"A person diagnosed a failure like this one as {cause} before"
+            + ("; a restart helped: restart from the last checkpoint (cordon the suspect node first if it is the node's)."
+               if restart_helps else "; a restart did not help: fix the cause before running the job again."))
+    return Diagnosis(
+        root_cause=cause, kind=kind, restart_helps=restart_helps, confidence=1.0,
+        culprit_lines=found.culprit_lines, suspect_nodes=found.suspect_nodes, suspect_ranks=found.suspect_ranks,
+        suspect_gpus=found.suspect_gpus, mitigation=mitigation, source="person",
     )
 
 

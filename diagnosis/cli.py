@@ -5,7 +5,9 @@ functions so `forgeflow --help` stays fast.
 
 `forgeflow diagnose` uses the failure agent when ``diagnosis.agents`` provides
 ``build_default_agent(state_dir, job_family) -> agent | None`` (None: no LLM or memory
-configured); ``--no-agent`` uses the rules alone.
+configured); ``--no-agent`` uses the rules alone. ``--confirm [ROOT_CAUSE]`` stores the
+failure, as diagnosed or as corrected, in the failure memory (``diagnosis.agents.remember_failure``):
+the agent's retrieval then recognises similar logs, with or without an LLM.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     diagnose.add_argument("--spike", action="store_true", help="the worker left its loss-spike marker")
     diagnose.add_argument("--no-agent", action="store_true", help="rules only, never call the failure agent")
     diagnose.add_argument("--engine", default=None, help="filter engine: re2 (default), hyperscan, python")
+    diagnose.add_argument("--confirm", nargs="?", const="", default=None, metavar="ROOT_CAUSE",
+                          help="remember this failure in the failure memory as diagnosed (no value) or as ROOT_CAUSE "
+                               "(a correction), so the failure agent recognises it next time")
+    diagnose.add_argument("--restart-helps", choices=("yes", "no"), default=None,
+                          help="with --confirm: whether relaunching fixes it (required for a correction)")
+    diagnose.add_argument("--mitigation", default=None, help="with --confirm: what to do about it (default: the rule's)")
     diagnose.set_defaults(func=_cmd_diagnose)
 
     rules = subparsers.add_parser("rules", help="list, add or test filter and diagnosis rules")
@@ -77,9 +85,18 @@ def _default_agent(state_dir, job_family):
 
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
-    from diagnosis.api import diagnose_log
+    from diagnosis.api import confirmed_diagnosis, diagnose_log
     from diagnosis.engine import DEFAULT_ENGINE, RegexError
+    from diagnosis.vocabulary import kind_of
 
+    if args.confirm is None and (args.restart_helps or args.mitigation is not None):
+        return _fail("--restart-helps and --mitigation go with --confirm (forgeflow diagnose LOG --confirm ROOT_CAUSE "
+                     "--restart-helps yes|no)")
+    if args.confirm:
+        try:
+            kind_of(args.confirm)  # before the work: a typo is one line, not a diagnosis then an error
+        except ValueError as exc:
+            return _fail(f"--confirm {args.confirm}: {exc}")
     agent = None if args.no_agent else _default_agent(args.state_dir, args.job_family)
     try:
         diagnosis = diagnose_log(
@@ -88,8 +105,19 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError, RegexError) as exc:
         return _fail(str(exc))
+    remembered = None
+    if args.confirm is not None:
+        restart = None if args.restart_helps is None else args.restart_helps == "yes"
+        try:
+            confirmed = confirmed_diagnosis(diagnosis, args.confirm or None, restart, args.mitigation)
+            from diagnosis.agents import remember_failure
+
+            failure_id = remember_failure(args.logfile, confirmed, job_family=args.job_family, state_dir=args.state_dir)
+        except (ValueError, RuntimeError) as exc:
+            return _fail(str(exc))
+        remembered = {"failure_id": failure_id, **confirmed.to_dict()}
     if args.json:
-        print(json.dumps(diagnosis.to_dict(), indent=2))
+        print(json.dumps({**diagnosis.to_dict(), **({"confirmed": remembered} if remembered else {})}, indent=2))
         return 0
     print(f"root cause : {diagnosis.root_cause} ({diagnosis.kind})")
     print(f"restart    : {'helps' if diagnosis.restart_helps else 'will not help'}")
@@ -103,6 +131,12 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
         print("culprit lines:")
         for line in diagnosis.culprit_lines:
             print(f"  {line[:400]}")
+    if remembered:
+        print(f"remembered : {remembered['root_cause']} ({'restart helps' if remembered['restart_helps'] else 'no restart'}) "
+              f"as failure {remembered['failure_id']}: the failure agent will recognise logs like this one")
+    elif diagnosis.root_cause == "Unknown":
+        print(f"once you know the cause, teach the failure agent to recognise it: forgeflow diagnose "
+              f"{' '.join(args.logfile)} --confirm ROOT_CAUSE --restart-helps yes|no")
     return 0
 
 

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 Kind = Literal["infrastructure", "framework", "script", "training", "unknown"]
-Source = Literal["rule", "agent", "retrieval", "none"]
+# "person": a diagnosis a person confirmed or corrected (`forgeflow diagnose --confirm`)
+Source = Literal["rule", "agent", "retrieval", "person", "none"]
 
 INFRASTRUCTURE = (
     "NVLinkError",
