@@ -154,8 +154,9 @@ def diagnose_log(
         root_cause="Unknown", kind="unknown", restart_helps=False, confidence=UNKNOWN_CONFIDENCE,
         culprit_lines=evidence or [e.render() for e in compressed.signal_entries()[:10]],
         suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
-        mitigation="No rule knows this failure: a person should read the culprit lines; "
-                   "the diagnosis they settle on should become a rule.",
+        mitigation="No rule knows this failure: a person should read the culprit lines, then teach forgeflow "
+                   "the cause they find (forgeflow diagnose LOG --confirm ROOT_CAUSE --restart-helps yes|no) "
+                   "or write a rule for it (forgeflow rules add).",
         source="none",
     )
 
