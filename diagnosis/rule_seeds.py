@@ -385,7 +385,12 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
     # already at", an override that does not parse, a config group option that does not exist)
     ("argparse-error", r"error: unrecognized arguments:|error: the following arguments are required:|error: argument [-\w/]+: |argparse\.ArgumentError|error: ambiguous option:"
      r"|Could not override '[^'\n]+'|Could not (?:append to|delete from) config\b|\bKey '[^'\n]+' is not in struct\b|hydra\.errors\.(?:OverrideParseException|ConfigCompositionException|MissingConfigException)\b"
-     r"|Error (?:parsing|merging) override\b", "ArgumentError", False,
+     r"|Error (?:parsing|merging) override\b"
+     # a launcher's argument check refusing to write over an earlier run's output: transformers'
+     # example scripts ("Output directory (out/) already exists and is not empty. Use
+     # --overwrite_output_dir to overcome."), LlamaFactory's parser ("... Please set
+     # `overwrite_output_dir`.")
+     r"|\b[Oo]utput dir(?:ectory)? (?:\S+ |\([^)\n]*\) )?already exists and is not empty\b", "ArgumentError", False,
      "The command line is wrong: fix the arguments in the job spec / launch command.", False),
     # Slurm refusing the job's own request: sbatch's "Batch job submission failed: Requested node
     # configuration is not available" (or an invalid account, partition, QOS, time limit, gres,

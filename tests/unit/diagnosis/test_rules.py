@@ -413,6 +413,9 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
      ("FileNotFoundError", False)),
     (["OSError: /ckpt/llama-8b does not appear to have a file named pytorch_model.bin, model.safetensors, tf_model.h5 or flax_model.msgpack."],
      ("ModelLoadingError", False)),
+    # after batch 15: an argument check refusing to write over an earlier run's output
+    (["ValueError: Output directory (/ckpt/sft-run) already exists and is not empty. Use --overwrite_output_dir to overcome."],
+     ("ArgumentError", False)),
     # a "cannot find" that is no linker's stays unmatched
     (["warning: cannot find build directory, using defaults"], ("Unknown", False)),
 ])
