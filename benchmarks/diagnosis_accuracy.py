@@ -64,12 +64,12 @@ Corpora:
   (`real_*` keys) and per collection batch (`real_batchN_*`). Each batch was committed
   before it was first scored; rules changed after looking at a batch make it no longer
   held out. benchmarks/data/real_failure_logs/batches.json records, per batch, the
-  commit it was collected at and the commit whose rules were written from it (batch 14
-  -> 7a95f34 is the latest). The honest figure for the current rules is the latest batch
+  commit it was collected at and the commit whose rules were written from it (batch 15
+  -> e2a5c7a is the latest). The honest figure for the current rules is the latest batch
   no rule was written from: `real_heldout_*` (best path on that batch; null when every
-  batch has been used, as after 7a95f34 until batch 15 is collected). Every batch's blind
+  batch has been used, as after e2a5c7a until batch 16 is collected). Every batch's blind
   figure, each scored by the code of its own collection commit, comes from
-  `benchmarks/diagnosis_blind.py` (git history; pooled 5-14 rules 0.694 / 0.740 / 0.850);
+  `benchmarks/diagnosis_blind.py` (git history; pooled 5-15 rules 0.689 / 0.733 / 0.856);
   the history with each batch's misses is in benchmarks/data/real_failure_logs/README.md.
 
 The last line is the JSON headline. Old keys (templates corpus): `cases`, `best_path`,
