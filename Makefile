@@ -44,8 +44,12 @@ sandbox-packages:
 	  echo "could not install bubblewrap: the sandbox falls back to its Python guard (tested)"; \
 	fi
 
+# Two pytest-xdist workers: most integration tests wait on servers and process start-up, so
+# two share 2 cores well (31 -> 22 min on a 2-core box). tests/conftest.py keeps each
+# integration file on one worker (its servers start once) and the Slurm tests together.
+TEST_WORKERS ?= 2
 test: $(STAMP) slurm-packages sandbox-packages
-	$(BIN)/python -m pytest -q -ra --durations=25 tests
+	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

@@ -62,3 +62,15 @@ def prefect_api():
 
     with prefect_test_harness(server_startup_timeout=180):
         yield
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``): each integration test file runs whole on
+    one worker (its module fixtures - servers, a 12-step run shared by its tests - start once),
+    the Slurm tests all on one (one local slurmctld/slurmd per machine), unit tests spread
+    one by one. Without xdist the marks do nothing."""
+    for item in items:
+        path = item.nodeid.split("::", 1)[0]
+        if path.startswith("tests/integration/"):
+            group = "slurm" if path.startswith("tests/integration/slurm/") else path
+            item.add_marker(pytest.mark.xdist_group(group))
