@@ -36,7 +36,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                "(a correction), so the failure agent recognises it next time")
     diagnose.add_argument("--restart-helps", choices=("yes", "no"), default=None,
                           help="with --confirm: whether relaunching fixes it (required for a correction)")
-    diagnose.add_argument("--mitigation", default=None, help="with --confirm: what to do about it (default: the rule's)")
+    diagnose.add_argument("--mitigation", default=None, help="with --confirm: what to do about it (default: the diagnosis's own when it is "
+                               "confirmed as it is; for a correction, only what was confirmed)")
     diagnose.set_defaults(func=_cmd_diagnose)
 
     rules = subparsers.add_parser("rules", help="list, add or test filter and diagnosis rules")
