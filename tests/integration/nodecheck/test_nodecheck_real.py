@@ -16,13 +16,13 @@ from infra.node_faults import NodeLoss
 from infra.nodecheck import LauncherWorldRunner, two_round_check
 
 
-def _runner(tmp_path, fault: str = "") -> LauncherWorldRunner:
+def _runner(tmp_path, fault: str = "", iterations: int = 3) -> LauncherWorldRunner:
     return LauncherWorldRunner(
         LocalLauncher(grace_s=2),
         tmp_path,
         timeout_s=90,
         payload_mb=1,
-        iterations=3,
+        iterations=iterations,
         env={"FORGEFLOW_NODECHECK_FAULT": fault},
     )
 
@@ -46,7 +46,10 @@ def test_lost_node_found_in_two_rounds(tmp_path):
     lost = NodeLoss("node-c", poll_s=0.05)
     lost.trigger = lambda: _rank_joined_world(lost)
     with lost:
-        report = two_round_check(["node-a", "node-b", "node-c", "node-d"], _runner(tmp_path))
+        # 200 allgathers keep each world in its collectives for a while (~0.5 s here): with 3,
+        # node-c's world could finish between two polls of the drill on a loaded machine
+        # (seen once under a parallel suite run), and the kill would never land.
+        report = two_round_check(["node-a", "node-b", "node-c", "node-d"], _runner(tmp_path, iterations=200))
     assert lost.lost_at is not None and lost.killed, "node-c's processes were never killed"
     assert report.faulty == ["node-c"], report.summary()
     assert len(report.rounds) == 2
