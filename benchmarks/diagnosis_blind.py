@@ -23,9 +23,23 @@ The baseline a reviewer would compare with is the same code on its own older bat
 ``real_batchN_rules_*`` of ``diagnosis_accuracy.py``: the gap between the two is how much of
 today's score is fitted.
 
+What a team can trust unattended: a rules answer other than ``Unknown`` drives the restart,
+cordon and stop decisions by itself, while an ``Unknown`` goes to a person (the failure alert
+asks for ``forgeflow diagnose --confirm``; the recovery table restarts it in place under the
+circuit breaker). So next to plain accuracy the script reports, per batch and pooled, the
+share of logs the rules answered (``answered``) and how often an answer was right
+(``root_cause_when_answered``, ``restart_when_answered``): the precision of the decisions the
+rules take alone, the figure to weigh against a person's time spent on the Unknowns. Answers
+are also split by the kind of rule that gave them: one that names a cause (an NCCL timeout, an
+ECC error...) or a generic seed that only names the Python exception's class (``RuntimeError:``
+-> RuntimeError), whose answer is right only when the exception's class is the cause.
+
 Needs the repository's history (a shallow clone cannot reproduce old commits: the script
 says so and exits 2). Last line: JSON with ``blind_batches``, ``blind_logs``,
 ``blind_pooled_root_cause`` / ``_kind`` / ``_restart`` and their ``_ci95_low``/``_high``,
+``blind_pooled_answered`` / ``_root_cause_when_answered`` (with CI) / ``_restart_when_answered``,
+``blind_pooled_specific_rule_*`` / ``blind_pooled_generic_rule_*`` (answers and their root-cause
+accuracy, by rules that name a cause and by those that only name an exception class),
 ``blind_latest_batch`` and its figures, and ``blind_batchN_*`` per batch.
 """
 
@@ -45,6 +59,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 POOLED_FROM = 5  # as diagnosis_accuracy.py: the batches collected under the written protocol
+# The seed rules that only name a Python exception's class ("RuntimeError: ..." -> RuntimeError),
+# diagnosis.rules._GENERIC_SEEDS, the same set (and confidence 0.7 against 0.9) in every commit
+# since batch 5's: their answers are reported apart from the rules that name a cause.
+GENERIC_RULES = frozenset({"runtime", "value", "assertion", "attribute", "os", "type", "key", "index"})
 
 # Runs inside the old tree (cwd = that tree): only the API every commit since the layout
 # issue has, diagnose_log(path, state_dir=...) -> Diagnosis.
@@ -55,7 +73,7 @@ state, paths = sys.argv[1], sys.argv[2:]
 out = {}
 for path in paths:
     d = diagnose_log(path, state_dir=state)
-    out[path] = [d.root_cause, d.kind, bool(d.restart_helps)]
+    out[path] = [d.root_cause, d.kind, bool(d.restart_helps), d.rule_name]
 print(json.dumps(out))
 """
 
@@ -111,28 +129,42 @@ def main() -> None:
     batches = json.loads((args.corpus / "batches.json").read_text())
     wanted = sorted(int(b) for b in batches if int(b) >= args.from_batch)
     headline: dict[str, object] = {}
-    pooled = {"root_cause": 0, "kind": 0, "restart": 0, "logs": 0}
+    pooled = {"root_cause": 0, "kind": 0, "restart": 0, "logs": 0,
+              "answered": 0, "root_cause_when_answered": 0, "restart_when_answered": 0,
+              "specific_answers": 0, "specific_right": 0, "generic_answers": 0, "generic_right": 0}
     started = time.perf_counter()
-    print(f"{'batch':>5} {'logs':>4} {'code at':>9}   root cause   kind   restart   (95% CI root cause)")
+    print(f"{'batch':>5} {'logs':>4} {'code at':>9}   root cause   kind   restart   (95% CI root cause)"
+          f"   answered   right when answered")
     with tempfile.TemporaryDirectory(prefix="ff-blind-") as tmp:
         for batch in wanted:
             commit = batches[str(batch)]["collected_before"]
             names = sorted(n for n, label in labels.items() if label["batch"] == batch)
             found = score_batch(commit, [args.corpus / n for n in names], Path(tmp))
             right = {"root_cause": 0, "kind": 0, "restart": 0}
+            answered = {"answered": 0, "root_cause_when_answered": 0, "restart_when_answered": 0,
+                        "specific_answers": 0, "specific_right": 0, "generic_answers": 0, "generic_right": 0}
             misses = []
             for name in names:
                 label = labels[name]
-                cause, kind, restart = found[str(args.corpus / name)]
+                cause, kind, restart, rule = found[str(args.corpus / name)]
                 right["root_cause"] += cause == label["root_cause"]
                 right["kind"] += kind == label["kind"]
                 right["restart"] += restart == label["restart_helps"]
+                if cause != "Unknown":  # an answer the recovery table acts on without a person
+                    answered["answered"] += 1
+                    answered["root_cause_when_answered"] += cause == label["root_cause"]
+                    answered["restart_when_answered"] += restart == label["restart_helps"]
+                    tier = "generic" if rule in GENERIC_RULES else "specific"
+                    answered[f"{tier}_answers"] += 1
+                    answered[f"{tier}_right"] += cause == label["root_cause"]
                 if cause != label["root_cause"]:
                     misses.append(f"{name}: {cause} (label {label['root_cause']})")
             n = len(names)
             low, high = wilson(right["root_cause"], n)
+            a = answered["answered"]
             print(f"{batch:>5} {n:>4} {commit:>9}   {right['root_cause'] / n:10.3f} {right['kind'] / n:6.3f} "
-                  f"{right['restart'] / n:9.3f}   [{low:.2f}, {high:.2f}]")
+                  f"{right['restart'] / n:9.3f}   [{low:.2f}, {high:.2f}]          {a:>2}/{n:<3}   "
+                  f"{answered['root_cause_when_answered']}/{a} cause, {answered['restart_when_answered']}/{a} restart")
             for miss in misses:
                 print(f"{'':>24}miss  {miss}")
             headline[f"blind_batch{batch}_logs"] = n
@@ -140,6 +172,9 @@ def main() -> None:
             for key in right:
                 headline[f"blind_batch{batch}_{key}"] = round(right[key] / n, 4)
                 pooled[key] += right[key]
+            for key in answered:
+                pooled[key] += answered[key]
+            headline[f"blind_batch{batch}_answered"] = a
             pooled["logs"] += n
     n = pooled["logs"]
     print(f"pooled batches {wanted[0]}-{wanted[-1]} ({n} logs): root cause {pooled['root_cause']}/{n}, "
@@ -151,6 +186,23 @@ def main() -> None:
         low, high = wilson(pooled[key], n)
         summary[f"blind_pooled_{key}_ci95_low"] = round(low, 3)
         summary[f"blind_pooled_{key}_ci95_high"] = round(high, 3)
+    a = pooled["answered"]
+    summary["blind_pooled_answered"] = round(a / n, 4)
+    for key in ("root_cause_when_answered", "restart_when_answered"):
+        summary[f"blind_pooled_{key}"] = round(pooled[key] / max(a, 1), 4)
+    low, high = wilson(pooled["root_cause_when_answered"], a)
+    summary["blind_pooled_root_cause_when_answered_ci95_low"] = round(low, 3)
+    summary["blind_pooled_root_cause_when_answered_ci95_high"] = round(high, 3)
+    print(f"answered by the rules: {a}/{n}; right when answered: root cause {pooled['root_cause_when_answered']}/{a}, "
+          f"restart {pooled['restart_when_answered']}/{a}")
+    for tier in ("specific", "generic"):
+        k, m = pooled[f"{tier}_right"], pooled[f"{tier}_answers"]
+        low, high = wilson(k, m)
+        print(f"  by a {tier} rule{' (an exception class only)' if tier == 'generic' else ' (names a cause)'}: "
+              f"{m} answers, root cause right {k}/{m} [{low:.2f}, {high:.2f}]")
+        summary[f"blind_pooled_{tier}_rule_answers"] = m
+        summary[f"blind_pooled_{tier}_rule_root_cause"] = round(k / max(m, 1), 4)
+        summary[f"blind_pooled_{tier}_rule_root_cause_ci95_low"] = round(low, 3)
     summary["blind_latest_batch"] = latest
     for key in ("logs", "root_cause", "kind", "restart"):
         summary[f"blind_latest_{key}"] = headline[f"blind_batch{latest}_{key}"]
