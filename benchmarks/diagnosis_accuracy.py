@@ -102,6 +102,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -356,6 +357,11 @@ def main() -> None:
                         answers[p].append(d.source)
                 remember(name)
             table[setting] = report(f"templates corpus, {setting} rule library", cases, results, answers)
+            if not held_out:  # where an agent path departs from the rules
+                for name, (label, by_rules), (_, by_retrieval) in zip(cases, results["rules"], results["retrieval"]):
+                    if by_retrieval.root_cause != by_rules.root_cause:
+                        print(f"  {name}: rules {by_rules.root_cause} -> retrieval {by_retrieval.root_cause} "
+                              f"(label {label['root_cause']})")
 
         # ---------------------------------------------------------------- realistic
         variant_dir = tmp / "realistic"
@@ -440,7 +446,9 @@ def main() -> None:
                 compressed, filter_rules, library = compress_log(path, state_dir=state)
                 context = DiagnosisContext(
                     log_path=str(path), job_family=filter_rules.job_family, compressed=compressed,
-                    rule_outcome=diagnose_compressed(compressed, library), library=library,
+                    # as if no rule had answered (the outcome sorts lines into telling ones
+                    # and symptoms; its generic flag would make the agent look for recurrences only)
+                    rule_outcome=replace(diagnose_compressed(compressed, library), generic_only=False), library=library,
                     filter_rules=filter_rules, state_dir=state, log_paths=[str(path)],
                 )
                 for p, agent in no_rule_agents.items():

@@ -166,12 +166,21 @@ class DiagnosisAgents:
         grouped = failure_lines(context.compressed, context.library)
         uncovered = grouped.uncovered
         signal_lines = grouped.telling + grouped.symptoms + grouped.routine_signal
+        # A rule named only the exception's class: the second look asks the memory for a
+        # recurrence of a failure diagnosed before (one a person confirmed, say), nothing
+        # looser, and no LLM: the class stands unless this failure has been seen.
+        recurrence_only = context.rule_outcome.generic_only
+        llm = None if recurrence_only else self.config.llm
+        failure_config = self.config.failure_agent
+        if recurrence_only:
+            failure_config = failure_config.model_copy(update={"min_similarity": max(
+                failure_config.min_similarity, failure_config.recurrence_similarity)})
 
-        if self.config.llm is not None and self.config.max_segments > 0:
+        if llm is not None and self.config.max_segments > 0:
             from diagnosis.llm import ChatLLM
 
             log_agent = LogAgent(
-                ChatLLM(self.config.llm),
+                ChatLLM(llm),
                 is_error_line=ErrorSignals(context.library.patterns),
                 config=self.config.log_agent,
             )
@@ -196,8 +205,8 @@ class DiagnosisAgents:
         agent = FailureAgent(
             self.memory_for(context.state_dir),
             LibraryRules(context.library),
-            self.config.llm,
-            self.config.failure_agent,
+            llm,
+            failure_config,
         )
         result = agent.diagnose(
             lines,

@@ -8,8 +8,12 @@ The agent hook
 ``agent`` is any callable ``agent(context: DiagnosisContext) -> Diagnosis | None``. It
 runs when no rule named a root cause (and no hang/spike was reported), and also when
 the rules found only symptoms (NCCL timeouts, SIGABRT...) while error lines no rule
-explains remain (``context.rule_outcome.unexplained``); ``context.rule_outcome.diagnosis``
-then holds the symptom-based answer, which stands if the agent returns ``None``. It gets the
+explains remain (``context.rule_outcome.unexplained``), or named only the class of a
+Python exception (``RuleOutcome.generic_only``: ``RuntimeError: <anything>`` is a
+RuntimeError to the rules, though the cause may be a CUDA fault or a lost node that a
+person confirmed last time; ``DiagnosisAgents`` then looks only for a recurrence of a
+past failure); ``context.rule_outcome.diagnosis`` then holds the rules'
+answer, which stands if the agent returns ``None``. It gets the
 compressed log, the rule matches that were only symptoms, the loaded rule sets and the
 state dir, so it can retrieve similar past failures, ask an LLM, and learn (call
 ``context.library.add_rule(...)`` for a new diagnosis rule or
@@ -30,7 +34,7 @@ Example::
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, Union
 
@@ -41,6 +45,10 @@ from diagnosis.state import state_dir as resolve_state_dir
 from diagnosis.vocabulary import Diagnosis, kind_of
 
 UNKNOWN_CONFIDENCE = 0.1
+_TEACH = "forgeflow diagnose LOG --confirm ROOT_CAUSE --restart-helps yes|no"
+# What a generic answer's alert adds: the class is all the rules know.
+_GENERIC_HINT = (f"Only the exception's class is known: if a person finds another cause (a CUDA fault, a lost "
+                 f"node...), {_TEACH} makes forgeflow recognise the next occurrence.")
 
 
 @dataclass
@@ -119,13 +127,18 @@ def diagnose_log(
     paths = _as_paths(path)
     compressed, rules, library = compress_log(paths, job_family, state_dir, engine)
     outcome = diagnose_compressed(compressed, library)
-    if outcome.diagnosis is not None and not (outcome.symptoms_only and outcome.unexplained and agent is not None):
-        return outcome.diagnosis
+    second_look = (outcome.symptoms_only and outcome.unexplained) or outcome.generic_only
     if outcome.diagnosis is not None:
-        # Only symptoms matched, yet error lines no rule explains remain: the agent may
-        # find the real cause among them; without an answer the symptom stands.
-        found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
-        return found if found is not None else outcome.diagnosis
+        if second_look and agent is not None:
+            # Only symptoms matched while error lines no rule explains remain, or only an
+            # exception's class was named (the agent may know this failure from before, a
+            # person's confirmation say): without an answer the rules' answer stands.
+            found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
+            if found is not None:
+                return found
+        if outcome.generic_only:
+            return replace(outcome.diagnosis, mitigation=f"{outcome.diagnosis.mitigation} {_GENERIC_HINT}")
+        return outcome.diagnosis
     culprit_entries = [m.entry for m in outcome.matches]
     hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
     evidence = [e.render() for e in culprit_entries[:10]]
@@ -155,7 +168,7 @@ def diagnose_log(
         culprit_lines=evidence or [e.render() for e in compressed.signal_entries()[:10]],
         suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
         mitigation="No rule knows this failure: a person should read the culprit lines, then teach forgeflow "
-                   "the cause they find (forgeflow diagnose LOG --confirm ROOT_CAUSE --restart-helps yes|no) "
+                   f"the cause they find ({_TEACH}) "
                    "or write a rule for it (forgeflow rules add).",
         source="none",
     )
@@ -186,7 +199,7 @@ def confirmed_diagnosis(
     if mitigation is None:
         # a rule's mitigation speaks of its own message ("GPU fell off the bus: ..."), so a
         # correction without one says only what is known
-        mitigation = found.mitigation if not changed else (
+        mitigation = found.mitigation.replace(f" {_GENERIC_HINT}", "") if not changed else (
             f"A person diagnosed a failure like this one as {cause} before"
             + ("; a restart helped: restart from the last checkpoint (cordon the suspect node first if it is the node's)."
                if restart_helps else "; a restart did not help: fix the cause before running the job again."))

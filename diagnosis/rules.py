@@ -94,6 +94,14 @@ class DiagnosisRule(BaseModel):
     def matches(self, line: str) -> bool:
         return _compiled(self.pattern).search(line) is not None
 
+    @property
+    def generic(self) -> bool:
+        """A seed that names only the Python exception's class (``RuntimeError: ...`` ->
+        RuntimeError): right when the class is the cause, which on real logs no rule had
+        seen was 24 times in 37 (``benchmarks/diagnosis_blind.py``), against 100 in 103
+        for the rules that name a cause."""
+        return self.source == "seed" and self.name in _GENERIC_SEEDS
+
 
 @functools.lru_cache(maxsize=4096)
 def _compiled(pattern: str):
@@ -252,12 +260,15 @@ class RuleOutcome:
     error-signal entries that no rule matched and no filter rule covers (an exception
     line the library does not know, say): when both hold, the real cause is probably
     among them, and ``diagnose_log`` lets the agent look before settling on the symptom.
+    ``generic_only``: the diagnosis names only an exception's class (``DiagnosisRule.generic``);
+    ``diagnose_log`` lets the agent look too, and the class stands if it finds nothing.
     """
 
     diagnosis: Diagnosis | None
     matches: list[RuleMatch] = field(default_factory=list)
     symptoms_only: bool = False
     unexplained: list[LogEntry] = field(default_factory=list)
+    generic_only: bool = False
 
     @property
     def symptom_lines(self) -> list[str]:
@@ -331,4 +342,5 @@ def diagnose_compressed(
         source="rule",
         rule_name=best.rule.name,
     )
-    return RuleOutcome(diagnosis, matches, symptoms_only=not causes, unexplained=unexplained)
+    return RuleOutcome(diagnosis, matches, symptoms_only=not causes, unexplained=unexplained,
+                       generic_only=bool(causes) and best.rule.generic)

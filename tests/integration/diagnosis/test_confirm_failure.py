@@ -82,3 +82,20 @@ def test_bad_confirmations_are_one_clear_error(tmp_path, capsys, state):
     assert code == 2 and "names a root cause" in err
     code, err = diagnose(capsys, oom, "--restart-helps", "no", "--state-dir", state)
     assert code == 2 and "--confirm" in err
+
+
+def test_a_confirmed_cause_behind_a_bare_exception_class_is_recognised_next_time(tmp_path, capsys, state):
+    # The rules call any "RuntimeError: ..." a RuntimeError (framework: stop). A person finds
+    # the node's fabric at fault; the next occurrence is that, not the class; another
+    # RuntimeError nobody confirmed stays a RuntimeError.
+    first, again, other = (write_log(tmp_path / f"{n}.log", f"[rank{r}]: RuntimeError: {line.split(': ', 1)[1]}")
+                           for n, r, line in (("first", 3, FIRST), ("again", 11, AGAIN), ("other", 0, OTHER)))
+    code, found = diagnose(capsys, first, "--json", "--state-dir", state)
+    assert code == 0 and (found["root_cause"], found["restart_helps"], found["source"]) == ("RuntimeError", False, "rule")
+    code, found = diagnose(capsys, first, "--confirm", "NodeFailure", "--restart-helps", "yes", "--json", "--state-dir", state)
+    assert code == 0 and found["confirmed"]["root_cause"] == "NodeFailure"
+
+    code, found = diagnose(capsys, again, "--json", "--state-dir", state)
+    assert code == 0 and (found["root_cause"], found["restart_helps"], found["source"]) == ("NodeFailure", True, "retrieval")
+    code, found = diagnose(capsys, other, "--json", "--state-dir", state)
+    assert code == 0 and (found["root_cause"], found["source"]) == ("RuntimeError", "rule")

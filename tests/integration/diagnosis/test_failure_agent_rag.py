@@ -16,7 +16,7 @@ import re
 import pytest
 
 from diagnosis.agents import AgentsConfig, DiagnosisAgents, LibraryRules
-from diagnosis.api import diagnose_log
+from diagnosis.api import compress_log, diagnose_log
 from diagnosis.failure_agent import FailureAgent, FailureAgentConfig
 from diagnosis.memory import MemoryConfig
 from diagnosis.rules import DiagnosisLibrary
@@ -331,3 +331,30 @@ def test_the_answer_follows_what_retrieval_sent(tmp_path, llm_server, llm_config
     assert diagnosis.root_cause != "ValueError"
     (request,) = [r for r in llm_server.requests if "You diagnose failed" in r.text]
     assert not any("embedding table" in " ".join(p["lines"]) for p in retrieved_failures(request.text))
+
+
+def test_a_generic_exception_answer_gets_a_second_look_for_recurrences_only(tmp_path, llm_server, llm_config, embedder):
+    # The rules call "RuntimeError: <anything>" a RuntimeError. The agent may replace that
+    # only with a recurrence of a failure diagnosed before; it does not ask the LLM, and a
+    # past failure only like this one (above the 0.7 floor) does not answer.
+    log = write_log(tmp_path / "job.log", culprit=f"RuntimeError: {NOVEL}")
+    llm_server.respond_with(careful_llm(without_context=Diagnosis("CUDAError", "infrastructure", True)))
+    near = past("ValueError", "framework", False,
+                "[rank1]: RuntimeError: tokenizer vocabulary mismatch between the checkpoint and the dataset; aborting run")
+    agents = agents_for(tmp_path, llm_config, embedder, also=[near])
+    found = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    assert (found.root_cause, found.source, found.rule_name) == ("RuntimeError", "rule", "runtime")
+    nearest = agents.last_report.failure_agent.neighbours[0]
+    assert "between the checkpoint and the dataset" in nearest.key and 0.7 <= nearest.similarity < 0.95, nearest
+    assert llm_server.requests == []
+
+    # an earlier run failed the same way (other numbers, rank) and a person confirmed its
+    # cause, stored as `forgeflow diagnose --confirm` stores it
+    earlier = write_log(tmp_path / "earlier.log", ranks=2, culprit="RuntimeError: tokenizer vocabulary mismatch: "
+                        "checkpoint has 50304 tokens, data has 32000; aborting run")
+    compressed, _, library = compress_log(earlier, state_dir=tmp_path / "state")
+    agents.remember(compressed, Diagnosis("DatasetLoadingError", "framework", False), library=library)
+    found = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
+    assert (found.root_cause, found.restart_helps, found.source) == ("DatasetLoadingError", False, "retrieval")
+    assert agents.last_report.failure_agent.neighbours[0].similarity >= 0.95
+    assert llm_server.requests == []

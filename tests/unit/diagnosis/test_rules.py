@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.api import DiagnosisContext, diagnose_log
+from diagnosis.api import DiagnosisContext, compress_log, confirmed_diagnosis, diagnose_log
 from diagnosis.engine import RegexError
-from diagnosis.rules import DiagnosisLibrary
+from diagnosis.rules import DiagnosisLibrary, diagnose_compressed
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis
 
 from pathlib import Path
@@ -515,9 +515,40 @@ def test_agent_is_called_only_when_no_rule_names_a_cause(tmp_path, state):
     [context] = seen
     assert "flux capacitor" in context.excerpt() and context.rule_outcome.matches
     assert context.library.rules and context.filter_rules.job_family == "default"
-    known = write(tmp_path, ["[rank0]: KeyError: 'x'"], "k.log")
+    known = write(tmp_path, ["[rank0]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"], "k.log")
     assert diagnose_log(known, agent=agent).source == "rule" and len(seen) == 1
     assert diagnose_log(unknown, agent=lambda c: None).confidence <= 0.1
+
+
+def test_agent_gets_a_second_look_when_a_rule_names_only_the_exception_class(tmp_path, state):
+    # "RuntimeError: <anything>" names the class, not the cause: the agent (a failure a
+    # person confirmed, an LLM) may know better; with no answer the class stands.
+    seen: list[DiagnosisContext] = []
+
+    def agent(context: DiagnosisContext):
+        seen.append(context)
+        return Diagnosis("NodeFailure", "infrastructure", True, confidence=0.6, source="retrieval")
+
+    generic = write(tmp_path, ["[rank0]: RuntimeError: fabric route table for plane 2 went stale on node-a07"], "g.log")
+    outcome = diagnose_compressed(compress_log(generic)[0], DiagnosisLibrary.load())
+    assert outcome.generic_only and not outcome.symptoms_only and outcome.diagnosis.rule_name == "runtime"
+    assert diagnose_log(generic, agent=agent).root_cause == "NodeFailure" and len(seen) == 1
+    assert seen[0].rule_outcome.diagnosis.root_cause == "RuntimeError"
+    assert (diagnose_log(generic, agent=lambda c: None).root_cause, diagnose_log(generic).root_cause) == \
+        ("RuntimeError", "RuntimeError")
+    # its alert says the class is all that is known, and how to teach the cause
+    assert "--confirm ROOT_CAUSE" in diagnose_log(generic).mitigation
+    assert "--confirm" not in confirmed_diagnosis(diagnose_log(generic)).mitigation  # a person said it is the class
+    # a rule that names a cause is not second-guessed, even behind the same exception class
+    specific = write(tmp_path, ["[rank0]: RuntimeError: CUDA error: uncorrectable ECC error encountered"], "s.log")
+    outcome = diagnose_compressed(compress_log(specific)[0], DiagnosisLibrary.load())
+    assert not outcome.generic_only and outcome.diagnosis.root_cause == "ECCError"
+    assert diagnose_log(specific, agent=agent).root_cause == "ECCError" and len(seen) == 1
+    assert "--confirm" not in diagnose_log(specific).mitigation
+    # a learned rule is not generic, whatever it names
+    DiagnosisLibrary.load().add_rule(r"fabric route table for plane \d+ went stale", "NodeFailure", True,
+                                     must_match=["RuntimeError: fabric route table for plane 2 went stale"])
+    assert diagnose_log(generic, agent=agent).source == "rule" and len(seen) == 1
 
 
 def test_missing_log_is_a_clear_error(tmp_path, state):
