@@ -33,9 +33,9 @@ import gc
 import os
 import re
 import time
-from contextlib import contextmanager
 from bisect import bisect_left
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from itertools import compress, repeat
@@ -971,9 +971,9 @@ def _collector_paused():
 
     A chunk opens up to thousands of long-lived objects (entries, their sets, keys) and
     makes no reference cycles, yet every few hundred allocations the collector rescans
-    the young ones and every so often all of them: ~0.12 s of the 0.8 s a 100 MB varied
-    log took (``benchmarks/filter_throughput.py``). Paused, each object is scanned about
-    once, after the chunk. A collector someone else turned off stays off."""
+    the young ones and every so often all of them: ~0.07 s of the ~0.77 CPU seconds a
+    100 MB varied log took (``benchmarks/filter_throughput.py``'s log). Paused, each object
+    is scanned about once, after the chunk. A collector someone else turned off stays off."""
     if not gc.isenabled():
         yield
         return
