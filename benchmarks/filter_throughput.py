@@ -59,6 +59,17 @@ where a rule's ``\s`` or ``[^...]`` reaches over a newline (the run-scan covers 
 line pairs), so compression output would no longer be identical; counting the hits of
 known entries in C too was measured slower than Python's bulk ``map`` calls.
 
+2026-11-27 (the 2-core box of that day, floor 313-321 MB/s: the two scans ~0.32 s): CPython's
+cyclic garbage collector rescanning the entries the compressor holds was ~0.07 s of the
+~0.77 s; it is paused while a chunk is compressed (``filters._collector_paused``), and
+side by side ``mb_per_s_varied`` went from 139-140 to 153-160 MB/s (~0.64 s). What is left
+above the floor is Python per distinct key: opening 20 000 entries (~0.15 s with their
+templates, ranks and prints), the per-chunk bookkeeping and the one collection after each
+chunk (~0.06 s). Reaching 250 MB/s would leave ~0.08 s for all of it. Hyperscan was tried
+as the filter's engine in C (libhs from Debian, the seed rules as ``(?:rule)[^\n]*\n``, or
+bare with a report per match end): 215-227 MB/s for the filter alone, slower than RE2's
+run-scan (~0.14 s), and 172-182 MB/s with the signal patterns in the same database.
+
 End to end, most of the old 2.3 s was start-up: compiling the signal patterns' Hyperscan
 database (~0.25 s) and validating each diagnosis rule in a one-pattern Hyperscan database
 (~0.45 s). The database is now kept in ``<state>/cache`` and a pattern it compiled is not
