@@ -1,7 +1,7 @@
 """The LLM agents of diagnosis, wired into `diagnose_log`'s agent hook.
 
 `DiagnosisAgents` is the callable `diagnose_log(..., agent=...)` runs when no rule
-named a root cause. In order:
+named a root cause (or only symptoms did, with error lines no rule explains). In order:
 
 1. the **log agent** (`log_agent.py`, only with an LLM configured) reads the log's
    segments no filter covers, adopts vetted filter regexes into the job family's
@@ -10,6 +10,10 @@ named a root cause. In order:
    from the memory (`memory.py`, Chroma + all-MiniLM-L6-v2) and asks the LLM for a
    diagnosis, then learns a diagnosis rule from it; without an LLM it answers with
    a low-confidence retrieval vote.
+
+When a rule named only the exception's class (`RuleOutcome.generic_only`), the hook is a
+second look: neither agent asks the LLM, and only a recurrence of a past failure
+(`FailureAgentConfig.recurrence_similarity`) may replace the class.
 
 Configuration comes from `AgentsConfig` (or the environment: FORGEFLOW_LLM_MODEL plus
 the standard OPENAI_BASE_URL / OPENAI_API_KEY, FORGEFLOW_LLM_BASE_URL to override the URL
