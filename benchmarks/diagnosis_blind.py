@@ -174,7 +174,7 @@ def main() -> None:
                 pooled[key] += right[key]
             for key in answered:
                 pooled[key] += answered[key]
-            headline[f"blind_batch{batch}_answered"] = a
+            headline[f"blind_batch{batch}_answered_logs"] = a
             pooled["logs"] += n
     n = pooled["logs"]
     print(f"pooled batches {wanted[0]}-{wanted[-1]} ({n} logs): root cause {pooled['root_cause']}/{n}, "
@@ -203,6 +203,7 @@ def main() -> None:
         summary[f"blind_pooled_{tier}_rule_answers"] = m
         summary[f"blind_pooled_{tier}_rule_root_cause"] = round(k / max(m, 1), 4)
         summary[f"blind_pooled_{tier}_rule_root_cause_ci95_low"] = round(low, 3)
+        summary[f"blind_pooled_{tier}_rule_root_cause_ci95_high"] = round(high, 3)
     summary["blind_latest_batch"] = latest
     for key in ("logs", "root_cause", "kind", "restart"):
         summary[f"blind_latest_{key}"] = headline[f"blind_batch{latest}_{key}"]

@@ -221,6 +221,8 @@ class DiagnosisAgents:
         report.failure_agent = result
         if result.diagnosis.source == "none":
             return None
+        if recurrence_only and result.diagnosis.root_cause == "Unknown":
+            return None  # a past failure nobody diagnosed says less than the class
         return result.diagnosis
 
 
@@ -287,7 +289,8 @@ def build_default_agent(
     """The agent hook configured from the environment (used by `forgeflow diagnose`).
 
     Cheap: the embedding model and Chroma are opened only when the hook runs, i.e.
-    only for logs no rule explains. None on a core install (no `diagnosis` extra):
+    only for logs no rule explains, or explains only by symptoms or by the exception's
+    class (a few seconds then). None on a core install (no `diagnosis` extra):
     diagnosis then runs on rules alone and says so once.
     """
     missing = missing_agent_modules()

@@ -19,7 +19,9 @@ state dir, so it can retrieve similar past failures, ask an LLM, and learn (call
 ``context.library.add_rule(...)`` for a new diagnosis rule or
 ``context.filter_rules.add_rule(...)`` for a new filter). Returning ``None`` means "no
 idea" and the result is ``Unknown`` with low confidence. An exception raised by the
-agent is not swallowed: a broken agent must be visible, not a silent Unknown.
+agent is not swallowed where no rule answered: a broken agent must be visible, not a
+silent Unknown. Where the rules did answer (the second looks above), it is logged and
+the rules' answer stands.
 
 ``DiagnosisContext.excerpt()`` is the compact text to embed or send to an LLM: the
 error-signal entries first (collapsed, with counts and ranks), then uncovered lines.
@@ -33,6 +35,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -45,9 +48,10 @@ from diagnosis.state import state_dir as resolve_state_dir
 from diagnosis.vocabulary import Diagnosis, kind_of
 
 UNKNOWN_CONFIDENCE = 0.1
+logger = logging.getLogger(__name__)
 _TEACH = "forgeflow diagnose LOG --confirm ROOT_CAUSE --restart-helps yes|no"
 # What a generic answer's alert adds: the class is all the rules know.
-_GENERIC_HINT = (f"Only the exception's class is known: if a person finds another cause (a CUDA fault, a lost "
+_GENERIC_HINT = ("Only the exception's class is known: if a person finds another cause (a CUDA fault, a lost "
                  f"node...), {_TEACH} makes forgeflow recognise the next occurrence.")
 
 
@@ -133,7 +137,7 @@ def diagnose_log(
             # Only symptoms matched while error lines no rule explains remain, or only an
             # exception's class was named (the agent may know this failure from before, a
             # person's confirmation say): without an answer the rules' answer stands.
-            found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
+            found = _second_look(agent, _context(paths, rules, compressed, outcome, library, state_dir))
             if found is not None:
                 return found
         if outcome.generic_only:
@@ -171,6 +175,32 @@ def diagnose_log(
                    f"the cause they find ({_TEACH}) "
                    "or write a rule for it (forgeflow rules add).",
         source="none",
+    )
+
+
+def _second_look(agent, context: DiagnosisContext) -> Diagnosis | None:
+    """The agent's answer where the rules already named one (``diagnose_log``).
+
+    The rules' answer must survive a broken agent here (a failure memory that cannot be
+    opened, an LLM that is down): the error is logged and the rules' answer stands. For a
+    bare exception class the agent's answer keeps the rule's culprit lines and suspects
+    where it has none (a retrieval vote names hosts only from its guessed lines), so a
+    recurrence still gets its node checked and cordoned."""
+    try:
+        found = agent(context)
+    except Exception as exc:  # noqa: BLE001 - any agent failure; the rules' answer is kept
+        logger.warning("failure agent failed on a log the rules diagnosed (%s): %s; keeping %s",
+                       type(exc).__name__, exc, context.rule_outcome.diagnosis.root_cause)
+        return None
+    if found is None or not context.rule_outcome.generic_only:
+        return found
+    rule = context.rule_outcome.diagnosis
+    return replace(
+        found,
+        culprit_lines=found.culprit_lines or rule.culprit_lines,
+        suspect_nodes=found.suspect_nodes or rule.suspect_nodes,
+        suspect_ranks=found.suspect_ranks or rule.suspect_ranks,
+        suspect_gpus=found.suspect_gpus or rule.suspect_gpus,
     )
 
 

@@ -85,7 +85,8 @@ class FailureAgentConfig(BaseModel):
     # was changed at 0.9 (benchmarks/diagnosis_second_look.py sweeps it).
     recurrence_similarity: float = Field(default=0.95, ge=-1, le=1,
                                          description="the least cosine similarity of a past failure that may "
-                                                     "replace a generic exception-class answer")
+                                                     "replace a generic exception-class answer (never below "
+                                                     "min_similarity)")
 
 
 class DiagnosisReply(BaseModel):

@@ -972,8 +972,11 @@ def _collector_paused():
     A chunk opens up to thousands of long-lived objects (entries, their sets, keys) and
     makes no reference cycles, yet every few hundred allocations the collector rescans
     the young ones and every so often all of them: ~0.07 s of the ~0.77 CPU seconds a
-    100 MB varied log took (``benchmarks/filter_throughput.py``'s log). Paused, each object
-    is scanned about once, after the chunk. A collector someone else turned off stays off."""
+    100 MB varied log took (``benchmarks/filter_throughput.py``'s log). Paused, the young
+    objects are scanned once after the chunk, not every few hundred allocations. The switch
+    is process-wide and not coordinated across threads: another thread's allocations go
+    uncollected for that chunk (~0.1 s), and a collector turned off before the chunk stays
+    off, one another thread turns off during it is turned back on."""
     if not gc.isenabled():
         yield
         return

@@ -343,4 +343,4 @@ def diagnose_compressed(
         rule_name=best.rule.name,
     )
     return RuleOutcome(diagnosis, matches, symptoms_only=not causes, unexplained=unexplained,
-                       generic_only=bool(causes) and best.rule.generic)
+                       generic_only=bool(causes) and all(m.rule.generic for m in culprits))

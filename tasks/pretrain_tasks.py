@@ -195,7 +195,8 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
     from diagnosis.agents import build_default_agent
 
     # The agent (LLM with retrieval, or a retrieval vote without an LLM) is consulted only
-    # when no rule names a cause; it opens the embedding model and Chroma only then.
+    # when no rule names a cause, or a rule names only symptoms or the exception's class;
+    # it opens the embedding model and Chroma only then.
     return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang",
                         agent=build_default_agent(job_family=spec.name))
 

@@ -353,8 +353,15 @@ def test_a_generic_exception_answer_gets_a_second_look_for_recurrences_only(tmp_
     earlier = write_log(tmp_path / "earlier.log", ranks=2, culprit="RuntimeError: tokenizer vocabulary mismatch: "
                         "checkpoint has 50304 tokens, data has 32000; aborting run")
     compressed, _, library = compress_log(earlier, state_dir=tmp_path / "state")
+    undiagnosed = agents_for(tmp_path / "undiagnosed", llm_config, embedder)  # remembered as Unknown
+    undiagnosed.remember(compressed, Diagnosis("Unknown", "unknown", False), library=library)
     agents.remember(compressed, Diagnosis("DatasetLoadingError", "framework", False), library=library)
     found = diagnose_log(log, state_dir=tmp_path / "state", agent=agents)
     assert (found.root_cause, found.restart_helps, found.source) == ("DatasetLoadingError", False, "retrieval")
     assert agents.last_report.failure_agent.neighbours[0].similarity >= 0.95
+    assert 2 in found.suspect_ranks  # the culprit's rank
+    # a recurrence nobody diagnosed says less than the class: the class stands
+    found = diagnose_log(log, state_dir=tmp_path / "state", agent=undiagnosed)
+    assert (found.root_cause, found.source) == ("RuntimeError", "rule")
+    assert undiagnosed.last_report.failure_agent.neighbours[0].similarity >= 0.95
     assert llm_server.requests == []
