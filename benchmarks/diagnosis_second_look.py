@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
@@ -73,14 +72,6 @@ def old_seed_rules(commit: str) -> tuple:
     return namespace["SEED_DIAGNOSIS_RULES"]
 
 
-def sign_test(k: int, m: int) -> float:
-    """Exact two-sided sign test of k against m discordant pairs."""
-    n = k + m
-    if n == 0:
-        return 1.0
-    return round(min(1.0, 2 * sum(math.comb(n, i) for i in range(min(k, m) + 1)) / 2**n), 4)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
@@ -90,6 +81,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import diagnosis.rules as rules_module
+    from diagnosis_accuracy import sign_test  # this folder: the script's own path
     from diagnosis.agents import AgentsConfig, DiagnosisAgents
     from diagnosis.api import compress_log, diagnose_log
     from diagnosis.failure_agent import FailureAgentConfig

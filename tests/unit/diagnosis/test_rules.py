@@ -521,8 +521,8 @@ def test_agent_is_called_when_no_rule_names_a_cause_and_not_after_a_rule_that_do
 
 
 def test_agent_gets_a_second_look_when_a_rule_names_only_the_exception_class(tmp_path, state):
-    # "RuntimeError: <anything>" names the class, not the cause: the agent (a failure a
-    # person confirmed, an LLM) may know better; with no answer the class stands.
+    # "RuntimeError: <anything>" names the class, not the cause: the agent (a recurrence of
+    # a failure a person confirmed) may know better; with no answer the class stands.
     seen: list[DiagnosisContext] = []
 
     def agent(context: DiagnosisContext):
