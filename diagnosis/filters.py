@@ -485,21 +485,8 @@ class LogCompressor:
         ordered: set[bytes] = set()  # keys whose every line goes one by one
         if n and max(map(len, keys)) > self.max_line_bytes:
             ordered.update(k for k in counts if len(k) > self.max_line_bytes)
-        distinct_text = b"\n".join(counts)
-        if b"host" in distinct_text or b"local_rank" in distinct_text:
-            for word in (b"host", b"local_rank"):
-                found_word = compress(counts, map(bytes.__contains__, counts, repeat(word)))
-                ordered.update(k for k in found_word if k[:1] in _PREFIX_STARTS)
         budget_spent = self._entry_counts[False] >= self.max_entries[False]
-        deferred: list[bytes] = []  # new keys met once the budget is spent: order-free
-        if budget_spent:
-            deferred = [k for k in first_new if k not in ordered] if ordered else list(first_new)
-            one_by_one = []
-        else:
-            one_by_one = [i for k, i in first_new.items() if k not in ordered]
-            for k in first_new:
-                if k not in ordered:
-                    counts[k] -= 1
+        deferred, one_by_one = _split_new_keys(list(counts), first_new, counts, ordered, budget_spent)
         if ordered:
             one_by_one += compress(range(n), map(ordered.__contains__, keys))
             for k in ordered:
@@ -680,20 +667,7 @@ class LogCompressor:
         first_new = dict(zip(compress(tkeys, map(not_, known)), compress(found.touched_first.tolist(), map(not_, known))))
         ordered: set[bytes] = set()  # keys whose every line goes one by one
         ordered_lines: list[int] = np.flatnonzero(ids < 0).tolist()  # over max_line_bytes: no key
-        distinct_text = b"\n".join(tkeys)
-        if b"host" in distinct_text or b"local_rank" in distinct_text:
-            for word in (b"host", b"local_rank"):
-                found_word = compress(tkeys, map(bytes.__contains__, tkeys, repeat(word)))
-                ordered.update(k for k in found_word if k[:1] in _PREFIX_STARTS)
-        deferred: list[bytes] = []  # new keys met once the budget is spent: order-free
-        if budget_spent:
-            deferred = [k for k in first_new if k not in ordered] if ordered else list(first_new)
-            one_by_one = []
-        else:
-            one_by_one = [i for k, i in first_new.items() if k not in ordered]
-            for k in first_new:
-                if k not in ordered:
-                    counts[k] -= 1
+        deferred, one_by_one = _split_new_keys(tkeys, first_new, counts, ordered, budget_spent)
         if ordered:
             ordered_ids = [i for i, k in zip(touched, tkeys) if k in ordered]
             ordered_lines += np.flatnonzero(np.isin(ids, ordered_ids)).tolist()
@@ -963,6 +937,30 @@ class LogCompressor:
             if entry.latest_ts is None or facts.timestamp > entry.latest_ts:
                 entry.latest_ts = facts.timestamp
         return entry
+
+
+def _split_new_keys(distinct: list[bytes], first_new: dict[bytes, int], counts: Counter,
+                    ordered: set[bytes], budget_spent: bool) -> tuple[list[bytes], list[int]]:
+    """Both scans' split of a buffer's keys (``distinct``) by how their lines are kept.
+
+    Adds to ``ordered`` the keys whose every line must go one by one (candidates for
+    torchrun's failure summary, ``host :``/``rank : N (local_rank: L)``). Returns
+    (deferred, one_by_one): once the uncovered budget is spent, the new keys not in
+    ``ordered`` are order-free (``_resolve_new_keys`` settles them after the buffer);
+    before that, the first line of each (``first_new``: key -> its line index) goes one
+    by one, in line order, and leaves the bulk count (``counts``)."""
+    distinct_text = b"\n".join(distinct)
+    if b"host" in distinct_text or b"local_rank" in distinct_text:
+        for word in (b"host", b"local_rank"):
+            found_word = compress(distinct, map(bytes.__contains__, distinct, repeat(word)))
+            ordered.update(k for k in found_word if k[:1] in _PREFIX_STARTS)
+    if budget_spent:
+        return ([k for k in first_new if k not in ordered] if ordered else list(first_new)), []
+    one_by_one = [i for k, i in first_new.items() if k not in ordered]
+    for k in first_new:
+        if k not in ordered:
+            counts[k] -= 1
+    return [], one_by_one
 
 
 @contextmanager
