@@ -7,6 +7,13 @@
 
 A process that dies without reaching the `finally` stops renewing; the lease then
 expires and the GPUs go back to the pool (see `Orchestrator._expire`).
+
+The holder renews and releases the admission it entered with (`Admission.attempt`), not
+whatever the job id holds now: a holder that stalled past its lease (a long GC pause, a
+network partition) finds `lost` set on waking, even where the job was re-queued and
+admitted again meanwhile, and its release leaves that newer admission alone. The
+pretrain flow's watcher stops the ranks as soon as `lost` is set (the GPUs may already
+run another job).
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ class HeldJob:
         self.orchestrator = orchestrator
         self.job_id = job_id
         self.every_s = every_s or orchestrator.config.lease_s / 3
+        self.attempt: int | None = None  # the admission held (read on entering)
         self.lost: LeaseLostError | None = None
         self.outcome: str | None = None  # set to override what the exit decides
         self._stop = threading.Event()
@@ -33,7 +41,7 @@ class HeldJob:
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.every_s):
             try:
-                self.orchestrator.renew(self.job_id)
+                self.orchestrator.renew(self.job_id, self.attempt)
                 # keep this process's view of the cluster near current, so the release at the end
                 # replays the last changes instead of reading the whole cluster and queue back
                 self.orchestrator.refresh()
@@ -45,7 +53,11 @@ class HeldJob:
                 log.warning("lease renewal of job %s failed, retrying: %s", self.job_id, e)
 
     def __enter__(self) -> "HeldJob":
-        self.orchestrator.renew(self.job_id)
+        admission = self.orchestrator.admission(self.job_id)
+        if admission is None:
+            raise LeaseLostError(f"job {self.job_id} is queued, not admitted: it holds no GPUs to hold")
+        self.attempt, self.lost = admission.attempt, None
+        self.orchestrator.renew(self.job_id, self.attempt)
         self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.job_id}", daemon=True)
         self._thread.start()
         return self
@@ -67,7 +79,7 @@ class HeldJob:
         outcome = self.outcome or ("finished" if exc_type is None else
                                    "failed" if issubclass(exc_type, Exception) else "cancelled")
         try:
-            self.orchestrator.release(self.job_id, outcome=outcome,
+            self.orchestrator.release(self.job_id, outcome=outcome, attempt=self.attempt,
                                       reason=None if exc is None else f"{type(exc).__name__}: {exc}"[:500])
         except OrchestratorError as e:
             log.warning("releasing job %s: %s", self.job_id, e)

@@ -82,7 +82,7 @@ _INSERT_JOB = sa.insert(jobs).values(
     {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_at", "queued_at",
                                      "submitted_by")}, "state": "queued", "attempts": 0, "lost_count": 0}
 ).returning(jobs.c.id)
-_JOB_STATE = sa.select(jobs.c.state).where(jobs.c.id == sa.bindparam("jid"))
+_JOB_STATE = sa.select(jobs.c.state, jobs.c.attempts).where(jobs.c.id == sa.bindparam("jid"))
 # (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
 _JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"),
                                     sa.or_(*(jobs.c.state == s for s in ACTIVE)))
@@ -91,6 +91,12 @@ _RELEASE_JOB = (sa.update(allocations).where(allocations.c.job_id == sa.bindpara
                                              allocations.c.released_at.is_(None))
                 .values(released_at=sa.bindparam("now"), release_event="release")
                 .returning(allocations.c.job_id, allocations.c.node, allocations.c.gpu_index))
+# A holder's renewal and release are fenced by the admission it was given (`jobs.attempts`
+# counts admissions): once its lease was reclaimed and the job admitted again, the old holder
+# touches neither the new admission's lease nor its end.
+_SAME_ADMISSION = sa.exists().where(jobs.c.id == sa.bindparam("jid"), jobs.c.attempts == sa.bindparam("attempt"))
+_RELEASE_ADMISSION = _RELEASE_JOB.where(_SAME_ADMISSION)
+_ADMISSION_ENDED = _JOB_ENDED.where(jobs.c.attempts == sa.bindparam("attempt"))
 _JOB_ADMITTED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"))
                  .values(state="running", admitted_at=sa.bindparam("now"), attempts=jobs.c.attempts + 1,
                          reason=None, placement=sa.bindparam("placement"),
@@ -134,6 +140,7 @@ class Admission:
     name: str
     placement: Placement
     lease_expires_at: float
+    attempt: int = 0  # which admission of the job this is (`jobs.attempts`): fences renew/release
 
 
 @dataclass
@@ -190,7 +197,8 @@ class _View:
             by_node.setdefault(node, []).append(gpu)
         for node, freed in by_node.items():
             self.cluster.release(node, freed)
-            self.free.give_back(self.cluster.node(node).gpu_type, len(freed))
+            if not self.cluster.node(node).cordoned:  # FreeGpus counts schedulable GPUs only
+                self.free.give_back(self.cluster.node(node).gpu_type, len(freed))
 
     def admit(self, job_id: int, gpu_type: str, world_size: int, end_s: float, lease: float,
               assignments: list) -> None:
@@ -255,6 +263,7 @@ class Orchestrator:
         decision's writes) are sent with the COMMIT.
         """
         with self._mutex, self._in_transaction():
+            committed_view = None
             with batched_write_transaction(self.engine) as (conn, batch):
                 name = cluster if cluster is not None else inventory.resolve_cluster(conn, None)
                 self._batch = batch
@@ -278,7 +287,12 @@ class Orchestrator:
                     batch.add(_PRUNE_CHANGES, {"cname": name, "below": version - CHANGES_KEPT})
                 if self._pending is not None:
                     self._pending.version = self._tx[3]
-                    self._views[name] = self._pending
+                    committed_view = self._pending
+            # Kept only once the COMMIT went through: a COMMIT that fails (the server restarted,
+            # the disk is full, PostgreSQL's refusal of a double booking arrives with it) rolls the
+            # decision back, and a view that still held it would pass the next version check.
+            if committed_view is not None:
+                self._views[name] = committed_view
 
     def _settle(self) -> None:
         """Send the lock (and whatever was queued behind it) and decide whether the cached view is current."""
@@ -533,10 +547,14 @@ class Orchestrator:
         """Remove a queued job from the queue, or release a running one; returns its previous state."""
         return self.release(job_id, outcome="cancelled", reason=reason)
 
-    def release(self, job_id: int, *, outcome: str = "finished", reason: str | None = None) -> str:
+    def release(self, job_id: int, *, outcome: str = "finished", reason: str | None = None,
+                attempt: int | None = None) -> str:
         """Give the job's GPUs back and record how it ended (finished / failed / cancelled).
 
         Idempotent: releasing a job that already ended changes nothing. Returns the previous state.
+        `attempt` (a holder's `Admission.attempt`): end the job only while it is still that
+        admission (running, or queued again after its lease was reclaimed); a holder whose job
+        was admitted again since changes nothing (the new admission's holder ends it).
         """
         if outcome not in DONE:
             raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
@@ -546,14 +564,20 @@ class Orchestrator:
             # round trip on PostgreSQL (they run in this order; ending touches only a live job).
             now = time.time()
             prior = self._batch.add(_JOB_STATE, {"jid": job_id})
-            released = self._batch.add(_RELEASE_JOB, {"jid": job_id, "now": now})
-            self._batch.add(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
+            if attempt is None:
+                released = self._batch.add(_RELEASE_JOB, {"jid": job_id, "now": now})
+                self._batch.add(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
+            else:
+                released = self._batch.add(_RELEASE_ADMISSION, {"jid": job_id, "now": now, "attempt": attempt})
+                self._batch.add(_ADMISSION_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason,
+                                                   "attempt": attempt})
             self._settle()
-            state, freed = prior.scalar(), released.all()
-            if state is None:
+            rows, freed = prior.all(), released.all()
+            if not rows:
                 raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
-            if state in DONE and not freed:
-                return state
+            state, attempts = rows[0]
+            if not freed and (state in DONE or (attempt is not None and attempts != attempt)):
+                return state  # already ended, or admitted again since this holder's admission
             self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed]])
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
@@ -585,19 +609,27 @@ class Orchestrator:
             self._forget_view()
             self._pass(conn, cname)
 
-    def renew(self, job_id: int) -> float:
-        """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed."""
+    def renew(self, job_id: int, attempt: int | None = None) -> float:
+        """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed.
+
+        `attempt` (the holder's `Admission.attempt`): renew only that admission. Without it, a
+        holder whose lease was reclaimed while it stalled would renew the job's next admission
+        (other GPUs, perhaps its own old ones given to another job) and never learn it lost them.
+        """
         until = time.time() + self.config.lease_s
+        which = [allocations.c.job_id == job_id, allocations.c.released_at.is_(None)]
+        if attempt is not None:
+            which.append(sa.exists().where(jobs.c.id == job_id, jobs.c.attempts == attempt))
         with write_transaction(self.engine) as conn:
             # Never shortens a lease (one given with a longer lease_s stays): a decision's view
             # skips the expiry check until the earliest lease it knows of (`_View.lease_floor`).
-            done = conn.execute(sa.update(allocations).where(
-                allocations.c.job_id == job_id, allocations.c.released_at.is_(None)).values(
+            done = conn.execute(sa.update(allocations).where(*which).values(
                 lease_expires_at=sa.case((allocations.c.lease_expires_at < until, until),
                                          else_=allocations.c.lease_expires_at))).rowcount
         if not done:
+            admission = "" if attempt is None else f" under admission {attempt}"
             raise LeaseLostError(
-                f"job {job_id} holds no GPUs any more (its lease expired or it was released); "
+                f"job {job_id} holds no GPUs{admission} any more (its lease expired or it was released); "
                 "stop its work: the GPUs may already run another job"
             )
         return until
@@ -673,7 +705,7 @@ class Orchestrator:
                                         + (f": {row.reason}" if row.reason else ""))
             lease = conn.execute(sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
                 allocations.c.job_id == job_id, allocations.c.released_at.is_(None))).scalar()
-        return Admission(job_id, row.name, placement_from_dict(row.placement), lease or 0.0)
+        return Admission(job_id, row.name, placement_from_dict(row.placement), lease or 0.0, row.attempts)
 
     def queue_position(self, job_id: int) -> tuple[int, int]:
         """(1-based position of the job among queued jobs of its cluster, queue length); (0, n) if not queued."""

@@ -197,3 +197,44 @@ def test_a_pass_decides_the_same_with_shared_or_separate_option_lists(policy):
 
     assert run(shared=True) == run(shared=False)
     assert run(shared=True)[0]  # something started
+
+
+def test_a_failed_commit_leaves_no_view_behind(url, monkeypatch):
+    """The decision's writes go out with the COMMIT; when it fails the database rolls back, and
+    a view that kept the decision would be trusted by this process from then on."""
+    import sqlite3
+
+    import infra.statedb.batch as batch_mod
+
+    o = Orchestrator(url, OrchestratorConfig(lease_s=600))
+    o.register(parse_cluster({"name": "c", "nodes": [{"name": "n", "gpu_type": "A100-80G", "gpu_count": 4}]}))
+    first = o.submit("first", demand_options(o.cluster(), 4))
+    waiting = o.submit("waiting", demand_options(o.cluster(), 4))
+    real_commit = batch_mod.StatementBatch.commit
+    fail = {"once": True}
+
+    def commit(self, transaction):
+        if fail.pop("once", False):
+            raise sa.exc.OperationalError("COMMIT", {}, sqlite3.OperationalError("database or disk is full"))
+        return real_commit(self, transaction)
+
+    monkeypatch.setattr(batch_mod.StatementBatch, "commit", commit)
+    with pytest.raises(StateDbError, match="disk is full"):
+        o.release(first)  # frees the GPUs and admits "waiting": rolled back
+    assert (o.job(first)["state"], o.job(waiting)["state"]) == ("running", "queued")
+    assert "c" not in o._views  # nothing of the rolled-back decision is kept
+    o.release(first)  # retried: now it commits, and the waiting job is admitted
+    assert o.job(waiting)["state"] == "running"
+    assert double_booked(o.engine) == 0
+
+
+def test_a_job_ending_on_a_cordoned_node_does_not_count_its_gpus_as_free(url):
+    o = Orchestrator(url, OrchestratorConfig(policy="ect", lease_s=600))
+    o.register(parse_cluster({"name": "c", "nodes": [{"name": "n1", "gpu_type": "A100-80G", "gpu_count": 4},
+                                                     {"name": "n2", "gpu_type": "A100-80G", "gpu_count": 4}]}))
+    job = o.submit("r", demand_options(o.cluster(), 4))
+    node = o.admission(job).placement.nodes[0]
+    o.cordon(node, reason="faulty")
+    o.reconcile()  # this process caches a view that knows the cordon
+    o.release(job)  # the job ends on the cordoned node: its GPUs stay unschedulable
+    assert o._views["c"].free.by_type == o.cluster().free_gpus_by_type() == {"A100-80G": 4}
