@@ -352,7 +352,7 @@ class _Search:
         best = None
         frugal = self.recompute_order[-1]
         for dp, tp, pp in self.layouts(pool, n):
-            mem = self.estimate(dp, tp, pp, 1, frugal, self.config.distributed_optimizer and dp > 1).total
+            mem = self.estimate(dp, tp, pp, 1, frugal, self.config.distributed_optimizer).total
             best = mem if best is None else min(best, mem)
             if best <= usable:
                 return True
@@ -372,11 +372,14 @@ class _Search:
         per_node = min(n, pool.gpus_per_node)
         out: list[Plan] = []
         # The distributed optimizer costs no step time here (reduce-scatter + all-gather
-        # move what the all-reduce moves) and only saves memory: use it whenever dp > 1.
+        # move what the all-reduce moves) and only saves memory. It is used at dp = 1 too
+        # (sharded over one rank: the same memory): the optimizer's kind is part of the
+        # checkpoint, and a job placed again after losing a node (dp 2 -> 1, or back) must
+        # resume the optimizer state it saved, which the other kind cannot load.
         frugal_rc = self.recompute_order[-1]
         for dp, tp, pp in self.layouts(pool, n):
             per_rank = r.global_batch // dp
-            dist_opt = cfg.distributed_optimizer and dp > 1
+            dist_opt = cfg.distributed_optimizer
             micro_batches = []
             for mb in cfg.micro_batch_sizes:
                 if per_rank % mb:

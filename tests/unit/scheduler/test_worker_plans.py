@@ -76,3 +76,13 @@ def test_job_spec_refuses_more_pipeline_stages_than_the_worker_runs(tmp_path):
                                     f"pipeline_parallel: {WORKER.max_pipeline_stages * 2}}}"))
     with pytest.raises(ConfigError, match="pipeline_parallel"):
         load_job_spec(path)
+
+
+def test_every_plan_of_a_job_uses_the_same_optimizer_so_a_replacement_can_resume(big_job):
+    """A job placed again after losing a node may change dp across 1 (dp 2 -> dp 1); the
+    optimizer state it saved loads only into the same kind of optimizer, so the planner never
+    picks the distributed optimizer for some dp and the plain one for others."""
+    gpus = load_cluster(FRENZY)
+    plans = plan_job(load_job_spec(big_job), gpus, worker_planner_config(gpus))
+    assert {p.dp for p in plans} >= {1, 2}
+    assert {p.distributed_optimizer for p in plans} == {WORKER.distributed_optimizer}
