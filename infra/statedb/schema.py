@@ -1,7 +1,8 @@
 """The state database's tables (SQLAlchemy Core), shared by the orchestrator and the diagnosis rules.
 
 Times are seconds since the epoch (float) from the writer's clock.
-Allocation rows are never deleted: a live allocation has `released_at` NULL, and
+Allocation rows stay after their release (only a GPU that leaves the inventory takes
+its released rows with it): a live allocation has `released_at` NULL, and
 the partial unique index `uq_allocations_live_gpu` lets the database itself refuse
 a second live allocation of one GPU. `allocation_events` is the append-only
 history (allocate / release / expire, in commit order) that double-booking is

@@ -24,23 +24,25 @@ HEALTH_STATES = ("ready", "cordoned", "drained")
 def register(conn: Connection, cluster: Cluster, *, source: str | None, by: str) -> dict[str, Any]:
     """Insert or update a cluster's inventory (inside the caller's write transaction).
 
-    Health of nodes that stay is kept; removing a node that holds live allocations is refused.
+    Health of nodes that stay is kept. GPUs leave with their node, or when a node's
+    `gpu_count` shrinks (the highest indices go); that is refused while a job holds
+    one of them. Released allocations of GPUs that leave are deleted with them (the
+    history stays in `allocation_events`, which has no foreign key and no DELETE trigger).
     """
     now = time.time()
     row = conn.execute(sa.select(clusters.c.generation).where(clusters.c.name == cluster.name)).one_or_none()
     existing = {r.name: r for r in conn.execute(
-        sa.select(nodes.c.name, nodes.c.state).where(nodes.c.cluster == cluster.name))}
-    wanted = {n.name for n in cluster.nodes}
-    removed = sorted(set(existing) - wanted)
-    if removed:
-        busy = sorted({r.node for r in conn.execute(
-            sa.select(allocations.c.node).where(allocations.c.cluster == cluster.name,
-                                                allocations.c.node.in_(removed), allocations.c.released_at.is_(None)))})
-        if busy:
-            raise OrchestratorError(
-                f"cannot remove node(s) {busy} from cluster {cluster.name!r}: jobs hold GPUs there; "
-                "drain them and wait for those jobs to finish first"
-            )
+        sa.select(nodes.c.name, nodes.c.state, nodes.c.gpu_count).where(nodes.c.cluster == cluster.name))}
+    wanted = {n.name: n for n in cluster.nodes}
+    removed = sorted(set(existing) - set(wanted))
+    shrunk = {name: wanted[name].gpu_count for name in existing
+              if name in wanted and wanted[name].gpu_count < existing[name].gpu_count}
+    leaving = _gpus_leaving(cluster.name, removed, shrunk)
+    if leaving is not None:
+        _refuse_if_held(conn, cluster.name, leaving, removed, shrunk)
+        # Released allocations of these GPUs hold the foreign key to them; their history is in
+        # allocation_events (written on INSERT / UPDATE of allocations, untouched by a DELETE).
+        conn.execute(sa.delete(allocations).where(leaving, allocations.c.released_at.is_not(None)))
     if row is None:
         conn.execute(sa.insert(clusters).values(name=cluster.name, generation=1, registered_at=now, source=source,
                                                 inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps))
@@ -76,6 +78,42 @@ def register(conn: Connection, cluster: Cluster, *, source: str | None, by: str)
             conn.execute(sa.insert(gpus), rows)
     return {"cluster": cluster.name, "nodes": len(cluster.nodes), "gpus": cluster.total_gpus,
             "added": added, "removed": removed, "generation": 1 if row is None else row.generation + 1}
+
+
+def _gpus_leaving(cluster: str, removed: list[str], shrunk: dict[str, int]) -> sa.ColumnElement[bool] | None:
+    """Which allocations sit on GPUs that leave the inventory (None: no GPU leaves)."""
+    where = [allocations.c.node.in_(removed)] if removed else []
+    where += [sa.and_(allocations.c.node == name, allocations.c.gpu_index >= count) for name, count in shrunk.items()]
+    return sa.and_(allocations.c.cluster == cluster, sa.or_(*where)) if where else None
+
+
+def _refuse_if_held(conn: Connection, cluster: str, leaving: sa.ColumnElement[bool], removed: list[str],
+                    shrunk: dict[str, int]) -> None:
+    """A clear refusal when a live allocation sits on a GPU that would leave the inventory."""
+    held = conn.execute(
+        sa.select(allocations.c.node, allocations.c.gpu_index, jobs.c.id, jobs.c.name)
+        .join(jobs, jobs.c.id == allocations.c.job_id)
+        .where(leaving, allocations.c.released_at.is_(None))
+        .order_by(allocations.c.node, allocations.c.gpu_index)).all()
+    if not held:
+        return
+    by_node: dict[str, tuple[list[int], dict[int, str]]] = {}
+    for node, gpu, job_id, name in held:
+        gpus_held, holders = by_node.setdefault(node, ([], {}))
+        gpus_held.append(gpu)
+        holders[job_id] = name
+    parts = []
+    for node, (gpus_held, holders) in by_node.items():
+        change = "removed" if node in removed else f"shrunk to {shrunk[node]} GPU(s)"
+        jobs_text = ", ".join(f"{job_id} ({name})" for job_id, name in sorted(holders.items()))
+        parts.append(f"node {node!r} ({change}): GPU(s) {gpus_held} held by job(s) {jobs_text}")
+    nodes_text = ", ".join(by_node)
+    raise OrchestratorError(
+        f"cannot register this inventory of cluster {cluster!r}: jobs hold GPUs it removes; "
+        + "; ".join(parts)
+        + f". Drain the node(s) (`forgeflow cluster drain NODE --cluster {cluster}` for {nodes_text}) and wait "
+        "for those jobs to finish, or cancel them, then register again"
+    )
 
 
 _CACHE: dict[tuple[str, str, int], Cluster] = {}
