@@ -21,7 +21,7 @@ from prefect.cache_policies import NO_CACHE
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig
 from scheduler.orchestrator.lease import HeldJob
-from scheduler.orchestrator.options import options_from_plans
+from scheduler.orchestrator.options import options_from_plans, require_idle_fit
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
 from scheduler.placement import Placement, placed_step_time
 from training.config import JobSpec
@@ -214,10 +214,26 @@ class Seat:
     job: str
 
     def replace(self, faulty: list[str], inventory: Cluster, why: str) -> Placement:
-        """Cordon the faulty nodes, give the GPUs back and wait to be placed on healthy ones."""
+        """Cordon the faulty nodes, give the GPUs back and wait to be placed on healthy ones.
+
+        When none of the job's plans fits the nodes still in service (even with no other job
+        running), it fails here instead of waiting forever: the job keeps its GPUs, and the
+        flow's HeldJob releases them as failed."""
         cordon_faulty(self.orchestrator, self.cluster, inventory, faulty, f"{why} (job {self.job})")
+        self.check_still_fits()
         self.held.pause()
         self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
         placement = wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job)
         self.held.resume()
         return placement
+
+    def check_still_fits(self) -> None:
+        """Raise OrchestratorError when no plan of the job fits the cluster's schedulable nodes."""
+        cluster = self.orchestrator.cluster(self.cluster)
+        # the options the orchestrator admits the job on (steps only scale run times: any will do)
+        options = options_from_plans(self.plans, 1, cluster.gpu_types())
+        out_of_service = {n["node"]: f"{n['state']}: {n['reason'] or 'no reason given'}"
+                          for n in cluster_status(self.orchestrator.engine, self.cluster)["nodes"]
+                          if n["state"] != "ready"}
+        require_idle_fit(options.get(self.orchestrator.config.policy) or options["has"], cluster, job=self.job,
+                         out_of_service=out_of_service)

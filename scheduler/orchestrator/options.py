@@ -8,12 +8,12 @@ that holds it. Both are the same `scheduler.policy.Option`s the simulator weighs
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from scheduler.cluster import Cluster
-from scheduler.placement import NodeAssignment, Placement
+from scheduler.placement import NodeAssignment, Placement, has_select
 from scheduler.planner import PlannerConfig, gpu_pools, plan_job, worker_planner_config
-from scheduler.policy import POLICIES, Option
+from scheduler.policy import POLICIES, FreeGpus, Option
 from scheduler.orchestrator.config import OrchestratorError
 
 
@@ -45,9 +45,12 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
     whole = _all_ready(cluster)
     if gpu_type is not None and gpu_type not in whole.gpu_types():
         raise OrchestratorError(f"cluster {cluster.name!r} has no {gpu_type} GPUs; types: {whole.gpu_types()}")
+    if gpus is not None and gpus < 1:
+        raise OrchestratorError(
+            f"job asks for {gpus} GPU(s); ask for at least 1 GPU, or give no count (MARP sizes it)")
     if gpus is not None:
         most = max(n for t, n in whole.total_gpus_by_type().items() if gpu_type in (None, t))
-        if not 1 <= gpus <= most:
+        if gpus > most:
             raise OrchestratorError(
                 f"job asks for {gpus} GPU(s) but the cluster {cluster.name!r} has at most {most} of "
                 f"{'type ' + gpu_type if gpu_type else 'one type'}; ask for fewer, or give no count (MARP sizes it)"
@@ -104,6 +107,58 @@ def demand_options(cluster: Cluster, num_gpus: int, *, min_memory_gib: float = 0
     sized = [Option(gpu_type=p.gpu_type, num_gpus=num_gpus, unit=1, min_memory_bytes=need,
                     run_s=duration_s * fastest / p.peak_tflops, dp=num_gpus) for p in fits]
     return _by_policy(sized, [p.gpu_type for p in pools])
+
+
+def idle_fit(options: Sequence[Option], cluster: Cluster) -> Option | None:
+    """The first option the cluster's schedulable nodes could hold if no job held a GPU; None when
+    none can (the job would wait until a node comes back or is added).
+
+    The fit test of a policy pass (`FreeGpus.try_place`, HAS over the eligible nodes) on a copy of
+    the cluster with every GPU free: what other jobs hold is ignored, cordoned and drained nodes
+    stay out. (A pass's two selectors fail alike: only when the eligible nodes lack usable GPUs.)
+    """
+    idle = cluster.copy_state()
+    for node in idle.nodes:
+        node.free_gpus = list(range(node.gpu_count))
+    free = FreeGpus(idle)
+    return next((o for o in options if free.try_place("idle-fit", o, has_select) is not None), None)
+
+
+def require_idle_fit(options: Sequence[Option], cluster: Cluster, *, job: str,
+                     out_of_service: dict[str, str] | None = None) -> Option:
+    """`idle_fit`, or an OrchestratorError that says what the job needs, what the schedulable
+    nodes hold, which nodes are out of service (`out_of_service`: node -> why) and how to fix it."""
+    fit = idle_fit(options, cluster)
+    if fit is not None:
+        return fit
+    smallest: dict[str, Option] = {}
+    for o in sorted(options, key=lambda o: (o.num_gpus, o.unit, o.min_memory_bytes)):
+        smallest.setdefault(o.gpu_type, o)
+    needs = "; ".join(
+        f"{o.num_gpus}x {o.gpu_type} with {o.min_memory_bytes / 2**30:.1f} GiB each"
+        + (f" in tensor-parallel groups of {o.unit} on one node" if o.unit > 1 else "")
+        for o in smallest.values()) or "no GPU at all (it has no plan)"
+    by_type: dict[str, list] = {}
+    for node in cluster.schedulable_nodes():
+        by_type.setdefault(node.gpu_type, []).append(node)
+    left = "; ".join(
+        f"{sum(n.gpu_count for n in group)}x {gpu_type} on {len(group)} node(s) "
+        f"({_names([n.name for n in group])}; at most {max(n.gpu_count for n in group)} per node, "
+        f"{min(n.gpu_memory_gib for n in group):g} GiB each)"
+        for gpu_type, group in by_type.items()) or "none"
+    down = out_of_service or {n.name: "cordoned or drained" for n in cluster.nodes if n.cordoned}
+    down_text = ", ".join(f"{name} ({why})" for name, why in down.items()) or "none"
+    raise OrchestratorError(
+        f"job {job!r} cannot be placed on cluster {cluster.name!r} any more, even with no other job running: "
+        f"its smallest plan per GPU type needs {needs}; the schedulable nodes hold {left}; "
+        f"out of service: {down_text}. "
+        f"Return a repaired node to service (`forgeflow cluster uncordon NODE --cluster {cluster.name}`) or add "
+        "nodes to the inventory (`forgeflow cluster register CLUSTER.yaml`), then run the job again"
+    )
+
+
+def _names(names: list[str], most: int = 4) -> str:
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def options_to_json(options: dict[str, list[Option]]) -> dict[str, list[dict[str, Any]]]:
