@@ -17,7 +17,9 @@ Rules the engine keeps:
 - `load()` takes the newest step whose manifest exists and whose shards all verify
   (size + checksum, `read_verified_shard`: the one verification) on every rank; a
   corrupt or partial newest checkpoint is set aside with a warning and the previous
-  one is used.
+  one is used. A storage error while reading (unavailable, throttled, timed out after
+  the storage layer's retries) says nothing about the checkpoint: every rank raises
+  `CheckpointStorageUnavailable` and the step stays as it is for the next attempt.
 
 What a rank saves (the "sharded" format, checkpoint.sharded): its *global pieces*
 (tensors with key, global shape and offset, each replicated piece saved by one
@@ -50,6 +52,7 @@ from checkpoint.manifest import (
     manifest_key,
     read_latest,
     read_manifest,
+    set_aside,
     shard_key,
     step_dir,
     write_commit,
@@ -73,13 +76,21 @@ WriterKind = Literal["process", "thread"]
 DEFAULT_WRITER: WriterKind = "process"
 
 __all__ = [
-    "CheckpointEngine", "CheckpointError", "CommitRecord", "LoadedCheckpoint", "PersistReport",
-    "SaveOutcome", "committed_checkpoints", "read_latest",
+    "CheckpointEngine", "CheckpointError", "CheckpointStorageUnavailable", "CommitRecord",
+    "LoadedCheckpoint", "PersistReport", "SaveOutcome", "committed_checkpoints", "read_latest",
 ]
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint cannot be used as asked (layout mismatch, no such step, bad setup)."""
+
+
+class CheckpointStorageUnavailable(RuntimeError):
+    """The storage failed while checkpoints were being listed or read at load time.
+
+    Transient as far as the checkpoint is concerned: nothing was set aside, and a later
+    attempt (after a backoff) loads the same step. Deliberately not a CheckpointError or
+    StorageError, which readers turn into "this checkpoint does not fit / is damaged"."""
 
 
 @dataclass
@@ -160,9 +171,22 @@ def _unpack_common(text: str) -> Any:
     return torch.load(io.BytesIO(base64.b64decode(text)), map_location="cpu", weights_only=False)
 
 
-# Load outcomes agreed across ranks (max wins): a step verifies, fails verification (fall
-# back to the previous one), or does not fit this job at all (stop with the reason).
-_OK, _UNVERIFIED, _MISMATCH = 0, 1, 2
+# Load outcomes agreed across ranks (max wins): a step verifies, could not be read because
+# the storage failed (stop; keep the step for the next attempt), fails verification (set it
+# aside, fall back to the previous one), or does not fit this job at all (stop with the
+# reason). A content problem found by one rank outranks another rank's storage error: the
+# step is damaged whatever the storage does next.
+_OK, _UNAVAILABLE, _UNVERIFIED, _MISMATCH = 0, 1, 2, 3
+
+
+def _unavailable_message(storage: Any, what: str, problems: list[str]) -> str:
+    # "S3 ... failed" is how the diagnosis rules (rule_seeds: s3-botocore) recognise a
+    # transient object-storage failure, whose recovery is a restart after a backoff.
+    where = "S3" if getattr(storage, "scheme", "") == "s3" else "checkpoint storage"
+    return (f"{storage.url()}: {where} read failed while {what} ({'; '.join(problems)}). "
+            "Nothing was set aside: a storage error says nothing about a checkpoint's content, "
+            "and a restart after a backoff resumes from the same checkpoint once the storage "
+            "answers again (every rank stops here, so no rank trains from another step).")
 
 
 class CheckpointEngine:
@@ -414,6 +438,16 @@ class CheckpointEngine:
         dist.all_reduce(t, op=getattr(dist.ReduceOp, op_name), group=self._control_group)
         return int(t.item())
 
+    def _gather_control(self, obj: Any) -> list[Any]:
+        """Every rank's `obj`, on the control group (the caller's thread, never the writer's)."""
+        if self.world_size == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self._control_group)
+        return out
+
     def _any_rank(self, flag: bool) -> bool:
         return self._reduce_flag(flag, "MAX")
 
@@ -429,8 +463,21 @@ class CheckpointEngine:
     # ----------------------------------------------------------------- loading
 
     def committed_steps(self) -> list[int]:
-        """Committed steps as rank 0 lists them (collective: every rank gets the same list)."""
-        return self._broadcast(committed_steps(self.storage) if self.rank == 0 else None)
+        """Committed steps as rank 0 lists them (collective: every rank gets the same list).
+
+        A listing that fails raises CheckpointStorageUnavailable on every rank (a failure on
+        rank 0 alone would leave the others waiting in the broadcast)."""
+        listed: Any = None
+        if self.rank == 0:
+            try:
+                listed = committed_steps(self.storage)
+            except StorageError as e:
+                listed = f"rank 0: {type(e).__name__}: {e}"
+        listed = self._broadcast(listed)
+        if isinstance(listed, str):
+            raise CheckpointStorageUnavailable(
+                _unavailable_message(self.storage, "listing the committed checkpoints", [listed]))
+        return listed
 
     def committed(self) -> list[CommitRecord]:
         return committed_checkpoints(self.storage)
@@ -447,7 +494,9 @@ class CheckpointEngine:
         `LoadedCheckpoint.pieces`, in order. Every rank must call this together. A step
         that fails verification anywhere is skipped by all ranks (they always resume from
         the same step) and set aside by rank 0 so the next start does not try it again;
-        a step that does not hold what the job needs raises CheckpointError on every rank.
+        a step that does not hold what the job needs raises CheckpointError on every rank;
+        a step some rank could not read because the storage failed (not its content)
+        raises CheckpointStorageUnavailable on every rank and is left as it is.
         A reader that must not change storage (export) passes set_aside=False.
         """
         if self.busy:
@@ -473,6 +522,13 @@ class CheckpointEngine:
                 raise CheckpointError(
                     f"{self.storage.url(step_dir(candidate))}: cannot be loaded by this job: "
                     f"{problem if outcome == _MISMATCH else 'see the error on another rank'}")
+            if agreed == _UNAVAILABLE:
+                mine = f"rank {self.rank}: {problem}" if outcome == _UNAVAILABLE else None
+                failed = [p for p in self._gather_control(mine) if p is not None]
+                raise CheckpointStorageUnavailable(
+                    _unavailable_message(self.storage, f"reading checkpoint step {candidate}", failed))
+            if outcome != _UNVERIFIED:  # this rank read it (or hit a storage error): not its finding
+                problem = None
             log.warning("checkpoint: step %d failed verification (%s); falling back to the previous "
                         "committed checkpoint", candidate, problem or "on another rank")
             skipped.append(candidate)
@@ -487,6 +543,8 @@ class CheckpointEngine:
             manifest = read_manifest(self.storage, step)
         except ObjectNotFound as e:
             return None, f"manifest unreadable: {e}", _UNVERIFIED
+        except StorageError as e:
+            return None, f"manifest of step {step}: {type(e).__name__}: {e}", _UNAVAILABLE
         except ValueError as e:
             return None, f"manifest unreadable: {e}", (
                 _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
@@ -514,8 +572,8 @@ class CheckpointEngine:
                     for p in state["pieces"]:
                         saved.setdefault(p["key"], []).append(GlobalPiece(
                             p["key"], p["global_shape"], p["global_offset"], p["data"], p["object"]))
-        except StorageError as e:
-            return None, f"storage: {e}", _UNVERIFIED
+        except StorageError as e:  # not ObjectNotFound: read_verified_shard reports a missing shard
+            return None, f"{type(e).__name__}: {e}", _UNAVAILABLE
         try:
             values = [fill(r, saved.get(r.key, [])) for r in requests]
         except PieceMismatch as e:
@@ -529,14 +587,10 @@ class CheckpointEngine:
         return LoadedCheckpoint(step, local, manifest, pieces=values, common=common), None, _OK
 
     def _set_aside(self, step: int, reason: str) -> None:
-        # Drop the manifest (the step stops being a checkpoint; its shards become orphans for
-        # retention) and leave a note saying why.
+        # The step stops being a checkpoint (checkpoint.manifest.set_aside: a note saying why,
+        # then the manifest goes); its shards become orphans for retention.
         try:
-            import json
-
-            self.storage.put_bytes(f"{step_dir(step)}/set-aside.json",
-                                   json.dumps({"reason": reason, "time": time.time()}).encode())
-            self.storage.delete([manifest_key(step)])
+            set_aside(self.storage, step, reason)
         except StorageError as e:
             log.warning("checkpoint: could not set aside step %d: %s", step, e)
 

@@ -10,11 +10,20 @@ Layout under a checkpoint root URL:
                                       shape, offset: checkpoint.sharded), so a loader on any
                                       layout knows which shards to read
     step-00000040/lease-<id>.json     a reader's claim: retention leaves the step alone
+    step-00000040/set-aside.json      a note that the step no longer counts (damaged, or on a
+                                      timeline a spike rollback abandoned) and why
     latest.json                       pointer to the newest commit, written after its manifest
 
-A checkpoint exists only once its manifest does. `committed_checkpoints` is THE
-listing: the pretrain flow, the commit announcer, evaluation and rollback all use it;
-`read_latest` is its one-read shortcut for the newest.
+A checkpoint exists only once its manifest does and while no set-aside note does.
+`committed_checkpoints` is THE listing: the pretrain flow, the commit announcer,
+evaluation and rollback all use it; `read_latest` is its one-read shortcut for the newest.
+
+Setting a step aside (`set_aside`, `set_aside_after`) writes the note first, then deletes
+the manifest; shards are never deleted there (retention collects them later as orphans),
+so nothing a writer could still be writing goes. The note is what counts: it is written
+durably (an fsynced rename on a local disk, one PUT on S3), while a local unlink is not
+fsynced, so a manifest whose deletion a crash undid still does not count. Whoever
+commits the step again (`write_commit`) removes the note before the new manifest lands.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ log = logging.getLogger(__name__)
 MANIFEST_FORMAT = "forgeflow-checkpoint/2"
 FORMAT_NAMES = {"sharded": MANIFEST_FORMAT}
 MANIFEST_NAME = "manifest.json"
+SET_ASIDE_NAME = "set-aside.json"
 LATEST_KEY = "latest.json"
 _STEP_DIR = re.compile(r"^step-(\d{8,})/")
 LEASE_TTL_S = 3600.0
@@ -60,6 +70,15 @@ def shard_key(step: int, rank: int, world_size: int) -> str:
 
 def manifest_key(step: int) -> str:
     return f"{step_dir(step)}/{MANIFEST_NAME}"
+
+
+def set_aside_key(step: int) -> str:
+    return f"{step_dir(step)}/{SET_ASIDE_NAME}"
+
+
+def _counts_as_committed(step: int, keys: list[str]) -> bool:
+    """The commit rule, for one step's keys from a listing: a manifest and no set-aside note."""
+    return manifest_key(step) in keys and set_aside_key(step) not in keys
 
 
 @dataclass(frozen=True)
@@ -132,8 +151,17 @@ def read_manifest(storage: Storage, step: int) -> Manifest:
 
 
 def write_commit(storage: Storage, manifest: Manifest) -> CommitRecord:
-    """The commit: the manifest as one object, then the `latest` pointer after it."""
+    """The commit: the manifest as one object, then the `latest` pointer after it.
+
+    A step set aside before (a rollback timeline writing a step the abandoned one had
+    written too) loses its note first; a crash in between leaves neither, i.e. no commit.
+    Locally the manifest's folder fsync makes the note's removal durable with it."""
+    storage.delete([set_aside_key(manifest.step)])
     storage.put_bytes(manifest_key(manifest.step), manifest.to_json())
+    return _write_latest(storage, manifest)
+
+
+def _write_latest(storage: Storage, manifest: Manifest) -> CommitRecord:
     record = _record(storage, manifest)
     storage.put_bytes(LATEST_KEY, json.dumps(asdict(record), sort_keys=True).encode())
     return record
@@ -150,7 +178,44 @@ def steps_in_listing(storage: Storage) -> dict[int, list[str]]:
 
 
 def committed_steps(storage: Storage) -> list[int]:
-    return sorted(s for s, keys in steps_in_listing(storage).items() if manifest_key(s) in keys)
+    return sorted(s for s, keys in steps_in_listing(storage).items() if _counts_as_committed(s, keys))
+
+
+def set_aside(storage: Storage, step: int, reason: str) -> None:
+    """Make `step` stop counting as a checkpoint, for good; its files stay (see the module doc).
+
+    Idempotent: setting aside a step already set aside (or with no manifest) rewrites the note."""
+    storage.put_bytes(set_aside_key(step), json.dumps({"reason": reason, "time": time.time()}).encode())
+    storage.delete([manifest_key(step)])
+
+
+def set_aside_after(where: Any, step: int, reason: str, options: StorageOptions | None = None) -> list[int]:
+    """Set aside every committed step after `step` and point `latest` at the newest one left.
+
+    For a spike rollback that resumes from `step`: the steps committed after it belong to
+    the abandoned timeline, and "the newest committed checkpoint" (what a plain restart
+    resumes from) must be the rollback's from now on. Idempotent (a second call, e.g. after
+    a crash half way, finishes the job); returns the steps set aside by this call. Raises
+    StorageError when the storage cannot do it.
+    """
+    storage = _as_storage(where, options)
+    try:
+        later = [s for s in committed_steps(storage) if s > step]
+        for s in later:
+            set_aside(storage, s, reason)
+        latest = read_latest(storage)
+        if latest is not None and latest.step > step:
+            left = committed_steps(storage)
+            if left:
+                _write_latest(storage, read_manifest(storage, left[-1]))
+            else:
+                storage.delete([LATEST_KEY])
+        if later:
+            log.warning("checkpoint: steps %s set aside: %s", later, reason)
+        return later
+    finally:
+        if storage is not where:
+            storage.close()
 
 
 def _as_storage(where: Any, options: StorageOptions | None) -> Storage:
@@ -229,7 +294,7 @@ def apply_retention(storage: Storage, keep_last: int, protect: set[int] = frozen
         m = _STEP_DIR.match(key)
         if m:
             by_step.setdefault(int(m.group(1)), []).append(key)
-    committed = sorted(s for s, keys in by_step.items() if manifest_key(s) in keys)
+    committed = sorted(s for s, keys in by_step.items() if _counts_as_committed(s, keys))
     if not committed:
         return RetentionResult([], [], [])
     newest = committed[-1]

@@ -4,7 +4,7 @@
 |--------------------------------------------------------|---------------------------------|
 | restart budget spent                                   | stop                            |
 | same root cause at the same step `breaker_count` times | stop (circuit breaker)          |
-| loss spike (marker or LossSpike diagnosis)             | roll back before the onset, skip the spike's batches |
+| loss spike (marker or LossSpike diagnosis)             | roll back before the onset, skip the spike's batches, set aside the checkpoints after the one resumed from |
 |   ... but no checkpoint was committed before the onset  | stop                            |
 | hang (stale heartbeats)                                | node check, then restart        |
 | transient infrastructure fault (connection, S3, NCCL   | restart in place after backoff  |
@@ -18,8 +18,15 @@
 `decide` is a pure function of the diagnosis, the attempt and the history, so the
 table is unit-tested without launching anything. `next_attempt` turns the decision
 into the whole next attempt (`NextAttempt`: which checkpoint to resume from, what the
-worker runs differently, the text the alert shows); the flow only carries it out and
-records each failure as a `FailedAttempt`.
+worker runs differently, which checkpoints to set aside first, the text the alert
+shows); the flow only carries it out and records each failure as a `FailedAttempt`.
+
+A rollback outlives its own attempt. The checkpoints committed after the one it resumes
+from belong to the abandoned (post-spike) timeline: they are set aside before the
+relaunch, so "the newest committed checkpoint" that any later restart resumes from is the
+rollback's. And its skipped batches live only in the attempts' arguments until the
+rollback's timeline commits a checkpoint of its own (whose trainer state records them):
+until then every later attempt keeps skipping them (`RecoveryHistory.rollback`).
 """
 
 from __future__ import annotations
@@ -67,6 +74,7 @@ class Decision:
 class RecoveryHistory:
     failures: list[FailureRecord] = field(default_factory=list)
     restarts: int = 0
+    rollback: "Rollback | None" = None  # the spike rollback in force (NextAttempt.rollback)
 
     def repeats(self, record: FailureRecord) -> int:
         return sum(1 for f in self.failures if f == record)
@@ -138,6 +146,45 @@ class AttemptOverrides:
 
 
 @dataclass(frozen=True)
+class Rollback:
+    """A spike rollback in force: the checkpoint step it resumed from and what it skips."""
+
+    from_step: int
+    overrides: AttemptOverrides
+
+
+def _covering_window(earlier: Rollback, spike: AttemptOverrides) -> AttemptOverrides:
+    """One skip window over the batches of both spikes, for a rollback to a checkpoint that
+    predates the rollback in force (so holds neither skip; AttemptOverrides has one window).
+
+    In the earlier rollback's timeline, step counters from its window on read the batches
+    after it, so the new spike's batches sit that many positions later. Skipping the few
+    healthy batches between the windows costs nothing; training a spike's batch again may
+    spike again."""
+    first_start = earlier.overrides.skip_from_step - 1
+    first_end = first_start + earlier.overrides.skip_batches
+    second_start = spike.skip_from_step - 1
+    if second_start >= first_start:
+        second_start += earlier.overrides.skip_batches
+    start = min(first_start, second_start)
+    end = max(first_end, second_start + spike.skip_batches)
+    return AttemptOverrides(skip_batches=end - start, skip_from_step=start + 1)
+
+
+def _still_in_force(rollback: Rollback | None, committed_steps: Callable[[], Sequence[int]]) -> Rollback | None:
+    """The rollback, while its timeline has no checkpoint after the one it resumed from."""
+    if rollback is None:
+        return None
+    try:
+        own = [s for s in committed_steps() if s > rollback.from_step]
+    except Exception:  # noqa: BLE001 - listing touches storage, which may be what just failed
+        # Keep skipping: if its timeline did commit, at worst a few more healthy batches are
+        # skipped; dropping the skip could train the spike's batches again.
+        return rollback
+    return None if own else rollback
+
+
+@dataclass(frozen=True)
 class NextAttempt:
     """The whole next attempt, as the decision table chose it."""
 
@@ -148,6 +195,10 @@ class NextAttempt:
     overrides: AttemptOverrides = AttemptOverrides()
     backoff_s: float = 0.0
     suggestion: str = ""  # for a stop: what a person should change
+    # Before relaunching, set aside every checkpoint committed after this step (a rollback:
+    # they are the abandoned timeline's). checkpoint.manifest.set_aside_after does it.
+    set_aside_after: int | None = None
+    rollback: Rollback | None = None  # the rollback in force for this attempt and later ones
 
     @property
     def stops(self) -> bool:
@@ -176,10 +227,12 @@ def next_attempt(
     spike_onset_step: int | None = None,
     oom_suggestion: str = "",
 ) -> NextAttempt:
-    """The next attempt after this failure (`history` must already include it).
+    """The next attempt after this failure (`history` must already include it, and the
+    rollback in force, `history.rollback`, is the one the failed attempt ran under).
 
     `committed_steps` lists the job's committed checkpoint steps; it is called only for a
-    rollback (listing touches storage, which may be the thing that just failed)."""
+    rollback or while one is in force (listing touches storage, which may be the thing
+    that just failed)."""
     decision = decide(diagnosis, failed_step, history, policy, oom_suggestion=oom_suggestion)
     action = decision.action
     if action is Action.ROLLBACK:
@@ -195,18 +248,32 @@ def next_attempt(
             )
         # Replay the healthy steps after the checkpoint, then skip from the onset's batch on:
         # skipping from the checkpoint instead would train the spike's batches again.
+        overrides = AttemptOverrides(skip_batches=policy.skip_batches, skip_from_step=onset)
+        earlier = history.rollback
+        if earlier is not None and resume <= earlier.from_step:
+            # Back to a checkpoint from before the rollback in force: it skips neither spike.
+            overrides = _covering_window(earlier, overrides)
         return NextAttempt(
             action, decision.reason,
-            f"{action.value} — resume from checkpoint step {resume}, replay to step {onset - 1}, "
-            f"skip {policy.skip_batches} batches from the one step {onset} trained",
-            resume_from=resume,
-            overrides=AttemptOverrides(skip_batches=policy.skip_batches, skip_from_step=onset),
+            f"{action.value} — resume from checkpoint step {resume}, replay to step "
+            f"{overrides.skip_from_step - 1}, skip {overrides.skip_batches} batches from the one step "
+            f"{overrides.skip_from_step} trained; checkpoints after step {resume} are set aside",
+            resume_from=resume, overrides=overrides, set_aside_after=resume,
+            rollback=Rollback(resume, overrides),
         )
+    if action is Action.STOP:
+        return NextAttempt(action, decision.reason, action.value, suggestion=decision.suggestion)
+    rollback = _still_in_force(history.rollback, committed_steps)
+    overrides = rollback.overrides if rollback is not None else AttemptOverrides()
+    text = action.value
     if action is Action.RESTART:
-        return NextAttempt(action, decision.reason, f"{action.value} after {decision.backoff_s:.0f}s backoff",
-                           backoff_s=decision.backoff_s)
-    return NextAttempt(action, decision.reason, action.value, backoff_s=decision.backoff_s,
-                       suggestion=decision.suggestion)
+        text = f"{action.value} after {decision.backoff_s:.0f}s backoff"
+    if rollback is not None:
+        text += (f" — still skipping {overrides.skip_batches} batches from the one step "
+                 f"{overrides.skip_from_step} trained (the rollback to step {rollback.from_step} "
+                 "has committed no checkpoint of its own yet)")
+    return NextAttempt(action, decision.reason, text, backoff_s=decision.backoff_s,
+                       overrides=overrides, rollback=rollback)
 
 
 @dataclass

@@ -33,7 +33,7 @@ from diagnosis.recovery import (
     RecoveryPolicy,
     next_attempt,
 )
-from checkpoint.manifest import committed_checkpoints
+from checkpoint.manifest import committed_checkpoints, set_aside_after
 from scheduler.orchestrator.lease import HeldJob
 from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
@@ -206,7 +206,13 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
                 placement = seat.replace(report.faulty, inventory,
                                          f"failed the node check after attempt {attempt}")
             decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
+        if decided.set_aside_after is not None:
+            # A rollback abandons the spike's timeline: its checkpoints stop counting before
+            # the relaunch, so a later plain restart resumes from the rollback's, not the spike's.
+            set_aside_after(spec.checkpoint, decided.set_aside_after,
+                            f"abandoned by the loss-spike rollback after attempt {attempt}")
         resume_from, overrides = decided.resume_from, decided.overrides
+        history.rollback = decided.rollback  # its skip holds for later attempts until it commits
 
         failure = FailedAttempt.of(attempt, outcome.status, failed_step, diagnosis, decided,
                                    seconds_to_detect=outcome.seconds, detected_at=detected_at,

@@ -212,3 +212,86 @@ def test_process_writer_is_restarted_after_its_child_dies(tmp_path):
         assert engine.wait().committed
         assert engine._writer._proc.pid != child.pid
         assert engine.load().step == 20
+
+
+# --- a storage error while loading is not a damaged checkpoint -----------------------------------
+
+@pytest.mark.parametrize("failing", ["shard", "manifest", "listing"])
+def test_transient_storage_error_at_load_stops_and_keeps_the_checkpoint(tmp_path, monkeypatch, failing):
+    """One read that fails after the storage layer's retries (503 SlowDown, a timeout) says
+    nothing about the step's content: load() raises, nothing is set aside, and the next
+    attempt resumes from the same step."""
+    from checkpoint.engine import CheckpointStorageUnavailable
+    from infra.storage import LocalStorage, StorageUnavailable
+
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="thread", keep_last=5) as engine:
+        engine.save(10, _state(10), blocking=True)
+        engine.save(20, _state(20), blocking=True)
+    key = {"shard": shard_key(20, 0, 1), "manifest": manifest_key(20)}.get(failing)
+    real_get, real_list = LocalStorage.get_bytes, LocalStorage.list
+
+    def get_bytes(self, k):
+        if k == key:
+            raise StorageUnavailable("get_object kept failing for ~120s (503 SlowDown)", self.url(k))
+        return real_get(self, k)
+
+    def listing(self, prefix=""):
+        if failing == "listing":
+            raise StorageUnavailable("list kept failing for ~120s (ReadTimeoutError)", self.url(prefix))
+        return real_list(self, prefix)
+
+    with CheckpointEngine(url, writer="thread") as engine:
+        monkeypatch.setattr(LocalStorage, "get_bytes", get_bytes)
+        monkeypatch.setattr(LocalStorage, "list", listing)
+        with pytest.raises(CheckpointStorageUnavailable, match="Nothing was set aside") as raised:
+            engine.load()
+        monkeypatch.undo()
+    assert "503 SlowDown" in str(raised.value) or "ReadTimeoutError" in str(raised.value)
+    storage = open_storage(url)
+    assert committed_steps(storage) == [10, 20] and read_latest(url).step == 20
+    assert not storage.exists("step-00000020/set-aside.json")
+    with CheckpointEngine(url, writer="thread") as engine:
+        loaded = engine.load()
+    assert loaded.step == 20 and loaded.skipped_steps == []
+    assert torch.equal(loaded.state["model"]["w"], _state(20)["model"]["w"])
+
+
+def test_a_missing_shard_is_still_set_aside(tmp_path):
+    """Content problems (here: a shard gone) still fall back, as before."""
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="thread", keep_last=5) as engine:
+        engine.save(10, _state(10), blocking=True)
+        engine.save(20, _state(20), blocking=True)
+    (tmp_path / "ckpt" / shard_key(20, 0, 1)).unlink()
+    with CheckpointEngine(url, writer="thread") as engine:
+        loaded = engine.load()
+    assert loaded.step == 10 and loaded.skipped_steps == [20]
+    assert committed_steps(open_storage(url)) == [10]
+
+
+# --- set aside: durable, idempotent, undone by a new commit ------------------------------------
+
+def test_a_set_aside_note_counts_even_if_the_manifest_survived(tmp_path):
+    """The note is the durable part (an fsynced write); a local unlink is not fsynced, so a
+    crash may bring the manifest back: the step must still not count, nor be loaded, and
+    retention collects it like any orphan once it is older than the newest commit."""
+    from checkpoint.manifest import set_aside, set_aside_key
+
+    url = str(tmp_path / "ckpt")
+    storage = open_storage(url)
+    with CheckpointEngine(url, writer="thread", keep_last=5) as engine:
+        for step in (10, 20, 30):
+            engine.save(step, _state(step), blocking=True)
+    set_aside(storage, 20, "test")
+    set_aside(storage, 20, "test again")  # idempotent
+    storage.put_bytes(manifest_key(20), storage.get_bytes(manifest_key(30)))  # the unlink "lost"
+    assert committed_steps(storage) == [10, 30]
+    assert apply_retention(storage, keep_last=5).orphaned_steps == [20]
+    assert not storage.list("step-00000020/")
+    set_aside(storage, 30, "test")
+    with CheckpointEngine(url, writer="thread", keep_last=5) as engine:
+        assert engine.load().step == 10
+        engine.save(30, _state(30), blocking=True)  # a new commit of the step clears its note
+        assert not storage.exists(set_aside_key(30))
+        assert committed_steps(storage) == [10, 30] and engine.load().step == 30

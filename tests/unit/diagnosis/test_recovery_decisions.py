@@ -12,6 +12,7 @@ from diagnosis.recovery import (
     FailureRecord,
     RecoveryHistory,
     RecoveryPolicy,
+    Rollback,
     decide,
     next_attempt,
     rollback_step,
@@ -159,3 +160,81 @@ def test_failed_attempt_records_the_diagnosis_and_the_decision():
         2, "failed", 40, "CUDAError", "infrastructure", "rule")
     assert record.action == attempt.text and record.reason == attempt.reason
     assert record.seconds_to_detect == 3.1 and record.relaunched_at is None
+
+
+# --- a rollback outlives its attempt ---------------------------------------------------------------
+
+def test_rollback_sets_aside_the_abandoned_timeline_and_is_recorded():
+    attempt, _ = _next(_diag("LossSpike"), step=11, committed=[2, 4, 6, 8, 10], onset=9, skip_batches=3)
+    assert attempt.resume_from == 8 and attempt.set_aside_after == 8
+    assert attempt.rollback == Rollback(8, AttemptOverrides(skip_batches=3, skip_from_step=9))
+    assert "checkpoints after step 8 are set aside" in attempt.text
+
+
+def _after(rollback: Rollback, diag: Diagnosis, committed, step: int = 9, **policy):
+    history = RecoveryHistory(failures=[FailureRecord(diag.root_cause, step)], restarts=1, rollback=rollback)
+    return next_attempt(diag, step, history, RecoveryPolicy(**policy), committed_steps=lambda: list(committed))
+
+
+ROLLED_BACK = Rollback(8, AttemptOverrides(skip_batches=3, skip_from_step=9))
+
+
+@pytest.mark.parametrize("root", ["CUDAError", "S3StorageError", "Hang", "Unknown"])
+def test_restarts_keep_skipping_until_the_rollback_commits_its_own_checkpoint(root):
+    """The rollback's attempt failed before its first checkpoint: the next attempt resumes from
+    the newest committed (the rollback's, once the spike's timeline is set aside) and must
+    skip the spike's batches again; they live only in the attempts' arguments so far."""
+    attempt = _after(ROLLED_BACK, _diag(root), committed=[2, 4, 6, 8])
+    assert not attempt.stops and attempt.resume_from is None and attempt.set_aside_after is None
+    assert attempt.overrides == ROLLED_BACK.overrides and attempt.rollback == ROLLED_BACK
+    assert "still skipping 3 batches from the one step 9 trained" in attempt.text
+
+
+def test_the_skip_ends_once_the_rollbacks_timeline_has_a_checkpoint():
+    # Step 10 was committed by the rollback's attempt: its trainer state records the skip,
+    # so skipping again would skip 3 more (healthy) batches.
+    attempt = _after(ROLLED_BACK, _diag("CUDAError"), committed=[2, 4, 6, 8, 10], step=11)
+    assert attempt.overrides == AttemptOverrides() and attempt.rollback is None
+
+
+def test_an_unlistable_storage_keeps_the_skip():
+    def broken():
+        raise OSError("S3 list failed")
+
+    history = RecoveryHistory(failures=[FailureRecord("S3StorageError", 9)], rollback=ROLLED_BACK)
+    attempt = next_attempt(_diag("S3StorageError"), 9, history, RecoveryPolicy(), committed_steps=broken)
+    assert attempt.action is Action.RESTART and attempt.overrides == ROLLED_BACK.overrides
+
+
+def test_a_stop_carries_no_skip():
+    attempt = _after(ROLLED_BACK, _diag("KeyError", restart_helps=False), committed=[8])
+    assert attempt.stops and attempt.overrides == AttemptOverrides() and attempt.rollback is None
+
+
+def test_a_second_spike_before_the_rollback_commits_skips_both_spikes_batches():
+    # Rolled back to 8 skipping batches 8-10 (onset 9); the rollback's timeline spikes again at
+    # onset 11 (step counter 10 read batch 13) before committing: back to 8, which holds
+    # neither skip, so one window covers batches 8..15 (both spikes and the 2 between).
+    history = RecoveryHistory(failures=[FailureRecord("LossSpike", 12)], rollback=ROLLED_BACK)
+    attempt = next_attempt(_diag("LossSpike"), 12, history, RecoveryPolicy(skip_batches=3),
+                           committed_steps=lambda: [2, 4, 6, 8], spike_onset_step=11)
+    assert attempt.resume_from == 8
+    assert attempt.overrides == AttemptOverrides(skip_batches=8, skip_from_step=9)
+    # the same onset again (step counter 8 now reads batch 11): batches 8..13
+    again = next_attempt(_diag("LossSpike"), 12, history, RecoveryPolicy(skip_batches=3),
+                         committed_steps=lambda: [2, 4, 6, 8], spike_onset_step=9)
+    assert again.overrides == AttemptOverrides(skip_batches=6, skip_from_step=9)
+    # a spike while replaying the healthy steps before the first onset (onset 8: batch 7):
+    # one window from its batch through the first spike's, batches 7..10
+    early = next_attempt(_diag("LossSpike"), 12, history, RecoveryPolicy(skip_batches=3),
+                         committed_steps=lambda: [2, 4, 6], spike_onset_step=8)
+    assert early.resume_from == 6
+    assert early.overrides == AttemptOverrides(skip_batches=4, skip_from_step=8)
+
+
+def test_a_spike_after_the_rollback_committed_skips_only_its_own_batches():
+    history = RecoveryHistory(failures=[FailureRecord("LossSpike", 15)], rollback=ROLLED_BACK)
+    attempt = next_attempt(_diag("LossSpike"), 15, history, RecoveryPolicy(skip_batches=3),
+                           committed_steps=lambda: [8, 10, 12], spike_onset_step=13)
+    assert attempt.resume_from == 12  # the rollback's own checkpoint: it holds the first skip
+    assert attempt.overrides == AttemptOverrides(skip_batches=3, skip_from_step=13)
