@@ -170,12 +170,24 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
                                   "pp": placement.pp, "gpu_type": placement.gpu_type,
                                   "micro_batch_size": getattr(placement.plan, "micro_batch_size", None)})
         outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
-                              hang_timeout_s, env, progress, launcher, announcer, cluster=inventory)
+                              hang_timeout_s, env, progress, launcher, announcer, cluster=inventory,
+                              stop_when=seat.lease_lost)
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)
         if outcome.ok:
             break
+        if outcome.status == "evicted":
+            # The lease ran out while this flow stalled (its GPUs may run another job by now):
+            # the watcher stopped the ranks, which committed what they could. Not a failure of
+            # the job: wait to be admitted again (the orchestrator re-queued it) and go on from
+            # the newest committed checkpoint, wherever the job is placed.
+            logger.warning("attempt %d evicted at step %d: %s; waiting to be placed again",
+                           attempt, outcome.last_step, outcome.evicted)
+            placement = seat.rejoin()
+            resume_from = None
+            attempt += 1
+            continue
         if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
             result.stopped_because = (f"stopped by request ({outcome.stop.signal}) after step "
                                       f"{outcome.stop.step}; checkpoint {outcome.stop.checkpoint_step} "

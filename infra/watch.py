@@ -15,6 +15,10 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   torchrun turns into a plain non-zero exit: with this attempt's marker present the
   outcome is "stopped" (by request, resumable from `stop.checkpoint_step`), not a failure.
 
+- a reason to stop from outside (`stop_when()`: the job's GPU lease was reclaimed while
+  its flow stalled): the ranks get SIGTERM and `stop_grace_s` to commit the step they
+  are on, and the outcome is "evicted" with that reason — not a failure of the job.
+
 - stragglers: each heartbeat carries the rank's compute time in its last step
   (`compute_s`); a rank whose compute stays above `straggler_factor` x the median of
   the others for `straggler_patience` consecutive samples is reported through
@@ -34,7 +38,7 @@ from typing import Callable, Literal
 from infra.launch import LaunchedJob
 from infra import runfiles
 
-Status = Literal["finished", "failed", "hang", "spike", "stopped"]
+Status = Literal["finished", "failed", "hang", "spike", "stopped", "evicted"]
 
 
 @dataclass
@@ -49,6 +53,7 @@ class AttemptOutcome:
     spike: runfiles.SpikeMarker | None = None  # this attempt's loss-spike marker
     stop: runfiles.StopMarker | None = None  # this attempt's graceful-stop marker
     stragglers: list["Straggler"] = field(default_factory=list)  # reported while it ran
+    evicted: str | None = None  # why the attempt was stopped from outside (`stop_when`)
 
     @property
     def ok(self) -> bool:
@@ -147,6 +152,7 @@ def watch(
     straggler_factor: float = 2.0,
     straggler_patience: int = 3,
     on_straggler: Callable[[Straggler], None] | None = None,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> AttemptOutcome:
     run_dir = Path(run_dir)
     stragglers = StragglerDetector(world_size, straggler_factor, straggler_patience,
@@ -167,6 +173,13 @@ def watch(
             for straggler in stragglers.update(current):
                 if on_straggler:
                     on_straggler(straggler)
+
+        evicted = stop_when() if stop_when is not None else None
+        if evicted:
+            job.terminate(grace_s=stop_grace_s)  # SIGTERM: the ranks commit the step they are on
+            return AttemptOutcome("evicted", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
+                                  stop=runfiles.read_stop_marker(run_dir, since=started_wall),
+                                  stragglers=list(stragglers.reported.values()), evicted=evicted)
 
         failed = [node for node, code in codes.items() if code not in (None, 0)]
         if failed:

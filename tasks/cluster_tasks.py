@@ -227,6 +227,20 @@ class Seat:
         self.held.resume()
         return placement
 
+    def rejoin(self) -> Placement:
+        """After the job's lease was lost (this flow stalled past it; the watcher stopped the
+        ranks): wait until the orchestrator admits the job again (it re-queued it) and hold the
+        new admission. A job lost more often than `max_requeues` failed there: OrchestratorError."""
+        self.held.pause()
+        placement = wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job)
+        self.held.resume()
+        return placement
+
+    def lease_lost(self) -> str | None:
+        """Why the job no longer holds its GPUs, or None (the watcher's `stop_when`)."""
+        lost = self.held.lost
+        return None if lost is None else f"the job's GPU lease was lost: {lost}"
+
     def check_still_fits(self) -> None:
         """Raise OrchestratorError when no plan of the job fits the cluster's schedulable nodes."""
         cluster = self.orchestrator.cluster(self.cluster)

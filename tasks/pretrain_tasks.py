@@ -120,8 +120,10 @@ def run_attempt(
     launcher: str = "local",
     announcer=None,
     cluster: Cluster | None = None,
+    stop_when=None,
 ) -> AttemptOutcome:
-    """Launch one torchrun per node, then watch until done, failure, hang or spike.
+    """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
+    `stop_when()` gives a reason: the job's GPU lease was lost).
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
     event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
@@ -150,7 +152,7 @@ def run_attempt(
 
     try:
         return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
-                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler)
+                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when)
     finally:
         # no-op when already gone; never leave ranks behind. On a cancellation of this flow
         # the ranks get SIGTERM here and commit the current step before the grace runs out.

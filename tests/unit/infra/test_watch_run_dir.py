@@ -191,6 +191,21 @@ def test_a_graceful_stop_is_stopped_not_failed(tmp_path):
     assert outcome.failed_nodes == []  # nothing to diagnose
 
 
+def test_a_lost_lease_stops_the_ranks_and_the_attempt_is_evicted_not_failed(tmp_path):
+    lost: list[str] = []
+
+    def script(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 5:  # the lease thread finds the GPUs reclaimed
+            lost.append("job 7 holds no GPUs under admission 1 any more")
+
+    outcome, job, _ = _watch(tmp_path, script, stop_when=lambda: lost[0] if lost else None)
+    assert outcome.status == "evicted" and not outcome.ok and job.terminated
+    assert outcome.evicted == lost[0] and outcome.last_step == 5 and outcome.failed_nodes == []
+    assert outcome.exit_codes == {"node-a": -15, "node-b": -15}
+
+
 def test_a_stop_marker_left_by_an_earlier_attempt_is_ignored(tmp_path):
     from training.control import write_stop_marker
 
