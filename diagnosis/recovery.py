@@ -276,6 +276,15 @@ def next_attempt(
                        overrides=overrides, rollback=rollback)
 
 
+def after_eviction(history: RecoveryHistory, committed_steps: Callable[[], Sequence[int]]) -> AttemptOverrides:
+    """The overrides of the attempt after an eviction (the job's GPU lease was lost; nothing
+    failed): the rollback in force's skip while its timeline has committed nothing of its own,
+    as after any restart; none once it has (its checkpoints record the skip, and applying a
+    skip again would skip that many more healthy batches). Updates `history.rollback`."""
+    history.rollback = _still_in_force(history.rollback, committed_steps)
+    return history.rollback.overrides if history.rollback is not None else AttemptOverrides()
+
+
 @dataclass
 class FailedAttempt:
     """One failed attempt of a pretrain flow and what was done about it (`PretrainResult.failures`)."""

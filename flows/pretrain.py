@@ -31,9 +31,11 @@ from diagnosis.recovery import (
     FailureRecord,
     RecoveryHistory,
     RecoveryPolicy,
+    after_eviction,
     next_attempt,
 )
-from checkpoint.manifest import committed_checkpoints, set_aside_after
+from checkpoint.manifest import committed_checkpoints
+from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
 from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
@@ -57,6 +59,7 @@ from tasks.pretrain_tasks import (
     preflight_storage,
     run_attempt,
     send_alert,
+    set_aside_abandoned,
     wait,
 )
 from training.config import load_job_spec
@@ -184,8 +187,13 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
             # the newest committed checkpoint, wherever the job is placed.
             logger.warning("attempt %d evicted at step %d: %s; waiting to be placed again",
                            attempt, outcome.last_step, outcome.evicted)
-            placement = seat.rejoin()
+            try:
+                placement = seat.rejoin()
+            except OrchestratorError as e:  # lost too often, or cancelled by an operator meanwhile
+                result.stopped_because = f"evicted after step {outcome.last_step} and not placed again: {e}"
+                break
             resume_from = None
+            overrides = after_eviction(history, lambda: [r.step for r in committed_checkpoints(spec.checkpoint)])
             attempt += 1
             continue
         if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
@@ -221,8 +229,8 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         if decided.set_aside_after is not None:
             # A rollback abandons the spike's timeline: its checkpoints stop counting before
             # the relaunch, so a later plain restart resumes from the rollback's, not the spike's.
-            set_aside_after(spec.checkpoint, decided.set_aside_after,
-                            f"abandoned by the loss-spike rollback after attempt {attempt}")
+            set_aside_abandoned(spec, decided.set_aside_after,
+                                f"abandoned by the loss-spike rollback after attempt {attempt}")
         resume_from, overrides = decided.resume_from, decided.overrides
         history.rollback = decided.rollback  # its skip holds for later attempts until it commits
 

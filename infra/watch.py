@@ -16,8 +16,10 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   outcome is "stopped" (by request, resumable from `stop.checkpoint_step`), not a failure.
 
 - a reason to stop from outside (`stop_when()`: the job's GPU lease was reclaimed while
-  its flow stalled): the ranks get SIGTERM and `stop_grace_s` to commit the step they
-  are on, and the outcome is "evicted" with that reason — not a failure of the job.
+  its flow stalled), checked while every rank runs: the GPUs may already run another job,
+  so the ranks get SIGTERM and only `failure_grace_s` before SIGKILL (the job resumes from
+  its last committed checkpoint), and the outcome is "evicted" with that reason — not a
+  failure of the job.
 
 - stragglers: each heartbeat carries the rank's compute time in its last step
   (`compute_s`); a rank whose compute stays above `straggler_factor` x the median of
@@ -174,13 +176,6 @@ def watch(
                 if on_straggler:
                     on_straggler(straggler)
 
-        evicted = stop_when() if stop_when is not None else None
-        if evicted:
-            job.terminate(grace_s=stop_grace_s)  # SIGTERM: the ranks commit the step they are on
-            return AttemptOutcome("evicted", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
-                                  stop=runfiles.read_stop_marker(run_dir, since=started_wall),
-                                  stragglers=list(stragglers.reported.values()), evicted=evicted)
-
         failed = [node for node, code in codes.items() if code not in (None, 0)]
         if failed:
             # Let the other ranks print their errors — or, when ranks are stopping gracefully
@@ -208,6 +203,17 @@ def watch(
             status: Status = "finished" if finished.exists() and finished.stat().st_mtime >= started_wall else "failed"
             return AttemptOutcome(status, codes, last_step, time.monotonic() - started, job.log_paths(),
                                   stragglers=list(stragglers.reported.values()))
+
+        # Checked only while every rank runs (an exit above is reported as what it is).
+        evicted = stop_when() if stop_when is not None and not any(c is not None for c in codes.values()) \
+            else None
+        if evicted:
+            # The GPUs may already run another job: SIGTERM (a rank that commits within the
+            # failure grace does), then SIGKILL; no waiting out stop_grace_s for a commit.
+            job.terminate(grace_s=failure_grace_s)
+            return AttemptOutcome("evicted", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
+                                  stop=runfiles.read_stop_marker(run_dir, since=started_wall),
+                                  stragglers=list(stragglers.reported.values()), evicted=evicted)
 
         now = time.time()
         stale = []

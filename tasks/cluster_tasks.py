@@ -221,7 +221,7 @@ class Seat:
         flow's HeldJob releases them as failed."""
         cordon_faulty(self.orchestrator, self.cluster, inventory, faulty, f"{why} (job {self.job})")
         self.check_still_fits()
-        self.held.pause()
+        self.held.hand_back()
         self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
         placement = wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job)
         self.held.resume()
@@ -230,8 +230,9 @@ class Seat:
     def rejoin(self) -> Placement:
         """After the job's lease was lost (this flow stalled past it; the watcher stopped the
         ranks): wait until the orchestrator admits the job again (it re-queued it) and hold the
-        new admission. A job lost more often than `max_requeues` failed there: OrchestratorError."""
-        self.held.pause()
+        new admission. A job lost more often than `max_requeues` failed there, and a job an
+        operator cancelled ended: OrchestratorError says which."""
+        self.held.hand_back()
         placement = wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job)
         self.held.resume()
         return placement

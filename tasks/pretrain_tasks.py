@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Callable
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
@@ -106,6 +107,17 @@ def preflight_storage(spec: JobSpec) -> None:
     open_storage(spec.checkpoint.url, storage_options_from_config(spec.checkpoint)).check_writable()
 
 
+@task(name="set-aside-abandoned-checkpoints", cache_policy=NO_CACHE, retries=3, retry_delay_seconds=[5, 15, 45])
+def set_aside_abandoned(spec: JobSpec, after_step: int, why: str) -> list[int]:
+    """A spike rollback's abandoned timeline: the checkpoints committed after `after_step` stop
+    counting (checkpoint.manifest.set_aside_after), so a later plain restart resumes from the
+    rollback's. Retried through a storage blip; one that outlasts the retries fails the run with
+    the storage's error rather than leave the spike's timeline as "the newest checkpoint"."""
+    from checkpoint.manifest import set_aside_after
+
+    return set_aside_after(spec.checkpoint, after_step, why)
+
+
 @task(name="run-attempt", cache_policy=NO_CACHE)
 def run_attempt(
     spec_path: str,
@@ -120,7 +132,7 @@ def run_attempt(
     launcher: str = "local",
     announcer=None,
     cluster: Cluster | None = None,
-    stop_when=None,
+    stop_when: Callable[[], str | None] | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
     `stop_when()` gives a reason: the job's GPU lease was lost).

@@ -31,8 +31,11 @@ records ``skips = skips.skip_from_step(O - 1, K)``: data positions
 the steps between the checkpoint and the onset replay their batches exactly, and
 the onset step trains the first batch after the window. (Without an onset the
 window starts at the resumed step.) Skips are kept as a set of data-position
-ranges (merged), so applying the same rollback twice (a retried restart) changes
-nothing, and rolling back further than an earlier skip keeps that skip. The
+ranges (merged); rolling back further than an earlier skip keeps that skip. A
+retried restart from the same checkpoint starts from the skips that checkpoint
+saved, so it gives the same windows; a skip applied to a checkpoint that already
+records it skips K more batches (the flow sends a rollback's skip only until its
+timeline commits a checkpoint: ``diagnosis.recovery``). The
 worker saves ``skips.to_list()`` with its checkpoint and restores it with
 ``SkippedBatches.from_list``; every step line carries ``batch=`` (the position).
 """

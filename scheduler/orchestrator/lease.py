@@ -68,6 +68,15 @@ class HeldJob:
         if self._thread is not None:
             self._thread.join()
 
+    def hand_back(self) -> None:
+        """Stop renewing before the job is placed again (re-queued after a node check, or
+        waiting for its re-admission after the lease was lost): the job's next admission is
+        this holder's too, so from now until `resume` the exit ends whichever admission the
+        job has (a flow that dies while waiting, or just after it was admitted again, leaves
+        nothing held by nobody)."""
+        self.pause()
+        self.attempt = None
+
     def resume(self, job_id: int | None = None) -> None:
         if job_id is not None:
             self.job_id = job_id

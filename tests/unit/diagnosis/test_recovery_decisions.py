@@ -13,6 +13,7 @@ from diagnosis.recovery import (
     RecoveryHistory,
     RecoveryPolicy,
     Rollback,
+    after_eviction,
     decide,
     next_attempt,
     rollback_step,
@@ -195,6 +196,18 @@ def test_the_skip_ends_once_the_rollbacks_timeline_has_a_checkpoint():
     # so skipping again would skip 3 more (healthy) batches.
     attempt = _after(ROLLED_BACK, _diag("CUDAError"), committed=[2, 4, 6, 8, 10], step=11)
     assert attempt.overrides == AttemptOverrides() and attempt.rollback is None
+
+
+def test_after_an_eviction_the_skip_holds_exactly_as_after_a_restart():
+    """An evicted attempt (its GPU lease was lost) resumes from the newest committed checkpoint:
+    the rollback's skip goes again only while its timeline has committed nothing (a checkpoint
+    of its own records the skip, and skipping twice drops that many healthy batches)."""
+    history = RecoveryHistory(rollback=ROLLED_BACK)
+    assert after_eviction(history, lambda: [2, 4, 6, 8]) == ROLLED_BACK.overrides
+    assert history.rollback == ROLLED_BACK
+    assert after_eviction(history, lambda: [2, 4, 6, 8, 10]) == AttemptOverrides()
+    assert history.rollback is None
+    assert after_eviction(RecoveryHistory(), lambda: [2]) == AttemptOverrides()
 
 
 def test_an_unlistable_storage_keeps_the_skip():

@@ -46,7 +46,7 @@ class ScriptedJob:
         return dict(self.codes)
 
     def terminate(self, grace_s: float = 10.0) -> None:
-        self.terminated = True
+        self.terminated, self.grace_s = True, grace_s
         self.codes = {n: (-15 if c is None else c) for n, c in self.codes.items()}
 
     def log_paths(self) -> dict[str, Path]:
@@ -202,8 +202,33 @@ def test_a_lost_lease_stops_the_ranks_and_the_attempt_is_evicted_not_failed(tmp_
 
     outcome, job, _ = _watch(tmp_path, script, stop_when=lambda: lost[0] if lost else None)
     assert outcome.status == "evicted" and not outcome.ok and job.terminated
+    assert job.grace_s == FAST["failure_grace_s"]  # the GPUs may run another job: no commit wait
     assert outcome.evicted == lost[0] and outcome.last_step == 5 and outcome.failed_nodes == []
     assert outcome.exit_codes == {"node-a": -15, "node-b": -15}
+
+
+def test_an_exit_seen_with_a_lost_lease_is_reported_as_what_it_is(tmp_path):
+    def finished(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 4:
+            _finish(job, 4)
+
+    def failed(job, n):
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
+        if n == 4:
+            job.codes["node-b"] = 1
+
+    def lost_from_poll_4(job_ref):
+        return lambda: "lease lost" if job_ref and job_ref[0].polls >= 4 else None
+
+    for script, status in ((finished, "finished"), (failed, "failed")):
+        ref: list = []
+        job = ScriptedJob(tmp_path, script)
+        ref.append(job)
+        outcome = watch(job, tmp_path, world_size=2, stop_when=lost_from_poll_4(ref), **FAST)
+        assert outcome.status == status and outcome.evicted is None
 
 
 def test_a_stop_marker_left_by_an_earlier_attempt_is_ignored(tmp_path):

@@ -95,6 +95,7 @@ def test_require_idle_fit_says_what_is_needed_what_is_left_and_how_to_fix_it():
 
 def test_require_idle_fit_with_no_node_in_service():
     cluster = parse_cluster(TWO_SMALL)
-    cluster.cordon("node-a"), cluster.cordon("node-b")
+    for node in ("node-a", "node-b"):
+        cluster.cordon(node)
     with pytest.raises(OrchestratorError, match="schedulable nodes hold none; out of service: node-a "):
         require_idle_fit([_option(1)], cluster, job="llama")
