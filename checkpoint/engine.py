@@ -56,6 +56,7 @@ from checkpoint.manifest import (
     shard_key,
     step_dir,
     write_commit,
+    write_latest,
 )
 from checkpoint.shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
 from checkpoint.sharded import GlobalPiece, PieceMismatch, PieceRequest, SavePlan, assign_savers, fill, overlaps
@@ -600,7 +601,7 @@ class CheckpointEngine:
         try:
             if not self.storage.exists(manifest_key(manifest.step)):
                 return
-            write_commit(self.storage, manifest)
+            write_latest(self.storage, manifest)  # the pointer only: the manifest is there already
         except StorageError as e:
             log.warning("checkpoint: could not repoint %s: %s", LATEST_KEY, e)
 

@@ -158,10 +158,11 @@ def write_commit(storage: Storage, manifest: Manifest) -> CommitRecord:
     Locally the manifest's folder fsync makes the note's removal durable with it."""
     storage.delete([set_aside_key(manifest.step)])
     storage.put_bytes(manifest_key(manifest.step), manifest.to_json())
-    return _write_latest(storage, manifest)
+    return write_latest(storage, manifest)
 
 
-def _write_latest(storage: Storage, manifest: Manifest) -> CommitRecord:
+def write_latest(storage: Storage, manifest: Manifest) -> CommitRecord:
+    """Point `latest` at a committed step (the commit's last write; alone, to repoint it)."""
     record = _record(storage, manifest)
     storage.put_bytes(LATEST_KEY, json.dumps(asdict(record), sort_keys=True).encode())
     return record
@@ -207,7 +208,7 @@ def set_aside_after(where: Any, step: int, reason: str, options: StorageOptions 
         if latest is not None and latest.step > step:
             left = committed_steps(storage)
             if left:
-                _write_latest(storage, read_manifest(storage, left[-1]))
+                write_latest(storage, read_manifest(storage, left[-1]))
             else:
                 storage.delete([LATEST_KEY])
         if later:

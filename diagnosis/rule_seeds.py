@@ -83,6 +83,12 @@ SEED_DIAGNOSIS_RULES: tuple[tuple[str, str, str, bool, str, bool], ...] = (
      "The loss became NaN/inf and the framework stopped: lower the learning rate (or warm up longer), check fp16 loss scaling and the batches at that step, then restart from a healthy checkpoint.", False),
     ("hang-event", r"\bevent=hang\b|FORGEFLOW_HANG\b", "Hang", True,
      "Dump stacks (py-spy), kill the job, run the node check on all nodes, restart from the last checkpoint.", False),
+    # forgeflow's checkpoint engine: the storage failed while checkpoints were listed or read at
+    # start-up (any storage: S3, GCS, a file system over NFS); nothing was set aside, so the same
+    # checkpoint loads once the storage answers. The storage class of the vocabulary.
+    ("checkpoint-storage-unavailable", r"\bCheckpointStorageUnavailable\b", "S3StorageError", True,
+     "The checkpoint storage failed while the job read its checkpoint at start-up; nothing was set aside: "
+     "check the storage (endpoint, mount, credentials); a restart after a backoff resumes from the same checkpoint.", False),
     # ------------------------------------------------------------- hardware
     # (nvidia-smi / NVML unable to reach a GPU the node has: "Unable to determine the device handle
     # for GPU 0000:0B:00.0: Unknown Error" or ": GPU is lost", NVML_ERROR_GPU_IS_LOST: the GPU is

@@ -132,6 +132,10 @@ def test_gloo_peer_closed_is_a_symptom_of_the_rank_that_crashed(tmp_path, state)
     (["RuntimeError: unable to write to file </torch_4123_2831>: No space left on device (28)"], ("DataloaderKilled", False)),
     (["ERROR: Unexpected bus error encountered in worker. This might be caused by insufficient shared memory (shm)."],
      ("DataloaderKilled", False)),
+    # forgeflow's checkpoint engine could not read its storage at start-up, on any storage
+    (["[rank0]: checkpoint.engine.CheckpointStorageUnavailable: file:///mnt/nfs/ckpt: checkpoint storage read failed "
+      "while reading checkpoint step 20 (rank 0: StorageError: OSError: [Errno 116] Stale file handle)"],
+     ("S3StorageError", True)),
     # S3: throttling restarts; a refused request (permissions, clock skew) does not
     (["<Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"], ("S3StorageError", True)),
     (["botocore.exceptions.ClientError: An error occurred (SignatureDoesNotMatch) when calling the GetObject operation"],
