@@ -31,6 +31,32 @@ class ConfigFileError(ValueError):
     """A config file is missing, malformed or invalid (the default error class)."""
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.safe_load`, except that a key given twice in one mapping is an error: PyYAML
+    keeps the last one silently, so a node listed twice or a setting repeated further down
+    would change what the file means without a word."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    first_line: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue  # `<<: *defaults` merges: the keys written here override them, as YAML says
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            line = first_line.setdefault(key, key_node.start_mark.line)
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            continue
+        if line != key_node.start_mark.line:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is given twice in one mapping (first at line {line + 1}); keep one",
+                key_node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 FIX_HINTS = {
     "missing": "add it",
     "extra_forbidden": "remove it or check its spelling",
@@ -90,7 +116,7 @@ def load_yaml_mapping(
         chain = " -> ".join(str(p) for p in _seen + (path.resolve(),))
         raise error(f"{path}: 'base:' chain loops back to itself ({chain}); remove one of the 'base:' lines")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # a SafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

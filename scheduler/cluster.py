@@ -322,6 +322,11 @@ def load_cluster(path: str | Path) -> Cluster:
     path = Path(path)
     data = load_yaml_mapping(path, kind="cluster", needs="a 'nodes' list", error=ClusterError,
                              missing_hint="check the path (examples: configs/clusters/)")
+    if "name" not in data:
+        # The orchestrator keeps a cluster's queue, leases and cordons under its name: two
+        # files without one would both register as the default and share (and rewrite) them.
+        raise ClusterError(f"{path}: the inventory names no cluster; add a line `name: {path.stem}` "
+                           "(the orchestrator keeps each cluster's queue, leases and cordons under its name)")
     return parse_cluster(data, source=str(path))
 
 

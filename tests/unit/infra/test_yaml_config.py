@@ -61,6 +61,27 @@ def test_every_kind_reports_yaml_syntax_with_its_line(folder, kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_refuses_a_key_given_twice(folder, kind):
+    """PyYAML keeps the last of two equal keys without a word: a second `nodes:` would drop the
+    first node list, a repeated setting would override the one a reader sees first."""
+    load, error, good, *_ = KINDS[kind]
+    first = good.splitlines()[0]
+    (folder / "twice.yaml").write_text(good + first + "\n")
+    with pytest.raises(error, match=rf"twice.yaml: not valid YAML at line {len(good.splitlines()) + 1}, "
+                                    rf"column 1: key '{first.split(':')[0]}' is given twice in one mapping "
+                                    r"\(first at line 1\); keep one"):
+        load(str(folder / "twice.yaml"))
+
+
+def test_yaml_merge_keys_still_override_what_they_merge(tmp_path):
+    path = tmp_path / "merge.yaml"
+    path.write_text("defaults: &d {gpu_type: A10, gpu_count: 2}\nname: c\nnodes:\n"
+                    "  - {<<: *d, name: a}\n  - {<<: *d, name: b, gpu_count: 4}\n")
+    nodes = load_yaml_mapping(path, kind="cluster inventory", needs="nodes")["nodes"]
+    assert [(n["name"], n["gpu_count"]) for n in nodes] == [("a", 2), ("b", 4)]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_every_kind_derives_from_a_base_file(folder, kind):
     load, *_ = KINDS[kind]
     bases = {
@@ -107,3 +128,11 @@ def test_file_level_problems(tmp_path, text, needle):
     (tmp_path / "me.yaml").write_text(text)
     with pytest.raises(ConfigFileError, match=needle.replace("(", r"\(").replace("[", r"\[")):
         load_yaml_mapping(tmp_path / "me.yaml", kind="thing", needs="x and y")
+
+
+def test_a_cluster_inventory_file_must_name_its_cluster(tmp_path):
+    """The orchestrator keys a cluster's state by its name: a file without one would register as
+    the default name and share the queue and cordons of every other nameless inventory."""
+    (tmp_path / "rack7.yaml").write_text(f"nodes:\n{NODE}")
+    with pytest.raises(ClusterError, match=r"rack7.yaml: the inventory names no cluster; add a line `name: rack7`"):
+        load_cluster(tmp_path / "rack7.yaml")
