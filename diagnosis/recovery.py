@@ -216,6 +216,12 @@ class NextAttempt:
             text += f"; cordoned {list(cordoned)}, re-placed on {list(nodes)}"
         return replace(self, text=text)
 
+    def cannot_place(self, summary: str, cordoned: Sequence[str], why: str) -> "NextAttempt":
+        """A stop instead: the node check cordoned `cordoned` and no plan of the job fits the
+        nodes left in service (`why`: the orchestrator's refusal, which says how to fix it)."""
+        return NextAttempt(Action.STOP, why, f"{Action.STOP.value} — node check: {summary}; cordoned "
+                           f"{list(cordoned)}; no plan of the job fits the nodes left", suggestion=why)
+
 
 def next_attempt(
     diagnosis: Diagnosis,

@@ -222,10 +222,13 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         #    places the job again on healthy ones.
         if decided.checks_nodes:
             report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory)
-            if report.faulty:  # cordoned for every flow; placed again on healthy nodes
-                placement = seat.replace(report.faulty, inventory,
-                                         f"failed the node check after attempt {attempt}")
-            decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
+            try:
+                if report.faulty:  # cordoned for every flow; placed again on healthy nodes
+                    placement = seat.replace(report.faulty, inventory,
+                                             f"failed the node check after attempt {attempt}")
+                decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
+            except OrchestratorError as e:  # no plan fits the nodes left (or the job was cancelled)
+                decided = decided.cannot_place(report.summary(), report.faulty, str(e))
         if decided.set_aside_after is not None:
             # A rollback abandons the spike's timeline: its checkpoints stop counting before
             # the relaunch, so a later plain restart resumes from the rollback's, not the spike's.

@@ -112,7 +112,7 @@ def _refuse_if_held(conn: Connection, cluster: str, leaving: sa.ColumnElement[bo
         f"cannot register this inventory of cluster {cluster!r}: jobs hold GPUs it removes; "
         + "; ".join(parts)
         + f". Drain the node(s) (`forgeflow cluster drain NODE --cluster {cluster}` for {nodes_text}) and wait "
-        "for those jobs to finish, or cancel them, then register again"
+        "for those jobs to finish (or cancel their flow runs), then register again"
     )
 
 

@@ -24,14 +24,14 @@ from training.config import load_job_spec
 
 CLUSTER = {"name": "lease-lost", "nodes": [{"name": "solo", "gpu_type": "cpu", "gpu_count": 1,
                                             "gpu_memory_gib": 4, "peak_tflops": 0.05, "address": "127.0.0.1"}]}
-LEASE_S, GRACE_S, STALL_AFTER = 2.0, 1.0, 2
+LEASE_S, GRACE_S, STALL_AFTER, STEPS = 2.0, 1.0, 2, 16
 
 
 def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again(prefect_api, make_job,
                                                                                  tmp_path, monkeypatch):
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text(yaml.safe_dump(CLUSTER, sort_keys=False))
-    job = make_job("lease-lost", checkpoint={"interval": 2})
+    job = make_job("lease-lost", training={"steps": STEPS, "lr_decay_steps": STEPS}, checkpoint={"interval": 2})
     trained = after_step(load_job_spec(job).resolved_run_dir, STALL_AFTER)
     monkeypatch.setattr(cluster_tasks, "FLOW_LEASE_S", LEASE_S)
     monkeypatch.setattr(cluster_tasks, "FLOW_GRACE_S", GRACE_S)
@@ -56,7 +56,7 @@ def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again
     assert stalls and stalls[0]["attempt"] == 1, stalls
     reclaimed = stalls[0]["pass"]
     assert reclaimed.expired_jobs and reclaimed.expired_jobs == reclaimed.admitted, reclaimed
-    assert result.finished and result.final_step == 40, result
+    assert result.finished and result.final_step == STEPS, result
     assert result.failures == [], result.failures  # evicted is not a failure: nothing was diagnosed
     assert len(result.placements) == 2 and result.placements[1]["nodes"] == ["solo"], result.placements
     orch = cluster_tasks.cluster_orchestrator()

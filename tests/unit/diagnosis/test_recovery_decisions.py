@@ -251,3 +251,12 @@ def test_a_spike_after_the_rollback_committed_skips_only_its_own_batches():
                            committed_steps=lambda: [8, 10, 12], spike_onset_step=13)
     assert attempt.resume_from == 12  # the rollback's own checkpoint: it holds the first skip
     assert attempt.overrides == AttemptOverrides(skip_batches=3, skip_from_step=13)
+
+
+def test_a_node_check_that_leaves_no_room_for_the_job_becomes_a_stop_with_the_fix():
+    restart = _after(None, _diag("NodeFailure"), committed=[8])
+    assert restart.checks_nodes
+    why = "job 'j' cannot be placed on cluster 'c' any more ... `forgeflow cluster uncordon NODE --cluster c`"
+    stop = restart.cannot_place("node-b failed", ["node-b"], why)
+    assert stop.stops and stop.reason == why and stop.suggestion == why
+    assert "cordoned ['node-b']" in stop.text and "no plan of the job fits the nodes left" in stop.text
