@@ -160,7 +160,23 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
     resume_from: int | None = None  # None: the newest committed checkpoint
     overrides = AttemptOverrides()
     attempt = 0
+    outcome = None
     while True:
+        if seat.lease_lost():
+            # The lease ran out while this flow stalled (the watcher stopped the attempt's ranks,
+            # or it ran out between attempts): its GPUs may run another job by now, so nothing is
+            # launched there. Not a failure of the job: wait to be admitted again (the
+            # orchestrator re-queued it) and go on from the newest committed checkpoint,
+            # wherever the job is placed.
+            logger.warning("%s; waiting to be placed again", seat.lease_lost())
+            try:
+                placement = seat.rejoin()
+            except OrchestratorError as e:  # lost too often, or cancelled by an operator meanwhile
+                result.stopped_because = (f"lost its GPUs after step {result.final_step} and was not "
+                                          f"placed again: {e}")
+                break
+            resume_from = None
+            overrides = after_eviction(history, lambda: [r.step for r in committed_checkpoints(spec.checkpoint)])
         env = {"FORGEFLOW_FAULT": drills[attempt]} if attempt < len(drills) and drills[attempt] else {}
         # A drill fires once per flow run: its "fired" record in the run directory carries this
         # run's id, so a new flow run of the same job drills again instead of skipping silently.
@@ -180,20 +196,8 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
         result.final_step = max(result.final_step, outcome.last_step)
         if outcome.ok:
             break
-        if outcome.status == "evicted":
-            # The lease ran out while this flow stalled (its GPUs may run another job by now):
-            # the watcher stopped the ranks, which committed what they could. Not a failure of
-            # the job: wait to be admitted again (the orchestrator re-queued it) and go on from
-            # the newest committed checkpoint, wherever the job is placed.
-            logger.warning("attempt %d evicted at step %d: %s; waiting to be placed again",
-                           attempt, outcome.last_step, outcome.evicted)
-            try:
-                placement = seat.rejoin()
-            except OrchestratorError as e:  # lost too often, or cancelled by an operator meanwhile
-                result.stopped_because = f"evicted after step {outcome.last_step} and not placed again: {e}"
-                break
-            resume_from = None
-            overrides = after_eviction(history, lambda: [r.step for r in committed_checkpoints(spec.checkpoint)])
+        if outcome.status == "evicted":  # the lease was lost: the ranks are stopped (see the loop's top)
+            logger.warning("attempt %d evicted at step %d", attempt, outcome.last_step)
             attempt += 1
             continue
         if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
@@ -253,7 +257,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
 
     # 8. Report: loss curve, completion (or the reason it stopped).
     loss_curve(spec, [f"{f.root_cause}: {f.action.split(' — ')[0]}" for f in result.failures])
-    if outcome.ok:
+    if outcome is not None and outcome.ok:
         result.finished = True
         title = f"{spec.name} finished: step {result.final_step} after {result.attempts} attempt(s)"
         recovered = len(result.failures)
@@ -262,7 +266,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
             "checkpoints": spec.checkpoint.url,
         }))
     else:
-        severity = "warning" if outcome.status == "stopped" else "error"
+        severity = "warning" if outcome is not None and outcome.status == "stopped" else "error"
         send_alert(notifier, Alert(f"{spec.name} stopped: {result.stopped_because}", severity,
                                    {"attempts": str(result.attempts), "last step": str(result.final_step)}))
     return result

@@ -217,8 +217,8 @@ class Seat:
         """Cordon the faulty nodes, give the GPUs back and wait to be placed on healthy ones.
 
         When none of the job's plans fits the nodes still in service (even with no other job
-        running), it fails here instead of waiting forever: the job keeps its GPUs, and the
-        flow's HeldJob releases them as failed."""
+        running), OrchestratorError says so here instead of waiting forever: the job keeps its
+        GPUs until the flow stops (a stop decision) and its HeldJob releases them as failed."""
         cordon_faulty(self.orchestrator, self.cluster, inventory, faulty, f"{why} (job {self.job})")
         self.check_still_fits()
         self.held.hand_back()
