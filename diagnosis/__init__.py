@@ -6,6 +6,7 @@
     filter_seeds   routine-line rules every job family starts with
     compressed     what compression produces: kept entries and stats
     filters        filter rules per job family and the streaming log compressor
+    native/        the compressor's C line pass (pure-Python scan when it is not built)
     rule_seeds     seeded diagnosis rules, in match order
     rules          the rule library (learned rules persisted) and root-cause choice
     state          where diagnosis keeps what it learns

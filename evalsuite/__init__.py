@@ -1,7 +1,8 @@
 """forgeflow: evalsuite — decoupled checkpoint evaluation (Acme's trial coordinator).
 
     datasets.py     registry of datasets (HumanEval, perplexity, JSONL tasks from YAML), prompt cache
-    backends.py     inference backends (transformers, vLLM) writing one JSONL schema (records.py)
+    backends.py     inference backends (transformers, vLLM) writing one JSONL schema
+    records.py      that schema: JSONL records per shard, a completion record written last
     trials.py       a trial: one model load, inference over shards; resumable; in a thread or its own
                     process that sees only its slot's devices (CUDA_VISIBLE_DEVICES, pinned cores)
     preload.py      precursor job: checkpoint from storage into /dev/shm once per node
@@ -10,8 +11,11 @@
     history.py      runtime history (per dataset, backend, model size) for predictions
     coordinator.py  decompose (split/batch), assign (LPT over slots): the plan
     executor.py     the one loop that runs a plan, records runtime history; pluggable submitters
+    node_session.py a node's part of a multi-node evaluation: one long-lived session serving its trials
     slurm_trials.py the Slurm submitter: one sbatch job per trial, watched, scancelled on interrupt
-    runner.py       the whole pipeline in one call; suite.py: suite YAML; reporting.py: results/plots
+    runner.py       the whole pipeline in one call
+    suite.py        suite YAML
+    reporting.py    results beside the checkpoint, score history across checkpoints, trend chart
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
     checkpoints.py  from "a checkpoint" (HF folder, committed training checkpoint, URL) to a model folder
     errors.py       typed errors (EvalConfigError is a config error: one line, exit 2)

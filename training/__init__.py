@@ -5,6 +5,7 @@
     corpus / data     which documents, tokenizer training, packed token files (`forgeflow prepare`)
     sampler           deterministic batches from a packed token file
     model             megatron-core GPTModel (Llama-style), pipeline stages, DDP wrapper, optimizer
+    attention         core attention: megatron's unfused kernel or torch's fused SDPA
     megatron_compat   CPU patches for megatron-core 0.16.1 (applied only without CUDA)
     schedule          learning-rate schedule
     spike             loss-spike detection and its marker

@@ -4,13 +4,17 @@ Parses every library module's imports (no import is executed) and fails on:
 - a cycle between files (two modules that import each other, directly or around a loop),
 - a cycle between top-level packages,
 - an import of a package from a lower layer (the layers below),
-- a Prefect import outside flows/ and tasks/.
+- a Prefect import outside flows/ and tasks/,
+- a package whose `__init__.py` module list (one line per module, indented four spaces:
+  `name  what it holds`; `a / b` lists two; a subpackage may be written `name/`) misses one
+  of its modules or names one that is not there.
 Lazy imports inside functions count: a cycle hidden in a function is still a cycle.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -134,6 +138,44 @@ def test_prefect_is_imported_only_by_flows_and_tasks():
                        and any(i == "prefect" or i.startswith("prefect.") or i.startswith("prefect_")
                                for i in _imports(name, path)))
     assert offenders == []
+
+
+# a module-list entry: four spaces, then a name (or "a / b"), then a space or the end of the line
+_LIST_ENTRY = re.compile(r" {4}([A-Za-z_]\w*(?:\.py|/)?(?: / [A-Za-z_]\w*(?:\.py|/)?)*)(?: |$)")
+
+
+def _listed_modules(docstring: str) -> set[str]:
+    listed = set()
+    for line in docstring.splitlines():
+        entry = _LIST_ENTRY.match(line)
+        if entry:
+            listed.update(name.removesuffix(".py").rstrip("/") for name in entry.group(1).split(" / "))
+    return listed
+
+
+def _package_modules(package: Path) -> set[str]:
+    """The modules and subpackages (any folder holding Python files) of one package folder."""
+    return ({p.stem for p in package.glob("*.py") if p.stem != "__init__"}
+            | {p.name for p in package.iterdir() if p.is_dir() and any(p.rglob("*.py"))})
+
+
+def test_every_package_lists_its_modules():
+    wrong = []
+    for pkg in LAYERS:
+        for init in sorted((ROOT / pkg).rglob("__init__.py")):
+            docstring = ast.get_docstring(ast.parse(init.read_text()), clean=False) or ""
+            listed, present = _listed_modules(docstring), _package_modules(init.parent)
+            where = init.relative_to(ROOT)
+            wrong += [f"{where}: add a line for {name}" for name in sorted(present - listed)]
+            wrong += [f"{where}: lists {name}, which is not there" for name in sorted(listed - present)]
+    assert wrong == [], "each package's __init__ docstring lists its modules one per line:\n" + "\n".join(wrong)
+
+
+def test_the_checker_reads_a_module_list():
+    docstring = ("pkg — what it is.\n\n    alpha     the first\n              continued, not an entry\n"
+                 "    beta.py the second\n    gamma / delta  two at once\n    sub/      a subpackage\n"
+                 "An aside that mentions omega.\n")
+    assert _listed_modules(docstring) == {"alpha", "beta", "gamma", "delta", "sub"}
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import():
