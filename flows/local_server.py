@@ -70,7 +70,7 @@ class LocalPrefectServer:
     """`prefect server start` on 127.0.0.1 with its own home and database, plus workers."""
 
     def __init__(self, home: Path, repo_root: Path, port: int | None = None, database_url: str | None = None,
-                 startup_timeout_s: float = 180.0):
+                 startup_timeout_s: float = 180.0, settings: dict[str, str] | None = None):
         self.home = Path(home)
         self.repo_root = Path(repo_root)
         self.url = f"http://127.0.0.1:{port or free_port()}/api"
@@ -80,6 +80,7 @@ class LocalPrefectServer:
                         PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_WORKER_QUERY_SECONDS="1",
                         PREFECT_WORKER_PREFETCH_SECONDS="5", PREFECT_RUNNER_HEARTBEAT_FREQUENCY="30",
                         PREFECT_LOGGING_LEVEL="WARNING", FORGEFLOW_ROOT=str(self.repo_root))
+        self.env.update(settings or {})  # Prefect settings for the server and its workers
         self.logs = self.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         port_arg = self.url.rsplit(":", 1)[1].split("/", 1)[0]

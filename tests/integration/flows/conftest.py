@@ -101,7 +101,13 @@ class PrefectServer(LocalPrefectServer):
     e.g. postgresql+asyncpg://...), plus workers: flows.local_server's, as the benchmarks use it."""
 
     def __init__(self, home: Path, port: int, repo_root: Path, database_url: str | None = None):
-        super().__init__(home, repo_root, port=port, database_url=database_url)
+        super().__init__(home, repo_root, port=port, database_url=database_url,
+                         settings=SCHEDULER_SETTINGS)
+
+
+# The scheduler service creates the runs of scheduled deployments (every 60 s by default);
+# test_prefect_schedules.py waits for it, so it runs every 5 s on the test servers.
+SCHEDULER_SETTINGS = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}
 
 
 _shared_server: PrefectServer | None = None
