@@ -66,7 +66,6 @@ from infra.storage import (
     StorageError,
     StorageOptions,
     open_storage,
-    storage_options_from_config,
 )
 
 log = logging.getLogger(__name__)
@@ -250,20 +249,6 @@ class CheckpointEngine:
         self._lock = threading.Lock()
         self.reports: list[PersistReport] = []
         self.outcomes: list[SaveOutcome] = []
-
-    # ----------------------------------------------------------------- construction
-
-    @classmethod
-    def from_job_spec(cls, spec: Any, *, rank: int = 0, world_size: int = 1, **kwargs: Any
-                      ) -> "CheckpointEngine":
-        cfg = spec.checkpoint
-        tp = spec.training.tensor_parallel
-        pp = spec.training.pipeline_parallel
-        kwargs.setdefault("storage_options", storage_options_from_config(cfg))
-        return cls(cfg.url, rank=rank, world_size=world_size,
-                   layout={"dp": world_size // (tp * pp), "tp": tp, "pp": pp},
-                   config_hash=spec.config_hash(), keep_last=cfg.keep_last, on_busy=cfg.on_busy,
-                   async_save=cfg.async_save, **kwargs)
 
     # ----------------------------------------------------------------- saving
 

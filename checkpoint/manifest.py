@@ -117,12 +117,6 @@ class Manifest:
         raw["shards"] = [ShardRecord(**s) for s in raw["shards"]]
         return cls(**raw)
 
-    def shard_for(self, rank: int) -> ShardRecord:
-        for shard in self.shards:
-            if shard.rank == rank:
-                return shard
-        raise KeyError(f"manifest of step {self.step} has no shard for rank {rank}")
-
 
 @dataclass(frozen=True)
 class CommitRecord:

@@ -188,14 +188,6 @@ class FilterRuleSet:
             self.save()
         return rule
 
-    def remove_rule(self, name: str, persist: bool = True) -> None:
-        kept = [r for r in self.rules if not (r.name == name and r.source != "seed")]
-        if len(kept) == len(self.rules):
-            raise KeyError(f"no learned rule named {name!r} in {self.job_family!r}")
-        self.rules = kept
-        if persist and self.state_path is not None:
-            self.save()
-
 
 # Lines every filter must leave alone: one per error keyword family plus typical stacks.
 ERROR_PROBES: tuple[str, ...] = (

@@ -212,15 +212,6 @@ class DiagnosisLibrary:
         self.learned.insert(0, rule)  # newest first: it was learned because others missed
         return rule
 
-    def remove_rule(self, name: str, persist: bool = True) -> None:
-        if persist and self.store is not None:
-            self.learned = _validated(self.store.remove(name), self.store.url)
-            return
-        kept = [r for r in self.learned if r.name != name]
-        if len(kept) == len(self.learned):
-            raise KeyError(f"no learned diagnosis rule named {name!r}")
-        self.learned = kept
-
 
 def _validated(raw_rules: list[dict], where: str) -> list[DiagnosisRule]:
     learned = []
@@ -269,10 +260,6 @@ class RuleOutcome:
     symptoms_only: bool = False
     unexplained: list[LogEntry] = field(default_factory=list)
     generic_only: bool = False
-
-    @property
-    def symptom_lines(self) -> list[str]:
-        return [m.entry.render() for m in self.matches]
 
 
 def match_entries(compressed: CompressedLog, library: DiagnosisLibrary) -> list[RuleMatch]:

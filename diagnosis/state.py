@@ -155,12 +155,3 @@ class LearnedRuleStore:
             raw = make_rule(self.count(conn))
             self._insert(conn, raw)
             return raw, self.rows(conn)
-
-    def remove(self, name: str) -> list[dict]:
-        import sqlalchemy as sa
-        from infra.statedb.schema import diagnosis_rules as table
-
-        with self.transaction() as conn:
-            if not conn.execute(sa.delete(table).where(table.c.name == name)).rowcount:
-                raise KeyError(f"no learned diagnosis rule named {name!r}")
-            return self.rows(conn)

@@ -337,11 +337,6 @@ class Storage:
         Path(path).write_bytes(data)
         return len(data)
 
-    def delete_prefix(self, prefix: str) -> int:
-        keys = [o.key for o in self.list(prefix)]
-        self.delete(keys)
-        return len(keys)
-
     def close(self) -> None:
         pass
 

@@ -54,10 +54,6 @@ class DistEnv:
     pp_rank: int = 0
     pp_size: int = 1
 
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp_size - 1
-
 
 def default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"

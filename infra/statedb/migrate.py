@@ -31,10 +31,6 @@ def alembic_config() -> Config:
     return cfg
 
 
-def head_revision() -> str:
-    return ScriptDirectory.from_config(alembic_config()).get_current_head()
-
-
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()

@@ -41,9 +41,6 @@ class StageMapping:
     contention: float
     enumerated: int  # label sequences scored
 
-    def gpu_of_stage(self, stage: int) -> int:
-        return self.gpus[stage % len(self.gpus)]
-
 
 def _shared(rc: tuple[int, ...], sizes: Counter, a: int, b: int) -> int:
     return sizes[rc[a]] if rc[a] == rc[b] else 0

@@ -90,10 +90,6 @@ class Partition:
     def stage_sizes(self) -> list[int]:
         return [b - a for a, b in self.stages]
 
-    def gpu_of_stage(self, s: int) -> int:
-        """Pipeline position of stage s (a GPU through the cross mapping)."""
-        return s % self.num_gpus
-
     def to_dict(self) -> dict:
         return {
             "num_stages": self.num_stages,

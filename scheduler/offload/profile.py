@@ -21,7 +21,7 @@ root complex of every GPU (cluster.Node.pcie_root_complex).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from training.config import ModelConfig
 
@@ -75,9 +75,6 @@ class OffloadHardware:
 
         sharing = max(Counter(self.root_complex or (0,) * self.num_gpus).values())
         return min(self.h2d_bytes_per_s, self.root_complex_bytes_per_s / sharing)
-
-    def with_memory(self, gpu_memory_bytes: int) -> "OffloadHardware":
-        return replace(self, gpu_memory_bytes=int(gpu_memory_bytes))
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,3 @@ def load_cluster(conn: Connection, name: str, *, generation: int | None = None, 
 def live_jobs_on(conn: Connection, cluster: str, node: str) -> list[int]:
     return sorted({j for (j,) in conn.execute(sa.select(allocations.c.job_id).where(
         allocations.c.cluster == cluster, allocations.c.node == node, allocations.c.released_at.is_(None)))})
-
-
-def job_exists(conn: Connection, job_id: int) -> bool:
-    return conn.execute(sa.select(jobs.c.id).where(jobs.c.id == job_id)).first() is not None

@@ -165,10 +165,6 @@ def options_to_json(options: dict[str, list[Option]]) -> dict[str, list[dict[str
     return {policy: [o.to_dict() for o in options.get(policy, [])] for policy in POLICIES}
 
 
-def options_from_json(data: dict[str, list[dict[str, Any]]], policy: str) -> list[Option]:
-    return [Option.from_dict(o) for o in data.get(policy, [])]
-
-
 def placement_from_dict(data: dict[str, Any]) -> Placement:
     """The inverse of `Placement.to_dict()` (without the plan object)."""
     return Placement(

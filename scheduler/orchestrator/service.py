@@ -177,10 +177,6 @@ class _View:
         self.queue.insert(at, job)
         self.key_of[key[2]] = key
 
-    def state_of(self, job_id: int) -> str | None:
-        """queued / running as this view knows it; None for a job it does not hold (ended, or unknown)."""
-        return "running" if job_id in self.running else "queued" if job_id in self.key_of else None
-
     def unqueue(self, job_id: int) -> None:
         key = self.key_of.pop(job_id, None)
         if key is not None:
