@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from diagnosis.llm import ChatLLM, LLMConfig, LLMUnavailable, MalformedReply, parse_json_reply
 from diagnosis.memory import (
@@ -41,7 +41,7 @@ from diagnosis.memory import (
 )
 from diagnosis.proposals import Rejection, diagnosis_rule_problem, generalise_line
 from diagnosis.signals import line_facts
-from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, kind_of
+from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, RootCause, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -94,19 +94,12 @@ class DiagnosisReply(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    root_cause: str
+    root_cause: RootCause
     kind: str
     restart_helps: StrictBool
     culprit_lines: list[str] = Field(default_factory=list, max_length=50)
     mitigation: str = ""
     confidence: float | None = Field(default=None, ge=0, le=1)
-
-    @field_validator("root_cause")
-    @classmethod
-    def _known_cause(cls, value: str) -> str:
-        if value not in ROOT_CAUSES:
-            raise ValueError(f"{value!r} is not in the vocabulary")
-        return value
 
     @model_validator(mode="after")
     def _kind_matches(self) -> "DiagnosisReply":

@@ -41,13 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from diagnosis.engine import RegexError, compile_linear, is_catch_all, validate_regex
 from diagnosis.compressed import CompressedLog, LogEntry
 from diagnosis.rule_seeds import SEED_DIAGNOSIS_RULES
 from diagnosis.state import LearnedRuleStore
-from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis, Kind, VocabularyError, kind_of
+from diagnosis.vocabulary import Diagnosis, Kind, RootCause, VocabularyError, kind_of
 
 RuleSource = Literal["seed", "agent", "user"]
 
@@ -72,20 +72,13 @@ class DiagnosisRule(BaseModel):
 
     name: str
     pattern: str
-    root_cause: str
+    root_cause: RootCause
     restart_helps: bool
     mitigation: str = ""
     symptom: bool = False
     confidence: float = Field(default=0.9, ge=0.0, le=1.0)
     source: RuleSource = "user"
     added_at: float = Field(default_factory=time.time)
-
-    @field_validator("root_cause")
-    @classmethod
-    def _known_root_cause(cls, value: str) -> str:
-        if value not in ROOT_CAUSES:
-            raise ValueError(f"unknown root_cause {value!r}; use one of: {', '.join(ROOT_CAUSES)}")
-        return value
 
     @property
     def kind(self) -> Kind:

@@ -8,7 +8,9 @@ three training-level outcomes forgeflow adds (LossSpike, Hang, Unknown).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator
 
 Kind = Literal["infrastructure", "framework", "script", "training", "unknown"]
 # "person": a diagnosis a person confirmed or corrected (`forgeflow diagnose --confirm`)
@@ -73,6 +75,17 @@ def kind_of(root_cause: str) -> Kind:
         raise VocabularyError(
             f"unknown root_cause {root_cause!r}; use one of: {', '.join(ROOT_CAUSES)}"
         ) from None
+
+
+def known_root_cause(root_cause: str) -> str:
+    """``root_cause`` itself when the vocabulary has it; VocabularyError naming the causes
+    there are when not. The check behind ``RootCause``."""
+    kind_of(root_cause)
+    return root_cause
+
+
+# A root_cause field of a pydantic model (a rule, an agent's reply): checked by known_root_cause.
+RootCause = Annotated[str, AfterValidator(known_root_cause)]
 
 
 @dataclass

@@ -116,3 +116,16 @@ def test_retrieval_vote_prefers_the_much_closer_failure_over_a_crowd():
 def test_retrieval_key_drops_counts_prefixes_and_numbers():
     key = make_key(["[x8 ranks 0-7] [rank3]:KeyError: 'layer_17'", "[rank1]:KeyError: 'layer_9'", "other line 5"])
     assert key.splitlines() == ["KeyError: 'layer_#'", "other line #"]
+
+
+def test_a_rule_and_an_agent_reply_refuse_an_unknown_cause_alike():
+    # one check (vocabulary.RootCause) behind both models: the same message names the causes there are
+    from pydantic import ValidationError
+
+    from diagnosis.rules import DiagnosisRule
+
+    with pytest.raises(ValidationError, match="unknown root_cause 'Meltdown'; use one of: NVLinkError") as rule:
+        DiagnosisRule(name="r", pattern="x", root_cause="Meltdown", restart_helps=False)
+    with pytest.raises(ValidationError, match="unknown root_cause 'Meltdown'; use one of: NVLinkError") as reply:
+        DiagnosisReply(root_cause="Meltdown", kind="infrastructure", restart_helps=True)
+    assert rule.value.errors()[0]["msg"] == reply.value.errors()[0]["msg"]
