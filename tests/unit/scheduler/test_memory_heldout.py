@@ -42,6 +42,19 @@ def test_heldout_set_is_frozen_and_covers_what_calibration_did_not(bench):
     assert not calibration & {c.id for c in cases}
 
 
+def test_fresh_heldout_set_is_frozen_and_uses_only_new_shapes(bench):
+    # Written down before the issue-26 estimator change; editing it now would make it a tuning set.
+    assert _fingerprint(bench.FRESH_HELDOUT_CASES) == "b78182ef3c50e9e6"
+    fresh = bench.FRESH_HELDOUT_CASES
+    earlier = bench.grid(quick=False) + bench.BF16_CASES + bench.HELDOUT_CASES + bench.FRENZY_CASES
+    for key in ("hidden_size", "seq_length"):
+        assert not {c.model[key] for c in fresh} & {c.model[key] for c in earlier}, key
+    assert not ({c.micro for c in fresh} - {1}) & {c.micro for c in earlier}
+    assert {(c.precision, c.recompute) for c in fresh if c.precision != "fp32"} >= {
+        ("bf16", "none"), ("bf16", "selective"), ("bf16", "full"), ("fp16", "none"), ("fp16", "selective")}
+    assert any(c.tp > 1 for c in fresh) and any(c.dp > 1 for c in fresh)
+
+
 def test_frenzy_cases_hold_frenzys_assumptions(bench):
     from scheduler.memory import frenzy_estimate, frenzy_parameters
 
