@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -71,9 +70,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     test.set_defaults(func=_cmd_rules_test)
 
 
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
-    return 2
+def _fail(args: argparse.Namespace, message: str) -> int:
+    from infra.yaml_config import report_error
+
+    return report_error(message, bool(getattr(args, "json", False)))
 
 
 def _default_agent(state_dir, job_family):
@@ -91,13 +91,13 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
     from diagnosis.vocabulary import kind_of
 
     if args.confirm is None and (args.restart_helps or args.mitigation is not None):
-        return _fail("--restart-helps and --mitigation go with --confirm (forgeflow diagnose LOG --confirm ROOT_CAUSE "
+        return _fail(args, "--restart-helps and --mitigation go with --confirm (forgeflow diagnose LOG --confirm ROOT_CAUSE "
                      "--restart-helps yes|no)")
     if args.confirm:
         try:
             kind_of(args.confirm)  # before the work: a typo is one line, not a diagnosis then an error
         except ValueError as exc:
-            return _fail(f"--confirm {args.confirm}: {exc}")
+            return _fail(args, f"--confirm {args.confirm}: {exc}")
     agent = None if args.no_agent else _default_agent(args.state_dir, args.job_family)
     try:
         diagnosis = diagnose_log(
@@ -105,7 +105,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             hang_suspected=args.hang, spike_suspected=args.spike, engine=args.engine or DEFAULT_ENGINE,
         )
     except (FileNotFoundError, IsADirectoryError, PermissionError, ValueError, RegexError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     remembered = None
     if args.confirm is not None:
         restart = None if args.restart_helps is None else args.restart_helps == "yes"
@@ -115,7 +115,7 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
 
             failure_id = remember_failure(args.logfile, confirmed, job_family=args.job_family, state_dir=args.state_dir)
         except (ValueError, RuntimeError) as exc:
-            return _fail(str(exc))
+            return _fail(args, str(exc))
         remembered = {"failure_id": failure_id, **confirmed.to_dict()}
     if args.json:
         print(json.dumps({**diagnosis.to_dict(), **({"confirmed": remembered} if remembered else {})}, indent=2))
@@ -152,7 +152,7 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
             rules = [r.model_dump() for r in DiagnosisLibrary.load(args.state_dir).rules]
     except ValueError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     if args.learned:
         rules = [r for r in rules if r["source"] != "seed"]
     if args.json:
@@ -179,7 +179,7 @@ def _cmd_rules_add(args: argparse.Namespace) -> int:
             from diagnosis.rules import DiagnosisLibrary
 
             if not args.root_cause or args.restart_helps is None:
-                return _fail("a diagnosis rule needs --root-cause and --restart-helps yes|no")
+                return _fail(args, "a diagnosis rule needs --root-cause and --restart-helps yes|no")
             library = DiagnosisLibrary.load(args.state_dir)
             rule = library.add_rule(
                 args.pattern, args.root_cause, args.restart_helps == "yes",
@@ -187,7 +187,7 @@ def _cmd_rules_add(args: argparse.Namespace) -> int:
             )
             print(f"added diagnosis rule {rule.name!r} -> {rule.root_cause}")
     except (RegexError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     return 0
 
 
@@ -200,7 +200,7 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     try:
         compressed, rules, library = compress_log(args.logfile, args.job_family, args.state_dir)
     except (FileNotFoundError, IsADirectoryError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     stats = compressed.stats
     print(f"{stats.lines_in} lines, {stats.bytes_in} bytes -> {len(compressed.entries)} entries "
           f"({stats.lines_signal} signal lines, {stats.lines_uncovered} uncovered), ratio {compressed.ratio:.0f}x")
@@ -212,7 +212,7 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     try:
         regex = compile_linear(args.pattern)
     except RegexError as exc:
-        return _fail(str(exc))
+        return _fail(args, str(exc))
     hits = [e for e in compressed.entries if regex.search(e.text)]
     errors = [e for e in hits if e.signal or has_error_keyword(e.text)]
     print(f"pattern matches {len(hits)} kept entries, {len(errors)} of them carry an error signal")

@@ -73,12 +73,9 @@ def _run_eval(args: argparse.Namespace) -> int:
     except EvalConfigError:
         raise  # forgeflow's main: one line naming what is wrong, exit 2
     except EvalError as e:
-        from infra.yaml_config import one_line
+        from infra.yaml_config import report_error
 
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"error": str(e), "exit_code": 2}))
-        return 2
+        return report_error(e, args.json)
     if args.json:
         payload = json.loads((output / "results.json").read_text())
         print(json.dumps({**payload, "results_path": str(output / "results.json")}))

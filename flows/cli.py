@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 
 # Modules that contribute subcommands, in the order `--help` lists them.
@@ -55,27 +54,12 @@ _CONFIG_ERRORS = (
     ("diagnosis.llm", "LLMConfigError"),         # FORGEFLOW_LLM_* / OPENAI_* settings
 )
 
-EXIT_CONFIG_ERROR = 2
-
-
 def is_config_error(exc: BaseException) -> bool:
     for module, name in _CONFIG_ERRORS:
         cls = getattr(sys.modules.get(module), name, None)
         if cls is not None and isinstance(exc, cls):
             return True
     return False
-
-
-def report_config_error(exc: BaseException, as_json: bool) -> int:
-    """One line on stderr (the message names the field and the fix); with --json also
-    `{"error": ..., "exit_code": 2}` on stdout, so a script always reads one JSON object."""
-    from infra.yaml_config import one_line
-
-    message = one_line(exc)
-    print(f"error: {message}", file=sys.stderr)
-    if as_json:
-        print(json.dumps({"error": message, "exit_code": EXIT_CONFIG_ERROR}))
-    return EXIT_CONFIG_ERROR
 
 
 def temporary_server_defaults(environ=None) -> None:
@@ -104,7 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if not is_config_error(exc):
             raise
-        return report_config_error(exc, bool(getattr(args, "json", False)))
+        from infra.yaml_config import report_error  # the message names the field and the fix
+
+        return report_error(exc, bool(getattr(args, "json", False)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ import sys
 from datetime import timedelta
 from pathlib import Path
 
+from infra.yaml_config import report_error
+
 ROOT = Path(__file__).resolve().parent.parent
 AUTOMATION_NAME = "forgeflow: pretrain crashed or silent"
 HEARTBEAT_SILENCE_S = 120  # three missed heartbeats at a 30 s frequency
@@ -182,10 +184,7 @@ def deploy_all(cluster: str = "local", pool: str = "forgeflow", pool_type: str =
     if not os.environ.get("PREFECT_API_URL"):
         message = ("PREFECT_API_URL is not set: start a server (`prefect server start`) and point PREFECT_API_URL "
                    "at it (e.g. http://127.0.0.1:4200/api); deployments need a server to live on")
-        print(f"error: {message}", file=sys.stderr)
-        if as_json:
-            print(json.dumps({"error": message, "exit_code": 2}))
-        return 2
+        return report_error(message, as_json)
     try:
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
             ensure_work_pool(pool, pool_type)
@@ -197,10 +196,7 @@ def deploy_all(cluster: str = "local", pool: str = "forgeflow", pool_type: str =
                   f"every GPU node `prefect worker start --pool {pool} --work-queue NODE_NAME` (with "
                   "PREFECT_RUNNER_HEARTBEAT_FREQUENCY=30 so the automation sees heartbeats)")
     except DeployError as e:
-        print(f"error: {e}", file=sys.stderr)
-        if as_json:
-            print(json.dumps({"error": str(e), "exit_code": 2}))
-        return 2
+        return report_error(e, as_json)
     if as_json:
         print(json.dumps({
             "pool": pool, "pool_type": pool_type, "deployments": deployment_names(),

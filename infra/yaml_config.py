@@ -9,7 +9,8 @@ with `load_yaml_mapping` and checked with `validate`, so each of them
   (`did you mean 'model'?` for a misspelt key), never a traceback from inside.
 
 Each kind raises its own error class (the `error` argument), so its callers catch
-what they already know. This module sits in the lowest layer (infra) so that every
+what they already know. `report_error` is how every command prints the error it stops
+on (a bad config or any other): one line on stderr, and with --json one JSON object. This module sits in the lowest layer (infra) so that every
 package may use it.
 """
 
@@ -174,6 +175,22 @@ def one_line(exc: BaseException) -> str:
     if not lines:
         return repr(exc)
     return lines[0] + (": " + " | ".join(lines[1:]) if len(lines) > 1 else "")
+
+
+def report_error(error: BaseException | str, as_json: bool = False, exit_code: int = 2, **fields: Any) -> int:
+    """Print the error a command stops on and return its exit code (2: the input is wrong).
+
+    One line on stderr, `error: ...` (an exception through `one_line`); with `as_json` (the
+    command's --json) also one object on stdout, `{"error": ..., "exit_code": ...}` plus
+    `fields` (the planner's alternatives, say), so a script always reads one JSON object."""
+    import json
+    import sys
+
+    message = error if isinstance(error, str) else one_line(error)
+    print(f"error: {message}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"error": message, "exit_code": exit_code, **fields}))
+    return exit_code
 
 
 def _where(loc: tuple, data: Any) -> str:

@@ -95,17 +95,13 @@ def _plan_command(args: argparse.Namespace) -> int:
         )
         plans = plan_job(job, cluster, config)
     except InfeasibleJobError as e:
-        if args.json:
-            print(json.dumps({"job": args.job, "error": str(e), "alternatives": e.alternatives}, indent=2))
-        else:
-            print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        from infra.yaml_config import report_error
+
+        return report_error(e, args.json, job=args.job, alternatives=e.alternatives)
     except (ConfigError, ClusterError, ValueError) as e:
-        if args.json:
-            print(json.dumps({"job": args.job, "error": str(e)}, indent=2))
-        else:
-            print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        from infra.yaml_config import report_error
+
+        return report_error(e, args.json, job=args.job)
 
     placement = place_plans(plans, cluster, job=job.name)
     chosen = placement.plan if placement is not None else plans[0]
@@ -233,8 +229,9 @@ def _simulate_command(args: argparse.Namespace) -> int:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         results = simulate(cluster, jobs, policies)
     except (ClusterError, TraceError, SimulationError, ValueError) as e:
-        print(f"error: {_one_line(e)}", file=sys.stderr)
-        return 2
+        from infra.yaml_config import report_error
+
+        return report_error(e, args.json)
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,8 +261,3 @@ def _simulate_command(args: argparse.Namespace) -> int:
     print(f"JCT CDF: {png}")
     return 0
 
-
-def _one_line(exc: BaseException) -> str:
-    from infra.yaml_config import one_line  # imported on error only: --help stays fast
-
-    return one_line(exc)

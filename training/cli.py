@@ -49,8 +49,9 @@ def _load_spec(args: argparse.Namespace):
 
 
 def _missing(module: str, what: str) -> int:
-    print(f"error: {what} is not available in this build ({module} is missing)", file=sys.stderr)
-    return 2
+    from infra.yaml_config import report_error
+
+    return report_error(f"{what} is not available in this build ({module} is missing)")
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
@@ -111,9 +112,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     model_parallel = spec.training.tensor_parallel * spec.training.pipeline_parallel
     nproc = args.nproc or default_nproc(model_parallel)
     if nproc % model_parallel:
-        print(f"error: --nproc {nproc} is not a multiple of training.tensor_parallel x "
-              f"pipeline_parallel = {model_parallel}", file=sys.stderr)
-        return 2
+        from infra.yaml_config import report_error
+
+        return report_error(f"--nproc {nproc} is not a multiple of training.tensor_parallel x "
+                            f"pipeline_parallel = {model_parallel}", args.json)
     cmd = torchrun_command(args.config, nproc, args.set, args.resume_from_step)
     print(f"run dir: {spec.resolved_run_dir}  (logs/, heartbeat/, markers/)", flush=True,
           file=sys.stderr if args.json else sys.stdout)
@@ -142,12 +144,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         out = export_hf(args.checkpoint_dir, args.out_dir, spec, dtype=args.dtype)
     except ExportError as e:
-        from infra.yaml_config import one_line
+        from infra.yaml_config import report_error
 
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        if args.json:
-            print(json.dumps({"error": str(e), "exit_code": 2}))
-        return 2
+        return report_error(e, args.json)
     if args.json:
         print(json.dumps({"job": spec.name, "checkpoint": args.checkpoint_dir, "out_dir": str(out),
                           "dtype": args.dtype, "files": sorted(p.name for p in out.iterdir())}))

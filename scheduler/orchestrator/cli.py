@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from typing import Any, Callable
 
@@ -75,14 +74,10 @@ def _guard(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.N
         try:
             return int(command(args) or 0)
         except (ConfigError, StateDbError) as e:  # ClusterError, OrchestratorError, InfeasibleJobError are ConfigErrors
-            if args.json:
-                out: dict[str, Any] = {"error": str(e)}
-                if getattr(e, "alternatives", None):
-                    out["alternatives"] = e.alternatives
-                print(json.dumps(out, indent=2))
-            else:
-                print(f"error: {_one_line(e)}", file=sys.stderr)
-            return 2
+            from infra.yaml_config import report_error  # imported on error only: --help stays fast
+
+            alternatives = getattr(e, "alternatives", None)
+            return report_error(e, args.json, **({"alternatives": alternatives} if alternatives else {}))
 
     return run
 
@@ -251,8 +246,3 @@ def _submit(args: argparse.Namespace) -> int:
         print(f"job {job_id} ({spec.name}) queued: position {position} of {length}")
     return 0
 
-
-def _one_line(exc: BaseException) -> str:
-    from infra.yaml_config import one_line  # imported on error only: --help stays fast
-
-    return one_line(exc)

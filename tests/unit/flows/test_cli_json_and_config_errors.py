@@ -44,7 +44,7 @@ def test_a_bad_job_spec_is_one_line_naming_the_field_and_the_fix(command, bad_sp
     assert "did you mean 'num_layers'" in err[0]
 
 
-@pytest.mark.parametrize("command", ["prepare", "train", "export", "pretrain", "eval"])
+@pytest.mark.parametrize("command", ["prepare", "train", "export", "pretrain", "eval", "plan"])
 def test_json_errors_are_one_object_on_stdout(command, bad_spec, tmp_path, capsys):
     assert main(_argvs(bad_spec, tmp_path)[command] + ["--json"]) == 2
     out = json.loads(capsys.readouterr().out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from evalsuite.datasets import register_task_file
 from evalsuite.errors import EvalConfigError
 from evalsuite.suite import load_suite
-from infra.yaml_config import ConfigFileError, load_yaml_mapping, merge
+from infra.yaml_config import ConfigFileError, load_yaml_mapping, merge, report_error
 from scheduler.cluster import ClusterError, load_cluster
 from training.config import ConfigError, load_job_spec
 
@@ -136,3 +137,17 @@ def test_a_cluster_inventory_file_must_name_its_cluster(tmp_path):
     (tmp_path / "rack7.yaml").write_text(f"nodes:\n{NODE}")
     with pytest.raises(ClusterError, match=r"rack7.yaml: the inventory names no cluster; add a line `name: rack7`"):
         load_cluster(tmp_path / "rack7.yaml")
+
+
+def test_every_command_reports_an_error_one_way(capsys):
+    err = ConfigFileError("job.yaml: invalid job spec (2 problem(s))\n  - model.layers: unknown field; fix: num_layers\n"
+                          "  - steps: must be > 0")
+    assert report_error(err) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ("error: job.yaml: invalid job spec (2 problem(s)): model.layers: unknown field; "
+                                         "fix: num_layers | steps: must be > 0\n")
+    assert report_error("--nproc 3 is not a multiple of 2", as_json=True, job="j", alternatives=["more GPUs"]) == 2
+    out = capsys.readouterr()
+    assert out.err.splitlines() == ["error: --nproc 3 is not a multiple of 2"]
+    assert json.loads(out.out) == {"error": "--nproc 3 is not a multiple of 2", "exit_code": 2, "job": "j",
+                                   "alternatives": ["more GPUs"]}
