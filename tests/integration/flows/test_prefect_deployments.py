@@ -137,6 +137,57 @@ def test_deploy_creates_pool_deployments_cluster_and_automation(deployed, capsys
     assert texts and "pretrain flow run needs attention" in texts[0] and str(run.id) in texts[0], texts
 
 
+def test_a_scheduled_deployment_gets_its_runs_created_and_run(deployed_once):
+    """The catch-up evaluation, deployed with its schedule from prefect.yaml: the server's
+    scheduler service creates its runs and a worker runs them, with no traceback in the
+    server's log. (With SQLAlchemy 2.1 under prefect 3.8.8 the scheduler failed on every loop,
+    "Can't evaluate bulk DML statement", and a schedule never produced a run.)"""
+    from datetime import timedelta
+
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.variables import Variable
+
+    from tasks.eval_tasks import EVAL_JOBS_VARIABLE
+
+    server = deployed_once
+    server_log = server.logs / "server.log"
+    log_start = server_log.stat().st_size
+    # No job registered for evaluation: the runs are the real catch-up flow, with nothing to evaluate.
+    registered = Variable.get(EVAL_JOBS_VARIABLE, default=None)
+    Variable.unset(EVAL_JOBS_VARIABLE)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("evaluate-catch-up/catch-up")
+        (schedule,) = client.read_deployment_schedules(deployment.id)
+        assert schedule.active and schedule.schedule.interval == timedelta(minutes=15)  # as deployed
+        # Every 5 s instead of every 15 minutes, so that runs come due while the test waits.
+        client.update_deployment_schedule(deployment.id, schedule.id,
+                                          schedule=IntervalSchedule(interval=timedelta(seconds=5)))
+        server.start_worker(POOL, "default")
+        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        try:
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                runs = [r for r in client.read_flow_runs(deployment_filter=only_this) if r.auto_scheduled]
+                if len(runs) >= 2 and any(r.state and r.state.is_completed() for r in runs):
+                    break
+                time.sleep(2)
+        finally:
+            client.update_deployment_schedule(deployment.id, schedule.id, schedule=schedule.schedule)
+            server.stop_workers()
+            for run in client.read_flow_runs(deployment_filter=only_this):
+                if run.state and not run.state.is_final():  # nothing of this test left for later workers
+                    client.delete_flow_run(run.id)
+            if registered is not None:
+                Variable.set(EVAL_JOBS_VARIABLE, registered, overwrite=True)
+    states = sorted(r.state.type.value for r in runs if r.state)
+    assert len(runs) >= 2, f"the scheduler created {len(runs)} run(s) of the scheduled deployment"
+    assert "COMPLETED" in states, f"no scheduled run completed: {states}"
+    logged = server_log.read_bytes()[log_start:].decode(errors="replace")
+    assert "Traceback" not in logged, logged[logged.index("Traceback"):][:3000]
+
+
 def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed_once, make_job, two_node_cluster):
     deployed = deployed_once
     from prefect import get_client
