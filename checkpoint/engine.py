@@ -1,11 +1,20 @@
 """Asynchronous checkpoint engine: snapshot to host memory, persist in the background.
 
 At a checkpoint step every rank calls `CheckpointEngine.save(step, state)`. The call
-copies the rank's state into reused host buffers (`checkpoint_shard.take_snapshot`)
+copies the rank's state into reused host buffers (`checkpoint.shard.take_snapshot`)
 and returns; training continues while a background writer (a child process by
 default, or a thread) serialises the shard and uploads it. When every rank's shard
 is persisted, rank 0 writes the step's manifest — the commit point — then the
-`latest` pointer, then applies retention (see `checkpoint_manifest`).
+`latest` pointer, then applies retention (see `checkpoint.manifest`).
+
+With `save(..., overlap=True)` even the copy leaves the loop: save() lays the shard
+out and returns, the persist thread copies the tensors into the host buffers while
+the next step's forward and backward run, and the loop calls `wait_snapshot()`
+before its next optimizer step (the only thing that changes parameters and
+optimizer state), blocking only if the copy has not finished by then. The shard
+holds exactly the state of the saved step; nothing is uploaded before the copy
+has ended, and a copy that fails (or a rank that dies while copying) leaves the
+step without a manifest, i.e. not a checkpoint.
 
 Rules the engine keeps:
 - at most one persist in flight per rank; a checkpoint step that finds the previous
@@ -58,9 +67,9 @@ from checkpoint.manifest import (
     write_commit,
     write_latest,
 )
-from checkpoint.shard import HostBuffers, ShardFormatError, read_shard, take_snapshot
+from checkpoint.shard import HostBuffers, ShardFormatError, SnapshotCopyError, read_shard, take_snapshot
 from checkpoint.sharded import GlobalPiece, PieceMismatch, PieceRequest, SavePlan, assign_savers, fill, overlaps
-from checkpoint.writer import ProcessWriter, ThreadWriter, checksum_bytes
+from checkpoint.writer import ProcessWriter, ThreadWriter, checksum_bytes, lower_thread_priority
 from infra.storage import (
     ObjectNotFound,
     StorageError,
@@ -101,9 +110,16 @@ class SaveOutcome:
     started: bool
     skipped: bool = False
     wait_s: float = 0.0  # blocked on the previous persist (on_busy="wait")
-    snapshot_s: float = 0.0  # copying state into host buffers
+    snapshot_s: float = 0.0  # copying state into host buffers inside save() (0 with overlap)
     stall_s: float = 0.0  # everything save() blocked for
     bytes: int = 0
+    overlap: bool = False  # the copy runs in the background (save(overlap=True))
+    copy_wait_s: float = 0.0  # with overlap: what wait_snapshot() later blocked for
+
+    @property
+    def total_stall_s(self) -> float:
+        """What this checkpoint cost the loop: save() plus the wait before the next update."""
+        return self.stall_s + self.copy_wait_s
 
 
 @dataclass
@@ -245,6 +261,7 @@ class CheckpointEngine:
             self._control_group = dist.new_group(backend="gloo", timeout=timeout)
         self._inflight: threading.Thread | None = None
         self._inflight_step: int | None = None
+        self._copying: tuple[Any, SaveOutcome] | None = None  # (snapshot, outcome) with overlap
         self._loaded_step: int | None = None
         self._lock = threading.Lock()
         self.reports: list[PersistReport] = []
@@ -257,12 +274,15 @@ class CheckpointEngine:
         return self._inflight is not None and self._inflight.is_alive()
 
     def save(self, step: int, state: Any, *, pieces: list[GlobalPiece] | None = None,
-             common: Any = None, blocking: bool | None = None) -> SaveOutcome:
+             common: Any = None, blocking: bool | None = None, overlap: bool = False) -> SaveOutcome:
         """Snapshot `step` and persist it (in the background unless blocking).
 
         `state`: this rank's local state; `pieces`: its global pieces (every rank passes
         all it holds; replicas are saved once, see checkpoint.sharded); `common`: state
         every rank shares, taken from rank 0. Every rank calls this together.
+        `overlap` (async saves only): copy the tensors in the background too; the caller
+        must call `wait_snapshot()` before it next changes any of them in place. Plain
+        objects and `common` are serialised here, so they may change right away.
         """
         start = time.perf_counter()
         busy = self.busy
@@ -290,21 +310,45 @@ class CheckpointEngine:
         shard_state = {"local": state, "pieces": [
             {"key": p.key, "global_shape": tuple(p.global_shape), "global_offset": tuple(p.global_offset),
              "data": p.data, "object": p.is_object} for p in saved]}
-        snapshot = take_snapshot(step, shard_state, self._buffers)
+        blocking = (not self.async_save) if blocking is None else blocking
+        overlap = overlap and not blocking
+        snapshot = take_snapshot(step, shard_state, self._buffers, defer_copy=overlap)
         snapshot.extra["pieces"] = [p.descriptor() for p in saved]
         snapshot.extra["common"] = _pack_common(common) if self.rank == 0 else ""
-        blocking = (not self.async_save) if blocking is None else blocking
+        outcome = SaveOutcome(step, started=True, wait_s=wait_s, overlap=overlap,
+                              bytes=snapshot.nbytes)
         if blocking:
             self._persist(snapshot)
         else:
             self._inflight_step = step
-            self._inflight = threading.Thread(target=self._persist, args=(snapshot,),
+            self._copying = (snapshot, outcome) if overlap else None
+            self._inflight = threading.Thread(target=self._persist_in_background, args=(snapshot,),
                                               name=f"ckpt-persist-{step}", daemon=True)
             self._inflight.start()
-        outcome = SaveOutcome(step, started=True, wait_s=wait_s, snapshot_s=snapshot.copy_s,
-                              stall_s=time.perf_counter() - start, bytes=snapshot.nbytes)
+        outcome.snapshot_s = 0.0 if overlap else snapshot.copy_s
+        outcome.stall_s = time.perf_counter() - start
         self.outcomes.append(outcome)
         return outcome
+
+    @property
+    def copying(self) -> bool:
+        """An overlapped host copy is still running (wait_snapshot() would block)."""
+        return self._copying is not None and not self._copying[0].copied
+
+    def wait_snapshot(self) -> float:
+        """Block until the overlapped host copy of the last save (if any) has ended; seconds.
+
+        The training loop calls this right before its optimizer step (and before anything
+        else that changes parameters or optimizer state in place); it returns at once when
+        the copy finished during the forward and backward. What it blocked for is added
+        to that save's `SaveOutcome.copy_wait_s`."""
+        if self._copying is None:
+            return 0.0
+        snapshot, outcome = self._copying
+        self._copying = None
+        waited = snapshot.wait_copied()
+        outcome.copy_wait_s += waited
+        return waited
 
     def _save_plan(self, pieces: list[GlobalPiece]) -> SavePlan:
         """Which pieces this rank saves; gathered once per layout (the pieces do not change)."""
@@ -328,11 +372,20 @@ class CheckpointEngine:
             self._inflight.join()
         return self.reports[-1] if self.reports else None
 
+    def _persist_in_background(self, snapshot: Any) -> None:
+        try:
+            snapshot.copy()  # overlap: at the trainer's priority, since the next update waits for it
+        except SnapshotCopyError:
+            pass  # _persist reports it: the step is not committed
+        lower_thread_priority()  # the upload (and the thread writer's part threads) yield to training
+        self._persist(snapshot)
+
     def _persist(self, snapshot: Any) -> None:
         step = snapshot.step
         start = time.perf_counter()
         mine: dict[str, Any] = {"rank": self.rank}
         try:
+            snapshot.copy()  # a failed or unfinished copy raises: nothing half-copied is written
             written = self._writer.write(snapshot, shard_key(step, self.rank, self.world_size))
             mine.update(ok=True, key=written.key, size=written.size, checksum=written.checksum,
                         pieces=snapshot.extra["pieces"], common=snapshot.extra["common"])
@@ -597,6 +650,7 @@ class CheckpointEngine:
         if self._inflight is not None:
             self._inflight.join()
             self._inflight = None
+        self._copying = None
         self._writer.close()
         self._buffers.close()
         self.storage.close()

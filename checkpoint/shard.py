@@ -6,7 +6,14 @@ small "skeleton" (the structure with each tensor replaced by a reference). The
 tensors are copied into `HostBuffers`: one flat host buffer per dtype, sized on
 first use and reused by every later checkpoint, so host memory does not grow and
 the copy is one pass of memcpy-speed copies (pinned memory on a GPU node, so the
-device-to-host copies run asynchronously at full PCIe speed).
+device-to-host copies run asynchronously at full PCIe speed, on a side stream).
+
+The copy can be deferred (`take_snapshot(..., defer_copy=True)`): the snapshot is
+laid out (skeleton, header) at once and `Snapshot.copy()` fills the buffers later,
+from the engine's persist thread, while the next step's forward and backward run.
+Parameters and optimizer state change only at the optimizer step, so the copy is
+still the state of the snapshot's step as long as the caller waits for it
+(`Snapshot.wait_copied()`) before that step changes them.
 
 Shard file (all integers little-endian):
 
@@ -22,6 +29,8 @@ from __future__ import annotations
 import json
 import pickle
 import struct
+import threading
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -173,9 +182,13 @@ class HostBuffers:
             self._release(name)
 
 
+class SnapshotCopyError(RuntimeError):
+    """The tensors could not be copied into host memory; the snapshot holds no usable state."""
+
+
 @dataclass
 class Snapshot:
-    """A state copied into host buffers, laid out as one shard file; ready to persist."""
+    """A state laid out as one shard file in host buffers; ready to persist once copied."""
 
     step: int
     header: bytes  # magic + length + JSON header + pad
@@ -183,15 +196,60 @@ class Snapshot:
     skeleton: bytes
     buffers: HostBuffers
     tensor_bytes: int = 0
-    copy_s: float = 0.0
+    layout_s: float = 0.0  # splitting the state, pickling the skeleton, the header
+    copy_s: float = 0.0  # the tensor copies (in the background when deferred)
     extra: dict[str, Any] = field(default_factory=dict)
+    # (host destination, source) pairs still to copy; empty once copy() has run
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list, repr=False)
+    # on a GPU: recorded on the caller's stream at snapshot time, after the optimizer step
+    state_ready: Any = field(default=None, repr=False)
+    _copied: threading.Event = field(default_factory=threading.Event, repr=False)
+    _copy_error: BaseException | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
         return len(self.header) + sum(n + p for _, n, p in self.regions) + len(self.skeleton)
 
+    @property
+    def copied(self) -> bool:
+        return self._copied.is_set()
+
+    def copy(self) -> None:
+        """Copy the pending tensors into the host buffers; returns once all are in host memory.
+
+        Runs once (later calls return at once). A failure leaves the snapshot unusable:
+        it is raised here and by `wait_copied()`, and the source references are dropped
+        either way so the caller's tensors are not kept alive by a checkpoint."""
+        if self._copied.is_set():
+            self._check_copied()
+            return
+        start = time.perf_counter()
+        pending, self.pending = self.pending, []
+        try:
+            _copy_to_host(pending, self.state_ready)
+        except BaseException as e:
+            self._copy_error = e  # the buffers are half filled: never persist them
+            if not isinstance(e, Exception):
+                raise
+            raise SnapshotCopyError(self._failure()) from e
+        finally:
+            del pending
+            self.copy_s += time.perf_counter() - start
+            self._copied.set()
+
+    def wait_copied(self, timeout: float | None = None) -> float:
+        """Block until `copy()` has ended (in whichever thread runs it); seconds blocked.
+
+        Call before changing any tensor the snapshot was taken from. A failed copy is
+        not raised here: the persist reports it and the step is simply not committed."""
+        start = time.perf_counter()
+        if not self._copied.wait(timeout):
+            raise TimeoutError(f"the host copy of step {self.step} did not end in {timeout}s")
+        return time.perf_counter() - start
+
     def chunks(self) -> list[memoryview | bytes]:
         """The shard's bytes in order, as views of the host buffers (no copy)."""
+        self._check_copied()
         out: list[memoryview | bytes] = [self.header]
         for name, nbytes, pad in self.regions:
             if nbytes:
@@ -203,6 +261,7 @@ class Snapshot:
 
     def pieces(self) -> list[dict[str, Any]]:
         """The same sequence for a writer process: inline bytes or shared-memory spans."""
+        self._check_copied()
         out: list[dict[str, Any]] = [{"inline": self.header}]
         for name, nbytes, pad in self.regions:
             if nbytes:
@@ -212,15 +271,45 @@ class Snapshot:
         out.append({"inline": self.skeleton})
         return out
 
+    def _check_copied(self) -> None:
+        # The one guard against persisting half-filled buffers: no bytes leave before the copy.
+        if not self._copied.is_set():
+            raise SnapshotCopyError(f"step {self.step}: the host copy has not run; call copy() first")
+        if self._copy_error is not None:
+            raise SnapshotCopyError(self._failure()) from self._copy_error
 
-def take_snapshot(step: int, state: Any, buffers: HostBuffers) -> Snapshot:
-    """Copy `state`'s tensors into `buffers` and describe the shard they form.
+    def _failure(self) -> str:
+        return (f"step {self.step}: host copy failed: {type(self._copy_error).__name__}: "
+                f"{self._copy_error}")
 
-    Returns once every tensor is in host memory (device copies are synchronised), so
-    the caller may modify its state as soon as this returns.
+
+def _copy_to_host(pairs: list[tuple[torch.Tensor, torch.Tensor]], state_ready: Any) -> None:
+    """dst.copy_(src) for each pair. Device tensors go on a side stream that first waits for
+    `state_ready` (the optimizer step's kernels), so the caller's stream keeps running."""
+    on_device = [(d, s) for d, s in pairs if s.device.type == "cuda"]
+    for dst, src in pairs:
+        if src.device.type != "cuda":
+            dst.copy_(src)  # releases the GIL: the training thread keeps running
+    if on_device:
+        device = on_device[0][1].device  # a rank's state lives on its one device
+        with torch.cuda.device(device):  # this may be a background thread: name the device
+            stream = torch.cuda.Stream(device=device)
+            if state_ready is not None:
+                stream.wait_event(state_ready)
+            with torch.cuda.stream(stream):
+                for dst, src in on_device:
+                    dst.copy_(src, non_blocking=True)  # pinned destination: asynchronous
+            stream.synchronize()
+
+
+def take_snapshot(step: int, state: Any, buffers: HostBuffers, *, defer_copy: bool = False) -> Snapshot:
+    """Lay out `state` as a shard in `buffers` and copy its tensors there.
+
+    Returns once every tensor is in host memory, so the caller may modify its state as
+    soon as this returns; with `defer_copy` it returns before copying (the caller runs
+    `snapshot.copy()`, e.g. in a background thread, and must not change the tensors
+    until `snapshot.wait_copied()` returns).
     """
-    import time
-
     start = time.perf_counter()
     skeleton, tensors = split_state(state)
     entries: list[dict[str, Any]] = []
@@ -233,16 +322,16 @@ def take_snapshot(step: int, state: Any, buffers: HostBuffers) -> Snapshot:
                         "nbytes": nbytes})
         used[name] = offset + nbytes
     buffers.ensure(used)
-    on_device = False
+    pending: list[tuple[torch.Tensor, torch.Tensor]] = []
     for t, entry in zip(tensors, entries):
         if entry["nbytes"] == 0:
             continue
         dst = buffers.typed(entry["dtype"], (entry["offset"] + entry["nbytes"]) // t.element_size())
-        dst = dst[entry["offset"] // t.element_size():].view(t.shape)
-        on_device |= t.device.type != "cpu"
-        dst.copy_(t, non_blocking=t.device.type != "cpu")
-    if on_device and torch.cuda.is_available():
-        torch.cuda.synchronize()
+        pending.append((dst[entry["offset"] // t.element_size():].view(t.shape), t))
+    state_ready = None
+    if any(t.device.type == "cuda" for _, t in pending):
+        state_ready = torch.cuda.Event()
+        state_ready.record()  # on the caller's stream: after the step's update kernels
     skeleton_bytes = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
 
     regions: list[tuple[str, int, int]] = []
@@ -263,9 +352,13 @@ def take_snapshot(step: int, state: Any, buffers: HostBuffers) -> Snapshot:
     }, separators=(",", ":")).encode()
     prefix = SHARD_MAGIC + struct.pack("<Q", len(header_json)) + header_json
     header = prefix + bytes(_pad(len(prefix)))
-    return Snapshot(step=step, header=header, regions=regions, skeleton=skeleton_bytes,
-                    buffers=buffers, tensor_bytes=sum(used.values()),
-                    copy_s=time.perf_counter() - start)
+    snapshot = Snapshot(step=step, header=header, regions=regions, skeleton=skeleton_bytes,
+                        buffers=buffers, tensor_bytes=sum(used.values()), pending=pending,
+                        state_ready=state_ready)
+    snapshot.layout_s = time.perf_counter() - start
+    if not defer_copy:
+        snapshot.copy()
+    return snapshot
 
 
 def read_shard(data: bytes | bytearray | memoryview, map_location: str | torch.device = "cpu") -> tuple[

@@ -11,8 +11,11 @@ Two implementations behind one `write(snapshot, key) -> ShardWritten`:
   them, and the training process's interpreter is left alone. The child dies with
   its parent (PR_SET_PDEATHSIG), so a killed rank never leaves an uploader behind.
 
-benchmarks/checkpoint_overhead.py measures both; the engine defaults to the one
-that slows training less (the process writer on this machine).
+Both run below the trainer's CPU priority (`WRITER_NICENESS`, `lower_thread_priority`):
+on a node whose cores are busy the upload yields to training, which is what the
+background persist is for. benchmarks/checkpoint_overhead.py measures both; the
+engine defaults to the one that slows training less (the process writer on this
+machine).
 """
 
 from __future__ import annotations
@@ -31,6 +34,24 @@ from typing import Any, Sequence
 
 from infra import storage as storage_mod
 from infra.storage import Storage, StorageError, StorageOptions, open_storage
+
+
+# How far below the trainer the writer runs (Linux nice levels: each step is about 1.25x
+# less CPU share under contention). A persist only has to end before the next checkpoint,
+# so an upload that yields costs nothing, while a step it slows costs every rank.
+WRITER_NICENESS = 10
+
+
+def lower_thread_priority(niceness: int = WRITER_NICENESS) -> None:
+    """Lower the calling thread's CPU priority (and that of threads it starts later).
+
+    On Linux the nice value is per thread, so the training threads keep theirs. Only
+    for background threads and the writer process: it cannot be raised again."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(
+            19, os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) + niceness))
+    except (OSError, AttributeError):
+        pass  # not permitted or not Linux: the writer just keeps the default priority
 
 
 @dataclass(frozen=True)
@@ -189,6 +210,7 @@ class _SharedMaps:
 
 def _serve() -> int:
     _die_with_parent()
+    lower_thread_priority()  # before any upload thread starts: they inherit it
     # The pipe to the parent is for replies only: move it aside so stray prints from
     # libraries land on stderr instead of corrupting the protocol.
     out = os.fdopen(os.dup(1), "w")

@@ -24,7 +24,11 @@ them: any TP / PP / DP layout (and the one-process export) loads any checkpoint.
 This mirrors megatron's own `dist_checkpointing.load` (load_preprocess, fill the
 ShardedTensors, merge the common state, apply factory merges).
 
-The interface the loop uses: latest() / load(step, model, optimizer) / save / close.
+The interface the loop uses: latest() / load(step, model, optimizer) / save /
+before_optimizer_step / close. An async save returns before the tensors are copied
+to host memory (checkpoint.engine, `overlap`): the copy runs during the next step's
+forward and backward, and the loop calls `before_optimizer_step()` right before the
+optimizer changes the parameters, which blocks only if the copy is still running.
 """
 
 from __future__ import annotations
@@ -183,9 +187,15 @@ class Checkpointer:
         trainer = dict(trainer_state, step=step, layout=self.layout)
         self.engine.config_hash = str(trainer_state.get("config_hash", ""))
         outcome = self.engine.save(step, {"rng": capture_rng_states()}, pieces=pieces,
-                                   common={"megatron": common, "trainer": trainer})
+                                   common={"megatron": common, "trainer": trainer},
+                                   overlap=self.engine.async_save)
         return {"stall_s": round(outcome.stall_s, 4), "wait_s": round(outcome.wait_s, 4),
                 "skipped": outcome.skipped, "async": self.engine.async_save}
+
+    def before_optimizer_step(self) -> float:
+        """Wait for the host copy of the last checkpoint (it overlaps the forward and
+        backward); call before the optimizer changes the state. Seconds blocked."""
+        return self.engine.wait_snapshot()
 
     def latest(self) -> int | None:
         """The newest committed step (collective). `load()` of it falls back past a newest

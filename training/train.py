@@ -48,14 +48,15 @@ def install_pipeline_hooks(ddp_chunks: list, optimizer):
 
 
 def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_micro: int,
-               position_ids: torch.Tensor, faults=None) -> StepResult:
+               position_ids: torch.Tensor, faults=None, before_update=None) -> StepResult:
     """One optimizer step over `num_micro` micro batches (gradient accumulation).
 
     Megatron's pipeline schedule runs the micro batches: without pipelining one after
     another, with `pipeline_parallel` > 1 as 1F1B (interleaved with virtual stages), the
     activations passing between stages point to point. Every stage reads the same micro
     batches (the first uses the tokens, the last the labels), so the data order is the
-    same for any layout.
+    same for any layout. `before_update()` runs right before the optimizer step: the
+    checkpointer's wait for its overlapped host copy of the previous step's state.
     """
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
@@ -90,6 +91,8 @@ def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_mi
         seq_length=position_ids.shape[1],
         micro_batch_size=cfg.micro_batch_size,
     )  # grads are all-reduced across data-parallel ranks by finalize_model_grads
+    if before_update is not None:
+        before_update()  # a checkpoint's host copy must end before the update
     _, grad_norm, _ = optimizer.step()  # clips to cfg.grad_clip, then AdamW
 
     loss_sum = torch.zeros(1, dtype=torch.float32, device=env.device)
@@ -189,7 +192,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         lr = apply_schedule(optimizer, step, cfg)
         batch = skips.position_for_step(step)  # the global batch this step trains
         result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
-                            position_ids, faults)
+                            position_ids, faults, before_update=checkpointer.before_optimizer_step)
         step += 1
         loss = faults.observed_loss(result.loss)
         heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())

@@ -3,7 +3,9 @@
     python persist_then_die.py URL ENDPOINT KEY SECRET WRITER WHEN
 
 WHEN = "after_shard": exit once this rank's shard is uploaded, before the manifest;
-WHEN = "during_upload": exit right after save() returns, while the upload is running.
+WHEN = "during_upload": exit right after save() returns, while the upload is running;
+WHEN = "during_copy": save step 20 with overlap=True (the host copy runs in the background)
+and exit while that copy is still running; prints "died while copying" first.
 """
 
 from __future__ import annotations
@@ -36,6 +38,12 @@ def main() -> None:
     engine.save(10, state(10))
     report = engine.wait()
     assert report.committed, report
+    if when == "during_copy":
+        big = {"model": {"w": torch.full((64 << 20,), 2.0)}, "trainer": {"step": 20}}  # 256 MB
+        engine.save(20, big, overlap=True)
+        if engine.copying:  # a 256 MB memcpy has barely begun when save() returns
+            print("died while copying", flush=True)
+        os._exit(46)
     engine.save(20, state(20))
     if when == "during_upload":
         os._exit(45)

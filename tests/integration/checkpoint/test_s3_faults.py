@@ -48,20 +48,25 @@ def test_async_persist_to_seaweed_commits_keeps_last_and_loads(seaweed):
 
 # The other kill point — after this rank's shard is uploaded, before the manifest — is
 # what test_resume_s3 injects into the real trainer (exit_mid_checkpoint).
-@pytest.mark.parametrize("when", ["during_upload"])
+@pytest.mark.parametrize("when", ["during_upload", "during_copy"])
 def test_killed_while_persist_in_flight_resumes_from_previous(seaweed, when):
     url = f"s3://{seaweed.make_bucket()}/run"
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run(
         [sys.executable, str(HERE / "persist_then_die.py"), url, seaweed.endpoint, ACCESS_KEY,
-         SECRET_KEY, "process" if when == "during_upload" else "thread", when],
+         SECRET_KEY, "thread" if when == "after_shard" else "process", when],
         env=env, capture_output=True, text=True, timeout=180)
-    assert proc.returncode == (44 if when == "after_shard" else 45), proc.stderr[-3000:]
+    assert proc.returncode == {"after_shard": 44, "during_upload": 45, "during_copy": 46}[when], \
+        proc.stderr[-3000:]
+    if when == "during_copy":  # died with the overlapped host copy still running
+        assert "died while copying" in proc.stdout, proc.stdout
     options = seaweed.options()
     storage = open_storage(url, options)
     assert committed_steps(storage) == [10]  # the partial step 20 is not a checkpoint
     if when == "after_shard":
         assert storage.exists(shard_key(20, 0, 1))  # its shard was fully uploaded, yet ignored
+    if when == "during_copy":
+        assert not storage.exists(shard_key(20, 0, 1))  # no upload starts before the copy ends
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("persist_then_die", HERE / "persist_then_die.py")
