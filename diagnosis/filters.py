@@ -236,9 +236,9 @@ class LogCompressor:
         max_signal_entries: int = MAX_SIGNAL_ENTRIES,
         native: bool | None = None,
     ):
-        """``native``: use the C line pass (``diagnosis.native``) with the ``re2``
-        engine; None (default) where it builds, False never (the pure-Python scan, same
-        result), True or raise ``RuntimeError`` saying why it cannot."""
+        """``native``: use the native line pass (``diagnosis.native``, built at install)
+        with the ``re2`` engine; None (default) where it was built, False never (the
+        pure-Python scan, same result), True or raise ``RuntimeError`` saying why it cannot."""
         self.rules = rules or FilterRuleSet()
         if diagnosis_patterns is None:
             diagnosis_patterns = DiagnosisLibrary.load(None).patterns
@@ -613,7 +613,7 @@ class LogCompressor:
         return repeats, repeat_bytes, overflow
 
     def _scan_native(self, buf: bytes) -> None:
-        """``_scan`` with the native pass (``diagnosis.native``): the C code finds the
+        """``_scan`` with the native pass (``diagnosis.native``): the C++ code finds the
         uncovered lines (RE2's run-scan), keys them and counts each distinct key, so
         Python works once per distinct key of ``buf``, not once per line. The same
         steps as ``_scan`` on what it returns; the same result (tests compare both)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import random
 import shutil
 import sys
@@ -21,19 +23,11 @@ from logsim import Job  # noqa: E402
 from varied import KEYWORD_FREE_ERRORS, keyword_free_error, routine_lines  # noqa: E402
 
 
-def _buildable() -> str | None:
-    """Why the native pass cannot be built here, or None when it can."""
-    if sys.platform != "linux":
-        return f"the native pass is built on Linux only ({sys.platform})"
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        return f"no C compiler ({compiler})"
-    if not (Path(sysconfig.get_paths()["include"]) / "Python.h").exists():
-        return "no Python headers"
-    try:
-        import cffi  # noqa: F401
-    except ImportError:
-        return "cffi is not installed"
+def _unbuilt() -> str | None:
+    """Why the native pass is not in use here, or None when it is. It is an optional part of
+    the build: where g++ and RE2's headers (libre2-dev) are present, `make` builds it."""
+    if native.linescan() is None:
+        return native.native_failure()
     return None
 
 
@@ -81,11 +75,28 @@ def assert_same(a, b) -> None:
     assert (a.rank_hosts, a.progress, a.file_ends) == (b.rank_hosts, b.progress, b.file_ends)
 
 
-needs_native = pytest.mark.skipif(_buildable() is not None, reason=str(_buildable()))
+needs_native = pytest.mark.skipif(_unbuilt() is not None, reason=str(_unbuilt()))
 
 
-@needs_native
+def _buildable() -> str | None:
+    """Why the build could not make the extension here, or None when it could: a C++
+    compiler and RE2's headers (what setup.py needs)."""
+    if sys.platform != "linux":
+        return f"not checked on {sys.platform}"
+    compiler = (sysconfig.get_config_var("CXX") or "c++").split()[0]
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler})"
+    if not any((Path(d) / "re2" / "re2.h").exists() for d in ("/usr/include", "/usr/local/include")):
+        return "no RE2 headers (re2/re2.h: Debian's libre2-dev)"
+    return None
+
+
+@pytest.mark.skipif(_buildable() is not None, reason=str(_buildable()))
 def test_the_native_pass_is_in_use_where_it_can_be_built():
+    """Where the install had what the extension needs, it was built and is used (a build
+    that broke would otherwise only skip the comparisons below)."""
+    if os.environ.get("FORGEFLOW_NATIVE") == "0":
+        pytest.skip("FORGEFLOW_NATIVE=0")
     compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns)
     assert compressor._native is not None, native.native_failure()
     assert native.linescan() is not None
@@ -98,7 +109,7 @@ def test_native_and_python_compress_the_varied_corpus_alike(budget, chunks):
     inside the opening of entries, the budget running out inside a piece)."""
     data = varied_log(60_000)
     compressor, fast = compress(data, True, chunks, max_uncovered_entries=budget)
-    assert compressor._native is not None and compressor._native.n_ids > 1000  # the C pass did the keying
+    assert compressor._native is not None and compressor._native.n_ids > 1000  # the C++ pass did the keying
     _, slow = compress(data, False, chunks, max_uncovered_entries=budget)
     assert fast.stats.lines_signal > 0 and fast.stats.lines_uncovered > 10_000
     if budget < 20_000:
@@ -147,7 +158,7 @@ def test_native_and_python_agree_on_the_bulk_paths_corner_cases():
 
 @needs_native
 def test_learned_rules_and_a_backtracking_shape_run_alike_and_linear():
-    """A learned rule goes into the same RE2 object the C pass calls; a pattern that
+    """A learned rule goes into the run pattern the C++ pass compiles; a pattern that
     backtracks exponentially elsewhere stays linear (RE2)."""
     rules = FilterRuleSet(learned=[
         FilterRule(name="shards", pattern=r"^\[rank\d+\]:epoch \d+ shard", source="agent"),
@@ -160,23 +171,47 @@ def test_learned_rules_and_a_backtracking_shape_run_alike_and_linear():
     assert_same(fast, slow)
 
 
-def test_without_the_native_pass_the_python_scan_runs(monkeypatch):
-    """A build that fails (no compiler, read-only cache...) leaves the Python scan, and
-    native=True says why."""
-    monkeypatch.setattr(native, "_tried", False)
-    monkeypatch.setattr(native, "_module", None)
+def test_without_the_native_pass_the_python_scan_runs(monkeypatch, caplog):
+    """An install that could not build the extension (no compiler, no RE2 headers) leaves
+    the Python scan, says so once per process, and native=True says why."""
+    monkeypatch.setattr(native, "_linescan", None)
+    monkeypatch.setattr(native, "_import_error", "ModuleNotFoundError: No module named 'diagnosis.native._linescan'")
+    monkeypatch.setattr(native, "_checked", False)
+    monkeypatch.setattr(native, "_unusable", None)
     monkeypatch.setattr(native, "failure", None)
-
-    def broken():
-        raise RuntimeError("building linescan.c failed: cc: not found")
-
-    monkeypatch.setattr(native, "_build", broken)
-    compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns)
-    assert compressor._native is None and "cc: not found" in native.native_failure()
-    with pytest.raises(RuntimeError, match="cc: not found"):
+    monkeypatch.setattr(native, "_warned", False)
+    monkeypatch.delenv("FORGEFLOW_NATIVE", raising=False)
+    with caplog.at_level(logging.WARNING, logger="diagnosis.native"):
+        compressor = LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns)
+        LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns)
+    assert compressor._native is None and "not built" in native.native_failure()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "diagnosis.native"]
+    assert len(warnings) == 1 and "libre2-dev" in warnings[0] and "pure-Python scan" in warnings[0]
+    with pytest.raises(RuntimeError, match="not built"):
         LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns, native=True)
     compressor.feed(b"hello 1\n[rank2]:hello 22\n")
     assert [(e.count, sorted(e.ranks)) for e in compressor.finish().uncovered_entries()] == [(2, [2])]
+
+
+@needs_native
+def test_a_build_of_another_source_is_not_used(monkeypatch, tmp_path):
+    """An editable install whose linescan.cc changed since it was built runs the Python
+    scan until it is rebuilt (a stale build could scan differently)."""
+    edited = tmp_path / "linescan.cc"
+    edited.write_bytes(native.SOURCE.read_bytes() + b"\n/* edited */\n")
+    monkeypatch.setattr(native, "SOURCE", edited)
+    monkeypatch.setattr(native, "_checked", False)
+    monkeypatch.setattr(native, "_unusable", None)
+    monkeypatch.setattr(native, "_warned", True)
+    assert native.linescan() is None and "built from another linescan.cc" in native.native_failure()
+
+
+def test_off_by_environment(monkeypatch):
+    monkeypatch.setenv("FORGEFLOW_NATIVE", "0")
+    monkeypatch.setattr(native, "_checked", False)
+    monkeypatch.setattr(native, "_unusable", None)
+    assert LogCompressor(FilterRuleSet(), DiagnosisLibrary().patterns)._native is None
+    assert native.native_failure() == "FORGEFLOW_NATIVE=0"
 
 
 def test_other_engines_never_take_the_native_pass():
@@ -185,16 +220,27 @@ def test_other_engines_never_take_the_native_pass():
 
 
 @needs_native
-def test_an_re2_object_that_does_not_hold_the_pattern_is_refused():
+def test_a_pattern_its_re2_cannot_compile_is_refused():
+    """The extension compiles the run pattern itself; an error names RE2's reason."""
+    with pytest.raises(ValueError, match="missing \\)"):
+        native.linescan().Pattern(b"(?:abc", True, 1 << 20)
+    with pytest.raises(TypeError):
+        native.linescan().Table(b"not a pattern")
+
+
+@needs_native
+def test_the_table_checks_its_arguments():
     line_filter = FilterRuleSet().line_filter("re2")
-    assert native.re2_binding(line_filter._regex, line_filter.run_pattern) is not None
-    assert native.re2_binding(line_filter._regex, line_filter.run_pattern + b"x") is None
-    assert native.re2_binding(object(), b"") is None
+    table = native.line_scan_for(line_filter)._table
+    with pytest.raises(ValueError, match="int64"):
+        table.scan(b"x\n", b"123", 100, False)
+    with pytest.raises(ValueError, match="int32"):
+        table.set_status(b"12345", 1)
 
 
 @needs_native
 def test_the_c_pass_makes_the_templates_python_makes():
-    """The C pass hands over the template body of each new key (digit runs collapsed,
+    """The C++ pass hands over the template body of each new key (digit runs collapsed,
     a launcher prefix dropped), decoded in one go: the same as _uncovered_template."""
     from diagnosis.filters import _uncovered_template
 

@@ -1,14 +1,24 @@
-/* One pass over a buffer of complete lines: the uncovered lines of the RE2 run-scan
- * filter, each keyed (digits 1-9 as '0') and counted per distinct key, without a
- * Python object per line. Built on first use by diagnosis/native/__init__.py (cffi);
- * diagnosis.filters.LogCompressor uses it when it builds and falls back to its
- * pure-Python scan otherwise (both give the same result: tests/unit/diagnosis).
+/* diagnosis.native._linescan: one pass over a buffer of complete lines, finding the
+ * uncovered lines of the RE2 run-scan filter, each keyed (digits 1-9 as '0') and
+ * counted per distinct key, without a Python object per line.
  *
- * The filter's regex runs in RE2 itself: the caller hands over the address of
- * re2::RE2::Match (exported by google-re2's extension module) and the RE2 object the
- * Python filter compiled, so the covered runs are matched by exactly the same code,
- * call for call, as RunScanFilter.uncovered_spans does from Python.
+ * A CPython extension built when forgeflow is installed (setup.py: an optional
+ * setuptools Extension linking RE2 through its public C++ API, re2/re2.h); where it is
+ * not built, diagnosis.filters.LogCompressor runs its pure-Python scan, which gives the
+ * same result (tests/unit/diagnosis/test_native_scan.py compares both).
+ *
+ * Pattern: the filter's run pattern compiled by this module's own RE2 with the options
+ * diagnosis.engine gives google-re2 (RE2's defaults, max_mem, no error log, Latin-1 for
+ * an ASCII pattern), so a covered run ends where RunScanFilter.uncovered_spans finds it.
+ * Table: the key table of one LogCompressor and its scan (Table.scan), run with the GIL
+ * released; one call at a time per table.
  */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <re2/re2.h>
+
+#include <new>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,11 +26,9 @@
 #include <emmintrin.h>
 #endif
 
-/* libstdc++'s std::string_view: passed by value in two registers, like this struct. */
-typedef struct { size_t len; const char *ptr; } ff_sv;
-typedef _Bool (*ff_match_fn)(const void *re, ff_sv text, size_t startpos, size_t endpos,
-                             int anchor, ff_sv *submatch, int nsubmatch);
-#define FF_ANCHOR_START 1
+#ifndef FF_SOURCE_SHA256 /* setup.py defines it: diagnosis.native refuses a build of another source */
+#define FF_SOURCE_SHA256 ""
+#endif
 
 /* What the table knows of one key (one struct: one cache line to touch per line). */
 typedef struct {
@@ -69,9 +77,9 @@ static void ff_clear_ids(ff_table *t) {
     t->cap = 0; t->n_ids = t->ids_cap = 0; t->arena_len = t->arena_cap = 0;
 }
 
-ff_table *ff_new(void) { return (ff_table *)calloc(1, sizeof(ff_table)); }
+static ff_table *ff_new(void) { return (ff_table *)calloc(1, sizeof(ff_table)); }
 
-void ff_free(ff_table *t) {
+static void ff_free(ff_table *t) {
     if (!t) return;
     ff_clear_ids(t);
     free(t->scratch); free(t->print_slots); free(t->print_hash); free(t->print_off);
@@ -82,11 +90,11 @@ void ff_free(ff_table *t) {
 }
 
 /* Forget every key (ids start again at 0); the fingerprints stay. */
-void ff_reset(ff_table *t) { ff_clear_ids(t); }
+static void ff_reset(ff_table *t) { ff_clear_ids(t); }
 
-int32_t ff_n_ids(ff_table *t) { return t->n_ids; }
+static int32_t ff_n_ids(ff_table *t) { return t->n_ids; }
 
-int64_t ff_arena_bytes(ff_table *t) { return t->arena_len; }
+static int64_t ff_arena_bytes(ff_table *t) { return t->arena_len; }
 
 static uint64_t ff_hash(const unsigned char *p, int64_t n) {
     uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)n;
@@ -119,8 +127,11 @@ static int ff_grow_slots(ff_table *t) {
     return 0;
 }
 
-#define FF_GROW(ptr, type, n) do { void *g_ = realloc((ptr), (size_t)(n) * sizeof(type)); \
-    if (!g_) return -1; (ptr) = (type *)g_; } while (0)
+#define FF_GROW(ptr, type, n) do { \
+        void *g_ = realloc((ptr), (size_t)(n) * sizeof(type)); \
+        if (!g_) return -1; \
+        (ptr) = (type *)g_; \
+    } while (0)
 
 /* id of the key (scratch[0:n]); a new key gets the next id. -1: out of memory */
 static int32_t ff_intern(ff_table *t, const unsigned char *key, int64_t n, int *is_new) {
@@ -240,7 +251,7 @@ static int ff_print_lookup(ff_table *t, const unsigned char *print, int64_t n, i
 }
 
 /* Add fingerprints, each followed by '\n'. 0, or -1 when out of memory. */
-int ff_add_prints(ff_table *t, const char *joined, int64_t size) {
+static int ff_add_prints(ff_table *t, const char *joined, int64_t size) {
     int64_t pos = 0;
     while (pos < size) {
         const char *nl = (const char *)memchr(joined + pos, '\n', (size_t)(size - pos));
@@ -253,7 +264,7 @@ int ff_add_prints(ff_table *t, const char *joined, int64_t size) {
 
 /* What the caller decided for keys of the last scans: their lines are no longer
  * reported but counted (FF_OVERFLOW) or skipped (FF_BLANK). */
-void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status) {
+static void ff_set_status(ff_table *t, const int32_t *ids, int64_t n, int8_t status) {
     for (int64_t i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < t->n_ids) t->keys[ids[i]].status = status;
 }
@@ -318,19 +329,12 @@ static int ff_grow_out(ff_table *t) {
     return 0;
 }
 
-/* Where the last scan's arrays are (valid until the next scan). */
-void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_line, int32_t **o_id,
-                int32_t **t_id, int64_t **t_count, int64_t **t_first, int64_t **t_last) {
-    *o_start = t->o_start; *o_end = t->o_end; *o_line = t->o_line; *o_id = t->o_id;
-    *t_id = t->t_id; *t_count = t->t_count; *t_first = t->t_first; *t_last = t->t_last;
-}
-
 /* Scan buf[0:size] (complete lines, ending in '\n').
  *
  * sig[0:n_sig]: ascending starts of the error-signal lines (kept by the caller one
  * by one): for each, sig_line gets its line index and sig_uncovered whether no rule
  * covers it; those lines are not keyed.
- * Every other uncovered line gets (in the table's arrays, see ff_outputs) o_start/o_end (its bytes, without the newline),
+ * Every other uncovered line gets (in the table's o_ arrays) o_start/o_end (its bytes, without the newline),
  * o_line (its 0-based line index in buf) and o_id: the id of its key (the line with
  * digits 1-9 as '0'), or -1 for a line longer than max_line (not keyed).
  * Each distinct id among them, in order of first appearance: t_id, t_count (lines),
@@ -342,19 +346,18 @@ void ff_outputs(ff_table *t, int64_t **o_start, int64_t **o_end, int64_t **o_lin
  * whose fingerprint is not among ff_add_prints' gets FF_OVERFLOW at once (unless it may
  * be a line of torchrun's failure summary: those go to the caller one by one), as
  * LogCompressor._resolve_new_keys would decide. The new keys that are reported are in
- * t->new_keys (ff_new_keys), each followed by '\n', in order of their ids, and their
- * template bodies (ff_body) in t->new_bodies (ff_new_bodies) the same way.
+ * t->new_keys, each followed by '\n', in order of their ids, and their
+ * template bodies (ff_body) in t->new_bodies the same way.
  *
  * out[0] = uncovered lines written, out[1] = distinct ids, out[2] = lines in buf,
  * out[3] = lines counted as overflow.
  * Returns 0, or -1 when out of memory.
  */
-int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *buf, int64_t size,
-            int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
-            int64_t *sig_line, int64_t *out) {
-    ff_match_fn match = (ff_match_fn)match_addr;
-    const void *re = (const void *)re_addr;
-    ff_sv text = { (size_t)size, buf }, sub;
+static int ff_scan(ff_table *t, const re2::RE2 &re, const char *buf, int64_t size,
+                   int64_t max_line, int budget_spent, const int64_t *sig, int64_t n_sig, int8_t *sig_uncovered,
+                   int64_t *sig_line, int64_t *out) {
+    const re2::StringPiece text(buf, (size_t)size);
+    re2::StringPiece sub;
     int64_t pos = 0, cur = 0, line = 0, j = 0, n_out = 0, n_touched = 0, overflow = 0;
     int64_t scan_no = ++t->scan_no;
     t->new_keys_len = 0;
@@ -362,9 +365,9 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
     if (!t->out_cap && ff_grow_out(t) < 0) return -1;
     while (pos < size) {
         int64_t end = -1;
-        sub.len = 0; sub.ptr = NULL;
-        if (match(re, text, (size_t)pos, (size_t)size, FF_ANCHOR_START, &sub, 1) && sub.ptr)
-            end = (int64_t)(sub.ptr - buf) + (int64_t)sub.len;
+        sub = re2::StringPiece();
+        if (re.Match(text, (size_t)pos, (size_t)size, re2::RE2::ANCHOR_START, &sub, 1) && sub.data())
+            end = (int64_t)(sub.data() - buf) + (int64_t)sub.size();
         if (end > pos) {
             /* a run of covered lines: its signal lines are covered */
             while (j < n_sig && sig[j] < end) {
@@ -478,12 +481,249 @@ int ff_scan(ff_table *t, uintptr_t match_addr, uintptr_t re_addr, const char *bu
     return 0;
 }
 
-int64_t ff_new_keys(ff_table *t, const char **keys) {
-    *keys = t->new_keys;
-    return t->new_keys_len;
+
+/* ------------------------------------------------------------------ Python binding */
+
+/* Pattern(pattern: bytes, latin1: bool, max_mem: int): the run pattern compiled by RE2. */
+typedef struct {
+    PyObject_HEAD
+    re2::RE2 *re;
+} PatternObject;
+
+static void Pattern_dealloc(PatternObject *self) {
+    delete self->re;
+    Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-int64_t ff_new_bodies(ff_table *t, const char **bodies) {
-    *bodies = t->new_bodies;
-    return t->new_bodies_len;
+static int Pattern_init(PatternObject *self, PyObject *args, PyObject *kwds) {
+    static const char *kwlist[] = {"pattern", "latin1", "max_mem", NULL};
+    Py_buffer pattern;
+    int latin1;
+    long long max_mem;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "y*pL", (char **)kwlist, &pattern, &latin1, &max_mem)) return -1;
+    if (self->re) {
+        PyBuffer_Release(&pattern);
+        PyErr_SetString(PyExc_RuntimeError, "Pattern is initialised once");
+        return -1;
+    }
+    /* what diagnosis.engine._re2_options sets on RE2's default options */
+    re2::RE2::Options options;
+    options.set_max_mem(max_mem);
+    options.set_log_errors(false);
+    if (latin1) options.set_encoding(re2::RE2::Options::EncodingLatin1);
+    re2::RE2 *re = NULL;
+    try {
+        re = new re2::RE2(re2::StringPiece((const char *)pattern.buf, (size_t)pattern.len), options);
+    } catch (const std::bad_alloc &) {
+        re = NULL;
+    }
+    PyBuffer_Release(&pattern);
+    if (!re) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    if (!re->ok()) {
+        PyErr_Format(PyExc_ValueError, "RE2 cannot compile the run pattern: %s", re->error().c_str());
+        delete re;
+        return -1;
+    }
+    self->re = re;
+    return 0;
+}
+
+static PyTypeObject PatternType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+/* Table(pattern: Pattern): one compressor's key table and its scan. */
+typedef struct {
+    PyObject_HEAD
+    ff_table *t;
+    PatternObject *pattern;
+    int busy; /* a scan runs without the GIL: no second call meanwhile */
+} TableObject;
+
+static void Table_dealloc(TableObject *self) {
+    ff_free(self->t);
+    Py_XDECREF(self->pattern);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int Table_init(TableObject *self, PyObject *args, PyObject *kwds) {
+    static const char *kwlist[] = {"pattern", NULL};
+    PyObject *pattern;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!", (char **)kwlist, &PatternType, &pattern)) return -1;
+    if (self->t) {
+        PyErr_SetString(PyExc_RuntimeError, "Table is initialised once");
+        return -1;
+    }
+    if (!((PatternObject *)pattern)->re) {
+        PyErr_SetString(PyExc_ValueError, "the Pattern was never compiled");
+        return -1;
+    }
+    self->t = ff_new();
+    if (!self->t) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Py_INCREF(pattern);
+    self->pattern = (PatternObject *)pattern;
+    return 0;
+}
+
+static int Table_ready(TableObject *self) {
+    if (!self->t) {
+        PyErr_SetString(PyExc_ValueError, "the Table was never initialised");
+        return 0;
+    }
+    if (self->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "the Table is scanning in another thread");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Table_reset(TableObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!Table_ready(self)) return NULL;
+    ff_reset(self->t);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Table_n_ids(TableObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!Table_ready(self)) return NULL;
+    return PyLong_FromLong(ff_n_ids(self->t));
+}
+
+static PyObject *Table_arena_bytes(TableObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!Table_ready(self)) return NULL;
+    return PyLong_FromLongLong(ff_arena_bytes(self->t));
+}
+
+static PyObject *Table_add_prints(TableObject *self, PyObject *arg) {
+    Py_buffer joined;
+    if (!Table_ready(self) || PyObject_GetBuffer(arg, &joined, PyBUF_SIMPLE) < 0) return NULL;
+    int status = ff_add_prints(self->t, (const char *)joined.buf, (int64_t)joined.len);
+    PyBuffer_Release(&joined);
+    if (status != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+static PyObject *Table_set_status(TableObject *self, PyObject *args) {
+    Py_buffer ids;
+    int status;
+    if (!Table_ready(self) || !PyArg_ParseTuple(args, "y*i", &ids, &status)) return NULL;
+    if (ids.len % (Py_ssize_t)sizeof(int32_t) || status < FF_KEEP || status > FF_BLANK) {
+        PyBuffer_Release(&ids);
+        PyErr_SetString(PyExc_ValueError, "set_status takes int32 ids (bytes) and a status 0, 1 or 2");
+        return NULL;
+    }
+    ff_set_status(self->t, (const int32_t *)ids.buf, (int64_t)(ids.len / (Py_ssize_t)sizeof(int32_t)), (int8_t)status);
+    PyBuffer_Release(&ids);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Table_scan(TableObject *self, PyObject *args) {
+    Py_buffer buf, sig;
+    long long max_line;
+    int budget_spent;
+    if (!Table_ready(self) || !PyArg_ParseTuple(args, "y*y*Lp", &buf, &sig, &max_line, &budget_spent)) return NULL;
+    PyObject *result = NULL;
+    int64_t n_sig = (int64_t)(sig.len / (Py_ssize_t)sizeof(int64_t));
+    int8_t *sig_uncovered = (int8_t *)malloc((size_t)(n_sig ? n_sig : 1));
+    int64_t *sig_line = (int64_t *)malloc((size_t)(n_sig ? n_sig : 1) * sizeof(int64_t));
+    int64_t out[4] = {0, 0, 0, 0};
+    int status = 0;
+    if (sig.len % (Py_ssize_t)sizeof(int64_t)) {
+        PyErr_SetString(PyExc_ValueError, "scan takes the signal line starts as int64 (bytes)");
+        goto done;
+    }
+    if (!sig_uncovered || !sig_line) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    self->busy = 1;
+    Py_BEGIN_ALLOW_THREADS
+    try {
+        status = ff_scan(self->t, *self->pattern->re, (const char *)buf.buf, (int64_t)buf.len, max_line,
+                         budget_spent, (const int64_t *)sig.buf, n_sig, sig_uncovered, sig_line, out);
+    } catch (const std::bad_alloc &) { /* inside RE2 */
+        status = -1;
+    }
+    Py_END_ALLOW_THREADS
+    self->busy = 0;
+    if (status != 0) {
+        PyErr_SetString(PyExc_MemoryError, "the native line scan ran out of memory");
+        goto done;
+    }
+    {
+        ff_table *t = self->t;
+        int64_t n = out[0], m = out[1];
+#define FF_BYTES(ptr, count, type) PyBytes_FromStringAndSize((const char *)(ptr), (Py_ssize_t)((count) * (int64_t)sizeof(type)))
+        /* copies (a few MB per 16 MB chunk at most): nothing points into the table */
+        result = Py_BuildValue(
+            "(NNNNNNNNNNLLNN)",
+            FF_BYTES(t->o_start, n, int64_t), FF_BYTES(t->o_end, n, int64_t), FF_BYTES(t->o_line, n, int64_t),
+            FF_BYTES(t->o_id, n, int32_t), FF_BYTES(t->t_id, m, int32_t), FF_BYTES(t->t_count, m, int64_t),
+            FF_BYTES(t->t_first, m, int64_t), FF_BYTES(t->t_last, m, int64_t),
+            FF_BYTES(sig_uncovered, n_sig, int8_t), FF_BYTES(sig_line, n_sig, int64_t),
+            (long long)out[2], (long long)out[3],
+            PyBytes_FromStringAndSize(t->new_keys, (Py_ssize_t)t->new_keys_len),
+            PyBytes_FromStringAndSize(t->new_bodies, (Py_ssize_t)t->new_bodies_len));
+#undef FF_BYTES
+    }
+done:
+    free(sig_uncovered);
+    free(sig_line);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&sig);
+    return result;
+}
+
+static PyMethodDef Table_methods[] = {
+    {"reset", (PyCFunction)Table_reset, METH_NOARGS, "Forget every key (ids start again at 0); fingerprints stay."},
+    {"n_ids", (PyCFunction)Table_n_ids, METH_NOARGS, "How many keys the table holds."},
+    {"arena_bytes", (PyCFunction)Table_arena_bytes, METH_NOARGS, "The bytes of all the keys."},
+    {"add_prints", (PyCFunction)Table_add_prints, METH_O,
+     "add_prints(joined): add fingerprints, each followed by a newline."},
+    {"set_status", (PyCFunction)Table_set_status, METH_VARARGS,
+     "set_status(ids, status): keys (int32 ids) whose lines are from now on counted (1) or skipped (2)."},
+    {"scan", (PyCFunction)Table_scan, METH_VARARGS,
+     "scan(buf, signal_starts, max_line, budget_spent) -> (starts, ends, lines, ids, touched, touched_count,\n"
+     "touched_first, touched_last, signal_uncovered, signal_lines, total_lines, overflow, new_keys, new_bodies):\n"
+     "the arrays as bytes (int64; ids and touched int32, signal_uncovered int8); see ff_scan."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TableType = {PyVarObject_HEAD_INIT(NULL, 0)};
+
+static struct PyModuleDef linescan_module = {
+    PyModuleDef_HEAD_INIT, "_linescan",
+    "The compressor's native line pass (diagnosis.native): RE2 run-scan, keying and counting in one C++ pass.",
+    -1, NULL,
+};
+
+PyMODINIT_FUNC PyInit__linescan(void) {
+    PatternType.tp_name = "diagnosis.native._linescan.Pattern";
+    PatternType.tp_basicsize = sizeof(PatternObject);
+    PatternType.tp_flags = Py_TPFLAGS_DEFAULT;
+    PatternType.tp_doc = "Pattern(pattern, latin1, max_mem): a run pattern compiled by RE2.";
+    PatternType.tp_new = PyType_GenericNew;
+    PatternType.tp_init = (initproc)Pattern_init;
+    PatternType.tp_dealloc = (destructor)Pattern_dealloc;
+    TableType.tp_name = "diagnosis.native._linescan.Table";
+    TableType.tp_basicsize = sizeof(TableObject);
+    TableType.tp_flags = Py_TPFLAGS_DEFAULT;
+    TableType.tp_doc = "Table(pattern): the key table of one compressor and its line scan.";
+    TableType.tp_new = PyType_GenericNew;
+    TableType.tp_init = (initproc)Table_init;
+    TableType.tp_dealloc = (destructor)Table_dealloc;
+    TableType.tp_methods = Table_methods;
+    if (PyType_Ready(&PatternType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
+    PyObject *module = PyModule_Create(&linescan_module);
+    if (!module) return NULL;
+    if (PyModule_AddObjectRef(module, "Pattern", (PyObject *)&PatternType) < 0 ||
+        PyModule_AddObjectRef(module, "Table", (PyObject *)&TableType) < 0 ||
+        PyModule_AddStringConstant(module, "SOURCE_SHA256", FF_SOURCE_SHA256) < 0) {
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
 }
