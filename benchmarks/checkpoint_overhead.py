@@ -131,7 +131,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     torch.set_num_threads(1)  # one core trains, the other is the writer's
     from checkpoint.engine import CheckpointEngine
-    from infra.local_s3 import SeaweedS3
+    from testing.local_s3 import SeaweedS3
     from infra.storage import open_storage
 
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ckpt-bench-"))

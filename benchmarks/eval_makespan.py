@@ -370,7 +370,7 @@ datasets:
 
 def real_run(work: Path, repeats: int = 5) -> dict[str, float]:
     from evalsuite.coordinator import Policy
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import evaluate
     from evalsuite.suite import load_suite
@@ -418,7 +418,7 @@ def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
     from moto.server import ThreadedMotoServer
 
     from evalsuite.backends import load_backend
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from evalsuite.preload import copy_from_storage, preload, remove_preload
     from infra.storage import open_storage
 
@@ -485,7 +485,7 @@ def history_in_flow(work: Path) -> dict[str, object]:
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")  # a fresh home migrates first
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from flows.evaluate import evaluate_checkpoint
 
     ckpt = make_tiny_checkpoint(work / "flow-ckpts" / "step-00000010")
@@ -527,9 +527,9 @@ def two_node_real(work: Path, repeats: int = 2, suite_text: str = NODE_SUITE) ->
 
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from flows.deploy import ROOT, ensure_work_pool
-    from flows.local_server import LocalPrefectServer
+    from testing.prefect_server import LocalPrefectServer
 
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:

@@ -29,7 +29,7 @@ put mid-interval so that each fault loses about half an interval of steps):
               flow's default, 300 s); plain torchrun only once a collective times out (the
               worker's process group: 600 s; megatron's data-parallel group: 30 min)
   node_loss   every process of node-b SIGKILLed, and node-b stays dead
-              (infra.node_faults.NodeLoss). forgeflow's node check finds it, cordons it, and
+              (testing.node_faults.NodeLoss). forgeflow's node check finds it, cordons it, and
               the orchestrator places the job on node-a alone (data parallel 1, same global
               batch, the checkpoint resharded on load); torchrun's elastic rendezvous goes on
               with one node after its last-call timeout (30 s by default)
@@ -143,12 +143,12 @@ def two_node_cluster_file(work: Path) -> Path:
 
 def slurm_cluster_file(work: Path) -> Path:
     """A cluster file for Slurm (`--launcher slurm`): the one of SLURM_CONF if set, else a
-    single-host Slurm started here (infra.slurm_local; needs root and slurm-wlm + munge)."""
+    single-host Slurm started here (testing.slurm_local; needs root and slurm-wlm + munge)."""
     import atexit
 
     import yaml
 
-    from infra.slurm_local import LocalSlurm, node_name
+    from testing.slurm_local import LocalSlurm, node_name
 
     conf = os.environ.get("SLURM_CONF")
     if not conf:
@@ -301,7 +301,7 @@ def add_phases(rows: list[dict], result) -> None:
 def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_restarts: int,
                       skip: set[str], timeout_s: float) -> tuple[float, Path]:
     """Both 'nodes' as elastic torchrun agents (c10d rendezvous, 1 to 2 nodes), restarting in place."""
-    from infra.node_faults import NodeLoss
+    from testing.node_faults import NodeLoss
     from training.config import load_job_spec
 
     run_dir = load_job_spec(job).resolved_run_dir
@@ -448,7 +448,7 @@ def main() -> None:
         LAUNCH.update(cluster=str(two_node_cluster_file(work)))
 
     from infra import runfiles
-    from infra.node_faults import NodeLoss
+    from testing.node_faults import NodeLoss
     from training.config import load_job_spec
     from training.data import prepare_data
 

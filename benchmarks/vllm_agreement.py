@@ -110,7 +110,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="vllm-agreement-"))
     model = Path(args.model) if args.model else None
     if model is None:
-        from evalsuite.fixtures import make_tiny_checkpoint
+        from testing.tiny_checkpoint import make_tiny_checkpoint
 
         model = make_tiny_checkpoint(work / "model", hidden=256, layers=4)
     hf_out, hf_s = run_backend(model, "transformers", args.device, work)

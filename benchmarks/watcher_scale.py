@@ -33,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from flows.local_server import LocalPrefectServer  # noqa: E402
+from testing.prefect_server import LocalPrefectServer  # noqa: E402
 
 
 class Heartbeats(threading.Thread):

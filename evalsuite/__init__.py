@@ -19,5 +19,4 @@
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
     checkpoints.py  from "a checkpoint" (HF folder, committed training checkpoint, URL) to a model folder
     errors.py       typed errors (EvalConfigError is a config error: one line, exit 2)
-    fixtures.py     a tiny Llama checkpoint built locally in seconds, for tests, the benchmark, demos
 """

@@ -9,5 +9,4 @@
     deploy       `forgeflow deploy`: pool, deployments, limits, automations
     commands     Prefect-aware subcommands: pretrain, demo, deploy
     cli          the `forgeflow` entry point
-    local_server a local `prefect server start` with process workers, for tests and benchmarks
 """

@@ -1,20 +1,17 @@
 """forgeflow: infra — what touches machines and services while a job runs.
 
     storage       one URL-based object-storage interface (local paths, S3 through boto3)
-    local_s3      a local S3 server (SeaweedFS) for tests, benchmarks and the demo
     runfiles      the run directory and exit codes: the worker's contract with its watchers, typed readers
     atomic_write  replace a file in one step (temp file + fsync + os.replace)
     yaml_config   the YAML loader of every config kind: `base:` inheritance, field-naming errors
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
-    slurm_local   a real single-host Slurm (slurmctld + slurmd + munge) for tests and benchmarks
     kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,
                   evaluation Jobs, the Prefect kubernetes work pool's base job template
     reaper        run a command so none of its descendants outlives its starter
     watch         follow a launched job until it finishes, fails, hangs or spikes
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes
     nodecheck_worker  one rank of a node-check world
-    node_faults   physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
     notify        alerts: Slack incoming webhook, or printed and kept
     charts        a matplotlib figure -> PNG -> inline data-URI markdown image (renders in the Prefect UI)
     statedb       the state database (SQLite file / PostgreSQL): engines, schema, Alembic migrations

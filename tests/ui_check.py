@@ -105,7 +105,7 @@ def _inline_images(dom: str) -> list[str]:
 
 
 def _check_eval(work: Path, out: Path, port: int) -> dict[str, object]:
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from flows.evaluate import evaluate_checkpoint
 
     root = work / "ui-demo-job" / "checkpoints"

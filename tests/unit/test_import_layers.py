@@ -22,7 +22,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Lowest first. A package may import only the packages listed before it.
-LAYERS = ["infra", "checkpoint", "diagnosis", "training", "scheduler", "evalsuite", "tasks", "flows"]
+# testing (the harness of tests and benchmarks: local S3, Slurm and Prefect servers, node
+# faults, a tiny checkpoint) is last, so that no product package can import it.
+LAYERS = ["infra", "checkpoint", "diagnosis", "training", "scheduler", "evalsuite", "tasks", "flows", "testing"]
 PREFECT_ALLOWED = {"flows", "tasks"}
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infra.local_s3 import ACCESS_KEY, SECRET_KEY, SeaweedS3, free_ports  # noqa: F401 (re-exported)
+from testing.local_s3 import ACCESS_KEY, SECRET_KEY, SeaweedS3, free_ports  # noqa: F401 (re-exported)
 
 
 @pytest.fixture(scope="session")

@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.local_s3 import ACCESS_KEY, SECRET_KEY
+from testing.local_s3 import ACCESS_KEY, SECRET_KEY
 
 REPO = Path(__file__).resolve().parents[3]
 REL_TOL = 2e-3

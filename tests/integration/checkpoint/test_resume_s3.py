@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from infra.local_s3 import ACCESS_KEY, SECRET_KEY
+from testing.local_s3 import ACCESS_KEY, SECRET_KEY
 
 REPO = Path(__file__).resolve().parents[3]
 

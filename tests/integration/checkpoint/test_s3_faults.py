@@ -16,7 +16,7 @@ from checkpoint.engine import CheckpointEngine
 from checkpoint.manifest import committed_steps, committed_checkpoints, read_latest, shard_key
 from infra.storage import InvalidCredentials, NoSuchBucket, open_storage
 
-from infra.local_s3 import ACCESS_KEY, SECRET_KEY
+from testing.local_s3 import ACCESS_KEY, SECRET_KEY
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]

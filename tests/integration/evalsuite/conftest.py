@@ -9,7 +9,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model") / "hf")
 

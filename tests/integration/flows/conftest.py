@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from flows.local_server import LocalPrefectServer, stop_process_groups
+from testing.prefect_server import LocalPrefectServer, stop_process_groups
 
 TINY_JOB = {
     "training": {"global_batch_size": 8, "micro_batch_size": 2, "steps": 40, "lr": 1.0e-3,
@@ -98,7 +98,7 @@ def _stop(proc: subprocess.Popen, grace_s: float = 5.0) -> None:
 
 class PrefectServer(LocalPrefectServer):
     """`prefect server start` on 127.0.0.1 with its own home and SQLite file (or `database_url`,
-    e.g. postgresql+asyncpg://...), plus workers: flows.local_server's, as the benchmarks use it."""
+    e.g. postgresql+asyncpg://...), plus workers: testing.prefect_server's, as the benchmarks use it."""
 
     def __init__(self, home: Path, port: int, repo_root: Path, database_url: str | None = None):
         super().__init__(home, repo_root, port=port, database_url=database_url,

@@ -29,7 +29,7 @@ datasets:
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-model") / "hf")
 

@@ -46,7 +46,7 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from evalsuite.preload import preload_key
     from flows.deploy import ensure_cluster_registered, ensure_work_pool
     from flows.evaluate import evaluate_checkpoint

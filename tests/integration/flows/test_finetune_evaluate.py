@@ -19,7 +19,7 @@ datasets:
 
 
 def test_finetune_evaluates_the_finetuned_model_through_the_evaluation_flow(prefect_api, tmp_path):
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
     from flows.finetune import finetune
 
     model_dir = make_tiny_checkpoint(tmp_path / "hf", vocab_size=320, hidden=32, layers=2, val_tokens=512)

@@ -18,7 +18,7 @@ import yaml
 import scheduler.orchestrator.service as service
 import tasks.cluster_tasks as cluster_tasks
 from flows.pretrain import pretrain
-from infra.node_faults import after_step
+from testing.node_faults import after_step
 from scheduler.orchestrator import double_booked
 from training.config import load_job_spec
 

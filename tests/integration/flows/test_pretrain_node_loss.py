@@ -3,7 +3,7 @@ the orchestrator's database, is placed again on the node that is left (data para
 same global batch) and finishes from the last committed checkpoint, with nobody stepping in.
 
 The fault is physical: every process of node-b (its torchrun, its rank, later its node-check
-rank) is SIGKILLed from step 6 on (infra.node_faults.NodeLoss); nothing reads a flag to fail.
+rank) is SIGKILLed from step 6 on (testing.node_faults.NodeLoss); nothing reads a flag to fail.
 Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
 """
 
@@ -18,7 +18,7 @@ import yaml
 from flows.pretrain import pretrain
 from infra import runfiles
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
-from infra.node_faults import NodeLoss, after_step
+from testing.node_faults import NodeLoss, after_step
 from infra.statedb import open_state_db, read_transaction
 from infra.statedb.schema import allocations, jobs
 from scheduler.orchestrator.views import cluster_status

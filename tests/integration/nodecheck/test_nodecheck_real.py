@@ -1,6 +1,6 @@
 """Node check with real torchrun worlds on this machine; one 'node' is made faulty.
 
-The first test's fault is physical (infra.node_faults.NodeLoss): once node-c's rank has
+The first test's fault is physical (testing.node_faults.NodeLoss): once node-c's rank has
 reached its world's rendezvous, every process of node-c is SIGKILLed (and any it starts
 later), so its world really fails, as a world on a machine that lost power does. The others use the worker's injected faults
 (FORGEFLOW_NODECHECK_FAULT) for cases a kill cannot make (a stall of a given length).
@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from infra.launch import LocalLauncher
-from infra.node_faults import NodeLoss
+from testing.node_faults import NodeLoss
 from infra.nodecheck import LauncherWorldRunner, two_round_check
 
 

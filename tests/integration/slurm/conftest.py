@@ -1,6 +1,6 @@
 """A real single-host Slurm (Debian's slurm-wlm + munge) for the session, and a tiny job.
 
-Started once by `slurm` (infra.slurm_local.LocalSlurm: slurmctld + slurmd on this
+Started once by `slurm` (testing.slurm_local.LocalSlurm: slurmctld + slurmd on this
 machine's CPUs); tests that need it skip with the reason when Slurm cannot run here
 (not root, packages missing: `make test` installs them as root).
 """
@@ -22,7 +22,7 @@ TINY_JOB = {
 
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
-    from infra.slurm_local import LocalSlurm, SlurmUnavailable, missing_binaries
+    from testing.slurm_local import LocalSlurm, SlurmUnavailable, missing_binaries
 
     if os.geteuid() != 0:
         pytest.skip("a local Slurm (SlurmUser=root, munged) needs root; run `make test` as root")

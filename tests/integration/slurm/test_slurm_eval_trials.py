@@ -19,7 +19,7 @@ from evalsuite.coordinator import Policy
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
-    from evalsuite.fixtures import make_tiny_checkpoint
+    from testing.tiny_checkpoint import make_tiny_checkpoint
 
     return make_tiny_checkpoint(tmp_path_factory.mktemp("slurm-eval-model") / "hf")
 

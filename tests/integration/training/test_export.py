@@ -191,7 +191,7 @@ def test_engine_checkpoint_on_s3_exports(world, tiny_job_dict, tiny_prepared, tm
     from moto.server import ThreadedMotoServer
     from transformers import AutoModelForCausalLM
 
-    from infra.local_s3 import free_ports
+    from testing.local_s3 import free_ports
     from training.checkpointing import Checkpointer
     from training.export import export_hf
     from training.model import build_model, build_optimizer, wrap_data_parallel

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from infra.node_faults import SCOPE_VAR, NodeLoss
+from testing.node_faults import SCOPE_VAR, NodeLoss
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

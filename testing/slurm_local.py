@@ -1,4 +1,4 @@
-"""A real single-host Slurm (slurmctld + slurmd + munge) for tests, benchmarks and demos.
+"""A real single-host Slurm (slurmctld + slurmd + munge) for tests and benchmarks.
 
 Slurm comes from Debian's `slurm-wlm` and `munge` packages (`make test` installs
 them when it runs as root and they are missing). This module writes a minimal
@@ -10,7 +10,7 @@ that file, or it tries DNS SRV look-ups and fails: `LocalSlurm.env()` has it.
 munged is shared by every Slurm on the machine and is started once and left
 running (it is a system daemon, not part of one cluster).
 
-    python -m infra.slurm_local DIR     # start one, print `export SLURM_CONF=...`, Ctrl-C stops it
+    python -m testing.slurm_local DIR     # start one, print `export SLURM_CONF=...`, Ctrl-C stops it
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.local_s3 import free_ports
+from testing.local_s3 import free_ports
 
 PARTITION = "debug"
 MUNGE_SOCKET = Path("/run/munge/munge.socket.2")

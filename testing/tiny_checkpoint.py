@@ -1,6 +1,6 @@
 """A tiny Llama checkpoint in Hugging Face format, built locally in seconds (no download).
 
-Tests, the benchmark and demos need a real model folder that transformers (and
+Tests and benchmarks need a real model folder that transformers (and
 vLLM) can load offline before any training has run: a random-init
 `LlamaForCausalLM`, a byte-level BPE tokenizer trained with `tokenizers` on the
 running interpreter's own standard library sources, and a packed held-out token
