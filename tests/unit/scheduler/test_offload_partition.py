@@ -40,14 +40,17 @@ def _instances(count: int, seed: int = 7):
 
 @pytest.mark.slow  # ~1 min on 2 cores: 200 MIPs and 200 brute-force enumerations
 def test_mip_matches_brute_force_on_200_small_profiles():
+    # Each instance proves optimal in well under a second alone; the generous time limit keeps
+    # `optimal` a property of the solver, not of how busy the machine is (one instance of 200
+    # hit the default 10 s under a loaded parallel suite and came back unproved).
     matched = solved = 0
     for profile, hw in _instances(200):
         reference = brute_force(profile, hw)
         if reference is None:
             with pytest.raises(NoFeasiblePartition):
-                solve_partition(profile, hw, max_stages=profile.num_layers, mip_rel_gap=1e-9)
+                solve_partition(profile, hw, max_stages=profile.num_layers, mip_rel_gap=1e-9, time_limit_s=300)
             continue
-        mip = solve_partition(profile, hw, max_stages=profile.num_layers, mip_rel_gap=1e-9)
+        mip = solve_partition(profile, hw, max_stages=profile.num_layers, mip_rel_gap=1e-9, time_limit_s=300)
         solved += 1
         assert mip.optimal
         assert fits(profile, hw, mip.stage_sizes)
