@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 # Every extra (see pyproject.toml); vLLM (gpu) only where there is a GPU to run it.
 EXTRAS ?= dev,diagnosis,eval,kubernetes,tracking$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
 
-.PHONY: demo test unit integration venv clean slurm-packages sandbox-packages
+.PHONY: demo test unit integration venv clean slurm-packages sandbox-packages native-packages
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml constraints.txt setup.py diagnosis/native/linescan.cc | native-packages
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (set PY=... to override)"; exit 1; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -20,6 +20,20 @@ venv: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/forgeflow demo
+
+# The compressor's native line pass (diagnosis/native, built by pip through setup.py) links
+# RE2's C++ library (Debian's libre2-dev; g++, pkg-config): as root, install them when missing,
+# before pip builds the package. Without them the build skips the pass and the compressor
+# runs its pure-Python scan (same result, slower; it says so once per process).
+NATIVE_PKGS := g++ pkg-config libre2-dev
+native-packages:
+	@if [ "$$(id -u)" = 0 ] && ! { command -v g++ >/dev/null 2>&1 && command -v pkg-config >/dev/null 2>&1 && pkg-config --exists re2; } && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing $(NATIVE_PKGS) (the compressor's native line pass)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq $(NATIVE_PKGS) >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq $(NATIVE_PKGS) >/dev/null 2>&1; } || \
+	  echo "could not install $(NATIVE_PKGS): the compressor runs its pure-Python scan"; \
+	fi
 
 # The Slurm integration tests run a real slurmctld/slurmd (Debian's slurm-wlm + munge): as
 # root, install them when missing; otherwise those tests skip and say why.
