@@ -454,6 +454,11 @@ class S3Storage(Storage):
             connect_timeout=options.connect_timeout_s,
             read_timeout=options.read_timeout_s,
             max_pool_connections=max(10, options.max_concurrency + 2),
+            # Over plain http botocore signs every payload with SHA-256, which the server
+            # checks; the CRC32 it adds by default would be a second pass over every byte of
+            # a checkpoint that protects nothing more. Over https (payload unsigned) it stays.
+            request_checksum_calculation=("when_required" if str(self.endpoint_url or "").startswith(
+                "http://") else "when_supported"),
         ))
         self._parts = ThreadPoolExecutor(max(1, options.max_concurrency), thread_name_prefix="s3-part")
 
