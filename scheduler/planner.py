@@ -518,20 +518,26 @@ def best_plan_per_cell(plans: list[Plan]) -> list[Plan]:
 
 def _explain_infeasible(request: PlanRequest, pools: list[GpuPool], config: PlannerConfig) -> tuple[str, list[str]]:
     m = request.model
-    biggest = max(pools, key=lambda p: p.memory_bytes)
-    gib = biggest.memory_bytes / GIB
     alternatives: list[str] = []
 
-    # 1. More GPUs of the largest type than the cluster (or max_gpus) offers.
+    # 1. More GPUs than the cluster (or max_gpus) offers: of the type that needs the fewest.
+    # Every type is tried, not only the one with the most memory per GPU: a type with larger
+    # nodes allows more tensor parallelism (123B on crius-sim: 48 GiB A40s in nodes of 2 never
+    # hold it, 32 GiB V100s in nodes of 16 do from 512 GPUs).
     unbounded = config.model_copy(update={"max_gpus": None, "gpu_counts": None})
     search = _Search(request, unbounded)
-    usable = int(biggest.memory_bytes * (1 - config.memory_margin))
-    big_pool = GpuPool(biggest.gpu_type, biggest.memory_bytes, biggest.peak_tflops,
-                       biggest.gpus_per_node, 1 << 20, biggest.links)
-    needed = next((n for n in _powers_of_two(1 << 16) if search.fits_at_all(big_pool, n, usable)), None)
-    if needed is not None:
-        have = biggest.total_gpus if config.max_gpus is None else min(biggest.total_gpus, config.max_gpus)
-        alternatives.append(f"more GPUs: {needed}x {biggest.gpu_type} ({gib:.0f} GiB) would hold it; "
+    fewest: tuple[int, GpuPool] | None = None
+    for pool in sorted(pools, key=lambda p: -p.memory_bytes):
+        usable = int(pool.memory_bytes * (1 - config.memory_margin))
+        unlimited = GpuPool(pool.gpu_type, pool.memory_bytes, pool.peak_tflops, pool.gpus_per_node, 1 << 20, pool.links)
+        limit = 1 << 16 if fewest is None else fewest[0] // 2
+        needed = next((n for n in _powers_of_two(limit) if search.fits_at_all(unlimited, n, usable)), None)
+        if needed is not None:
+            fewest = (needed, pool)
+    if fewest is not None:
+        needed, pool = fewest
+        have = pool.total_gpus if config.max_gpus is None else min(pool.total_gpus, config.max_gpus)
+        alternatives.append(f"more GPUs: {needed}x {pool.gpu_type} ({pool.memory_bytes / GIB:.0f} GiB) would hold it; "
                             f"{have} are schedulable" + (f" (max_gpus={config.max_gpus})" if config.max_gpus else ""))
 
     # 2. A memory-saving mode the configuration excluded.

@@ -151,6 +151,19 @@ def test_a_job_no_gpu_type_can_hold_names_the_smallest_alternative(frenzy):
     assert needed > frenzy.total_gpus
 
 
+def test_more_gpus_names_the_type_that_needs_fewest_not_the_one_with_most_memory(crius):
+    # 123B at 4k tokens fits no type of crius-sim's 320 each. The A40s have the most memory
+    # (48 GiB) but come in nodes of 2 (tp <= 2): no count of them holds it. The V100s (32 GiB)
+    # come in nodes of 16 (tp 8) and hold it from 512; the suggestion used to look at the A40s only.
+    request = PlanRequest(model=MODEL_PRESETS["mistral-large-123b"], global_batch=1024, precision="bf16", name="big")
+    with pytest.raises(InfeasibleJobError) as err:
+        plan_job(request, crius)
+    more = [a for a in err.value.alternatives if a.startswith("more GPUs")]
+    assert more and more[0].startswith("more GPUs: 512x V100-32G"), err.value.alternatives
+    assert plan_job(request, parse_cluster({"name": "v100s", "nodes": [
+        {"name": "v", "replicas": 32, "gpu_type": "V100-32G", "gpu_count": 16}]}))
+
+
 def test_infeasible_job_suggests_recompute_and_shorter_sequence():
     cluster = parse_cluster({"name": "one", "nodes": [{"name": "n0", "gpu_type": "A100-80G", "gpu_count": 8}]})
     model = MODEL_PRESETS["llama-7b"].model_copy(update={"seq_length": 32768})
