@@ -50,7 +50,7 @@ megatron GPTModel + DDP + Adam) for two steps under PyTorch's MemTracker
 fp32 cases run full steps with Adam; bf16/fp16 run forward + backward into DDP's
 fp32 gradient buffers (megatron's mixed-precision optimizer needs CUDA).
 
-    .venv/bin/python benchmarks/memory_accuracy.py [--quick] [--no-fake] [--no-torchrun] [--heldout-only]
+    .venv/bin/python benchmarks/memory_accuracy.py [--smoke] [--no-fake] [--no-torchrun] [--heldout-only]
 
 Last line: one JSON object — planner_memory_margin; for each held-out set (heldout_*,
 fresh_heldout_*): _configs, _mean_accuracy, _worst_accuracy, _mean_signed_error,
@@ -141,7 +141,7 @@ def _m(h: int, l: int, a: int, kv: int, s: int, v: int = 4096, f: int | None = N
                 untie_embeddings_and_output_weights=not tied)
 
 
-def grid(quick: bool) -> list[Case]:
+def grid() -> list[Case]:
     cases = [
         Case("tiny-cpu", _m(256, 4, 8, 4, 128, f=688), micro=8, global_batch=16),
         Case("h256-l2-s128", _m(256, 2, 8, 4, 128), micro=2, global_batch=2),
@@ -173,9 +173,6 @@ def grid(quick: bool) -> list[Case]:
         Case("dp2-h256-l4-s256", _m(256, 4, 8, 4, 256), micro=2, global_batch=8, dp=2),
     ]
     cases += held_out_cases(8)
-    if quick:
-        keep = {"tiny-cpu", "h256-l4-s256-sel", "h512-l4-s512-full", "h256-l8-s1024", "tp2-h512-l4-s256"}
-        cases = [c for c in cases if c.id in keep]
     return cases
 
 
@@ -355,6 +352,21 @@ FAKE_CASES = [
 ]
 
 
+def smoke_cases() -> dict[str, list[Case]]:
+    """One tiny configuration per table for `--smoke`: seconds, in this process, same code
+    path and the same last-line keys as the full run (the figures mean nothing)."""
+    tiny = _m(64, 1, 2, 1, 64, v=256)
+    return {
+        "heldout": [Case("smoke-bf16-sel", tiny, micro=1, global_batch=1, precision="bf16", recompute="selective")],
+        "fresh": [Case("smoke-bf16", _m(64, 2, 4, 2, 96, v=256), micro=1, global_batch=1, precision="bf16")],
+        "frenzy": [Case("smoke-fz-fp16", _m(48, 1, 2, 2, 64, v=256, f=128, tied=True), micro=1, global_batch=1,
+                        precision="fp16")],
+        "grid": [Case("smoke-fp32-accum", tiny, micro=2, global_batch=4)],
+        "half": [Case("smoke-fp16-full", tiny, micro=1, global_batch=1, precision="fp16", recompute="full")],
+        "fake": [Case("smoke-fake", _m(128, 2, 4, 4, 128, v=512), micro=1, global_batch=1)],
+    }
+
+
 def measure_in_process(cases: list[Case], fake: bool = False) -> None:
     from scheduler.memory_probe import measure_training_peak
 
@@ -428,7 +440,11 @@ def report(cases: list[Case], title: str) -> dict[str, float]:
         "mean": sum(ours) / len(ours), "worst": min(ours),
         "frenzy_mean": sum(theirs) / len(theirs), "frenzy_worst": min(theirs),
     }
+    marp = score([(c.predict().total, c.measured) for c in cases])
+    summary.update(under=marp["under"], largest_under=marp["largest_under"])
     print(f"MARP   accuracy: mean {summary['mean']:.2%}  worst {summary['worst']:.2%}  over {len(cases)} configs")
+    print(f"MARP   under-predicted {summary['under']:.0%} of {len(cases)}, "
+          f"largest under-prediction {summary['largest_under']:.2%}")
     print(f"Frenzy accuracy: mean {summary['frenzy_mean']:.2%}  worst {summary['frenzy_worst']:.2%}")
     return summary
 
@@ -446,7 +462,8 @@ def measure(cases: list[Case], cached: dict[str, Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="5 regression configurations (for a smoke run)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one tiny configuration per table, in this process (seconds; same code and keys)")
     parser.add_argument("--no-fake", action="store_true", help="skip the FakeTensorMode 7B/13B table")
     parser.add_argument("--no-torchrun", action="store_true", help="skip every tp=2/dp=2 configuration")
     parser.add_argument("--heldout-only", action="store_true",
@@ -462,7 +479,13 @@ def main() -> int:
     def keep(cases: list[Case]) -> list[Case]:
         return [c for c in cases if c.tp == 1 and c.dp == 1] if args.no_torchrun else list(cases)
 
-    heldout, fresh, frenzy_cases = keep(HELDOUT_CASES), keep(FRESH_HELDOUT_CASES), keep(FRENZY_CASES)
+    sets = smoke_cases() if args.smoke else {
+        "heldout": HELDOUT_CASES, "fresh": FRESH_HELDOUT_CASES, "frenzy": FRENZY_CASES,
+        "grid": [] if args.heldout_only else grid(),
+        "half": [] if args.heldout_only else BF16_CASES,
+        "fake": [] if args.no_fake or args.heldout_only else FAKE_CASES,
+    }
+    heldout, fresh, frenzy_cases = keep(sets["heldout"]), keep(sets["fresh"]), keep(sets["frenzy"])
     print(f"measuring {len(heldout)} + {len(fresh)} held-out and {len(frenzy_cases)} Frenzy-assumption "
           "configurations (CPU, MemTracker, 2 steps each)")
     measure(heldout + fresh + frenzy_cases, cached)
@@ -475,7 +498,7 @@ def main() -> int:
     if frenzy_cases:
         held.update(report_frenzy(frenzy_cases))
 
-    cases = [] if args.heldout_only else keep(grid(args.quick))
+    cases = keep(sets["grid"])
     summary: dict[str, float] = {}
     if cases:
         print(f"\nREGRESSION CHECK (not a headline: the estimator's terms were read off these shapes): "
@@ -488,7 +511,7 @@ def main() -> int:
                   f"mean {sum(random_shapes) / len(random_shapes):.2%}  worst {min(random_shapes):.2%}  "
                   f"over {len(random_shapes)}")
 
-    bf16_cases = [] if args.quick or args.heldout_only else BF16_CASES
+    bf16_cases = sets["half"]
     bf16_summary: dict[str, float] = {}
     if bf16_cases:
         print(f"\nHalf precision on CPU: {len(bf16_cases)} configurations, forward + backward only")
@@ -497,9 +520,8 @@ def main() -> int:
                                           "activations; Frenzy column not comparable)")
 
     fake_summary: dict[str, float] = {}
-    fake_cases: list[Case] = []
-    if not args.no_fake and not args.heldout_only:
-        fake_cases = FAKE_CASES[:1] if args.quick else FAKE_CASES
+    fake_cases: list[Case] = sets["fake"]
+    if fake_cases:
         print(f"\nFakeTensorMode: {len(fake_cases)} large-model shapes (traced, no memory used)")
         for c in fake_cases:
             if c.id in cached:
@@ -540,12 +562,16 @@ def main() -> int:
             worst_accuracy=round(summary["worst"], 4),
             frenzy_mean_accuracy=round(summary["frenzy_mean"], 4),
             frenzy_worst_accuracy=round(summary["frenzy_worst"], 4),
+            underprediction_rate=round(summary["under"], 4),
+            largest_underprediction=round(summary["largest_under"], 4),
         )
     if bf16_summary:
         headline.update(
             half_precision_configs=len(bf16_cases),
             half_precision_mean_accuracy=round(bf16_summary["mean"], 4),
             half_precision_worst_accuracy=round(bf16_summary["worst"], 4),
+            half_precision_underprediction_rate=round(bf16_summary["under"], 4),
+            half_precision_largest_underprediction=round(bf16_summary["largest_under"], 4),
         )
     if fake_summary:
         headline.update(

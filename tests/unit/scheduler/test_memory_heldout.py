@@ -38,7 +38,7 @@ def test_heldout_set_is_frozen_and_covers_what_calibration_did_not(bench):
     assert any(c.precision != "fp32" and c.dp > 1 for c in cases)
     assert any(c.recompute == "full" and c.tp * c.dp > 1 for c in cases)
     assert sum(c.model["seq_length"] >= 2048 for c in cases) >= 4
-    calibration = {c.id for c in bench.grid(quick=False)} | {c.id for c in bench.BF16_CASES}
+    calibration = {c.id for c in bench.grid()} | {c.id for c in bench.BF16_CASES}
     assert not calibration & {c.id for c in cases}
 
 
@@ -46,7 +46,7 @@ def test_fresh_heldout_set_is_frozen_and_uses_only_new_shapes(bench):
     # Written down before the issue-26 estimator change; editing it now would make it a tuning set.
     assert _fingerprint(bench.FRESH_HELDOUT_CASES) == "1f0d1e6ce0276249"
     fresh = bench.FRESH_HELDOUT_CASES
-    earlier = bench.grid(quick=False) + bench.BF16_CASES + bench.HELDOUT_CASES + bench.FRENZY_CASES
+    earlier = bench.grid() + bench.BF16_CASES + bench.HELDOUT_CASES + bench.FRENZY_CASES
     for key in ("hidden_size", "seq_length"):
         assert not {c.model[key] for c in fresh} & {c.model[key] for c in earlier}, key
     assert not ({c.micro for c in fresh} - {1}) & {c.micro for c in earlier}
