@@ -65,7 +65,7 @@ def ensure_work_pool(pool: str, pool_type: str = "process") -> None:
 def ensure_cluster_registered(cluster_source: str) -> dict:
     """Register (or update) the inventory with the orchestrator; node health already there is kept."""
     from infra.statedb import database_url, redact
-    from tasks.cluster_tasks import cluster_orchestrator
+    from scheduler.orchestrator.seat import cluster_orchestrator
     from tasks.pretrain_tasks import load_cluster
 
     summary = cluster_orchestrator().register(load_cluster(cluster_source), source=cluster_source)
@@ -95,7 +95,7 @@ def ensure_slack_block(reuse: str | None = None):
     from prefect.variables import Variable
     from prefect_slack import SlackWebhook
 
-    from tasks.pretrain_tasks import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
+    from infra.notify import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
 
     if reuse:
         try:

@@ -37,16 +37,15 @@ from diagnosis.recovery import (
 from checkpoint.manifest import committed_checkpoints
 from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
+from scheduler.orchestrator.seat import Seat, cluster_orchestrator, withdraw
 from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
-    Seat,
-    cluster_orchestrator,
+    FlowSeat,
     join_cluster,
     publish_cluster_table,
     submit_job,
     wait_for_gpus,
-    withdraw,
 )
 from tasks.pretrain_tasks import (
     build_notifier,
@@ -127,7 +126,7 @@ def pretrain(
         #    GPUs are released however the flow ends (a flow that dies stops renewing and its
         #    lease expires).
         with HeldJob(orchestrator, job_id) as held:
-            seat = Seat(orchestrator, job_id, held, cluster_name, plans, spec.name)
+            seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name)
             result = _train(job_spec, spec, inventory, placement, seat, max_restarts=max_restarts,
                             hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
                             breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,

@@ -11,6 +11,10 @@ the host only.
 
 Sending never raises: a Slack outage must not break recovery. Every alert is
 also returned as a `Delivery`, so the flow can keep an artifact of what it said.
+
+`notifier_for` decides where alerts go (SLACK_WEBHOOK_URL, else the Slack webhook
+block a server holds, else the console); the lookup of the block on a Prefect
+server is the flows' part (`tasks.pretrain_tasks.build_notifier`).
 """
 
 from __future__ import annotations
@@ -18,10 +22,15 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlparse
 
 Severity = Literal["info", "success", "warning", "error"]
+
+# The Slack webhook block (prefect-slack's SlackWebhook) the flows alert through, and the
+# Prefect Variable in which `forgeflow deploy` records it when it reuses a team's own block.
+DEFAULT_SLACK_BLOCK = "forgeflow-slack"
+SLACK_BLOCK_VARIABLE = "forgeflow_slack_block"
 _EMOJI = {"info": ":information_source:", "success": ":white_check_mark:", "warning": ":warning:", "error": ":rotating_light:"}
 
 
@@ -138,3 +147,22 @@ class Notifier:
         if response.status_code == 200:
             return Delivery(alert, "slack", True)
         return Delivery(alert, "slack", False, f"HTTP {response.status_code} from {self.target}: {response.body[:200]}")
+
+
+def slack_block_name(recorded: str | None) -> str:
+    """The Slack webhook block to alert through: the one `forgeflow deploy` recorded, else forgeflow-slack."""
+    return str(recorded or DEFAULT_SLACK_BLOCK)
+
+
+def notifier_for(environ: Mapping[str, str], find_block: Callable[[], tuple[str, Any] | None]) -> Notifier:
+    """Where alerts go, first found: SLACK_WEBHOOK_URL (the command line without a server); the
+    Slack webhook block `find_block` returns as (its name, its slack-sdk WebhookClient), asked only
+    then (what `forgeflow deploy` set up, and what the crash automation uses too); the console
+    (alerts printed and kept)."""
+    if environ.get("SLACK_WEBHOOK_URL"):
+        return Notifier(environ["SLACK_WEBHOOK_URL"], source="SLACK_WEBHOOK_URL")
+    found = find_block()
+    if found is None:
+        return Notifier("")
+    name, client = found
+    return Notifier(client=client, source=f"Prefect block {name!r}")

@@ -193,7 +193,7 @@ def eval_allocation(suite: SuiteConfig, node_count: int, cluster: str | None, wh
     the evaluation runs, release it on every exit. Yields the allocated nodes (their work queues)."""
     from scheduler.orchestrator import demand_options
     from scheduler.orchestrator.lease import HeldJob
-    from tasks.cluster_tasks import cluster_orchestrator, withdraw
+    from scheduler.orchestrator.seat import cluster_orchestrator, withdraw
 
     if node_count < 1:
         raise ValueError(f"node_count must be at least 1 (got {node_count}); or give nodes=[...] instead")

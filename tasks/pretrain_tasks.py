@@ -23,7 +23,7 @@ from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
-from infra.notify import Alert, Notifier
+from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
 from tasks.launchers import make_launcher
@@ -230,44 +230,22 @@ def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str,
     return two_round_check(placement.nodes, runner)
 
 
-# The Slack webhook block (prefect-slack's SlackWebhook) the flows alert through, and the
-# Prefect Variable in which `forgeflow deploy` records it when it reuses a team's own block.
-DEFAULT_SLACK_BLOCK = "forgeflow-slack"
-SLACK_BLOCK_VARIABLE = "forgeflow_slack_block"
+def build_notifier() -> Notifier:
+    """infra.notify.notifier_for, with the Slack webhook block looked up on the Prefect server."""
+    return notifier_for(os.environ, _server_slack_block)
 
 
-def slack_block_name() -> str:
-    """The Slack webhook block's name: the one `forgeflow deploy` recorded, else forgeflow-slack."""
+def _server_slack_block() -> tuple[str, object] | None:
+    """(name, WebhookClient) of the Slack webhook block the server holds, or None (no such
+    block, no server, prefect-slack missing)."""
     try:
         from prefect.variables import Variable
-
-        return str(Variable.get(SLACK_BLOCK_VARIABLE, default=DEFAULT_SLACK_BLOCK) or DEFAULT_SLACK_BLOCK)
-    except Exception:  # no server to ask
-        return DEFAULT_SLACK_BLOCK
-
-
-def load_slack_block():
-    """(name, SlackWebhook block), or None when the server holds none (or there is no server)."""
-    name = slack_block_name()
-    try:
         from prefect_slack import SlackWebhook
 
-        return name, SlackWebhook.load(name)
-    except Exception:  # no such block / no server / prefect-slack missing
+        name = slack_block_name(Variable.get(SLACK_BLOCK_VARIABLE, default=None))
+        return name, SlackWebhook.load(name).get_client(sync_client=True)
+    except Exception:
         return None
-
-
-def build_notifier() -> Notifier:
-    """Slack through Prefect's Slack webhook block (what `forgeflow deploy` set up, and what
-    the crash automation uses too); SLACK_WEBHOOK_URL instead where it is set (the command
-    line without a server). Neither: alerts are printed and kept as artifacts."""
-    if os.environ.get("SLACK_WEBHOOK_URL"):
-        return Notifier(os.environ["SLACK_WEBHOOK_URL"], source="SLACK_WEBHOOK_URL")
-    found = load_slack_block()
-    if found is None:
-        return Notifier("")
-    name, block = found
-    return Notifier(client=block.get_client(sync_client=True), source=f"Prefect block {name!r}")
 
 
 @task(name="alert", cache_policy=NO_CACHE)

@@ -6,6 +6,7 @@
     service     `Orchestrator`: submit, admit (one policy pass, `scheduler.policy`), renew, release,
                 expire leases, cordon / drain / uncordon, wait for admission
     lease       HeldJob: renew an admitted job's lease in the background, release it on every exit
+    seat        a flow's job on the cluster: join, plan and queue, wait, cordon, placed again (Seat)
     views       cluster status and queue snapshots, and the nodes x GPUs table (markdown)
     history     double-booking check over the allocation history
     cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon` and `forgeflow submit`

@@ -50,7 +50,7 @@ def test_evaluation_across_two_worker_nodes(use_prefect_server, two_node_cluster
     from evalsuite.preload import preload_key
     from flows.deploy import ensure_cluster_registered, ensure_work_pool
     from flows.evaluate import evaluate_checkpoint
-    from tasks.cluster_tasks import cluster_orchestrator
+    from scheduler.orchestrator.seat import cluster_orchestrator
 
     started = datetime.now(timezone.utc)  # the server is shared: only this test's runs count
     monkeypatch.setenv("FORGEFLOW_STATE_DIR", str(tmp_path / "state"))   # the orchestrator's SQLite

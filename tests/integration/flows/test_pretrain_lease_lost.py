@@ -16,7 +16,7 @@ import time
 import yaml
 
 import scheduler.orchestrator.service as service
-import tasks.cluster_tasks as cluster_tasks
+import scheduler.orchestrator.seat as seat
 from flows.pretrain import pretrain
 from testing.node_faults import after_step
 from scheduler.orchestrator import double_booked
@@ -33,8 +33,8 @@ def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again
     cluster.write_text(yaml.safe_dump(CLUSTER, sort_keys=False))
     job = make_job("lease-lost", training={"steps": STEPS, "lr_decay_steps": STEPS}, checkpoint={"interval": 2})
     trained = after_step(load_job_spec(job).resolved_run_dir, STALL_AFTER)
-    monkeypatch.setattr(cluster_tasks, "FLOW_LEASE_S", LEASE_S)
-    monkeypatch.setattr(cluster_tasks, "FLOW_GRACE_S", GRACE_S)
+    monkeypatch.setattr(seat, "FLOW_LEASE_S", LEASE_S)
+    monkeypatch.setattr(seat, "FLOW_GRACE_S", GRACE_S)
     real_renew = service.Orchestrator.renew
     stalls: list[dict] = []
 
@@ -44,7 +44,7 @@ def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again
             time.sleep(LEASE_S + GRACE_S + 0.5)  # the holder is stuck past lease + grace
             # meanwhile another flow's pass reclaims the lease (and, the GPU being free, admits
             # the re-queued job again at once)
-            stalls[0]["pass"] = cluster_tasks.cluster_orchestrator().reconcile(CLUSTER["name"])
+            stalls[0]["pass"] = seat.cluster_orchestrator().reconcile(CLUSTER["name"])
         return real_renew(self, job_id, attempt)
 
     monkeypatch.setattr(service.Orchestrator, "renew", renew)
@@ -59,7 +59,7 @@ def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again
     assert result.finished and result.final_step == STEPS, result
     assert result.failures == [], result.failures  # evicted is not a failure: nothing was diagnosed
     assert len(result.placements) == 2 and result.placements[1]["nodes"] == ["solo"], result.placements
-    orch = cluster_tasks.cluster_orchestrator()
+    orch = seat.cluster_orchestrator()
     row = orch.job(reclaimed.expired_jobs[0])
     assert (row["state"], row["attempts"], row["lost_count"]) == ("finished", 2, 1), row
     assert double_booked(orch.engine, CLUSTER["name"]) == 0

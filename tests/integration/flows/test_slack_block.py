@@ -16,7 +16,7 @@ def receivers(prefect_api, monkeypatch):
     from prefect.variables import Variable
     from prefect_slack import SlackWebhook
 
-    from tasks.pretrain_tasks import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
+    from infra.notify import DEFAULT_SLACK_BLOCK, SLACK_BLOCK_VARIABLE
 
     monkeypatch.delenv("SLACK_WEBHOOK_URL", raising=False)
     ours, teams = SlackReceiver(), SlackReceiver()

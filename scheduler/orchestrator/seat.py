@@ -1,0 +1,191 @@
+"""A flow's job on the shared cluster: joining, queueing, waiting, and being placed again.
+
+What a pretraining flow decides about its seat on the cluster, without Prefect
+(`tasks/cluster_tasks.py` runs these as Prefect tasks that show the queue, the plans
+and the cluster table in the UI):
+
+- `sync_inventory`: register the flow's inventory, or update it when its nodes changed, and
+  mirror what the batch system marks unschedulable as cordons (a cordon of ours stays ours);
+- `plan_and_submit`: MARP plans on every GPU type of the cluster, queued with the orchestrator;
+- `admitted_placement`: wait until the policy admits the job; the placement with its plan;
+- `cordon_nodes`: cordon in the orchestrator, the flow's inventory and (Slurm) the batch system;
+- `Seat`: an admitted job placed again after a node check (`replace`) or a lost lease (`rejoin`);
+- `withdraw`: take a job that still waits out of the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+from scheduler.cluster import Cluster
+from scheduler.orchestrator.config import OrchestratorConfig, OrchestratorError
+from scheduler.orchestrator.lease import HeldJob
+from scheduler.orchestrator.options import options_from_plans, require_idle_fit
+from scheduler.orchestrator.service import Orchestrator
+from scheduler.orchestrator.views import cluster_status
+from scheduler.placement import Placement, placed_step_time
+
+log = logging.getLogger(__name__)
+
+# A flow renews every lease_s / 3 seconds; a flow that died frees its GPUs lease + grace later.
+FLOW_LEASE_S = 30.0
+FLOW_GRACE_S = 30.0
+INVENTORY_CORDON = "unschedulable in the inventory"
+
+
+def cluster_orchestrator(db_url: str | None = None) -> Orchestrator:
+    """The orchestrator as flows use it (their leases: FLOW_LEASE_S + FLOW_GRACE_S)."""
+    return Orchestrator(db_url, OrchestratorConfig(lease_s=FLOW_LEASE_S, grace_s=FLOW_GRACE_S))
+
+
+def sync_inventory(orch: Orchestrator, inventory: Cluster, by: str = "pretrain flow") -> bool:
+    """Register the inventory, or update it when its nodes changed (node health recorded in the
+    orchestrator is kept either way); cordon the nodes the inventory marks unschedulable (e.g.
+    drained in Slurm) and uncordon those it no longer marks, if that cordon was the inventory's.
+    True when the inventory was (re-)registered."""
+    known = _nodes_or_none(orch, inventory.name)
+    registered = {n["node"]: n["state"] for n in known}
+    shape = {(n["node"], n["gpu_type"], n["gpu_count"]) for n in known}
+    changed = shape != {(n.name, n.gpu_type, n.gpu_count) for n in inventory.nodes}
+    if changed:
+        orch.register(inventory, source=by)
+    reasons = {n["node"]: n["reason"] or "" for n in known}
+    for node in inventory.nodes:  # mirror what the batch system says (a cordon of ours stays ours)
+        if node.cordoned and registered.get(node.name, "ready") == "ready":
+            orch.cordon(node.name, reason=f"{INVENTORY_CORDON} (e.g. drained in Slurm)",
+                        cluster=inventory.name, by=by)
+        elif not node.cordoned and registered.get(node.name) == "cordoned" \
+                and reasons.get(node.name, "").startswith(INVENTORY_CORDON):
+            orch.uncordon(node.name, reason="schedulable again in the inventory", cluster=inventory.name, by=by)
+    return changed
+
+
+def _nodes_or_none(orch: Orchestrator, cluster: str) -> list[dict]:
+    try:
+        return cluster_status(orch.engine, cluster)["nodes"]
+    except OrchestratorError:
+        return []
+
+
+def plan_and_submit(orch: Orchestrator, spec, cluster: str, priority: int = 0) -> tuple[int, list]:
+    """MARP plans on every GPU type of the cluster (the user chose none), queued with the
+    orchestrator: (job id, ranked plans). A cluster with no schedulable node, or a job no GPU
+    type can hold, is refused here (PlannerError / InfeasibleJobError with the planner's advice)."""
+    from scheduler.planner import PlannerError, plan_job, worker_planner_config
+
+    inventory = orch.cluster(cluster)
+    if not inventory.schedulable_nodes():
+        held = ", ".join(f"{n['node']} ({n['state']}: {n['reason'] or 'no reason given'})"
+                         for n in cluster_status(orch.engine, cluster)["nodes"])
+        raise PlannerError(f"cluster {cluster!r} has no schedulable node: {held}; "
+                           "`forgeflow cluster uncordon NODE` returns one to service")
+    for node in inventory.nodes:  # size against every node: a cordoned one may come back
+        node.cordoned = False
+    plans = plan_job(spec, inventory, worker_planner_config(inventory))  # only plans the worker runs
+    options = options_from_plans(plans, spec.training.steps, inventory.gpu_types())
+    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority)
+    return job_id, plans
+
+
+def admitted_placement(orch: Orchestrator, job_id: int, plans: list, *, poll_s: float = 2.0,
+                       on_wait: Callable[[int, int], None] | None = None,
+                       timeout_s: float | None = None) -> Placement:
+    """Wait in the queue until the policy admits the job (`on_wait(position, length)` while it
+    waits); the admitted placement with the plan of its layout and that plan's step time on the
+    nodes it got."""
+    admission = orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait, timeout_s=timeout_s)
+    placement = admission.placement
+    layout = (placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp)
+    placement.plan = next((p for p in plans if (p.gpu_type, p.num_gpus, p.dp, p.tp, p.pp) == layout), None)
+    if placement.plan is not None:
+        placement.predicted_step_time_s = placed_step_time(placement.plan, placement,
+                                                           orch.cluster(orch.job(job_id)["cluster"]))
+    return placement
+
+
+def cordon_nodes(orch: Orchestrator, cluster: str, inventory: Cluster, nodes: list[str], why: str,
+                 by: str = "pretrain flow") -> None:
+    """Cordon `nodes` in the orchestrator (for every flow, across restarts), in the flow's
+    inventory and, on a Slurm cluster that drains on cordon, in Slurm too so no other Slurm job
+    lands there."""
+    for name in nodes:
+        orch.cordon(name, reason=why, cluster=cluster, by=by)
+        inventory.cordon(name)
+        if inventory.slurm is not None and inventory.slurm.drain_on_cordon:
+            from infra.slurm import drain_node
+
+            drain_node(name, f"forgeflow: {why}", inventory.slurm)
+
+
+def withdraw(orch: Orchestrator, job_id: int) -> None:
+    """Take the job out of the queue if it is still waiting (a cancelled or failed flow).
+    Never raises: cleanup must not mask the flow's own outcome."""
+    try:
+        if orch.job(job_id)["state"] == "queued":
+            orch.cancel(job_id, reason="the flow run ended while waiting")
+    except Exception as e:
+        log.warning("could not withdraw job %s from the queue: %s", job_id, e)
+
+
+@dataclass
+class Seat:
+    """A flow's admitted job on the shared cluster: what it needs to be placed again.
+
+    `wait_for_gpus` and `cordon` are the two steps a flow shows its users (tasks.cluster_tasks
+    overrides them with Prefect tasks); here they wait and cordon without showing anything."""
+
+    orchestrator: Orchestrator
+    job_id: int
+    held: HeldJob
+    cluster: str
+    plans: list
+    job: str
+    poll_s: float = 2.0  # how often the wait for GPUs asks the orchestrator
+
+    def wait_for_gpus(self) -> Placement:
+        return admitted_placement(self.orchestrator, self.job_id, self.plans, poll_s=self.poll_s)
+
+    def cordon(self, inventory: Cluster, nodes: list[str], why: str) -> None:
+        cordon_nodes(self.orchestrator, self.cluster, inventory, nodes, why)
+
+    def replace(self, faulty: list[str], inventory: Cluster, why: str) -> Placement:
+        """Cordon the faulty nodes, give the GPUs back and wait to be placed on healthy ones.
+
+        When none of the job's plans fits the nodes still in service (even with no other job
+        running), OrchestratorError says so here instead of waiting forever: the job keeps its
+        GPUs until the flow stops (a stop decision) and its HeldJob releases them as failed."""
+        self.cordon(inventory, faulty, f"{why} (job {self.job})")
+        self.check_still_fits()
+        self.held.hand_back()
+        self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
+        placement = self.wait_for_gpus()
+        self.held.resume()
+        return placement
+
+    def rejoin(self) -> Placement:
+        """After the job's lease was lost (this flow stalled past it; the watcher stopped the
+        ranks): wait until the orchestrator admits the job again (it re-queued it) and hold the
+        new admission. A job lost more often than `max_requeues` failed there, and a job an
+        operator cancelled ended: OrchestratorError says which."""
+        self.held.hand_back()
+        placement = self.wait_for_gpus()
+        self.held.resume()
+        return placement
+
+    def lease_lost(self) -> str | None:
+        """Why the job no longer holds its GPUs, or None (the watcher's `stop_when`)."""
+        lost = self.held.lost
+        return None if lost is None else f"the job's GPU lease was lost: {lost}"
+
+    def check_still_fits(self) -> None:
+        """Raise OrchestratorError when no plan of the job fits the cluster's schedulable nodes."""
+        cluster = self.orchestrator.cluster(self.cluster)
+        # the options the orchestrator admits the job on (steps only scale run times: any will do)
+        options = options_from_plans(self.plans, 1, cluster.gpu_types())
+        out_of_service = {n["node"]: f"{n['state']}: {n['reason'] or 'no reason given'}"
+                          for n in cluster_status(self.orchestrator.engine, self.cluster)["nodes"]
+                          if n["state"] != "ready"}
+        require_idle_fit(options.get(self.orchestrator.config.policy) or options["has"], cluster, job=self.job,
+                         out_of_service=out_of_service)
