@@ -22,6 +22,7 @@ both on the varied corpus), and a warning says so once per process.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 from pathlib import Path
@@ -32,7 +33,7 @@ from diagnosis.engine import _RE2_MAX_MEM
 
 _import_error: str | None = None
 try:
-    from diagnosis.native import _linescan
+    _linescan = importlib.import_module("diagnosis.native._linescan")
 except ImportError as exc:  # not built (or its RE2 library is gone): the Python scan runs
     _linescan = None
     _import_error = f"{type(exc).__name__}: {exc}"
