@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/filter_throughput.py              # 1 GB periodic log, 100 MB varied log
     .venv/bin/python benchmarks/filter_throughput.py --size-mb 200 --varied-mb 100
+    .venv/bin/python benchmarks/filter_throughput.py --smoke      # 2 MB logs, seconds: same path and keys
 
 Two workloads.
 
@@ -34,9 +35,9 @@ a fresh process (imports, rule compilation, compression, diagnosis) on a 100 MB
 periodic log, on the varied log, and on a tiny log (CLI start-up alone).
 
 Where the varied log's time goes (RE2 engine, 100 MB, CPU seconds on the loaded 2-core
-dev box, issue 17 item 5): the compressor's native line pass (``diagnosis/native``: C,
-built on first use) runs RE2's run-scan by calling ``re2::RE2::Match`` on the filter's
-own RE2 object, keys the uncovered lines (digits as 0) and counts them per distinct key,
+dev box, issue 17 item 5): the compressor's native line pass (``diagnosis/native``: C++,
+built at install since issue 26, linking RE2) runs RE2's run-scan on the filter's run
+pattern, keys the uncovered lines (digits as 0) and counts them per distinct key,
 writes the template body of each new key, and counts the lines of keys already known to
 be overflow or blank without reporting them; Python works once per distinct key of a
 buffer, not once per line. That pass takes ~0.26-0.29 s with the Python that takes its
@@ -81,7 +82,8 @@ first on a machine); ``diagnose_100mb_s`` (the first run) and ``cli_startup_unca
 Last line: JSON with engine, mb_per_s, compression_ratio, error_lines_dropped,
 diagnose_100mb_s (wall), diagnose_100mb_cpu_s, + per-engine figures (periodic); and
 mb_per_s_varied, uncovered_line_share, keywordless_errors_dropped,
-held_out_errors_dropped, diagnose_varied_s, cli_startup_s, cli_startup_uncached_s (varied).
+held_out_errors_dropped, diagnose_varied_s, diagnose_varied_first_run_s, cli_startup_s,
+cli_startup_uncached_s (varied).
 """
 
 from __future__ import annotations
@@ -348,11 +350,16 @@ def scan_floor(path: Path, engine: str = "re2") -> dict:
             "floor_mb_per_s": round(size_mb / (signal_s + filter_s), 1)}
 
 
-def run_diagnose(tmp: Path, path: Path, state: str = "state") -> tuple[float, float, str]:
+def run_diagnose(tmp: Path, path: Path, state: str = "state", home: Path | None = None) -> tuple[float, float, str]:
     """Wall and CPU time of `forgeflow diagnose --no-agent --json LOG` in a fresh process
-    (state dir ``tmp/state``: the first run there compiles the signal database and keeps it)."""
+    (state dir ``tmp/state``: the first run there compiles the signal database and keeps it).
+    ``home``: run as a user who never ran forgeflow, ``HOME`` and ``XDG_CACHE_HOME`` there
+    (empty)."""
     env = dict(os.environ, FORGEFLOW_STATE_DIR=str(tmp / state))
     cmd = [sys.executable, "-m", "flows.cli", "diagnose", str(path), "--no-agent", "--json"]
+    if home is not None:
+        home.mkdir(parents=True)
+        env.update(HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
@@ -381,7 +388,12 @@ def main() -> None:
     parser.add_argument("--diagnose-mb", type=int, default=100)
     parser.add_argument("--varied-mb", type=int, default=100)
     parser.add_argument("--varied-repeats", type=int, default=3, help="compressions of the varied log; the fastest counts")
+    parser.add_argument("--smoke", action="store_true",
+                        help="2 MB logs, one run each: the same code path and last-line keys in seconds")
     args = parser.parse_args()
+    if args.smoke:
+        args.size_mb = args.diagnose_mb = args.varied_mb = 2
+        args.repeats = args.varied_repeats = 1
 
     with tempfile.TemporaryDirectory(prefix="ff-filter-bench-") as tmpdir:
         tmp = Path(tmpdir)
@@ -416,12 +428,18 @@ def main() -> None:
             print(f"varied {args.varied_mb} MB, the two exact scans alone: signal pass {varied['floor_signal_s']} s + "
                   f"filter run-scan (native) {varied['floor_filter_s']} s CPU = {varied['floor_mb_per_s']} MB/s, "
                   f"the most the compressor can reach on this machine")
+        # a user's first diagnose after installing: fresh process, empty HOME, cache and state
+        first_s, first_cpu_s, first_root = run_diagnose(tmp, varied_log, state="state-first", home=tmp / "home-first")
+        print(f"first forgeflow diagnose on the varied {args.varied_mb} MB log (empty HOME, cache and state dir): "
+              f"{first_s:.2f} s wall, {first_cpu_s:.2f} s CPU -> {first_root}")
         startup_log = tmp / "tiny.log"
         startup_log.write_text(failure)
         startup_s, startup_cpu_s, _ = run_diagnose(tmp, startup_log)
         # a state dir no diagnose ran in: the signal database is compiled, not loaded
         uncached_s, uncached_cpu_s, _ = run_diagnose(tmp, startup_log, state="state-uncached")
         varied_diag_s, varied_diag_cpu_s, varied_root = run_diagnose(tmp, varied_log)
+        if first_root != varied_root:
+            sys.exit(f"the first diagnose found {first_root}, later ones {varied_root}: the fresh install differs")
         print(f"forgeflow diagnose on the varied {args.varied_mb} MB log: {varied_diag_s:.2f} s wall, {varied_diag_cpu_s:.2f} s CPU "
               f"-> {varied_root}; start-up alone (a {len(failure)}-byte log): {startup_s:.2f} s wall, {startup_cpu_s:.2f} s CPU "
               f"({uncached_s:.2f} s wall, {uncached_cpu_s:.2f} s CPU in a state dir without the compiled signal database)")
@@ -449,6 +467,8 @@ def main() -> None:
         "diagnose_varied_s": round(varied_diag_s, 2),
         "diagnose_varied_cpu_s": round(varied_diag_cpu_s, 2),
         "diagnose_varied_root_cause": varied_root,
+        "diagnose_varied_first_run_s": round(first_s, 2),
+        "diagnose_varied_first_run_cpu_s": round(first_cpu_s, 2),
         "cli_startup_s": round(startup_s, 2),
         "cli_startup_uncached_s": round(uncached_s, 2),
         "varied_mb": args.varied_mb,
