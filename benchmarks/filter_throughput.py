@@ -71,6 +71,25 @@ as the filter's engine in C (libhs from Debian, the seed rules as ``(?:rule)[^\n
 bare with a report per match end): 215-227 MB/s for the filter alone, slower than RE2's
 run-scan (~0.14 s), and 172-182 MB/s with the signal patterns in the same database.
 
+2026-11-28 (issue 26): the native pass is a C++ extension built when forgeflow is installed
+(``setup.py``; Debian's RE2 20220601 through ``re2/re2.h``), which compiles the run pattern
+with its own RE2; before, cffi compiled it on each machine's first use into ``~/.cache``
+and it called google-re2's RE2 through that package's pybind11 memory layout.
+``diagnose_varied_first_run_s`` is the first ``forgeflow diagnose`` of the varied log with
+an empty ``HOME``, ``XDG_CACHE_HOME`` and state dir (a user's first run after ``make demo``):
+it pays for the Hyperscan signal database (~0.5 s CPU), no longer for a C compile. Side by
+side on the 2-core box of that day, heavily loaded by other work (load 9-25, so wall times
+swing 3-10x), first runs took 1.85-2.10 s CPU (2.67 s wall at best) against 3.08-3.62 s CPU
+(9.7 s wall at best) before; later runs 1.32-1.43 against 1.40-1.63 s CPU. The compression
+itself is unchanged within the noise (best of 5 CPU, side by side: 118-127 MB/s against
+123-128): Debian's RE2 runs the run-scan as fast as google-re2's (``floor_filter_s`` 0.252 s
+both). Where its ~0.7-0.8 s went that day (perf, 100 MB): the C++ pass ~0.27 s, of which
+RE2's DFA ~0.15 s (1.46 ns a byte, measured alone); the varied log's ~227 000 uncovered
+lines hold ~110 000 distinct keys, so most probes of the key table miss the caches (a third
+of the pass's own time); the Hyperscan pass ~0.11 s; Python, once per distinct key, ~0.3 s.
+250 MB/s (0.4 s) would leave that Python ~0.1 s even where the two scans take 0.29 s (the
+350 MB/s floor of a quieter box).
+
 End to end, most of the old 2.3 s was start-up: compiling the signal patterns' Hyperscan
 database (~0.25 s) and validating each diagnosis rule in a one-pattern Hyperscan database
 (~0.45 s). The database is now kept in ``<state>/cache`` and a pattern it compiled is not
