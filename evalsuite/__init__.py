@@ -11,7 +11,8 @@
     history.py      runtime history (per dataset, backend, model size) for predictions
     coordinator.py  decompose (split/batch), assign (LPT over slots): the plan
     executor.py     the one loop that runs a plan, records runtime history; pluggable submitters
-    node_session.py a node's part of a multi-node evaluation: one long-lived session serving its trials
+    node_session.py multi-node evaluation, one long-lived session per node: the node's half (serve_node)
+                    and the evaluator's (open_sessions: ready, hand out trials, stop)
     slurm_trials.py the Slurm submitter: one sbatch job per trial, watched, scancelled on interrupt
     runner.py       the whole pipeline in one call
     suite.py        suite YAML

@@ -22,6 +22,11 @@ per-trial results did before), one folder per node:
     <session>/<node>/ready                 the preload's local path, once it is in place
     <session>/<node>/stop                  the evaluator is done: finish and clean up
     <session>/heartbeat                    touched by the evaluator while it runs
+
+Both halves of the protocol are here: `serve_node` is a node's, `open_sessions` /
+`NodeSessions` the evaluator's (beat, wait until every node is ready, hand out trials,
+tell them to stop). How a session is started and watched is the caller's `SessionRuns`
+(the flow's: Prefect flow runs on the nodes' work queues, `tasks.eval_tasks`).
 """
 
 from __future__ import annotations
@@ -29,8 +34,12 @@ from __future__ import annotations
 import concurrent.futures as cf
 import json
 import os
+import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from evalsuite.errors import TrialError
 from evalsuite.preload import preload, remove_preload
@@ -160,3 +169,135 @@ def _evaluator_gone(folder: SessionFolder, started: float, gone_s: float) -> boo
     except FileNotFoundError:
         last = started   # no beat yet: counted from the session's start
     return time.time() - last > gone_s
+
+
+# --- the evaluator's side
+
+
+class SessionRuns(Protocol):
+    """The node sessions' runs as the evaluator sees them (started by the caller of `open_sessions`)."""
+
+    def refresh(self) -> None:
+        """Read the runs' states again (`ended` answers from the last read)."""
+
+    def ended(self, node: str) -> str | None:
+        """None while the node's session runs or waits to start; else how it ended (for errors)."""
+
+    def not_started_hint(self, node: str) -> str:
+        """What to check when the node's session never started (e.g. the worker on its queue)."""
+
+    def cancel_unstarted(self) -> None:
+        """Cancel the sessions nothing has started: nothing would ever end them."""
+
+    def wait_all(self) -> None:
+        """Until every session ended; raise the first failure after all ended (none left running)."""
+
+
+class NodeSessions:
+    """The evaluator's side of the node sessions: their folders, their runs, its heartbeat."""
+
+    def __init__(self, session_dir: str | Path, nodes: list[str], beat_s: float = 10.0) -> None:
+        self.session_dir, self.nodes, self.beat_s = Path(session_dir), list(nodes), beat_s
+        self.folders = {node: SessionFolder(session_dir, node) for node in nodes}
+        self.runs: SessionRuns | None = None
+        self._stop = threading.Event()
+        self._beater: threading.Thread | None = None
+
+    def folder(self, node: str) -> SessionFolder:
+        if node not in self.folders:
+            raise ValueError(f"trial for node {node!r}, but the sessions are on {', '.join(self.nodes)}")
+        return self.folders[node]
+
+    def send(self, trial: Trial) -> "SessionTrial":
+        """Hand `trial` to its node's session."""
+        return SessionTrial(trial, self.folder(trial.node).send(trial), self)
+
+    def ended(self, node: str) -> str | None:
+        return self.runs.ended(node) if self.runs is not None else None
+
+    def start_beating(self) -> None:
+        self.folders[self.nodes[0]].beat()
+
+        def beat() -> None:
+            while not self._stop.wait(self.beat_s):
+                self.folders[self.nodes[0]].beat()
+
+        self._beater = threading.Thread(target=beat, name="eval-session-heartbeat", daemon=True)
+        self._beater.start()
+
+    def stop_beating(self) -> None:
+        self._stop.set()
+
+    def wait_ready(self, timeout_s: float = 900.0, poll_s: float = 0.5) -> None:
+        """Until every session has its preload in place; a session that ended first, or one that
+        nothing started within `timeout_s`, is the error."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.runs.refresh()
+            waiting = []
+            for node in self.nodes:
+                if self.folders[node].ready.exists():
+                    continue
+                how = self.runs.ended(node)
+                if how is not None:
+                    raise TrialError(f"the evaluation session on {node} ended before its preload was in place: {how}")
+                waiting.append(node)
+            if not waiting:
+                return
+            if time.monotonic() > deadline:
+                raise TrialError(f"the evaluation session(s) on {', '.join(waiting)} did not get the model preloaded "
+                                 f"within {timeout_s:.0f} s; {self.runs.not_started_hint(waiting[0])}? Sessions "
+                                 "nothing started are cancelled")
+            time.sleep(poll_s)
+
+    def end(self, failed: bool) -> None:
+        """Tell every session to stop, cancel those never started, wait for the others (each removes
+        its preload); their failures are raised unless the evaluation is already failing."""
+        try:
+            for folder in self.folders.values():
+                folder.tell_stop()
+            if self.runs is not None:
+                self.runs.cancel_unstarted()
+                try:
+                    self.runs.wait_all()
+                except Exception:
+                    if not failed:
+                        raise
+        finally:
+            self.stop_beating()
+
+
+class SessionTrial:
+    """A trial handed to its node's session: done when its result file is there or the session ended."""
+
+    def __init__(self, trial: Trial, result_path: Path, sessions: NodeSessions) -> None:
+        self.trial, self.result_path, self.sessions = trial, result_path, sessions
+
+    def done(self) -> bool:
+        return self.result_path.exists() or self.sessions.ended(self.trial.node) is not None
+
+    def result(self) -> TrialResult:
+        if self.result_path.exists():
+            return read_result(self.result_path)
+        raise TrialError(f"trial {self.trial.trial_id}: the session on {self.trial.node} ended before it "
+                         f"finished: {self.sessions.ended(self.trial.node)}")
+
+
+@contextmanager
+def open_sessions(session_dir: str | Path, nodes: list[str], start: Callable[[NodeSessions], SessionRuns],
+                  ready_timeout_s: float = 900.0, beat_s: float = 10.0) -> Iterator[NodeSessions]:
+    """One session per node for the evaluation's lifetime: `start` starts them (its SessionRuns
+    watches them), then this waits until each has preloaded the model; at the end they are told
+    to stop and waited for (each removes its preload). While it lasts the evaluator beats, so a
+    session whose evaluator died ends on its own (EVALUATOR_GONE_S)."""
+    sessions = NodeSessions(session_dir, nodes, beat_s=beat_s)
+    sessions.start_beating()
+    try:
+        sessions.runs = start(sessions)
+        sessions.wait_ready(ready_timeout_s)
+        yield sessions
+    except BaseException:
+        sessions.end(failed=True)   # the error that ended the evaluation is the one raised
+        raise
+    else:
+        sessions.end(failed=False)  # a session that failed at the end is an error too

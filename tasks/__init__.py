@@ -1,4 +1,4 @@
-"""forgeflow: tasks — thin, typed Prefect task wrappers over the libraries.
+"""forgeflow: tasks — Prefect adapters over the libraries: tasks, artifacts, flow runs.
 
     pretrain_tasks     launch, watch, diagnose, node check
     cluster_tasks      the shared cluster: join, submit, wait for GPUs, cordon, the cluster table

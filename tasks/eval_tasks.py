@@ -11,9 +11,11 @@ A trial task runs its trial the way the suite's isolation says: in the task's
 thread, or in its slot's own process that sees only the slot's devices (one
 long-lived process per slot while the flow runs its plan: `slot_processes`).
 
-Across nodes, `NodeSubmitter` runs trials as runs of the node-work deployment on
-each node's work queue; the nodes are given, or allocated by the cluster
-orchestrator (`eval_allocation`: queued, held with a renewed lease, released).
+Across nodes, `NodeSubmitter` hands trials to one session per node (the protocol,
+both halves, is evalsuite.node_session's; here a session is a run of the node-work
+deployment on the node's work queue: `node_sessions`, `FlowRunSessions`); the nodes
+are given, or allocated by the cluster orchestrator (`eval_allocation`: queued, held
+with a renewed lease, released).
 `SlurmTaskSubmitter` runs each trial as a Slurm batch job (evalsuite.slurm_trials)
 and its metric jobs as task runs of the flow.
 """
@@ -291,104 +293,39 @@ def run_on_nodes(nodes: list[str], action: str, parameters: dict[str, Any], resu
         return [f.result() for f in futures]
 
 
-@contextmanager
 def node_sessions(nodes: list[str], source: str, preload_root: str | None, session_dir: Path,
-                  slots: int, ready_timeout_s: float = 900.0) -> Iterator["NodeSessions"]:
-    """One session per node (a run of the node-work deployment on the node's work queue) for the
-    evaluation's lifetime: started here and waited for until each has preloaded the model; at the
-    end told to stop and waited for (each removes its preload). While it lasts this flow beats, so
-    a session whose evaluator died ends on its own (evalsuite.node_session.EVALUATOR_GONE_S)."""
-    sessions = NodeSessions(session_dir, nodes)
-    sessions.start_beating()
-    try:
-        sessions.runs = dict(zip(nodes, run_on_nodes(
+                  slots: int, ready_timeout_s: float = 900.0):
+    """`evalsuite.node_session.open_sessions` with one run of the node-work deployment per node,
+    on the node's work queue, as the sessions."""
+    from evalsuite.node_session import open_sessions
+
+    def start(sessions) -> FlowRunSessions:
+        return FlowRunSessions(dict(zip(nodes, run_on_nodes(
             nodes, "serve", {"source": source, "preload_root": preload_root, "session_dir": str(session_dir),
-                             "slots": slots}, session_dir / "runs", "session")))
-        sessions.wait_ready(ready_timeout_s)
-        yield sessions
-    except BaseException:
-        sessions.end(failed=True)   # the error that ended the evaluation is the one raised
-        raise
-    else:
-        sessions.end(failed=False)  # a session that failed at the end is an error too
+                             "slots": slots}, session_dir / "runs", "session"))))
+
+    return open_sessions(session_dir, nodes, start, ready_timeout_s)
 
 
-class NodeSessions:
-    """The evaluator's side of the node sessions: their folders, their runs, its heartbeat."""
+class FlowRunSessions:
+    """The node sessions as flow runs of the node-work deployment (evalsuite.node_session.SessionRuns)."""
 
-    def __init__(self, session_dir: Path, nodes: list[str], beat_s: float = 10.0) -> None:
-        from evalsuite.node_session import SessionFolder
+    def __init__(self, runs: dict[str, _NodeRun]) -> None:
+        self.runs = runs
 
-        self.session_dir, self.nodes, self.beat_s = Path(session_dir), list(nodes), beat_s
-        self.folders = {node: SessionFolder(session_dir, node) for node in nodes}
-        self.runs: dict[str, _NodeRun] = {}
-        self._stop = threading.Event()
-        self._beater: threading.Thread | None = None
+    def refresh(self) -> None:
+        refresh_states(list(self.runs.values()))
 
-    def folder(self, node: str):
-        if node not in self.folders:
-            raise ValueError(f"trial for node {node!r}, but the sessions are on {', '.join(self.nodes)}")
-        return self.folders[node]
+    def ended(self, node: str) -> str | None:
+        run = self.runs[node]
+        if not run.final():
+            return None
+        return f"flow run {run.flow_run_id} ended {run.state.name}: {getattr(run.state, 'message', '')}"
 
-    def start_beating(self) -> None:
-        self.folders[self.nodes[0]].beat()
-
-        def beat() -> None:
-            while not self._stop.wait(self.beat_s):
-                self.folders[self.nodes[0]].beat()
-
-        self._beater = threading.Thread(target=beat, name="eval-session-heartbeat", daemon=True)
-        self._beater.start()
-
-    def stop_beating(self) -> None:
-        self._stop.set()
-
-    def wait_ready(self, timeout_s: float = 900.0, poll_s: float = 0.5) -> None:
-        """Until every session has its preload in place; a session that ended first, or one that
-        no worker started within `timeout_s` (no worker on that node's queue), is the error."""
-        import time
-
-        from evalsuite.errors import TrialError
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            refresh_states(list(self.runs.values()))
-            waiting = []
-            for node, run in self.runs.items():
-                if self.folders[node].ready.exists():
-                    continue
-                if run.final():
-                    raise TrialError(f"the evaluation session on {node} (flow run {run.flow_run_id}) ended "
-                                     f"{run.state.name} before its preload was in place: "
-                                     f"{getattr(run.state, 'message', '')}")
-                waiting.append(node)
-            if not waiting:
-                return
-            if time.monotonic() > deadline:
-                raise TrialError(f"the evaluation session(s) on {', '.join(waiting)} did not get the model preloaded "
-                                 f"within {timeout_s:.0f} s; is a worker running on each node's work queue (`prefect "
-                                 f"worker start --pool POOL --work-queue {waiting[0]}`)? Runs no worker started are "
-                                 "cancelled")
-            time.sleep(poll_s)
-
-    def end(self, failed: bool) -> None:
-        """Tell every session to stop, cancel those never started, wait for the others (each removes
-        its preload); their failures are raised unless the evaluation is already failing."""
-        try:
-            for folder in self.folders.values():
-                folder.tell_stop()
-            if self.runs:
-                self.cancel_unstarted()
-                try:
-                    wait_all(list(self.runs.values()))
-                except Exception:
-                    if not failed:
-                        raise
-        finally:
-            self.stop_beating()
+    def not_started_hint(self, node: str) -> str:
+        return f"is a worker running on each node's work queue (`prefect worker start --pool POOL --work-queue {node}`)"
 
     def cancel_unstarted(self) -> None:
-        """Cancel the session runs no worker has picked up: nothing would ever end them."""
         from prefect import get_client
         from prefect.states import Cancelled
 
@@ -400,37 +337,19 @@ class NodeSessions:
                                               "worker started this session"), force=True)
                     run.state = None   # read again
 
-
-class _SessionTrial:
-    """A trial handed to its node's session: done when its result file is there or the session ended."""
-
-    def __init__(self, trial: Trial, result_path: Path, run: _NodeRun) -> None:
-        self.trial, self.result_path, self.run = trial, result_path, run
-
-    def done(self) -> bool:
-        return self.result_path.exists() or self.run.final()
-
-    def result(self) -> TrialResult:
-        from evalsuite.errors import TrialError
-        from evalsuite.node_session import read_result
-
-        if self.result_path.exists():
-            return read_result(self.result_path)
-        name = self.run.state.name if self.run.state else "unknown"
-        raise TrialError(f"trial {self.trial.trial_id}: the session on {self.trial.node} ended {name} before it "
-                         f"finished: {getattr(self.run.state, 'message', '')}")
+    def wait_all(self) -> None:
+        wait_all(list(self.runs.values()))
 
 
 class NodeSubmitter(PrefectSubmitter):
     """Trials on their slot's node: handed to that node's session (`node_sessions`). Metric jobs
     stay task runs of this flow (CPU work, never in a GPU slot)."""
 
-    def __init__(self, sessions: NodeSessions, poll_s: float = 0.25) -> None:
+    def __init__(self, sessions, poll_s: float = 0.25) -> None:
         self.sessions, self.poll_s = sessions, poll_s
 
     def submit_trial(self, trial: Trial, on_progress: Callable[[str, int], None] | None) -> Any:
-        result_path = self.sessions.folder(trial.node).send(trial)
-        return _SessionTrial(trial, result_path, self.sessions.runs[trial.node])
+        return self.sessions.send(trial)
 
     def wait_first(self, handles: list[Any]) -> Any:
         """The first handle done: a trial whose result file its session wrote (or whose session
@@ -442,14 +361,17 @@ class NodeSubmitter(PrefectSubmitter):
         import concurrent.futures as cf
         import time
 
+        from evalsuite.node_session import SessionTrial
+
         waitable = [f for h in handles if isinstance(f := getattr(h, "wrapped_future", None), cf.Future)]
         last_refresh = 0.0
         while True:
             if time.monotonic() - last_refresh > 2.0:   # a session's end is rare: ask the API now and then
-                refresh_states([h.run for h in handles if isinstance(h, _SessionTrial)])
+                if self.sessions.runs is not None and any(isinstance(h, SessionTrial) for h in handles):
+                    self.sessions.runs.refresh()
                 last_refresh = time.monotonic()
             for h in handles:   # the plan's order among those already done
-                if h.done() if isinstance(h, _SessionTrial) else _local_done(h):
+                if h.done() if isinstance(h, SessionTrial) else _local_done(h):
                     return h
             # Until a local task finishes or the poll interval passes; then look for result files.
             if waitable:

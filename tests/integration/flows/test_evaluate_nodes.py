@@ -104,16 +104,19 @@ def test_node_submitter_sees_finished_metric_tasks_without_the_api(use_prefect_s
 
     from prefect.futures import PrefectConcurrentFuture
 
+    from evalsuite.node_session import NodeSessions, SessionTrial
     from evalsuite.trials import Trial
-    from tasks.eval_tasks import NodeSessions, NodeSubmitter, _NodeRun, _SessionTrial
+    from tasks.eval_tasks import FlowRunSessions, NodeSubmitter, _NodeRun
 
     finished: cf.Future = cf.Future()
     finished.set_result("score")
     metric = PrefectConcurrentFuture(task_run_id=uuid.uuid4(), wrapped_future=finished)   # unknown to the API
     running = Trial(trial_id="t-running", shards=[], backend="transformers", output_dir=str(tmp_path), node="node-a")
-    session = _NodeRun(uuid.uuid4(), "unused", "a session still running its trial")   # unknown to the API: never final
-    trial = _SessionTrial(running, tmp_path / "no-result-yet.json", session)
-    submitter = NodeSubmitter(NodeSessions(tmp_path / "sessions", ["node-a"]), poll_s=0.05)
+    sessions = NodeSessions(tmp_path / "sessions", ["node-a"])
+    # a session still running its trial: unknown to the API, never final
+    sessions.runs = FlowRunSessions({"node-a": _NodeRun(uuid.uuid4(), "unused", "a session")})
+    trial = SessionTrial(running, tmp_path / "no-result-yet.json", sessions)
+    submitter = NodeSubmitter(sessions, poll_s=0.05)
     got: list = []
     context = contextvars.copy_context()   # this test's Prefect settings (the server's API URL)
     waiter = threading.Thread(target=lambda: got.append(context.run(submitter.wait_first, [trial, metric])),

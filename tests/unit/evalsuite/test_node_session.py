@@ -75,3 +75,101 @@ def test_a_session_whose_evaluator_stopped_beating_ends_and_removes_its_preload(
         serve_node(folder.root, "node-b", source, str(shm), slots=1, poll_s=0.05, evaluator_gone_s=60)
     assert folder.ready.exists()                     # it had preloaded...
     assert not (shm / preload_key(source)).exists()  # ...and removed it on the way out
+
+
+class ThreadSessions:
+    """The evaluator's SessionRuns with each node's session in a thread of this process running
+    the real `serve_node` (the flow's are Prefect flow runs): no Prefect needed. Nodes left out of
+    `started` get no thread, as a node whose queue no worker serves."""
+
+    def __init__(self, sessions, source: str, preload_root: str, started: set[str] | None = None) -> None:
+        self.nodes = sessions.nodes
+        self.outcome: dict[str, object] = {}
+        self.threads = {node: threading.Thread(target=self._serve, args=(sessions.session_dir, node, source,
+                                                                         preload_root), daemon=True)
+                        for node in self.nodes if started is None or node in started}
+        self.cancelled: list[str] = []
+        for thread in self.threads.values():
+            thread.start()
+
+    def _serve(self, session_dir, node, source, preload_root) -> None:
+        try:
+            self.outcome[node] = serve_node(session_dir, node, source, preload_root, slots=1, poll_s=0.05)
+        except Exception as e:
+            self.outcome[node] = e
+
+    def refresh(self) -> None:
+        pass   # a thread's state is always current
+
+    def ended(self, node: str) -> str | None:
+        thread = self.threads.get(node)
+        return None if thread is None or thread.is_alive() else f"its thread ended: {self.outcome[node]}"
+
+    def not_started_hint(self, node: str) -> str:
+        return f"no thread serves {node}"
+
+    def cancel_unstarted(self) -> None:
+        self.cancelled = [node for node in self.nodes if node not in self.threads]
+
+    def wait_all(self) -> None:
+        for thread in self.threads.values():
+            thread.join(timeout=120)
+        errors = [o for o in self.outcome.values() if isinstance(o, Exception)]
+        if errors:
+            raise errors[0]
+
+
+def test_the_evaluator_opens_a_session_per_node_hands_out_trials_and_closes_them(tiny_model, tmp_path):
+    from evalsuite.node_session import open_sessions
+
+    source, shm = f"file://{tiny_model}", tmp_path / "shm"
+    started: list[ThreadSessions] = []
+
+    def start(sessions):
+        started.append(ThreadSessions(sessions, source, str(shm)))
+        return started[0]
+
+    with open_sessions(tmp_path / "sessions", ["node-a", "node-b"], start, ready_timeout_s=120, beat_s=0.2) as sessions:
+        local = sessions.folder("node-a").ready.read_text()   # both ready: open_sessions waited
+        assert sessions.folder("node-b").ready.exists()
+        handles = [sessions.send(_trial(f"t-{node}", "arith-em", local, tmp_path / "out").model_copy(
+            update={"node": node})) for node in ("node-a", "node-b")]
+        deadline = time.monotonic() + 120
+        while not all(h.done() for h in handles):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [h.result().worker["node"] for h in handles] == ["node-a", "node-b"]
+        with pytest.raises(ValueError, match="node-c.*node-a, node-b"):
+            sessions.send(_trial("t-c", "arith-em", local, tmp_path / "out").model_copy(update={"node": "node-c"}))
+    runs = started[0]
+    assert not any(t.is_alive() for t in runs.threads.values())   # told to stop, and waited for
+    assert runs.outcome == {"node-a": "node node-a: 1 trial(s) served, 0 failed",
+                            "node-b": "node node-b: 1 trial(s) served, 0 failed"}
+    assert not (shm / preload_key(source)).exists()              # each removed its preload
+
+
+def test_a_session_that_ends_before_its_preload_is_in_place_is_the_error(tmp_path):
+    from evalsuite.node_session import open_sessions
+
+    with pytest.raises(TrialError, match="session on node-a ended before its preload was in place: its thread ended"):
+        with open_sessions(tmp_path / "sessions", ["node-a"],
+                           lambda s: ThreadSessions(s, "file:///nowhere/model", str(tmp_path / "shm")),
+                           ready_timeout_s=60):
+            pytest.fail("never handed to the evaluation")
+
+
+def test_a_session_nothing_started_is_one_clear_error_and_is_cancelled(tmp_path):
+    from evalsuite.node_session import open_sessions
+
+    started: list[ThreadSessions] = []
+
+    def start(sessions):
+        started.append(ThreadSessions(sessions, "file:///unused", str(tmp_path / "shm"), started=set()))
+        return started[0]
+
+    with pytest.raises(TrialError, match=r"session\(s\) on node-a did not get the model preloaded within 1 s; "
+                                         r"no thread serves node-a\?"):
+        with open_sessions(tmp_path / "sessions", ["node-a"], start, ready_timeout_s=1):
+            pytest.fail("never handed to the evaluation")
+    assert started[0].cancelled == ["node-a"]
+    assert (tmp_path / "sessions" / "node-a" / "stop").exists()   # told to stop all the same
