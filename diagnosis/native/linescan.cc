@@ -17,6 +17,7 @@
 #include <Python.h>
 
 #include <re2/re2.h>
+#include <re2/stringpiece.h> /* its own class in RE2 2022, absl::string_view since */
 
 #include <new>
 #include <stdint.h>
