@@ -54,9 +54,11 @@ fp32 gradient buffers (megatron's mixed-precision optimizer needs CUDA).
 
 Last line: one JSON object — planner_memory_margin; for each held-out set (heldout_*,
 fresh_heldout_*): _configs, _mean_accuracy, _worst_accuracy, _mean_signed_error,
-_underprediction_rate, _largest_underprediction; frenzy_mean_accuracy_own_assumptions, marp_mean_accuracy_on_frenzy_cases, and the
-regression keys (configs, mean_accuracy, worst_accuracy, frenzy_mean_accuracy,
-frenzy_worst_accuracy, half_precision_*, fake_*).
+_underprediction_rate, _largest_underprediction; frenzy_mean_accuracy_own_assumptions,
+marp_mean_accuracy_on_frenzy_cases, and the regression keys (configs, mean_accuracy,
+worst_accuracy, underprediction_rate, largest_underprediction, frenzy_mean_accuracy,
+frenzy_worst_accuracy, half_precision_*, fake_*). `--smoke` prints the same keys from one
+tiny configuration per table (seconds; the figures mean nothing).
 """
 
 from __future__ import annotations

@@ -126,19 +126,22 @@ def test_breakdown_sums_to_total_and_reports_its_moment():
 
 def test_whole_step_by_hand_small_model():
     # fp32, b=2: the peak is the output layer's backward.
-    #   static: 16 bytes × 86,848 params = 1,389,568
+    #   static: 16 bytes × 86,848 params = 1,389,568, plus Adam's 0-dim fp32 step per
+    #           parameter tensor (6 per layer × 2, embedding, final norm, output layer): 60
     #   stored: embedding output 16·64·4 = 4,096 + 2 layers × 86,144 + final norm
-    #           (rstd 16·4 + normalised and output 2·16·64·4 = 8,256) = 184,640
+    #           (rstd 16·4 + normalised and output 2·16·64·4 = 8,256) + the RoPE table
+    #           s·head_dim·4 = 512 + the loss's int64 labels and fp32 per-token loss
+    #           16·12 = 192 and the loss scalar and its gradient 8 = 185,352
     #   logits (fp32 softmax kept by the loss): 16·100·4 = 6,400
     #   transient: output-weight gradient 100·64·4 + input gradient 16·64·4 = 29,696
     #   persistent: score buffer b·a·s²·4 = 2,048 + cached boolean causal mask s² = 64
     plan = ParallelPlan(global_batch_size=2, micro_batch_size=2, precision="fp32")
     bd = estimate_memory(SMALL, plan, CPU_MEASURED)
     assert bd.peak_event == "output-layer backward"
-    assert bd.static == 16 * 86_848
-    assert bd.activations == 4_096 + 2 * 86_144 + 8_256
+    assert bd.static == 16 * 86_848 + 4 * 15
+    assert bd.activations == 4_096 + 2 * 86_144 + 8_256 + 512 + 192 + 8 == 185_352
     assert (bd.logits, bd.transient, bd.persistent_buffers) == (6_400, 29_696, 2_112)
-    assert bd.total == 1_389_568 + 184_640 + 6_400 + 29_696 + 2_112
+    assert bd.total == 1_389_628 + 185_352 + 6_400 + 29_696 + 2_112
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp32"])
@@ -263,3 +266,56 @@ def test_forward_backward_only_sizing_drops_optimizer_state_and_step():
     # bf16 weights: 2 bytes per parameter, except the 2·2·64 + 64 = 320 RMSNorm weights
     # that torch.nn.RMSNorm keeps in fp32 (4 bytes): 2 × 86,848 + 2 × 320
     assert full.weights == 2 * 86_848 + 2 * 320
+
+
+# One layer, long sequence, tiny vocabulary: the attention's score-sized tensors decide the peak.
+# b=1, s=256, 4 heads: S = 4·256² = 262,144 scores -> 524,288 B in bf16, 1,048,576 B in fp32;
+# one hidden-sized bf16 tensor is 256·64·2 = 32,768 B. Measured with MemTracker (CPU, bf16,
+# forward + backward): 4.29 MiB without recompute (peak at the forward softmax's half cast),
+# 4.32 MiB with selective recompute (peak in the softmax's backward).
+LONG = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                   ffn_hidden_size=128, vocab_size=100, seq_length=256)
+
+
+def test_half_precision_softmax_backward_holds_three_fp32_score_tensors():
+    plan = ParallelPlan(global_batch_size=1, precision="bf16", recompute="selective")
+    bd = estimate_memory(LONG, plan, CPU_MEASURED, optimizer=False)
+    assert bd.peak_event == "attention backward"
+    # The fp32 probabilities just recomputed and still saved by the softmax, the incoming
+    # gradient upcast to fp32 and the softmax gradient (3 × 1,048,576), plus q, k, v
+    # gradients (3 × 32,768). Sized as half gradient + 2 fp32 before issue 26: 524,288 short.
+    assert bd.transient == 3 * 1_048_576 + 3 * 32_768 == 3_244_032
+    # stage input 32,768 + input norm (rstd 1,024 + out, normalised 2 × 32,768 + fp32 input
+    # 65,536) + qkv output 65,536 + q 32,768 + k 16,384 + context 32,768 + RoPE cos/sin 65,536
+    # + attention residual 32,768 (the MLP half and the layer output are freed by then)
+    # + the RoPE table 256·16·4 = 16,384 + the loss's 256·12 + 8 = 3,080 + recompute's scalar 4
+    assert bd.activations == (32_768 + 132_096 + 65_536 + 32_768 + 16_384 + 32_768 + 65_536 + 32_768
+                              + 16_384 + 3_080 + 4)
+    assert bd.persistent_buffers == 524_288 + 65_536  # bf16 score buffer + boolean causal mask
+
+
+def test_half_precision_attention_forward_is_a_peak_moment():
+    plan = ParallelPlan(global_batch_size=1, precision="bf16")
+    bd = estimate_memory(LONG, plan, CPU_MEASURED, optimizer=False)
+    assert bd.peak_event == "attention forward"
+    # Saved up to the softmax: stage input 32,768, RoPE table 16,384, input norm 132,096, q and
+    # the repeated k, v 3 × 32,768, RoPE cos/sin 65,536, the probabilities in bf16 and fp32
+    # 524,288 + 1,048,576 (no loss yet).
+    assert bd.activations == 32_768 + 16_384 + 132_096 + 98_304 + 65_536 + 524_288 + 1_048_576 == 1_917_952
+    # Alive besides: the raw scores 524,288, their fp32 upcast 1,048,576, the query's copy
+    # 32,768, the fused qkv output 256·128·2 = 65,536, and the norm's fp32 x·rstd beyond its
+    # bf16-sized term 256·64·2 = 32,768.
+    assert bd.transient == 524_288 + 1_048_576 + 32_768 + 65_536 + 32_768 == 1_703_936
+    assert bd.total == 100_096 + 199_424 + 1_917_952 + 1_703_936 + 589_824  # 4.30 MiB; measured 4.29
+
+
+def test_fp32_and_flash_keep_their_peak_moments():
+    # fp32: the masked-score chain of the backward (4 score tensors) stays the worst moment.
+    fp32 = estimate_memory(LONG, ParallelPlan(global_batch_size=1, precision="fp32"), CPU_MEASURED,
+                           optimizer=False)
+    assert fp32.peak_event == "attention backward"
+    assert fp32.transient == 4 * 1_048_576 + 2 * 256 * 64 * 4
+    # A flash kernel has no s x s tensor, so no unfused-softmax moment.
+    flash = estimate_memory(LONG, ParallelPlan(global_batch_size=1, precision="bf16"), CPU_SDPA_MEASURED,
+                            optimizer=False)
+    assert flash.peak_event != "attention forward" and flash.persistent_buffers == 0
