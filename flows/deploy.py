@@ -66,9 +66,9 @@ def ensure_cluster_registered(cluster_source: str) -> dict:
     """Register (or update) the inventory with the orchestrator; node health already there is kept."""
     from infra.statedb import database_url, redact
     from scheduler.orchestrator.seat import cluster_orchestrator
-    from tasks.pretrain_tasks import load_cluster
+    from scheduler.cluster import load_inventory
 
-    summary = cluster_orchestrator().register(load_cluster(cluster_source), source=cluster_source)
+    summary = cluster_orchestrator().register(load_inventory(cluster_source), source=cluster_source)
     print(f"cluster {summary['cluster']!r} registered with the orchestrator: {summary['nodes']} nodes, "
           f"{summary['gpus']} GPUs (state database {redact(database_url())})")
     return summary

@@ -37,7 +37,9 @@ from diagnosis.recovery import (
 from checkpoint.manifest import committed_checkpoints
 from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
+from scheduler.cluster import load_inventory
 from scheduler.orchestrator.seat import Seat, cluster_orchestrator, withdraw
+from scheduler.planner import next_plan_hint
 from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
@@ -50,9 +52,7 @@ from tasks.cluster_tasks import (
 from tasks.pretrain_tasks import (
     build_notifier,
     diagnose_attempt,
-    load_cluster,
     loss_curve,
-    next_plan_hint,
     node_check,
     prepare_data,
     preflight_storage,
@@ -116,7 +116,7 @@ def pretrain(
     # 2. Queue for GPUs. The user chose none: the planner sizes the job on every GPU type and
     #    the cluster orchestrator, shared by every flow, admits it when the policy finds room
     #    (HAS best fit) — never onto GPUs another job holds, never onto a cordoned node.
-    inventory = load_cluster(cluster)
+    inventory = load_inventory(cluster)
     orchestrator = cluster_orchestrator()
     cluster_name = join_cluster(orchestrator, inventory)
     job_id, plans = submit_job(orchestrator, spec, cluster_name, priority)

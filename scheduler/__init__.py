@@ -8,6 +8,7 @@
     planner       Crius cells: every runnable (dp, tp, pp, micro-batch, recompute) plan, ranked
     placement     HAS best-fit placement and Mobius cross mapping: node -> GPUs -> ranks
     placement_chart  the placement picture: nodes x GPUs, the job's ranks and stages on them
+    worker_command   the worker's command line for one attempt (the placement's layout, the attempt's overrides)
     offload/      Mobius: fine-tune beyond GPU memory (profiles, partition MIP, cross mapping, simulator)
     traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
     policy        the scheduling policies (FCFS, HAS, ECT; EASY backfill and SJF baselines): one pass,

@@ -330,6 +330,20 @@ def load_cluster(path: str | Path) -> Cluster:
     return parse_cluster(data, source=str(path))
 
 
+def load_inventory(source: str) -> Cluster:
+    """The inventory a flow places on: this machine for "local" (or ""), else the YAML file; on a
+    Slurm-managed cluster (a `slurm:` section), nodes Slurm will not run work on (drained, down)
+    are cordoned, so forgeflow never places onto them."""
+    inventory = detect_local_cluster() if source in ("", "local") else load_cluster(source)
+    if inventory.slurm is not None:
+        from infra.slurm import unschedulable_nodes
+
+        for name in unschedulable_nodes(inventory.slurm):
+            if name in {n.name for n in inventory.nodes}:
+                inventory.cordon(name)
+    return inventory
+
+
 # --- the local machine ------------------------------------------------
 
 

@@ -570,3 +570,15 @@ def _explain_infeasible(request: PlanRequest, pools: list[GpuPool], config: Plan
     else:
         message += "; no alternative found: reduce the model size or the global batch"
     return message, alternatives
+
+
+def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
+    """For an out-of-memory stop: the plan the planner would pick among the most memory-frugal
+    ones the worker runs (activations recomputed, optimizer state sharded)."""
+    try:
+        frugal = worker_planner_config(cluster, recompute=("full",), distributed_optimizer=True)
+        best = plan_job(spec, cluster, frugal)[0]
+        return (f"next plan: {best.num_gpus}x {best.gpu_type} {best.layout} "
+                f"(predicted peak {best.peak_memory_bytes / 2**30:.1f} GiB)")
+    except Exception as e:  # a hint, never a second failure
+        return f"no alternative plan found ({type(e).__name__})"

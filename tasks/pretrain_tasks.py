@@ -1,4 +1,4 @@
-"""Prefect tasks of the pretrain flow: thin, typed wrappers over infra/, training/, diagnosis/.
+"""Prefect tasks of the pretrain flow: thin, typed wrappers over infra/, training/, diagnosis/, scheduler/.
 
 Each task is one step of the on-call runbook; the logic lives in the libraries so
 it can be tested and used without Prefect. Queueing for GPUs and placement on the
@@ -26,69 +26,9 @@ from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_chec
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
+from scheduler.worker_command import worker_args
 from tasks.launchers import make_launcher
 from training.config import JobSpec
-
-
-def load_cluster(cluster: str) -> Cluster:
-    """The inventory; on a Slurm-managed cluster (a `slurm:` section), nodes Slurm will not
-    run work on (drained, down) are cordoned, so forgeflow never places onto them."""
-    from scheduler.cluster import detect_local_cluster, load_cluster as load_cluster_yaml
-
-    inventory = detect_local_cluster() if cluster in ("", "local") else load_cluster_yaml(cluster)
-    if inventory.slurm is not None:
-        from infra.slurm import unschedulable_nodes
-
-        for name in unschedulable_nodes(inventory.slurm):
-            if name in {n.name for n in inventory.nodes}:
-                inventory.cordon(name)
-    return inventory
-
-
-def next_plan_hint(spec: JobSpec, cluster: Cluster) -> str:
-    """For an out-of-memory stop: the plan the planner would pick among the most memory-frugal
-    ones the worker runs (activations recomputed, optimizer state sharded)."""
-    try:
-        from scheduler.planner import plan_job, worker_planner_config
-
-        frugal = worker_planner_config(cluster, recompute=("full",), distributed_optimizer=True)
-        best = plan_job(spec, cluster, frugal)[0]
-        return (f"next plan: {best.num_gpus}x {best.gpu_type} {best.layout} "
-                f"(predicted peak {best.peak_memory_bytes / 2**30:.1f} GiB)")
-    except Exception as e:  # a hint, never a second failure
-        return f"no alternative plan found ({type(e).__name__})"
-
-
-def plan_overrides(placement: Placement) -> list[str]:
-    """The plan's layout as worker `--set` overrides (the user did not choose it)."""
-    plan = placement.plan
-    # tp and pp from the placement: its ranks follow megatron's order (tp, dp, pp), so the
-    # worker's pipeline stages land on the GPUs the placement's cross mapping chose for them
-    out = [f"training.tensor_parallel={placement.tp}", f"training.pipeline_parallel={placement.pp}"]
-    if plan is not None:
-        out += [
-            f"training.micro_batch_size={plan.micro_batch_size}",
-            f"training.recompute={plan.recompute}",
-            f"training.use_distributed_optimizer={str(plan.distributed_optimizer).lower()}",
-        ]
-    return out
-
-
-def worker_args(spec_path: str, placement: Placement, resume_from_step: int | None = None,
-                overrides: AttemptOverrides = AttemptOverrides()) -> list[str]:
-    """The worker's command line for one attempt: the only place the plan's layout and the
-    attempt's typed overrides become `training.train` arguments."""
-    args = ["-m", "training.train", spec_path]
-    sets = plan_overrides(placement)
-    if overrides.skip_batches:
-        sets.append(f"spike.skip_batches={overrides.skip_batches}")
-    if overrides.skip_from_step is not None:
-        sets.append(f"spike.skip_from_step={overrides.skip_from_step}")
-    for item in sets:
-        args += ["--set", item]
-    if resume_from_step is not None:
-        args += ["--resume-from-step", str(resume_from_step)]
-    return args
 
 
 @task(name="prepare-data", cache_policy=NO_CACHE)

@@ -17,7 +17,8 @@ import torch
 
 from flows.pretrain import pretrain
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
-from tasks.pretrain_tasks import load_cluster, plan_overrides
+from scheduler.cluster import load_inventory
+from scheduler.worker_command import plan_overrides
 from training.config import load_job_spec
 
 
@@ -63,7 +64,7 @@ def _plan_sets(spec) -> tuple[list[str], int]:
     from scheduler.placement import place_plans
     from scheduler.planner import plan_job, worker_planner_config
 
-    cluster = load_cluster("local")
+    cluster = load_inventory("local")
     placement = place_plans(plan_job(spec, cluster, worker_planner_config(cluster)), cluster, job=spec.name)
     return plan_overrides(placement), placement.world_size
 

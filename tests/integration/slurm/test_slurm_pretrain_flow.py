@@ -46,17 +46,17 @@ def test_pretrain_through_slurm_recovers_from_a_crash(prefect_api, slurm, slurm_
 
 def test_a_node_drained_in_slurm_is_not_placed(prefect_api, slurm, slurm_job, slurm_cluster):
     from infra.slurm import drain_node, resume_node
-    from tasks.pretrain_tasks import load_cluster
+    from scheduler.cluster import load_inventory
 
     drain_node(slurm.node, "maintenance")
     try:
-        inventory = load_cluster(str(slurm_cluster))
+        inventory = load_inventory(str(slurm_cluster))
         assert inventory.node(slurm.node).cordoned
         with pytest.raises(Exception, match="no schedulable node"):
             pretrain(str(slurm_job("slurm-drained")), cluster=str(slurm_cluster), launcher="slurm")
     finally:
         resume_node(slurm.node)
-    assert not load_cluster(str(slurm_cluster)).node(slurm.node).cordoned
+    assert not load_inventory(str(slurm_cluster)).node(slurm.node).cordoned
 
 
 @pytest.mark.slow

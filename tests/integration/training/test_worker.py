@@ -386,7 +386,7 @@ def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches
                            committed_steps=lambda: [c.step for c in committed_checkpoints(
                                load_job_spec(spec).checkpoint)])
     assert decided.resume_from == 8 and decided.overrides.skip_from_step == 11
-    # the worker arguments tasks.pretrain_tasks.worker_args makes of these overrides
+    # the worker arguments scheduler.worker_command.worker_args makes of these overrides
     cmd = [sys.executable, "-m", "training.train", str(spec), "--resume-from-step", "8",
            "--set", f"spike.skip_batches={decided.overrides.skip_batches}",
            "--set", f"spike.skip_from_step={decided.overrides.skip_from_step}"]

@@ -8,7 +8,7 @@ from diagnosis.recovery import AttemptOverrides
 from scheduler.cluster import detect_local_cluster
 from scheduler.placement import place_plans
 from scheduler.planner import plan_job, worker_planner_config
-from tasks.pretrain_tasks import plan_overrides, worker_args
+from scheduler.worker_command import plan_overrides, worker_args
 from training.config import load_job_spec
 
 
