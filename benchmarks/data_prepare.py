@@ -1,14 +1,16 @@
 """How long `forgeflow prepare` takes for tiny-cpu's corpus, and how fast the sampler serves.
 
     .venv/bin/python benchmarks/data_prepare.py [CONFIG]   (default configs/tiny-cpu.yaml)
+    .venv/bin/python benchmarks/data_prepare.py --smoke    # 1 MB of the corpus, 50 batches: seconds
 
 Prepares into a fresh temporary directory (nothing cached), then reads micro batches
-the way the worker does. The last line is one JSON object of the headline figures.
+the way the worker does. The last line is one JSON object of the headline figures
+(HEADLINE_KEYS).
 """
 
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 import tempfile
 import time
@@ -16,15 +18,28 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.headline import print_headline  # noqa: E402
 from training.config import load_job_spec  # noqa: E402
 from training.corpus import gather_corpus  # noqa: E402
 from training.data import BatchSampler, PackedTokens, prepare_data, split_documents, train_tokenizer  # noqa: E402
 
 
+HEADLINE_KEYS = ("prepare_s", "reuse_s", "tokens", "prepare_tokens_per_s", "bytes_per_token",
+                 "sampler_micro_batches_per_s")
+
+
 def main() -> None:
-    config = sys.argv[1] if len(sys.argv) > 1 else "configs/tiny-cpu.yaml"
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("config", nargs="?", default="configs/tiny-cpu.yaml")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 MB of the corpus and 50 sampled batches: seconds, same code path and keys")
+    args = parser.parse_args()
+    data: dict[str, object] = {"data_dir": None}
     with tempfile.TemporaryDirectory() as tmp:
-        spec = load_job_spec(config, {"data": {"data_dir": tmp}})
+        data["data_dir"] = tmp
+        if args.smoke:
+            data["max_corpus_mb"] = 1
+        spec = load_job_spec(args.config, {"data": data})
         t0 = time.perf_counter()
         documents = gather_corpus(spec.data.corpus, spec.data.jsonl_text_key, spec.data.max_corpus_mb)
         read_s = time.perf_counter() - t0
@@ -46,7 +61,7 @@ def main() -> None:
         cfg = spec.training
         sampler = BatchSampler(PackedTokens(prepared.train_path, spec.model.seq_length), cfg.seed)
         sampler.get_micro_batch(0, 0, 1, 0, cfg.micro_batch_size, cfg.global_batch_size)  # imports torch
-        n = 500
+        n = 50 if args.smoke else 500
         t0 = time.perf_counter()
         for step in range(n):
             sampler.get_micro_batch(step, 0, 1, 0, cfg.micro_batch_size, cfg.global_batch_size)
@@ -60,10 +75,10 @@ def main() -> None:
     print(f"prepare_data again (reused): {reuse_s:.2f} s")
     print(f"sampler: {batches_per_s:,.0f} micro batches/s "
           f"({cfg.micro_batch_size} x {spec.model.seq_length} tokens)")
-    print(json.dumps({"prepare_s": round(prepare_s, 2), "reuse_s": round(reuse_s, 2),
-                      "tokens": tokens, "prepare_tokens_per_s": round(tokens / prepare_s),
-                      "bytes_per_token": round(corpus_mb * 2**20 / tokens, 3),
-                      "sampler_micro_batches_per_s": round(batches_per_s)}))
+    print_headline({"prepare_s": round(prepare_s, 2), "reuse_s": round(reuse_s, 2),
+                    "tokens": tokens, "prepare_tokens_per_s": round(tokens / prepare_s),
+                    "bytes_per_token": round(corpus_mb * 2**20 / tokens, 3),
+                    "sampler_micro_batches_per_s": round(batches_per_s)}, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

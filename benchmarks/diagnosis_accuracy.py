@@ -89,6 +89,10 @@ logs): `real_<path>_…` and `real_batchN_<path>_…` for `memory`, `retrieval_o
 `real_memory_only_grown_…` (= `memory_only`, pooled) and
 `real_pooled_<memory|memory_only>_fixes`, `_breaks`, `_sign_test_p` (root cause, against
 `retrieval` / `retrieval_only`).
+
+`--smoke` runs every path and setting on 1 template case (1 realistic variant, no
+100 MB padding) and 1 real log per batch: seconds, the same code path and HEADLINE_KEYS,
+not a figure.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration" / "diagnosis"))
 sys.path.insert(0, str(REPO / "tests" / "data" / "failures"))
+from benchmarks.headline import print_headline  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -123,6 +128,17 @@ PATHS = ("rules", "retrieval", "heuristic")
 MEMORY_PATHS = ("memory", "retrieval_only", "memory_only")
 POOLED_FROM = 5  # pooled figures: batches 5 and later
 REAL_CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
+# The keys every run prints (the per-batch and per-path keys of the docstring come on top).
+HEADLINE_KEYS = (
+    "cases", "best_path", "root_cause_accuracy", "kind_accuracy", "restart_accuracy",
+    "rules_root_cause_accuracy", "retrieval_root_cause_accuracy", "heuristic_root_cause_accuracy",
+    "heuristic_root_cause", "realistic_logs", "realistic_best_path", "realistic_root_cause",
+    "min_examples_per_class", "root_cause_ci95_low", "root_cause_ci95_high",
+    "real_logs", "real_best_path", "real_root_cause", "real_kind", "real_restart",
+    "real_heldout_batch", "real_heldout_root_cause", "real_pooled_batches", "real_pooled_logs",
+    "real_memory_grown_root_cause", "real_memory_only_grown_root_cause",
+    "real_pooled_memory_sign_test_p", "real_pooled_memory_only_sign_test_p",
+)
 
 
 # --------------------------------------------------------------------- scripted LLM
@@ -280,7 +296,13 @@ def main() -> None:
     parser.add_argument("--noise-lines", type=int, default=2000)
     parser.add_argument("--big", type=int, default=2, help="how many realistic variants are padded to --big-mb")
     parser.add_argument("--big-mb", type=float, default=100.0)
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most this many template cases and real logs per batch")
+    parser.add_argument("--smoke", action="store_true",
+                        help="1 template case, 1 variant, no padding, 1 real log per batch: seconds, same keys")
     args = parser.parse_args()
+    if args.smoke:
+        args.limit, args.variants, args.big, args.noise_lines = 1, 1, 0, 200
 
     from diagnosis.agents import AgentsConfig, DiagnosisAgents, failure_lines
     from diagnosis.api import DiagnosisContext, compress_log, diagnose_log
@@ -293,9 +315,14 @@ def main() -> None:
     from scripted_llm_server import MODEL_ID, ScriptedLLMServer
 
     labels = json.loads((args.corpus / "labels.json").read_text())
-    cases = sorted(labels)
+    cases = sorted(labels)[:args.limit]
     real_labels = json.loads((args.real_corpus / "labels.json").read_text())
     check_labels(real_labels, args.real_corpus / "labels.json")
+    if args.limit is not None:  # the first logs of each batch
+        per_batch: dict[int, list[str]] = {}
+        for name in sorted(real_labels):
+            per_batch.setdefault(real_labels[name].get("batch", 1), []).append(name)
+        real_labels = {n: real_labels[n] for names in per_batch.values() for n in names[:args.limit]}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="diag-acc-") as tmp, ScriptedLLMServer() as server:
         tmp = Path(tmp)
@@ -571,7 +598,7 @@ def main() -> None:
         **{f"real_pooled_{c}_{what}": paired[c][j] for c in paired
            for j, what in enumerate(("fixes", "breaks", "sign_test_p"))},
     })
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

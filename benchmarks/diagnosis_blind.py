@@ -40,7 +40,9 @@ says so and exits 2). Last line: JSON with ``blind_batches``, ``blind_logs``,
 ``blind_pooled_answered`` / ``_root_cause_when_answered`` (with CI) / ``_restart_when_answered``,
 ``blind_pooled_specific_rule_*`` / ``blind_pooled_generic_rule_*`` (answers and their root-cause
 accuracy, by rules that name a cause and by those that only name an exception class),
-``blind_latest_batch`` and its figures, and ``blind_batchN_*`` per batch.
+``blind_latest_batch`` and its figures, and ``blind_batchN_*`` per batch (HEADLINE_KEYS: those
+every run prints). ``--smoke`` scores the latest batch alone (one old tree): seconds, the same
+code path and keys, not the pooled figure.
 """
 
 from __future__ import annotations
@@ -57,11 +59,22 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.headline import print_headline  # noqa: E402
+
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 POOLED_FROM = 5  # as diagnosis_accuracy.py: the batches collected under the written protocol
 # The seed rules that only name a Python exception's class ("RuntimeError: ..." -> RuntimeError),
 # diagnosis.rules._GENERIC_SEEDS, the same set (and confidence 0.7 against 0.9) in every commit
 # since batch 5's: their answers are reported apart from the rules that name a cause.
+HEADLINE_KEYS = (
+    "blind_batches", "blind_logs", "blind_pooled_root_cause", "blind_pooled_kind", "blind_pooled_restart",
+    "blind_pooled_root_cause_ci95_low", "blind_pooled_root_cause_ci95_high", "blind_pooled_answered",
+    "blind_pooled_root_cause_when_answered", "blind_pooled_restart_when_answered",
+    "blind_pooled_specific_rule_answers", "blind_pooled_specific_rule_root_cause",
+    "blind_pooled_generic_rule_answers", "blind_pooled_generic_rule_root_cause",
+    "blind_latest_batch", "blind_latest_logs", "blind_latest_root_cause", "blind_latest_kind", "blind_latest_restart",
+)
 GENERIC_RULES = frozenset({"runtime", "value", "assertion", "attribute", "os", "type", "key", "index"})
 
 # Runs inside the old tree (cwd = that tree): only the API every commit since the layout
@@ -123,10 +136,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--corpus", type=Path, default=CORPUS)
     parser.add_argument("--from-batch", type=int, default=POOLED_FROM, help="first batch scored (pooled from here)")
+    parser.add_argument("--smoke", action="store_true", help="the latest batch alone: seconds, same keys")
     args = parser.parse_args()
 
     labels = json.loads((args.corpus / "labels.json").read_text())
     batches = json.loads((args.corpus / "batches.json").read_text())
+    if args.smoke:
+        args.from_batch = max(int(b) for b in batches)
     wanted = sorted(int(b) for b in batches if int(b) >= args.from_batch)
     headline: dict[str, object] = {}
     pooled = {"root_cause": 0, "kind": 0, "restart": 0, "logs": 0,
@@ -207,7 +223,7 @@ def main() -> None:
     summary["blind_latest_batch"] = latest
     for key in ("logs", "root_cause", "kind", "restart"):
         summary[f"blind_latest_{key}"] = headline[f"blind_batch{latest}_{key}"]
-    print(json.dumps({**summary, **headline}))
+    print_headline({**summary, **headline}, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

@@ -34,7 +34,9 @@ differ). The second look never asks an LLM, so none is needed here.
 Last line: JSON with ``second_look_batches``, ``second_look_logs``, ``generic_answers``
 (logs the old rules answered with a generic rule), ``without_*`` and ``with_*`` root cause /
 kind / restart accuracy pooled, ``second_look_changed``, ``second_look_fixes``,
-``second_look_breaks`` (root cause) and ``second_look_sign_test_p``.
+``second_look_breaks`` (root cause) and ``second_look_sign_test_p`` (HEADLINE_KEYS). ``--smoke``
+scores the latest batch with 1 template case and 1 real log per earlier batch in the memory: seconds, the same code
+path and keys, not a figure.
 """
 
 from __future__ import annotations
@@ -55,9 +57,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
+from benchmarks.headline import print_headline  # noqa: E402
+
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 TEMPLATES = REPO / "tests" / "data" / "failures"
 POOLED_FROM = 5  # as diagnosis_blind.py
+HEADLINE_KEYS = ("second_look_batches", "second_look_logs", "generic_answers", "recurrence_similarity",
+                 "without_root_cause", "without_kind", "without_restart", "with_root_cause", "with_kind",
+                 "with_restart", "second_look_changed", "second_look_fixes", "second_look_breaks",
+                 "second_look_sign_test_p")
 
 
 def old_seed_rules(commit: str) -> tuple:
@@ -78,6 +86,10 @@ def main() -> None:
     parser.add_argument("--from-batch", type=int, default=POOLED_FROM)
     parser.add_argument("--recurrence-similarity", type=float, default=None,
                         help="FailureAgentConfig.recurrence_similarity (default: the product's)")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most this many template cases and real logs of each earlier batch in the memory")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the latest batch, 1 template and 1 log per earlier batch in the memory: seconds, same keys")
     args = parser.parse_args()
 
     import diagnosis.rules as rules_module
@@ -91,6 +103,8 @@ def main() -> None:
     labels = json.loads((args.corpus / "labels.json").read_text())
     batches = json.loads((args.corpus / "batches.json").read_text())
     templates = json.loads((TEMPLATES / "labels.json").read_text())
+    if args.smoke:
+        args.from_batch, args.limit = max(int(b) for b in batches), 1
     today = rules_module.SEED_DIAGNOSIS_RULES
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ff-second-look-") as tmp:
@@ -109,13 +123,17 @@ def main() -> None:
             agent.remember(compressed, Diagnosis(label["root_cause"], label["kind"], label["restart_helps"]),
                            library=library)
 
-        for name, label in sorted(templates.items()):
+        for name, label in sorted(templates.items())[:args.limit]:
             confirm(TEMPLATES / name, label, tmp / "templates")
+        confirmed_of: dict[int, int] = {}
         for name, label in sorted(labels.items()):  # what was confirmed before the scored batches
-            if label.get("batch", 1) < args.from_batch:
+            batch = label.get("batch", 1)
+            if batch < args.from_batch and confirmed_of.get(batch, 0) < (args.limit or len(labels)):
+                confirmed_of[batch] = confirmed_of.get(batch, 0) + 1
                 confirm(args.corpus / name, label, tmp / "early")
-        print(f"memory: {len(memory)} past failures ({len(templates)} templates, "
-              f"{len(memory) - len(templates)} real logs of batches < {args.from_batch}) "
+        templates_kept = min(len(templates), args.limit or len(templates))
+        print(f"memory: {len(memory)} past failures ({templates_kept} templates, "
+              f"{len(memory) - templates_kept} real logs of batches < {args.from_batch}) "
               f"in {time.perf_counter() - started:.0f} s")
 
         def without_second_look(context):
@@ -176,7 +194,7 @@ def main() -> None:
           f"{right['without']['root_cause']} -> {right['with']['root_cause']}, restart "
           f"{right['without']['restart']} -> {right['with']['restart']}; changed {changed}, fixes {fixes}, "
           f"breaks {breaks} ({time.perf_counter() - started:.0f} s)")
-    print(json.dumps(summary))
+    print_headline(summary, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

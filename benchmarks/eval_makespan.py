@@ -64,13 +64,20 @@ Measurements (figures printed, the last line one JSON object):
 
 Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | --real-only | --nodes-only]
       [--repeats N] [--node-repeats N]
+      .venv/bin/python benchmarks/eval_makespan.py --smoke
+
+`--smoke` (seconds, the same keys, not a figure): the simulation at the headline point only (no
+sweep: the `*_min_sweep` keys are then that point's), one real run of each policy on a cut-down
+suite (SMOKE_SUITE) and one model load each way. It leaves out 4 and 5: each starts Prefect (an
+ephemeral API; a server, two workers and a deployment), which costs more than the whole smoke
+budget; their keys stay null as with --skip-real, and tests/integration/flows/test_evaluate_flow.py
+and test_evaluate_nodes.py run those flows. The last line's keys: HEADLINE_KEYS.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
-import json
 import math
 import os
 import random
@@ -86,6 +93,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from benchmarks.headline import print_headline  # noqa: E402
 from evalsuite.coordinator import DatasetCost, Policy, Trial, assign, decompose  # noqa: E402
 from evalsuite.datasets import DatasetRef  # noqa: E402
 
@@ -129,6 +137,10 @@ class SimDataset:
     metric_s: float     # CPU metric seconds, all samples
 
 
+HEADLINE_KEYS = ("speedup_1node", "speedup_4node", "ratio_to_lower_bound_4node", "speedup_vs_splitting_1node",
+                 "speedup_vs_splitting_4node", "speedup_vs_splitting_1node_min_sweep",
+                 "speedup_vs_splitting_4node_min_sweep", "storage_gb_s_per_node", "speedup_real_cpu",
+                 "load_s_storage", "load_s_shm", "speedup_2node_real", "history_used_in_flow")
 GENERATION_PREFIXES = ("gen-", "long-", "humaneval", "mbpp", "judge")
 
 
@@ -368,7 +380,14 @@ datasets:
 """
 
 
-def real_run(work: Path, repeats: int = 5) -> dict[str, float]:
+# --smoke: REAL_SUITE's datasets, a few samples each
+SMOKE_SUITE = REAL_SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 2, max_new_tokens: 16}") \
+    .replace("max_windows: 64", "max_windows: 4") \
+    .replace("- name: arith-em\n", "- name: arith-em\n    options: {limit: 4}\n") \
+    .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 4}\n")
+
+
+def real_run(work: Path, repeats: int = 5, suite_text: str = REAL_SUITE) -> dict[str, float]:
     from evalsuite.coordinator import Policy
     from testing.tiny_checkpoint import make_tiny_checkpoint
     from evalsuite.history import RuntimeHistory
@@ -377,7 +396,7 @@ def real_run(work: Path, repeats: int = 5) -> dict[str, float]:
 
     model = make_tiny_checkpoint(work / "storage" / "step-00000100", hidden=256, layers=4)
     suite_file = work / "suite.yaml"
-    suite_file.write_text(REAL_SUITE.replace("DATA", str(model / "data")))
+    suite_file.write_text(suite_text.replace("DATA", str(model / "data")))
     suite = load_suite(str(suite_file), overrides={"preload_root": str(work / "shm")})
     history = RuntimeHistory(work / "history.json")
     quiet = lambda text: None  # noqa: E731
@@ -600,7 +619,12 @@ def main() -> int:
     parser.add_argument("--node-repeats", type=int, default=2, help="interleaved repeats of the node runs")
     parser.add_argument("--node-suite", choices=["full", "real"], default="full",
                         help="the node figure's suite: full-size datasets (default) or REAL_SUITE's")
+    parser.add_argument("--smoke", action="store_true",
+                        help="headline simulation point, one cut-down real run, one load each way, no Prefect: "
+                             "seconds, same keys")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats = 1
 
     params = SimParams()
     suite = acme_like_suite()
@@ -625,9 +649,11 @@ def main() -> int:
           f"{legacy[1]['speedup']:.2f}x / {legacy[4]['speedup']:.2f}x (1 / 4 nodes)")
     print("  sweep: speedup vs splitting (vs naive), 1 node / 4 nodes")
     sweep = []
-    for tail in (0.5, 1.0, 2.0):
-        for node_gb_s in (1.25, 3.1, 6.25):
-            for stream in (0.25, 1.0):
+    tails, node_rates, streams = ((1.0,), (params.node_storage_gb_s,), (params.stream_gb_s,)) if args.smoke else \
+        ((0.5, 1.0, 2.0), (1.25, 3.1, 6.25), (0.25, 1.0))
+    for tail in tails:
+        for node_gb_s in node_rates:
+            for stream in streams:
                 p = SimParams(node_storage_gb_s=node_gb_s, stream_gb_s=stream)
                 r1, r4 = (simulate_suite(acme_like_suite(tail=tail), n, p) for n in (1, 4))
                 sweep.append((r1["speedup_vs_splitting"], r4["speedup_vs_splitting"]))
@@ -674,18 +700,21 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
         os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
         try:
-            real = real_run(work, repeats=args.repeats)
+            real = real_run(work, repeats=args.repeats, suite_text=SMOKE_SUITE if args.smoke else REAL_SUITE)
             print(f"real (this machine, 2 slots, median of {args.repeats}, interleaved): naive {real['naive_s']:.1f}s, coordinator "
                   f"{real['coordinator_s']:.1f}s, speedup {real['speedup']:.2f}x, same scores: {real['same_scores']}")
             if args.real_only:
                 headline.update(speedup_real_cpu=round(real["speedup"], 3))
-                print(json.dumps(headline))
+                print_headline(headline, HEADLINE_KEYS)
                 return 0
-            loads = load_times(work)
+            loads = load_times(work, repeats=1 if args.smoke else 3)
             print(f"model load ({loads['model_mb']:.0f} MB of weights): from S3 storage "
                   f"{loads['load_s_storage']:.2f}s, from /dev/shm {loads['load_s_shm']:.2f}s")
             headline.update(speedup_real_cpu=round(real["speedup"], 3),
                             load_s_storage=round(loads["load_s_storage"], 3), load_s_shm=round(loads["load_s_shm"], 3))
+            if args.smoke:
+                print_headline(headline, HEADLINE_KEYS)
+                return 0
             flow = history_in_flow(work)
             print(f"Prefect flow, two runs: datasets predicted from history: first {flow['first']}, "
                   f"second {flow['second']}")
@@ -693,7 +722,7 @@ def main() -> int:
             nodes_figure(work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
     return 0
 
 

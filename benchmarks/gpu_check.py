@@ -3,6 +3,7 @@
     python benchmarks/gpu_check.py [--steps 40] [--no-train] [--no-memory] [--no-heldout]
     python benchmarks/gpu_check.py --predict-only      # the held-out grid's predictions, no GPU
     python benchmarks/gpu_check.py --mfu-only [--mfu-model tiny]   # item 8 alone (tiny: CPU check)
+    python benchmarks/gpu_check.py --smoke             # the CPU paths: predictions + tiny MFU
 
 1. Train: `forgeflow prepare` the tiny-cpu data, then the unchanged worker under
    torchrun (NCCL, one process per visible GPU) in bf16 with megatron's
@@ -45,7 +46,10 @@ The last line is the JSON object {"gpu", "train_loss_first", "train_loss_last",
 "marp_mean_signed_error_heldout", "marp_underpredictions_heldout",
 "marp_underpredictions_beyond_margin_heldout", "frenzy_heldout_configs",
 "frenzy_mean_accuracy_heldout", "mfu_local_spec", "mfu_fused", "attention_auto",
-"auto_chose_faster", ...}: the MFU keys come with their step times and tokens/s.
+"auto_chose_faster", ...}: the MFU keys come with their step times and tokens/s (HEADLINE_KEYS;
+a part left out with --no-* keeps its keys, null). `--smoke` runs what needs no GPU, in seconds:
+the held-out grid's predictions (as --predict-only) and the MFU harness on the tiny model on
+CPU (as --mfu-only --mfu-model tiny, 1 timed step); the keys that need CUDA are null.
 """
 
 from __future__ import annotations
@@ -61,6 +65,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.chdir(REPO)
+
+from benchmarks.headline import print_headline  # noqa: E402
+
+TRAIN_KEYS = ("train_loss_first", "train_loss_last", "train_tokens_per_s")
+MEMORY_KEYS = ("memory_configs", "memory_mean_accuracy", "memory_worst_accuracy")
+HELDOUT_KEYS = ("marp_heldout_configs", "marp_mean_accuracy_heldout", "marp_worst_accuracy_heldout",
+                "marp_mean_signed_error_heldout", "marp_underpredictions_heldout",
+                "marp_underpredictions_beyond_margin_heldout", "frenzy_heldout_configs",
+                "frenzy_mean_accuracy_heldout", "marp_mean_accuracy_heldout_frenzy_rows")
+MFU_KEYS = ("mfu_model", "mfu_local_spec", "mfu_fused", "tokens_per_s_local_spec", "tokens_per_s_fused",
+            "speedup_fused_vs_local", "attention_auto", "auto_chose_faster", "transformer_engine_installed")
+HEADLINE_KEYS = ("gpu", *TRAIN_KEYS, *MEMORY_KEYS, *HELDOUT_KEYS, *MFU_KEYS)
 
 # (layers, hidden, heads, kv heads, ffn, seq, micro batch, global batch, recompute, distributed optimizer)
 GRID = [
@@ -425,16 +441,19 @@ def main() -> None:
     parser.add_argument("--measure-one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-full", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--attention", choices=("auto", "local", "sdpa"), default="auto", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="no GPU needed, seconds: the held-out predictions and the tiny MFU harness on CPU")
     args = parser.parse_args()
 
-    if args.predict_only:
+    if args.predict_only or args.smoke:
         for row in HELDOUT_GRID:
             pred = predict_full(row)
             local = predict_full(row, "local")["marp"]
             print(f"{row}: MARP {pred['marp'] / 2**30:.2f} GiB (unfused attention {local / 2**30:.2f}), "
                   f"Frenzy {pred['frenzy'] / 2**30:.2f} GiB "
                   f"({'applies, unfused' if frenzy_applies(row) else 'outside its assumptions'})")
-        return
+        if not args.smoke:
+            return
 
     import torch
 
@@ -459,9 +478,14 @@ def main() -> None:
             print(json.dumps(measure_full(HELDOUT_GRID[args.measure_full], args.attention)))
         return
 
+    if args.smoke:
+        headline = {**dict.fromkeys(HEADLINE_KEYS), "gpu": "cpu", **mfu("tiny", 1)}
+        print_headline(headline, HEADLINE_KEYS)
+        return
     if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: this check is for GPU machines (the CPU paths are in the test suite)")
-    headline: dict = {"gpu": torch.cuda.get_device_name(0)}
+        raise SystemExit("no CUDA device: this check is for GPU machines (the CPU paths are in the test suite "
+                         "and --smoke)")
+    headline: dict = {**dict.fromkeys(HEADLINE_KEYS), "gpu": torch.cuda.get_device_name(0)}
     if not args.no_train:
         headline.update(train(args.steps))
         print(f"train: loss {headline['train_loss_first']:.3f} -> {headline['train_loss_last']:.3f}, "
@@ -496,7 +520,7 @@ def main() -> None:
         headline.update(heldout_memory())
     if not args.no_mfu:
         headline.update(mfu(args.mfu_model, args.mfu_steps))
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

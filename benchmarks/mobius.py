@@ -33,12 +33,14 @@ the same runs with the optimizer would show. Simulated, not measured: no 3090-Ti
 schedule and numerics for real.
 
 Run: .venv/bin/python benchmarks/mobius.py [--quick]
+     .venv/bin/python benchmarks/mobius.py --smoke   # seconds: 5 brute-force instances, one timing
+     shape and the 3B simulation with a 1 s MIP budget, the executor for 3 steps (not a figure)
+The last line's keys: HEADLINE_KEYS (`offload_loss_max_abs_diff` is null with --quick).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import statistics
@@ -58,6 +60,7 @@ from scheduler.offload.simulate import (  # noqa: E402
     simulate_gpipe, simulate_mobius, simulate_offload_data_parallel,
 )
 from training.config import ModelConfig  # noqa: E402
+from benchmarks.headline import print_headline  # noqa: E402
 
 GIB = 1024**3
 MB = 10**6
@@ -68,6 +71,11 @@ MODELS = {"3B": (32, 2560), "7B": (32, 4096), "13B": (40, 5120), "15B": (48, 512
 # after 5 s equalled the one after 10 s in 6 of 8 shapes (at most 1.8% slower), and a busy
 # machine overshoots HiGHS's limit by up to ~0.5 s: 8 s, with the gap reported.
 MIP_TIME_LIMIT_S = 8.0
+SMOKE_TIME_LIMIT_S = 1.0
+HEADLINE_KEYS = ("mip_matches_bruteforce", "mip_solve_s_p99", "mip_optimal_fraction", "mip_gap_max", "mip_time_limit_s",
+                 "sim_speedup_vs_offload_pipeline", "sim_speedup_vs_offload_pipeline_by_model", "sim_traffic_ratio",
+                 "sim_traffic_ratio_goal", "cross_mapping_gain", "sim_step_time_s", "offload_loss_max_abs_diff",
+                 "wall_s")
 
 
 def paper_server() -> OffloadHardware:
@@ -102,11 +110,11 @@ def mip_vs_bruteforce(count: int) -> float:
     return matched / total
 
 
-def mip_timing(shapes) -> tuple[list[float], list[bool], list[float]]:
+def mip_timing(shapes, time_limit_s: float = MIP_TIME_LIMIT_S) -> tuple[list[float], list[bool], list[float]]:
     hw = paper_server()
     times, optimal, gaps = [], [], []
     for layers, hidden, seq, mb in shapes:
-        part = solve_partition(model_profile(layers, hidden, seq, mb), hw, time_limit_s=MIP_TIME_LIMIT_S)
+        part = solve_partition(model_profile(layers, hidden, seq, mb), hw, time_limit_s=time_limit_s)
         times.append(part.solve_s)
         optimal.append(part.optimal)
         gaps.append(part.gap)
@@ -115,14 +123,14 @@ def mip_timing(shapes) -> tuple[list[float], list[bool], list[float]]:
     return times, optimal, gaps
 
 
-def simulate_all() -> dict:
+def simulate_all(models: dict[str, tuple[int, int]] = MODELS, time_limit_s: float = MIP_TIME_LIMIT_S) -> dict:
     hw = paper_server()
     rows = {}
     print(f"{'model':>5} {'params':>7} {'stages':>6} {'cross':>7} {'seq':>7} {'offload-DP':>10} {'gpipe':>7} "
           f"{'speedup':>7} {'param traffic':>13}")
-    for name, (layers, hidden) in MODELS.items():
+    for name, (layers, hidden) in models.items():
         profile = model_profile(layers, hidden)
-        part = solve_partition(profile, hw, time_limit_s=MIP_TIME_LIMIT_S)
+        part = solve_partition(profile, hw, time_limit_s=time_limit_s)
         mapping = cross_map(list(range(8)), ROOT_COMPLEXES, num_stages=part.num_stages)
         cross = simulate_mobius(profile, hw, part.stages, mapping.gpus, "mobius_cross")
         seq = simulate_mobius(profile, hw, part.stages, sequential_map(range(8)), "mobius_sequential")
@@ -145,7 +153,7 @@ def simulate_all() -> dict:
     return rows
 
 
-def offload_loss_diff() -> float:
+def offload_loss_diff(steps: int = 20) -> float:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -160,7 +168,7 @@ def offload_loss_diff() -> float:
         model.save_pretrained(Path(tmp) / "model")
         model_bytes = sum(p.numel() * 4 for p in model.parameters())
         cfg = OffloadRunConfig(model_dir=str(Path(tmp) / "model"), stages=[(0, 3), (3, 6), (6, 9), (9, 12)],
-                               steps=20, microbatches=4, seq_length=8, lr=1e-3, data=DataSource(distinct_batches=2),
+                               steps=steps, microbatches=4, seq_length=8, lr=1e-3, data=DataSource(distinct_batches=2),
                                device_budget_bytes=int(0.9 * model_bytes), out_dir=str(Path(tmp) / "run"),
                                save_model=False)
         reports = run_local(cfg, workers=2)
@@ -175,20 +183,24 @@ def offload_loss_diff() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="40 brute-force instances, 3 timing shapes, no executor")
+    ap.add_argument("--smoke", action="store_true",
+                    help="5 brute-force instances, 1 timing shape and the 3B simulation with a 1 s MIP budget, "
+                         "the executor for 3 steps: seconds, same keys")
     args = ap.parse_args()
     started = time.time()
-    matches = mip_vs_bruteforce(40 if args.quick else 200)
+    limit = SMOKE_TIME_LIMIT_S if args.smoke else MIP_TIME_LIMIT_S
+    matches = mip_vs_bruteforce(5 if args.smoke else 40 if args.quick else 200)
     shapes = [(48, h, s, m) for h in (4096, 5120) for s in (512, 1024) for m in (4, 8)]
-    times, optimal, gaps = mip_timing(shapes[:3] if args.quick else shapes)
-    rows = simulate_all()
-    loss_diff = None if args.quick else offload_loss_diff()
+    times, optimal, gaps = mip_timing(shapes[:1] if args.smoke else shapes[:3] if args.quick else shapes, limit)
+    rows = simulate_all({"3B": MODELS["3B"]} if args.smoke else MODELS, limit)
+    loss_diff = None if args.quick else offload_loss_diff(3 if args.smoke else 20)
     p99 = sorted(times)[max(0, math.ceil(0.99 * len(times)) - 1)]
     result = {
         "mip_matches_bruteforce": matches,
         "mip_solve_s_p99": round(p99, 3),
         "mip_optimal_fraction": sum(optimal) / len(optimal),
         "mip_gap_max": round(max(gaps), 4),
-        "mip_time_limit_s": MIP_TIME_LIMIT_S,
+        "mip_time_limit_s": limit,
         "sim_speedup_vs_offload_pipeline": round(min(r["speedup"] for r in rows.values()), 3),
         "sim_speedup_vs_offload_pipeline_by_model": {k: round(r["speedup"], 3) for k, r in rows.items()},
         "sim_traffic_ratio": round(max(r["traffic_ratio"] for r in rows.values()), 4),
@@ -199,7 +211,7 @@ def main() -> None:
         "offload_loss_max_abs_diff": loss_diff,
         "wall_s": round(time.time() - started, 1),
     }
-    print(json.dumps(result))
+    print_headline(result, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

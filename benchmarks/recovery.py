@@ -61,6 +61,10 @@ Goodput (the old headline) = W0 / W_faults. Last line, one JSON object: the old 
 `torchrun_node_loss_seconds_to_resume`, `hang_seconds_to_resume`, `hang_timeout_s`,
 `torchrun_hang_seconds_to_resume`, `per_fault`.
 
+`--smoke` (not a figure; the same flows, baseline and keys): one oom_kill, checkpoints every 4
+steps, 8 calibration steps and 1 s of training between faults, so each of the four runs is a
+few steps long, on 1 MB of the corpus. The keys of the last line: HEADLINE_KEYS.
+
 With `--launcher slurm` every forgeflow attempt (and node check) is a Slurm batch job on the
 cluster SLURM_CONF names, or on a single-host Slurm this script starts (root, Debian's
 slurm-wlm + munge); the node_loss kind needs the two local nodes and is refused there.
@@ -87,7 +91,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.chdir(REPO)
 
+from benchmarks.headline import print_headline  # noqa: E402
+
 KINDS = ("cuda_error", "oom_kill", "hang", "node_loss")
+HEADLINE_KEYS = (
+    "launcher", "seconds_to_resume_p50", "lost_steps_max", "checkpoint_interval_steps",
+    "goodput_with_faults_over_fault_free", "phases_p50_s", "fault_every_s", "faults", "fault_kinds",
+    "resume_ratio_vs_torchrun_restart", "torchrun_seconds_to_resume_p50", "node_loss_seconds_to_resume",
+    "node_loss_world_size", "torchrun_node_loss_seconds_to_resume", "hang_timeout_s", "hang_seconds_to_resume",
+    "torchrun_hang_seconds_to_resume", "torchrun_hang_detect_timeout_s", "per_kind_p50_s",
+)
 TWO_NODES = {
     "name": "recovery-two-nodes",
     "inter_node_bandwidth_gbps": 10,
@@ -112,12 +125,12 @@ def _lines(path: Path):
             continue
 
 
-def write_job(config: str, work: Path, name: str, steps: int, interval: int) -> Path:
+def write_job(config: str, work: Path, name: str, steps: int, interval: int, data: dict | None = None) -> Path:
     import yaml
 
     from training.config import load_job_spec
 
-    spec = load_job_spec(config)
+    spec = load_job_spec(config, {"data": data} if data else None)
     job = spec.model_dump(mode="json", exclude_none=True)
     job.pop("base", None)
     job["name"] = name
@@ -420,7 +433,11 @@ def main() -> None:
                              "collective timeout)")
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="one oom_kill, interval 4, 8 calibration steps, 1 s between faults: same runs and keys")
     args = parser.parse_args()
+    if args.smoke:
+        args.kinds, args.interval, args.calibrate_steps, args.fault_every_s = "oom_kill", 4, 8, 1.0
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
@@ -452,10 +469,12 @@ def main() -> None:
     from training.config import load_job_spec
     from training.data import prepare_data
 
-    prepare_data(load_job_spec(args.config), progress=False)
+    # --smoke: 1 MB of the corpus in the run's folder (the config's prepared data may not exist yet)
+    data = {"data_dir": str(work / "data"), "max_corpus_mb": 1} if args.smoke else None
+    prepare_data(load_job_spec(args.config, {"data": data} if data else None), progress=False)
 
     # Calibrate: the step time under the flow (also warms Prefect's ephemeral API).
-    calib = write_job(args.config, work, "calibrate", args.calibrate_steps, args.interval)
+    calib = write_job(args.config, work, "calibrate", args.calibrate_steps, args.interval, data)
     result, _ = run_flow(calib, [], args.hang_timeout_s, 0)
     assert result.finished, result
     placement = result.placements[0]
@@ -469,13 +488,13 @@ def main() -> None:
           f"a fault every {spf} steps of training, {steps} steps in all; faults at "
           + ", ".join(f"{f.kind}@{f.at_step}:{f.rank}" for f in faults), flush=True)
 
-    free_job = write_job(args.config, work, "fault-free", steps, args.interval)
+    free_job = write_job(args.config, work, "fault-free", steps, args.interval, data)
     free, wall_free = run_flow(free_job, [], args.hang_timeout_s, 0)
     assert free.finished, free
 
     # forgeflow with the faults: the cuda_error drill rides on its attempt's environment
     drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
-    faulty_job = write_job(args.config, work, "with-faults", steps, args.interval)
+    faulty_job = write_job(args.config, work, "with-faults", steps, args.interval, data)
     faulty_dir = load_job_spec(faulty_job).resolved_run_dir
     with NodeLoss("node-b", trigger=lambda: False) as node_loss:
         driver = FaultDriver(faulty_dir, faults, node_loss)
@@ -492,7 +511,7 @@ def main() -> None:
     # (without --baseline-hang the hang is left out and the other faults keep their steps)
     base_faults = [Fault(f.kind, f.at_step, f.rank) for f in faults]
     skip = set() if args.baseline_hang else {"hang"}
-    base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval)
+    base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval, data)
     wall_torchrun, base_dir = torchrun_baseline(
         base_job, base_faults, placement, len(base_faults) + 2, skip,
         timeout_s=wall_faults * 3 + (MEGATRON_GROUP_TIMEOUT_S if args.baseline_hang else 0))
@@ -542,7 +561,7 @@ def main() -> None:
         "per_kind_p50_s": {k: {"forgeflow": _p50(kind_of(ours, k)), "torchrun": _p50(kind_of(theirs, k))}
                            for k in sorted(set(kinds))},
     }
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

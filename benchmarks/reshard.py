@@ -25,7 +25,10 @@ Two measurements, both with real torchrun/gloo worlds of at most 4 CPU processes
 
 Layouts with pipeline parallelism are skipped while the worker does not run it.
 The last line is one JSON object: layouts_resumed, max_rel_loss_delta,
-reshard_load_over_same_layout, and per-layout load times.
+reshard_load_over_same_layout (HEADLINE_KEYS), and per-layout load times. `--smoke` (seconds,
+not a figure): a 64-wide model loaded once per world, and only the first layout, (TP2, PP1, DP1):
+five 2-process worlds (the PP layouts' 4-process worlds and the way back cost more than the whole
+smoke budget; tests/integration/checkpoint/test_reshard_resume.py resumes across PP).
 """
 
 from __future__ import annotations
@@ -45,6 +48,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from benchmarks.headline import print_headline  # noqa: E402
+
+HEADLINE_KEYS = ("layouts_resumed", "max_rel_loss_delta", "reshard_load_over_same_layout", "resumed")
 
 SAME = (1, 1, 2)  # (tp, pp, dp) that writes the checkpoints
 OTHERS = [(2, 1, 1), (1, 2, 1), (2, 2, 1)]
@@ -234,15 +241,21 @@ def main() -> int:
     p.add_argument("--seq", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workdir", default=None)
+    p.add_argument("--smoke", action="store_true",
+                   help="a 64-wide model, one load per world, only (TP2, PP1, DP1): seconds, same keys")
     args = p.parse_args()
     if args.worker:
         return worker(*args.worker, repeats=args.repeats)
+    if args.smoke:
+        args.hidden, args.layers, args.heads, args.vocab, args.seq, args.repeats = 64, 4, 4, 512, 32, 1
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="reshard-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     layouts = [l for l in OTHERS if l[1] == 1 or pp_supported()]
     if len(layouts) < len(OTHERS):
         print("pipeline parallelism is not supported by the worker yet: PP layouts skipped")
+    if args.smoke:
+        layouts = layouts[:1]
     loads = measure_loads(args, work, layouts)
     same = loads[f"tp{SAME[0]}_pp{SAME[1]}_dp{SAME[2]}"]
     ratio = max(v for k, v in loads.items() if k != f"tp{SAME[0]}_pp{SAME[1]}_dp{SAME[2]}") / same
@@ -253,7 +266,7 @@ def main() -> int:
            "reshard_load_over_same_layout": round(ratio, 3),
            **{f"load_s_{k}": round(v, 4) for k, v in loads.items()},
            "resumed": resumed}
-    print(json.dumps(out))
+    print_headline(out, HEADLINE_KEYS)
     return 0
 
 

@@ -39,20 +39,23 @@ node shapes changed (was 8 GPUs on every node), so old-key values differ from
 runs before that change.
 
 Run:  .venv/bin/python benchmarks/simulate_policies.py [--acme-jobs 2000] [--seeds 5] [--out runs/benchmarks]
-Last line: one JSON object (offered_load, runtime_noise_sigma, jct_ratio_has_vs_fcfs_fair,
+      .venv/bin/python benchmarks/simulate_policies.py --smoke   # 100 + 10 jobs, 1 seed, charts in a temp dir
+Last line: one JSON object (HEADLINE_KEYS: offered_load, runtime_noise_sigma, jct_ratio_has_vs_fcfs_fair,
 jct_ratio_best_vs_easy_backfill, ..., and the old keys).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.headline import print_headline  # noqa: E402
 
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.simulate import (  # noqa: E402
@@ -73,6 +76,16 @@ BASELINES = ("fcfs", "easy", "sjf")
 HEADLINE_LOAD, HEADLINE_SIGMA = 0.8, 0.3
 LOADS = (0.6, 0.7, 0.8, 0.9, 0.95)
 SIGMAS = (0.1, 0.3, 0.5)
+HEADLINE_KEYS = (
+    "offered_load", "offered_load_realised", "runtime_noise_sigma", "seeds", "jct_ratio_has_vs_fcfs_fair",
+    "jct_ratio_has_vs_fcfs_fair_sd", "jct_ratio_has_vs_easy_backfill", "jct_ratio_has_vs_sjf", "best_policy_fair",
+    "jct_ratio_best_vs_easy_backfill", "jct_ratio_best_vs_easy_backfill_sd", "jct_ratio_best_vs_fcfs_fair",
+    "jct_ratio_best_vs_sjf", "frenzy_claim_reproduced", "frenzy_queue_jct_ratio_has_vs_fcfs_fair",
+    "frenzy_queue_jct_ratio_has_vs_easy_backfill", "fair_avg_jct_h_by_category", "load_sweep_has_vs_fcfs",
+    "load_sweep_best_vs_easy", "sigma_sweep_has_vs_fcfs", "jct_ratio_has_vs_fcfs", "jct_ratio_best_vs_fcfs",
+    "best_policy", "acme_jct_ratio_has_vs_fcfs", "acme_jct_ratio_ect_vs_fcfs", "frenzy_jct_ratio_has_vs_fcfs",
+    "frenzy_jct_ratio_ect_vs_fcfs", "acme_avg_jct_h", "frenzy_avg_jct_h",
+)
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -155,9 +168,15 @@ def main() -> int:
     ap.add_argument("--acme-jobs", type=int, default=2000)
     ap.add_argument("--frenzy-jobs", type=int, default=60)
     ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--out", default="runs/benchmarks")
+    ap.add_argument("--out", default=None, help="where the JCT charts go (default runs/benchmarks; "
+                    "with --smoke a temporary folder)")
+    ap.add_argument("--smoke", action="store_true",
+                    help="100 Acme-like and 10 Frenzy-like jobs, 1 seed: seconds, same sweeps and keys")
     args = ap.parse_args()
-    out = Path(args.out)
+    if args.smoke:
+        args.acme_jobs, args.frenzy_jobs, args.seeds = 100, 10, 1
+    scratch = tempfile.TemporaryDirectory(prefix="simulate-policies-") if args.smoke and args.out is None else None
+    out = Path(scratch.name if scratch else args.out or "runs/benchmarks")
     out.mkdir(parents=True, exist_ok=True)
     seeds = list(range(args.seeds))
     started = time.perf_counter()
@@ -215,7 +234,9 @@ def main() -> int:
     old_best = min(OURS, key=both)
     print(f"\nwall time {time.perf_counter() - started:.0f} s")
     r4 = lambda x: round(x, 4)  # noqa: E731
-    print(json.dumps({
+    if scratch is not None:
+        scratch.cleanup()
+    print_headline({
         "offered_load": HEADLINE_LOAD,
         "offered_load_realised": r4(points[(HEADLINE_LOAD, HEADLINE_SIGMA)]["realised_load"]["mean"]),
         "runtime_noise_sigma": HEADLINE_SIGMA,
@@ -250,7 +271,7 @@ def main() -> int:
         "frenzy_jct_ratio_ect_vs_fcfs": r4(frenzy["ect"]["jct_ratio_vs_fcfs"]),
         "acme_avg_jct_h": {p: round(v["avg_jct_h"], 3) for p, v in acme.items()},
         "frenzy_avg_jct_h": {p: round(v["avg_jct_h"], 3) for p, v in frenzy.items()},
-    }))
+    }, HEADLINE_KEYS)
     return 0
 
 

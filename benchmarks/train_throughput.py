@@ -18,14 +18,15 @@ the price of pipelining this model (point-to-point activations, the pipeline bub
 with 2 micro batches and 2 stages a third of each stage's time is idle) on a machine
 where data parallelism fits. Pipelining exists for models that do not fit one device.
 
+`--smoke` runs the same three worlds for 3 steps each (1 warm-up): seconds, not a figure.
+
 The last line is the JSON object {"tokens_per_s_ws1": ..., "tokens_per_s_ws2": ...,
-"tokens_per_s_pp2": ...}.
+"tokens_per_s_pp2": ...} (HEADLINE_KEYS).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -35,15 +36,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.headline import print_headline  # noqa: E402
 from infra import runfiles  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
 from training.runlog import read_steps  # noqa: E402
 
 
+HEADLINE_KEYS = ("tokens_per_s_ws1", "tokens_per_s_ws2", "tokens_per_s_pp2")
+
+
 def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path,
-            pipeline_parallel: int = 1) -> dict:
+            pipeline_parallel: int = 1, data: list[str] = ()) -> dict:
     run_dir = workdir / f"ws{nproc}-pp{pipeline_parallel}"
-    overrides = [f"training.steps={steps}", f"run_dir={run_dir}",
+    overrides = [*data, f"training.steps={steps}", f"run_dir={run_dir}",
                  f"training.pipeline_parallel={pipeline_parallel}",
                  f"checkpoint.url={run_dir / 'ckpt'}", f"checkpoint.interval={steps}",
                  "checkpoint.async_save=false"]
@@ -78,13 +83,20 @@ def main() -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--smoke", action="store_true", help="3 steps per world (1 warm-up): seconds, same keys")
     args = parser.parse_args()
+    if args.smoke:
+        args.steps, args.warmup = 3, 1
     if not 1 <= args.warmup < args.steps:
         parser.error("need 1 <= --warmup < --steps")
 
     from training.data import prepare_data
 
-    spec = load_job_spec(args.config)
+    data: list[str] = []
+    scratch = tempfile.TemporaryDirectory(prefix="forgeflow-throughput-data-")
+    if args.smoke:  # 1 MB of the corpus in a scratch folder: the config's prepared data may not exist yet
+        data = [f"data.data_dir={scratch.name}", "data.max_corpus_mb=1"]
+    spec = load_job_spec(args.config, dotted_overrides(data))
     prepared = prepare_data(spec, progress=True)
     print(f"config {args.config}: {spec.model.num_parameters():,} parameters, "
           f"{spec.training.global_batch_size} x {spec.model.seq_length} tokens per step; "
@@ -93,14 +105,13 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory(prefix="forgeflow-throughput-") as tmp:
         for key, nproc, pp in (("ws1", 1, 1), ("ws2", 2, 1), ("pp2", 2, 2)):
-            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp), pipeline_parallel=pp)
+            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp), pipeline_parallel=pp, data=data)
             results[key] = r
             print(f"world size {nproc}, pp {pp} ({r['threads_per_rank']} thread(s)/rank): "
                   f"{r['tokens_per_s']:,.0f} tokens/s over {r['steps_timed']} steps "
                   f"({r['seconds']:.1f} s); loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
-    print(json.dumps({"tokens_per_s_ws1": round(results["ws1"]["tokens_per_s"], 1),
-                      "tokens_per_s_ws2": round(results["ws2"]["tokens_per_s"], 1),
-                      "tokens_per_s_pp2": round(results["pp2"]["tokens_per_s"], 1)}))
+    scratch.cleanup()
+    print_headline({f"tokens_per_s_{key}": round(r["tokens_per_s"], 1) for key, r in results.items()}, HEADLINE_KEYS)
     return 0
 
 

@@ -19,13 +19,17 @@ part ways after a near-tie; agreement is reported, not asserted.
 
 Without CUDA or vLLM (`pip install forgeflow[gpu]` on a GPU node) it says so and prints
 nulls. Not yet run: no GPU machine was available when it was written.
+
+`--smoke` (no GPU, seconds): the transformers half on CPU (fp32, SMOKE_SUITE: a few samples per
+dataset) through the same `run_backend`, and `compare` reading its records against themselves
+to check the pairing and re-tokenising; only `tokens_per_s_transformers` (CPU) is reported, the
+vLLM and agreement keys stay null. The last line's keys: HEADLINE_KEYS.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import tempfile
@@ -34,6 +38,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from benchmarks.headline import print_headline  # noqa: E402
+
+HEADLINE_KEYS = ("generation_agreement", "greedy_flag_agreement", "max_logprob_diff", "tokens_per_s_vllm",
+                 "tokens_per_s_transformers")
 
 SUITE = """
 name: agreement
@@ -49,16 +58,21 @@ datasets:
   - name: humaneval
     options: {limit: 32, max_new_tokens: 128}
 """
+SMOKE_SUITE = SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 2, max_new_tokens: 16}") \
+    .replace("- name: arith-em\n", "- name: arith-em\n    options: {limit: 4}\n") \
+    .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 4}\n")
 
 
-def run_backend(model: Path, backend: str, device: str, work: Path) -> tuple[Path, float]:
+def run_backend(model: Path, backend: str, device: str, work: Path, suite: str = SUITE,
+                dtype: str = "bfloat16") -> tuple[Path, float]:
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import evaluate
     from evalsuite.suite import load_suite
 
-    options = "{batch_size: 8, dtype: bfloat16}" if backend == "transformers" else "{dtype: bfloat16}"
+    # SUITE's braces hold them: `backend_options: {OPTIONS}` (the braces here made it {{...}}, not YAML)
+    options = f"batch_size: 8, dtype: {dtype}" if backend == "transformers" else f"dtype: {dtype}"
     suite_file = work / f"suite-{backend}.yaml"
-    suite_file.write_text(SUITE.replace("BACKEND", backend).replace("OPTIONS", options).replace("DEVICE", device))
+    suite_file.write_text(suite.replace("BACKEND", backend).replace("OPTIONS", options).replace("DEVICE", device))
     out = work / backend
     report = evaluate(str(model), load_suite(str(suite_file), overrides={"preload_root": str(work / "shm")}), out,
                       history=RuntimeHistory(work / "history.json"), echo=print)
@@ -98,21 +112,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="exported Hugging Face folder (default: a tiny random Llama)")
     parser.add_argument("--device", default="cuda:0", help="the slot's GPU")
+    parser.add_argument("--smoke", action="store_true",
+                        help="no GPU: the transformers half on CPU on a few samples, records paired with themselves")
     args = parser.parse_args()
-    headline = {"generation_agreement": None, "greedy_flag_agreement": None, "max_logprob_diff": None,
-                "tokens_per_s_vllm": None, "tokens_per_s_transformers": None}
+    headline = dict.fromkeys(HEADLINE_KEYS)
     import torch
 
-    if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
-        print("needs a CUDA GPU and vLLM (pip install forgeflow[gpu] on a GPU node); nothing measured")
-        print(json.dumps(headline))
-        return 0
     work = Path(tempfile.mkdtemp(prefix="vllm-agreement-"))
     model = Path(args.model) if args.model else None
-    if model is None:
+    if model is None and (args.smoke or torch.cuda.is_available()):
         from testing.tiny_checkpoint import make_tiny_checkpoint
 
         model = make_tiny_checkpoint(work / "model", hidden=256, layers=4)
+    if args.smoke:
+        hf_out, hf_s = run_backend(model, "transformers", "cpu", work, SMOKE_SUITE, dtype="float32")
+        figures = compare(model, hf_out, hf_out)
+        print(f"transformers on CPU: {figures['tokens_transformers']} tokens in {hf_s:.2f} s of inference; "
+              f"its records paired with themselves agree {figures['generation_agreement']:.0%} (a harness check)")
+        headline.update(tokens_per_s_transformers=round(figures["tokens_transformers"] / hf_s, 1))
+        print_headline(headline, HEADLINE_KEYS)
+        return 0
+    if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
+        print("needs a CUDA GPU and vLLM (pip install forgeflow[gpu] on a GPU node); nothing measured")
+        print_headline(headline, HEADLINE_KEYS)
+        return 0
     hf_out, hf_s = run_backend(model, "transformers", args.device, work)
     vllm_out, vllm_s = run_backend(model, "vllm", args.device, work)
     figures = compare(model, hf_out, vllm_out)
@@ -125,7 +148,7 @@ def main() -> int:
                     max_logprob_diff=round(figures["max_logprob_diff"], 5),
                     tokens_per_s_vllm=round(figures["tokens_vllm"] / vllm_s, 1),
                     tokens_per_s_transformers=round(figures["tokens_transformers"] / hf_s, 1))
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
     return 0
 
 

@@ -1,0 +1,99 @@
+"""Every benchmark still runs: each benchmarks/*.py with `--smoke`, as a subprocess of this python.
+
+A benchmark that breaks (a config it reads changed, a key it prints went missing, an option it
+needs is gone) fails here, not the next time someone wants its figure. Each script is found by
+listing the folder, so a new one without `--smoke` fails too; a file there that is not a
+benchmark must be named in NOT_BENCHMARKS with the reason.
+
+What each run must do: exit 0 and end its stdout with one JSON object holding every key of the
+script's `HEADLINE_KEYS` tuple, the same tuple its full run prints through
+`benchmarks.headline.print_headline`: the smoke and the full run take their keys from one place.
+The smoke's figures are not checked: a smoke is a few steps or jobs, not a measurement.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+BENCHMARKS = REPO / "benchmarks"
+NOT_BENCHMARKS = {
+    "headline.py": "the last-line helper every benchmark imports (print_headline); it measures nothing",
+}
+SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in NOT_BENCHMARKS)
+# A smoke takes seconds of CPU; the wall-clock limit only stops a hung one (a loaded 2-core box
+# has stretched the heaviest, recovery's four flow runs, to several minutes).
+TIMEOUT_S = 1200
+
+
+def _strings(node: ast.expr, names: dict[str, tuple[str, ...]], script: str) -> tuple[str, ...]:
+    """A tuple of string literals, or of other module-level such tuples unpacked with `*NAME`."""
+    if not isinstance(node, ast.Tuple):
+        raise AssertionError(f"{script}: HEADLINE_KEYS must be a tuple of strings")
+    out: list[str] = []
+    for element in node.elts:
+        if isinstance(element, ast.Constant) and isinstance(element.value, str):
+            out.append(element.value)
+        elif isinstance(element, ast.Starred) and isinstance(element.value, ast.Name) and element.value.id in names:
+            out.extend(names[element.value.id])
+        else:
+            raise AssertionError(f"{script}: HEADLINE_KEYS holds {ast.unparse(element)}, not a string "
+                                 "or *NAME of a module-level tuple of strings")
+    return tuple(out)
+
+
+def headline_keys(script: str) -> tuple[str, ...]:
+    """The script's module-level HEADLINE_KEYS, read from its source (importing it may be heavy)."""
+    tree = ast.parse((BENCHMARKS / script).read_text(), filename=script)
+    names: dict[str, tuple[str, ...]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name = node.targets[0].id
+            if name == "HEADLINE_KEYS":
+                return _strings(node.value, names, script)
+            if isinstance(node.value, ast.Tuple):
+                try:
+                    names[name] = _strings(node.value, names, script)
+                except AssertionError:
+                    pass  # another tuple, not of strings
+    raise AssertionError(f"{script} names no HEADLINE_KEYS: declare the keys its last line prints as a "
+                         "module-level tuple and print it with benchmarks.headline.print_headline")
+
+
+def test_every_file_in_benchmarks_is_run_or_named_as_not_a_benchmark():
+    present = {p.name for p in BENCHMARKS.glob("*.py")}
+    assert set(NOT_BENCHMARKS) <= present, f"NOT_BENCHMARKS names files that are gone: {set(NOT_BENCHMARKS) - present}"
+    assert SCRIPTS and "placement_latency.py" in SCRIPTS and "data_prepare.py" in SCRIPTS
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_smoke_run_ends_with_its_headline_keys(script: str) -> None:
+    keys = headline_keys(script)
+    assert keys, f"{script}: HEADLINE_KEYS is empty"
+    assert len(set(keys)) == len(keys), f"{script}: HEADLINE_KEYS names a key twice"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke"], cwd=REPO,
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    print(f"{script} --smoke: {time.perf_counter() - started:.1f} s wall, {cpu:.1f} s CPU")
+    tail = f"\n--- stdout (end) ---\n{proc.stdout[-3000:]}\n--- stderr (end) ---\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"{script} --smoke exited {proc.returncode}{tail}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"{script} --smoke printed nothing{tail}"
+    try:
+        headline = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        raise AssertionError(f"{script} --smoke: the last line is not JSON: {lines[-1][:300]!r}{tail}") from None
+    assert isinstance(headline, dict), f"{script} --smoke: the last line is JSON but not an object: {lines[-1][:300]!r}"
+    missing = [k for k in keys if k not in headline]
+    assert not missing, f"{script} --smoke: the last line lacks {missing} of its HEADLINE_KEYS"
