@@ -2,8 +2,8 @@
 
     url         which database (FORGEFLOW_DB_URL, else a SQLite file in the state dir), without
                 importing SQLAlchemy
-    engine      engines
-                with SQLite WAL / busy timeout / immediate transactions, reachability errors
+    transactions  engines and the transactions every write goes through (SQLite WAL / busy
+                timeout / immediate transactions; PostgreSQL row locks), reachability errors
     batch       StatementBatch: a transaction's statements sent together (one round trip on PostgreSQL)
     schema      the tables: clusters, nodes, GPUs, jobs, allocations (+ history), diagnosis rules
     migrate     `open_state_db`: an engine on a database upgraded (Alembic) to this forgeflow's schema;
@@ -17,14 +17,14 @@
 # can be imported without SQLAlchemy/Alembic; `from infra.statedb import X` works as before.
 _EXPORTS = {
     "StatementBatch": "infra.statedb.batch",
-    "StateDbError": "infra.statedb.engine",
-    "batched_write_transaction": "infra.statedb.engine",
+    "StateDbError": "infra.statedb.transactions",
+    "batched_write_transaction": "infra.statedb.transactions",
     "database_url": "infra.statedb.url",
-    "is_postgres": "infra.statedb.engine",
-    "is_sqlite": "infra.statedb.engine",
-    "read_transaction": "infra.statedb.engine",
-    "redact": "infra.statedb.engine",
-    "write_transaction": "infra.statedb.engine",
+    "is_postgres": "infra.statedb.transactions",
+    "is_sqlite": "infra.statedb.transactions",
+    "read_transaction": "infra.statedb.transactions",
+    "redact": "infra.statedb.transactions",
+    "write_transaction": "infra.statedb.transactions",
     "forget_engines": "infra.statedb.migrate",
     "open_state_db": "infra.statedb.migrate",
 }

@@ -19,7 +19,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from infra.statedb.engine import DB_URL_ENV, SQLITE_BUSY_TIMEOUT_S, StateDbError, database_url, is_postgres, make_engine, redact
+from infra.statedb.transactions import DB_URL_ENV, SQLITE_BUSY_TIMEOUT_S, StateDbError, database_url, is_postgres, make_engine, redact
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_KEY = 0x466F7267  # "Forg": one lock id for schema changes

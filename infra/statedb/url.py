@@ -1,6 +1,6 @@
 """Which state database: the URL alone, without importing SQLAlchemy.
 
-Kept apart from `engine` because callers that only need the path (the diagnose CLI works
+Kept apart from `transactions` because callers that only need the path (the diagnose CLI works
 out where the learned rules live at start-up) should not pay SQLAlchemy + Alembic's import
 time; the engine is built only when the database is really opened.
 """
