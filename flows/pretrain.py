@@ -153,7 +153,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
-    announcer = CommitAnnouncer(spec, str(job_spec))  # triggers the evaluate-checkpoint deployment
+    announcer = CommitAnnouncer(spec)  # triggers the evaluate-checkpoint deployment
     if spec.eval.suite:  # the job asked for evaluation: the catch-up deployment covers it from now on
         register_for_evaluation(spec, ",".join(spec.eval.suite))
     resume_from: int | None = None  # None: the newest committed checkpoint

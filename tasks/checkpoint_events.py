@@ -4,6 +4,9 @@ The training side commits checkpoints (checkpoint.manifest: manifest last, then
 the `latest` pointer); `checkpoint.manifest.committed_checkpoints` lists them for
 the flows, and this is where the `forgeflow.checkpoint.committed` event comes
 from, the event the evaluate deployment is triggered by.
+
+The event carries the job spec itself (validated, as JSON in its payload), not the path
+of its YAML file: the evaluation may run on a machine that has no such file.
 """
 
 from __future__ import annotations
@@ -16,15 +19,16 @@ from training.config import JobSpec
 CHECKPOINT_COMMITTED = "forgeflow.checkpoint.committed"
 
 
-def emit_checkpoint_committed(checkpoint_url: str, job: str, step: int | None = None,
-                              job_spec_path: str | None = None) -> None:
-    """What the training side sends when a checkpoint commits (the evaluate deployment's trigger)."""
+def emit_checkpoint_committed(checkpoint_url: str, spec: JobSpec, step: int | None = None) -> None:
+    """What the training side sends when a checkpoint commits (the evaluate deployment's trigger:
+    prefect.yaml hands `event.payload.job_spec` to the flow as its job_spec)."""
     from prefect.events import emit_event
 
     emit_event(event=CHECKPOINT_COMMITTED, resource={
         "prefect.resource.id": f"forgeflow.checkpoint.{checkpoint_url}",
-        "forgeflow.checkpoint.url": checkpoint_url, "forgeflow.job": job,
-        "forgeflow.step": "" if step is None else str(step), "forgeflow.job_spec": job_spec_path or ""})
+        "forgeflow.checkpoint.url": checkpoint_url, "forgeflow.job": spec.name,
+        "forgeflow.step": "" if step is None else str(step)},
+        payload={"job_spec": spec.model_dump(mode="json")})
 
 
 class CommitAnnouncer:
@@ -35,9 +39,8 @@ class CommitAnnouncer:
     would re-trigger their evaluation.
     """
 
-    def __init__(self, spec: JobSpec, job_spec_path: str, every_s: float = 30.0):
+    def __init__(self, spec: JobSpec, every_s: float = 30.0):
         self.spec = spec
-        self.job_spec_path = job_spec_path
         self.every_s = every_s
         self.announced: set[int] = {record.step for record in _list_or_empty(spec)}
         self._last = 0.0
@@ -48,7 +51,7 @@ class CommitAnnouncer:
         self._last = time.monotonic()
         new = [r for r in _list_or_empty(self.spec) if r.step not in self.announced]
         for record in new:
-            emit_checkpoint_committed(record.url, self.spec.name, record.step, self.job_spec_path)
+            emit_checkpoint_committed(record.url, self.spec, record.step)
             self.announced.add(record.step)
         return [record.step for record in new]
 

@@ -33,9 +33,9 @@ def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(job, 
     spec, engine = job
     emitted = []
     monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed",
-                        lambda url, job, step, path: emitted.append((step, url, job, path)))
+                        lambda url, spec, step: emitted.append((step, url, spec)))
     _commit(engine, 10)  # from an earlier run of the job
-    announcer = checkpoint_events.CommitAnnouncer(spec, "job.yaml", every_s=3600)
+    announcer = checkpoint_events.CommitAnnouncer(spec, every_s=3600)
 
     assert announcer.poll(force=True) == [] and emitted == []
     _commit(engine, 20)
@@ -46,15 +46,14 @@ def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(job, 
     assert announcer.poll(force=True) == [20, 30]
     assert announcer.poll(force=True) == []
     root = spec.checkpoint.url
-    assert emitted == [(20, f"{root}/step-00000020", "job", "job.yaml"),
-                       (30, f"{root}/step-00000030", "job", "job.yaml")]
+    assert emitted == [(20, f"{root}/step-00000020", spec), (30, f"{root}/step-00000030", spec)]
 
 
 def test_a_storage_error_is_retried_on_the_next_poll(job, monkeypatch):
     spec, engine = job
     emitted = []
     monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda url, *a: emitted.append(url))
-    announcer = checkpoint_events.CommitAnnouncer(spec, "job.yaml")
+    announcer = checkpoint_events.CommitAnnouncer(spec)
     _commit(engine, 10)
     real_list = LocalStorage.list
 

@@ -1,0 +1,46 @@
+"""The on-commit evaluation gets the job spec from the checkpoint event itself, not a path.
+
+The pretrain flow announces each committed checkpoint (tasks.checkpoint_events); the
+`evaluate-checkpoint/on-commit` deployment, deployed from prefect.yaml by `forgeflow deploy`,
+is triggered by it. The evaluation may run on a machine without the job's YAML file, so the
+event carries the validated spec as content and the trigger hands it over as `job_spec`. No
+worker serves the run here: the test reads what the server created, then deletes it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from tests.integration.flows.test_prefect_deployments import deployed_once  # noqa: F401 (fixture)
+from training.config import load_job_spec, parse_job_spec
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_the_checkpoint_event_hands_the_spec_itself_to_the_evaluation(deployed_once, tmp_path):  # noqa: F811
+    from prefect import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    from tasks.checkpoint_events import emit_checkpoint_committed
+
+    spec = load_job_spec(REPO / "configs" / "tiny-cpu.yaml")
+    url = f"file://{tmp_path}/ckpt/step-00000020"
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("evaluate-checkpoint/on-commit")
+        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+        emit_checkpoint_committed(url, spec, 20)
+        runs: list = []
+        deadline = time.monotonic() + 120
+        try:
+            while not runs and time.monotonic() < deadline:
+                time.sleep(1)
+                runs = [r for r in client.read_flow_runs(deployment_filter=only_this)
+                        if r.parameters.get("checkpoint") == url]
+            assert len(runs) == 1, "the checkpoint event did not trigger one on-commit run"
+            given = runs[0].parameters["job_spec"]
+            assert given == spec.model_dump(mode="json")      # the spec itself, as JSON
+            assert parse_job_spec(given) == spec               # and it validates back to the same spec
+        finally:
+            for run in runs:
+                client.delete_flow_run(run.id)
