@@ -93,8 +93,8 @@ def main() -> int:
     from training.data import prepare_data
 
     data: list[str] = []
-    scratch = tempfile.TemporaryDirectory(prefix="forgeflow-throughput-data-")
-    if args.smoke:  # 1 MB of the corpus in a scratch folder: the config's prepared data may not exist yet
+    scratch = tempfile.TemporaryDirectory(prefix="forgeflow-throughput-data-") if args.smoke else None
+    if scratch is not None:  # 1 MB of the corpus in a scratch folder: the config's prepared data may not exist yet
         data = [f"data.data_dir={scratch.name}", "data.max_corpus_mb=1"]
     spec = load_job_spec(args.config, dotted_overrides(data))
     prepared = prepare_data(spec, progress=True)
@@ -110,7 +110,8 @@ def main() -> int:
             print(f"world size {nproc}, pp {pp} ({r['threads_per_rank']} thread(s)/rank): "
                   f"{r['tokens_per_s']:,.0f} tokens/s over {r['steps_timed']} steps "
                   f"({r['seconds']:.1f} s); loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
-    scratch.cleanup()
+    if scratch is not None:
+        scratch.cleanup()
     print_headline({f"tokens_per_s_{key}": round(r["tokens_per_s"], 1) for key, r in results.items()}, HEADLINE_KEYS)
     return 0
 
