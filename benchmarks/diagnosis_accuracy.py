@@ -308,7 +308,7 @@ def main() -> None:
     from diagnosis.api import DiagnosisContext, compress_log, diagnose_log
     from diagnosis.failure_agent import FailureAgentConfig
     from diagnosis.llm import LLMConfig
-    from diagnosis.memory import FailureMemory, MemoryConfig, make_excerpt, make_key, shared_embedder
+    from diagnosis.failure_memory import FailureMemory, MemoryConfig, make_excerpt, make_key, shared_embedder
     from diagnosis.rules import diagnose_compressed
     from diagnosis.vocabulary import Diagnosis
     from realistic import realistic_variant

@@ -97,7 +97,7 @@ def main() -> None:
     from diagnosis.agents import AgentsConfig, DiagnosisAgents
     from diagnosis.api import compress_log, diagnose_log
     from diagnosis.failure_agent import FailureAgentConfig
-    from diagnosis.memory import FailureMemory, MemoryConfig, shared_embedder
+    from diagnosis.failure_memory import FailureMemory, MemoryConfig, shared_embedder
     from diagnosis.vocabulary import Diagnosis
 
     labels = json.loads((args.corpus / "labels.json").read_text())

@@ -246,7 +246,7 @@ def count_template_kept(compressed, counts: dict[str, int]) -> dict[str, int]:
 
 
 def count_error_lines_kept(compressed) -> int:
-    from diagnosis.engine import compile_linear
+    from diagnosis.multi_regex import compile_linear
 
     probes = [compile_linear(p) for p in (
         r"illegal memory access", r"Watchdog caught collective operation timeout", r"NCCL WARN NET/IB",

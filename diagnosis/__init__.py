@@ -2,7 +2,7 @@
 
     vocabulary     root causes, their kinds, and the Diagnosis record
     signals        what counts as an error signal; line normalisation for collapsing
-    engine         linear-time multi-pattern matching (Hyperscan, RE2 fallback)
+    multi_regex    linear-time multi-pattern matching (Hyperscan, RE2 fallback)
     filter_seeds   routine-line rules every job family starts with
     compressed     what compression produces: kept entries and stats
     filters        filter rules per job family and the streaming log compressor
@@ -13,7 +13,7 @@
     proposals      vetting of LLM-proposed regexes before adoption
     llm            a small OpenAI-compatible chat client
     log_agent      LLM proposes filter regexes for uncovered lines
-    memory         past diagnosed failures embedded in Chroma
+    failure_memory past diagnosed failures embedded in Chroma
     failure_agent  diagnoses what no rule knows (retrieval + LLM), then writes a rule
     agents         the agents wired into `diagnose_log`'s hook
     api            `diagnose_log(path) -> Diagnosis`, the call flows make

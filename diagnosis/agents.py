@@ -7,7 +7,7 @@ named a root cause (or only symptoms did, with error lines no rule explains). In
    segments no filter covers, adopts vetted filter regexes into the job family's
    rule set, and returns the error lines it spotted, which join the lines diagnosed;
 2. the **failure agent** (`failure_agent.py`) retrieves the nearest past failures
-   from the memory (`memory.py`, Chroma + all-MiniLM-L6-v2) and asks the LLM for a
+   from the memory (`failure_memory.py`, Chroma + all-MiniLM-L6-v2) and asks the LLM for a
    diagnosis, then learns a diagnosis rule from it; without an LLM it answers with
    a low-confidence retrieval vote.
 
@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from diagnosis.failure_agent import FailureAgent, FailureAgentConfig, FailureAgentResult
 from diagnosis.llm import LLMConfig
 from diagnosis.log_agent import ErrorSignals, LogAgent, LogAgentConfig, LogAgentResult
-from diagnosis.memory import Embedder, FailureMemory, MemoryConfig, make_excerpt, make_key
+from diagnosis.failure_memory import Embedder, FailureMemory, MemoryConfig, make_excerpt, make_key
 from diagnosis.vocabulary import Diagnosis
 
 if TYPE_CHECKING:

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol, Sequence, Union
 
-from diagnosis.engine import DEFAULT_ENGINE
+from diagnosis.multi_regex import DEFAULT_ENGINE
 from diagnosis.filters import CompressedLog, FilterRuleSet, LogCompressor
 from diagnosis.rules import DiagnosisLibrary, RuleOutcome, diagnose_compressed, suspects
 from diagnosis.state import state_dir as resolve_state_dir

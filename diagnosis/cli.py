@@ -87,7 +87,7 @@ def _default_agent(state_dir, job_family):
 
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from diagnosis.api import confirmed_diagnosis, diagnose_log
-    from diagnosis.engine import DEFAULT_ENGINE, RegexError
+    from diagnosis.multi_regex import DEFAULT_ENGINE, RegexError
     from diagnosis.vocabulary import kind_of
 
     if args.confirm is None and (args.restart_helps or args.mitigation is not None):
@@ -166,7 +166,7 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_rules_add(args: argparse.Namespace) -> int:
-    from diagnosis.engine import RegexError
+    from diagnosis.multi_regex import RegexError
 
     try:
         if args.type == "filter":
@@ -193,7 +193,7 @@ def _cmd_rules_add(args: argparse.Namespace) -> int:
 
 def _cmd_rules_test(args: argparse.Namespace) -> int:
     from diagnosis.api import compress_log
-    from diagnosis.engine import RegexError, compile_linear
+    from diagnosis.multi_regex import RegexError, compile_linear
     from diagnosis.rules import match_entries
     from diagnosis.signals import has_error_keyword
 

@@ -31,7 +31,7 @@ from typing import Any, Callable, Protocol, Sequence
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from diagnosis.llm import ChatLLM, LLMConfig, LLMUnavailable, MalformedReply, parse_json_reply
-from diagnosis.memory import (
+from diagnosis.failure_memory import (
     FailureMemory,
     PastFailure,
     llama_index_embedding,

@@ -46,7 +46,7 @@ import numpy as np
 import re2
 from pydantic import BaseModel, Field
 
-from diagnosis.engine import (
+from diagnosis.multi_regex import (
     DEFAULT_ENGINE,
     LineFilter,
     RegexError,

@@ -132,7 +132,7 @@ class ErrorSignals:
     """
 
     def __init__(self, diagnosis_patterns: Iterable[str] = ()):
-        from diagnosis.engine import SignalScanner
+        from diagnosis.multi_regex import SignalScanner
         from diagnosis.filters import signal_patterns
 
         patterns, caseless = signal_patterns(tuple(diagnosis_patterns))
@@ -166,7 +166,7 @@ class LogAgent:
         The rule set re-checks every rule itself (`FilterRuleSet.add_rule`); a rule it
         refuses is reported as rejected rather than adopted.
         """
-        from diagnosis.engine import RegexError
+        from diagnosis.multi_regex import RegexError
 
         result = self.propose_filters(segment_lines, existing=rules.patterns)
         protected = [line for line in segment_lines if line.strip() and self.is_error_line(line)]
@@ -251,7 +251,7 @@ class LogAgent:
 
 
 def _share(pattern: str, lines: Sequence[str]) -> float:
-    from diagnosis.engine import compile_linear
+    from diagnosis.multi_regex import compile_linear
 
     regex = compile_linear(pattern)
     non_empty = [line for line in lines if line.strip()]

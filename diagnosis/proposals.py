@@ -4,7 +4,7 @@ An LLM-written regex is untrusted input. It becomes a filter rule (drop matching
 lines) or a diagnosis rule (name a root cause for matching lines) only after these
 checks, each of which gives a reason when it refuses:
 
-* it compiles in the linear-time engines (RE2 and Hyperscan, `diagnosis.engine`);
+* it compiles in the linear-time engines (RE2 and Hyperscan, `diagnosis.multi_regex`);
   Python's backtracking `re` never sees it, so `(a+)+$` cannot hang anything;
 * it is not a catch-all: it matches neither the empty line nor the engine's unrelated
   probes nor any of a fixed set of random lines;
@@ -27,7 +27,7 @@ from typing import Sequence
 
 import re2
 
-from diagnosis.engine import RegexError, compile_linear, is_catch_all
+from diagnosis.multi_regex import RegexError, compile_linear, is_catch_all
 
 # Error lines as the stacks we diagnose print them. A filter rule that matches any
 # of these would hide that kind of failure in every future log, whatever the

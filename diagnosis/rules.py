@@ -43,7 +43,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from diagnosis.engine import RegexError, compile_linear, is_catch_all, validate_regex
+from diagnosis.multi_regex import RegexError, compile_linear, is_catch_all, validate_regex
 from diagnosis.compressed import CompressedLog, LogEntry
 from diagnosis.rule_seeds import SEED_DIAGNOSIS_RULES
 from diagnosis.state import LearnedRuleStore

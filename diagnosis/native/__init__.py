@@ -10,7 +10,7 @@ reporting them, so Python works once per distinct key of a buffer.
 It is the extension module ``_linescan``, which the package's build (``setup.py``)
 compiles against RE2's public C++ API (``re2/re2.h``), as a wheel would ship it. It
 compiles the filter's run pattern with its own RE2, with the options
-``diagnosis.engine`` gives google-re2, and a self-test checks that it finds the lines
+``diagnosis.multi_regex`` gives google-re2, and a self-test checks that it finds the lines
 the Python filter finds before it is used. Where it was not built (no C++ compiler or
 RE2 headers at install time: the build skips it) or was built from another
 ``linescan.cc`` (an editable install not rebuilt), ``line_scan_for`` returns None, the
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from diagnosis.engine import _RE2_MAX_MEM
+from diagnosis.multi_regex import _RE2_MAX_MEM
 
 _import_error: str | None = None
 try:

@@ -36,13 +36,13 @@ def llm_config(llm_server: ScriptedLLMServer):
 
 @pytest.fixture(scope="session")
 def embedder():
-    from diagnosis.memory import shared_embedder
+    from diagnosis.failure_memory import shared_embedder
 
     return shared_embedder()
 
 
 @pytest.fixture
 def memory(tmp_path, embedder):
-    from diagnosis.memory import FailureMemory, MemoryConfig
+    from diagnosis.failure_memory import FailureMemory, MemoryConfig
 
     return FailureMemory(MemoryConfig(path=tmp_path / "failure-memory"), embedder)

@@ -18,7 +18,7 @@ import pytest
 from diagnosis.agents import AgentsConfig, DiagnosisAgents, LibraryRules
 from diagnosis.api import compress_log, diagnose_log
 from diagnosis.failure_agent import FailureAgent, FailureAgentConfig
-from diagnosis.memory import MemoryConfig
+from diagnosis.failure_memory import MemoryConfig
 from diagnosis.rules import DiagnosisLibrary
 from diagnosis.vocabulary import Diagnosis
 from scripted_llm_server import Reply, retrieved_failures

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from diagnosis.llm import ChatLLM, LLMConfig, MalformedReply, extract_json
-from diagnosis.memory import FailureMemory, MemoryConfig, retrieval_vote
+from diagnosis.failure_memory import FailureMemory, MemoryConfig, retrieval_vote
 from diagnosis.vocabulary import Diagnosis
 
 CUDA = "[rank3]: RuntimeError: CUDA error: an illegal memory access was encountered"

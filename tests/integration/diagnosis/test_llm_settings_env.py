@@ -11,7 +11,7 @@ from __future__ import annotations
 from diagnosis.agents import AgentsConfig, DiagnosisAgents
 from diagnosis.api import diagnose_log
 from diagnosis.llm import PUBLIC_BASE_URL, LLMConfig
-from diagnosis.memory import MemoryConfig
+from diagnosis.failure_memory import MemoryConfig
 from scripted_llm_server import MODEL_ID
 from test_failure_agent_rag import PAST_FAILURES, careful_llm, write_log
 

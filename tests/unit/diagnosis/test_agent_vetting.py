@@ -8,9 +8,9 @@ from diagnosis.failure_agent import DiagnosisReply, _verified_culprits
 from diagnosis.proposals import generalise_line
 from diagnosis.llm import MalformedReply, parse_json_reply
 from diagnosis.log_agent import FilterReply, segment_prompt
-from diagnosis.memory import PastFailure, make_key, retrieval_vote
+from diagnosis.failure_memory import PastFailure, make_key, retrieval_vote
 from diagnosis.proposals import diagnosis_rule_problem, filter_rule_problem
-from diagnosis.engine import compile_linear
+from diagnosis.multi_regex import compile_linear
 from diagnosis.vocabulary import Diagnosis
 
 SEGMENT = [f"[rank{r}]: iteration {s} | consumed samples: {s * 512} | lm loss: 3.2" for s in range(10) for r in range(4)]

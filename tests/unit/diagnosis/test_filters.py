@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from diagnosis.engine import RegexError
+from diagnosis.multi_regex import RegexError
 from diagnosis.filter_seeds import SEED_FILTER_RULES
 from diagnosis.filters import FilterRule, FilterRuleSet, LogCompressor, compress_file
 from diagnosis.rules import DiagnosisLibrary

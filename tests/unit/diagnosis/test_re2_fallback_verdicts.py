@@ -22,7 +22,7 @@ import json, sys, tempfile
 if sys.argv[1] == "no-hyperscan":
     sys.modules["hyperscan"] = None  # `import hyperscan` now raises ImportError
 from pathlib import Path
-from diagnosis import engine
+from diagnosis import multi_regex as engine
 from diagnosis.api import diagnose_log
 state = tempfile.mkdtemp()
 verdicts = {}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from diagnosis.api import DiagnosisContext, compress_log, confirmed_diagnosis, diagnose_log
-from diagnosis.engine import RegexError
+from diagnosis.multi_regex import RegexError
 from diagnosis.rules import DiagnosisLibrary, diagnose_compressed
 from diagnosis.vocabulary import ROOT_CAUSES, Diagnosis
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from diagnosis.engine import (
+from diagnosis.multi_regex import (
     ENGINE_NAMES,
     RegexError,
     UnsafeEngineError,
@@ -93,7 +93,7 @@ def test_compiled_filters_are_reused_until_rules_change():
 
 
 def test_signal_scanner_finds_the_same_lines_with_hyperscan_and_re2(monkeypatch):
-    from diagnosis import engine
+    from diagnosis import multi_regex as engine
     from diagnosis.filters import signal_patterns
     from diagnosis.rules import DiagnosisLibrary
 
@@ -119,7 +119,7 @@ def test_hyperscan_is_installed_where_it_ships():
     # every Hyperscan test above into an RE2-only test without failing.
     import platform
 
-    from diagnosis import engine
+    from diagnosis import multi_regex as engine
 
     if platform.machine() in ("x86_64", "AMD64"):
         assert engine.hyperscan is not None, "pip install -c constraints.txt hyperscan"
@@ -153,7 +153,7 @@ def test_engines_agree_on_varied_logs():
 def test_signal_database_is_reused_from_the_cache_dir(tmp_path):
     """The compiled signal database is kept in the cache dir; a cached copy finds the
     same lines, and a corrupt file is compiled anew (Hyperscan checks its CRC)."""
-    from diagnosis import engine
+    from diagnosis import multi_regex as engine
     from diagnosis.filters import signal_patterns
     from diagnosis.rules import DiagnosisLibrary
 
@@ -180,7 +180,7 @@ def test_signal_database_is_reused_from_the_cache_dir(tmp_path):
 def test_validate_regex_still_refuses_after_a_signal_database_compiled():
     """Patterns a signal database compiled are not compiled again one by one; a
     pattern Hyperscan refuses is still refused."""
-    from diagnosis import engine
+    from diagnosis import multi_regex as engine
 
     if engine.hyperscan is None:
         pytest.skip("Hyperscan is not installed on this platform")
