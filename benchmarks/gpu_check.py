@@ -23,7 +23,7 @@
    not hold: CUDA context, workspaces, NCCL; from NVML). Written 2026-11-25 without a GPU: the
    prediction path was run on CPU (--predict-only), the measurement path not yet. MARP is
    sized with the profile of the attention kernel the model builds there
-   (scheduler.memory.profile_for_device: on an Ampere-or-newer GPU in bf16, the fused SDPA).
+   (scheduler.memory_model.profile_for_device: on an Ampere-or-newer GPU in bf16, the fused SDPA).
 4. Training speed (issue 13 item 8): model-FLOPs utilisation of a Llama-3.2-1B-shaped model
    (16 layers, hidden 2048, 32 heads / 8 KV groups, SwiGLU 8192, vocab 128256, tied
    embeddings; seq 2048, micro batch 2, global batch 32, bf16, megatron DDP + Adam) on one
@@ -139,7 +139,7 @@ def gpu_profile(training_cfg):
     import torch
 
     from scheduler.gpus import match_device_name
-    from scheduler.memory import profile_for_device
+    from scheduler.memory_model import profile_for_device
 
     gpu_type = "H100-80G"
     if torch.cuda.is_available():
@@ -152,7 +152,7 @@ def gpu_profile(training_cfg):
 def predict_full(row, attention: str = "auto") -> dict:
     """MARP's whole prediction for a row (fixed and runtime overhead terms included) and Frenzy's
     published formula (bf16 mixed-precision Adam is its setting; scored only where it applies)."""
-    from scheduler.memory import ParallelPlan, estimate_memory, frenzy_estimate
+    from scheduler.memory_model import ParallelPlan, estimate_memory, frenzy_estimate
 
     model_cfg, training_cfg = configs(row, attention)
     plan = ParallelPlan(global_batch_size=training_cfg.global_batch_size, micro_batch_size=training_cfg.micro_batch_size,
@@ -405,7 +405,7 @@ def train(steps: int) -> dict:
 def measure(row) -> tuple[int, int]:
     import torch
 
-    from scheduler.memory import ParallelPlan, estimate_memory
+    from scheduler.memory_model import ParallelPlan, estimate_memory
     from training import model as tm
 
     *_, micro, gbs, recompute, dist_opt = row

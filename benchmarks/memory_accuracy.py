@@ -1,4 +1,4 @@
-"""How close is MARP (scheduler/memory.py) to the real peak memory of a training step?
+"""How close is MARP (scheduler/memory_model.py) to the real peak memory of a training step?
 
 Headline, and where it is measured. The figure that counts is MARP against the
 CUDA allocator's peak on a GPU (benchmarks/gpu_check.py: bf16 + megatron's
@@ -7,7 +7,7 @@ a GPU exists. No GPU was available where this was last run, so this script repor
 what a CPU can say, in three parts:
 
 1. **Held-out set (the CPU headline).** `HELDOUT_CASES`, decided and written down
-   (2026-11-23, before any further tuning of scheduler/memory.py; see the block
+   (2026-11-23, before any further tuning of scheduler/memory_model.py; see the block
    comment there) so that they cannot have shaped the estimator: bf16/fp16, tensor
    and data parallel 2 under torchrun, selective/full recompute, sequences of
    2,048-4,096 tokens — none of them in the grid the estimator's terms were read
@@ -78,7 +78,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from scheduler.memory import (  # noqa: E402
+from scheduler.memory_model import (  # noqa: E402
     CPU_MEASURED,
     MemoryBreakdown,
     ParallelPlan,
@@ -209,7 +209,7 @@ BF16_CASES = [
 
 
 # ---------------------------------------------------------------------------------------
-# HELD-OUT SET — decided 2026-11-23 before any further tuning of scheduler/memory.py, and
+# HELD-OUT SET — decided 2026-11-23 before any further tuning of scheduler/memory_model.py, and
 # committed before it was first measured. Do not tune the estimator against these and do
 # not edit this list to improve the figure; add a new, dated set instead. What each
 # covers that the calibration grid does not: half precision together with tp/dp > 1,
@@ -290,7 +290,7 @@ FRENZY_STATIC_BYTES_MEASURED = 2 + 4
 
 def frenzy_own_assumptions(c: Case) -> float:
     """Frenzy's formula with its static term for what the measured run holds (see the docstring)."""
-    from scheduler.memory import frenzy_parameters
+    from scheduler.memory_model import frenzy_parameters
 
     published = frenzy_estimate(c.model_cfg, global_batch=c.micro * c.dp, dp=c.dp, tp=c.tp)
     w = frenzy_parameters(c.model_cfg)

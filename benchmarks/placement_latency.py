@@ -12,7 +12,7 @@
 The largest shape is mistral-large-123b at seq_length 2048, not its preset's 4096. Since
 crius-sim.yaml has Crius Table 1's node shapes, no GPU type of it holds 123B at 4,096 tokens
 (global batch 1,024, bf16, 10 % margin), and the planner is right about that (checked by
-hand against MARP, scheduler.memory): 123B parameters over the largest model split the
+hand against MARP, scheduler.memory_model): 123B parameters over the largest model split the
 A100-40G nodes of 4 allow (tp 4 inside a node, pp 8: the largest power of two dividing the 88
 layers) is 3.83B parameters per GPU: weights 7.28 GiB (bf16) + gradients 14.56 GiB (fp32
 main grads) = 21.8 GiB, plus the distributed optimizer's 12 bytes per parameter over dp.

@@ -2,7 +2,7 @@
 
     gpus          GPU catalogue: memory, peak TFLOP/s, links, per type
     cluster       cluster inventory (YAML or auto-detected), free GPUs, cordons
-    memory        MARP: predicted per-GPU peak memory of a plan (and Frenzy's formula)
+    memory_model  MARP: predicted per-GPU peak memory of a plan (and Frenzy's formula)
     memory_probe  measured peak memory of a plan on this machine (checks MARP)
     cost_model    predicted step time of a plan (compute, TP/PP/DP communication)
     planner       Crius cells: every runnable (dp, tp, pp, micro-batch, recompute) plan, ranked

@@ -133,7 +133,7 @@ def _print_plan_tables(job, cluster, plans, top, chosen, placement) -> None:
                   f"global batch {job.training.global_batch_size}, {job.training.precision} — "
                   f"{len(plans)} feasible plan(s) on cluster [bold]{cluster.name}[/]")
 
-    from scheduler.memory import profile_for_device
+    from scheduler.memory_model import profile_for_device
 
     # the attention kernel the worker builds on that GPU decides the s x s terms (training.attention)
     profile = profile_for_device(chosen.gpu_type, job.training.precision, job.training.attention)

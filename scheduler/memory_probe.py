@@ -1,4 +1,4 @@
-"""Measure the real per-rank peak memory of training steps, to check `scheduler.memory`.
+"""Measure the real per-rank peak memory of training steps, to check `scheduler.memory_model`.
 
     peak = measure_training_peak(model_cfg, training_cfg)     # MeasuredPeak, bytes
     peak.total, peak.by_category["activations"]

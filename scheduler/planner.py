@@ -5,7 +5,7 @@ and a number of pipeline stages. Inside a cell only the data × tensor split
 varies (tp inside one node, dividing the attention and key/value heads and
 the MLP width; dp dividing the global batch into whole micro batches),
 together with the micro-batch size and the recompute mode. A layout is kept
-only when its predicted per-GPU peak memory (`scheduler.memory`, MARP) fits the
+only when its predicted per-GPU peak memory (`scheduler.memory_model`, MARP) fits the
 GPU with a safety margin (`memory_margin`, the fraction of GPU memory kept
 free; default 10%); the survivors are ranked by the predicted step time of
 `scheduler.cost_model`. The distributed optimizer is used whenever dp > 1: its
@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from scheduler.cluster import GIB, Cluster, ClusterError
 from scheduler.gpus import gpu_spec
 from scheduler.cost_model import CostModelConfig, LinkSpeeds, StepTime, predict_step_time
-from scheduler import memory as marp
+from scheduler import memory_model as marp
 from training.capabilities import WORKER
 from training.config import JobSpec, ModelConfig
 
@@ -297,7 +297,7 @@ def _cached_estimate(model_key: tuple, global_batch: int, precision: str, dp: in
 
 
 def memory_breakdown_dict(breakdown: marp.MemoryBreakdown) -> dict[str, float]:
-    """The breakdown in GiB per category (scheduler.memory's categories)."""
+    """The breakdown in GiB per category (scheduler.memory_model's categories)."""
     return {c: round(getattr(breakdown, c) / GIB, 4) for c in breakdown.CATEGORIES}
 
 

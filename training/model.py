@@ -13,7 +13,7 @@ torchrun with any world size: gloo on CPU, NCCL on GPU, nothing else differs.
 Pipeline parallelism: with `pipeline_parallel` > 1 each rank builds only its stage's
 layers (the first stage holds the embedding, the last the output layer and loss);
 the cut is `pipeline_stage_layers` or an even split whose first stages take any
-remainder (the planner's memory model, scheduler.memory.stage_layers), handed to
+remainder (the planner's memory model, scheduler.memory_model.stage_layers), handed to
 megatron as a `pipeline_model_parallel_layout`. With `virtual_pipeline_stages` V > 1
 a rank holds V model chunks (interleaved 1F1B); `build_model` then returns a
 `ModelChunks` and `wrap_data_parallel` a list of DDP chunks. Initial weights depend
@@ -143,7 +143,7 @@ def stage_layer_counts(model_cfg: ModelConfig, training_cfg: TrainingConfig) -> 
 
     `training.pipeline_stage_layers` when given; else an even split whose first chunks
     take any remainder — the cut the planner's memory model prices
-    (scheduler.memory.stage_layers), so a plan runs with the memory it was sized for.
+    (scheduler.memory_model.stage_layers), so a plan runs with the memory it was sized for.
     """
     chunks = training_cfg.pipeline_parallel * training_cfg.virtual_pipeline_stages
     if training_cfg.pipeline_stage_layers is not None:

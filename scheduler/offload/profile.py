@@ -121,7 +121,7 @@ def analytic_profile(
 
     FLOPs per token and layer: 2 x params (forward); backward = recompute forward + 2x forward.
     Activations per micro batch and layer: s.b.h.(34 + 5.a.s/h) bytes at 2 bytes/element
-    (Korthikanti et al.), the number scheduler.memory uses too.
+    (Korthikanti et al.), the number scheduler.memory_model uses too.
     """
     h, s, b = model.hidden_size, model.seq_length, micro_batch
     flops_per_s = peak_tflops * 1e12 * compute_efficiency

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.memory import ParallelPlan, estimate_memory, profile_for_device
+from scheduler.memory_model import ParallelPlan, estimate_memory, profile_for_device
 from training.config import ModelConfig, TrainingConfig
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,10 +1,10 @@
-"""MARP (scheduler/memory.py) against hand-computed cases, sharding rules and monotonicity."""
+"""MARP (scheduler/memory_model.py) against hand-computed cases, sharding rules and monotonicity."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler.memory import (
+from scheduler.memory_model import (
     CPU_MEASURED,
     CPU_SDPA_MEASURED,
     MEGATRON_GPU,

@@ -56,7 +56,7 @@ def test_fresh_heldout_set_is_frozen_and_uses_only_new_shapes(bench):
 
 
 def test_frenzy_cases_hold_frenzys_assumptions(bench):
-    from scheduler.memory import frenzy_estimate, frenzy_parameters
+    from scheduler.memory_model import frenzy_estimate, frenzy_parameters
 
     for c in bench.FRENZY_CASES:
         m = c.model_cfg

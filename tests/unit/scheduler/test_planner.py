@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler import memory as marp
+from scheduler import memory_model as marp
 from scheduler.cluster import GIB, load_cluster, parse_cluster
 from scheduler.cost_model import LinkSpeeds, predict_step_time, step_flops
 from scheduler.planner import (
@@ -53,7 +53,7 @@ def test_every_plan_fits_its_gpu_with_the_margin_and_is_a_valid_layout(crius):
         assert m.num_layers % p.pp == 0
         assert request.global_batch % (p.dp * p.micro_batch_size) == 0
         assert p.num_microbatches == request.global_batch // (p.dp * p.micro_batch_size)
-        # The memory on the plan is scheduler.memory's own estimate of that exact layout.
+        # The memory on the plan is scheduler.memory_model's own estimate of that exact layout.
         again = marp.estimate_memory(m, marp.ParallelPlan(
             global_batch_size=request.global_batch, micro_batch_size=p.micro_batch_size, dp=p.dp, tp=p.tp,
             pp=p.pp, recompute=p.recompute, distributed_optimizer=p.distributed_optimizer, precision="bf16",
