@@ -127,7 +127,7 @@ def pretrain(
         #    lease expires).
         with HeldJob(orchestrator, job_id) as held:
             seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name)
-            result = _train(job_spec, spec, inventory, placement, seat, max_restarts=max_restarts,
+            result = _train(spec, inventory, placement, seat, max_restarts=max_restarts,
                             hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
                             breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
                             launcher=launcher)
@@ -139,7 +139,7 @@ def pretrain(
     return result
 
 
-def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_timeout_s: float,
+def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_timeout_s: float,
            skip_batches: int, breaker_count: int, backoff_s: float, drill_faults: list[str] | None,
            launcher: str) -> PretrainResult:
     """The runbook's loop on the GPUs the job holds: launch, watch, diagnose, act, launch again."""
@@ -187,7 +187,7 @@ def _train(job_spec: str, spec, inventory, placement, seat: Seat, *, max_restart
                                   "world_size": placement.world_size, "dp": placement.dp, "tp": placement.tp,
                                   "pp": placement.pp, "gpu_type": placement.gpu_type,
                                   "micro_batch_size": getattr(placement.plan, "micro_batch_size", None)})
-        outcome = run_attempt(str(job_spec), spec, placement, attempt, resume_from, overrides,
+        outcome = run_attempt(spec, placement, attempt, resume_from, overrides,
                               hang_timeout_s, env, progress, launcher, announcer, cluster=inventory,
                               stop_when=seat.lease_lost)
         announcer.poll(force=True)

@@ -23,6 +23,10 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
                               `FORGEFLOW_LOSS_SPIKE onset_step=...` line.
     markers/fault_fired.*     records of injected faults that fired (training.faults).
     markers/finished.json     written by rank 0 after the last step: {"step", "time"}.
+    spec/attempt-{N}.json     the job spec the flow validated, as JSON, written by the flow before
+                              attempt N launches (scheduler.worker_command.write_attempt_spec):
+                              what every rank of the attempt reads, wherever the user's YAML
+                              file (and its `base:` chain) is; the worker checks its config hash.
     markers/stopped.json      written by rank 0 after a graceful stop (SIGTERM) once the
                               stop step's checkpoint is committed: {"step", "checkpoint_step",
                               "signal", "time"}; every rank then exits EXIT_STOPPED.
@@ -82,6 +86,7 @@ MARKERS_DIR = "markers"
 SPIKE_MARKER = "loss_spike.json"
 FINISHED_MARKER = "finished.json"
 STOP_MARKER = "stopped.json"
+SPEC_DIR = "spec"
 
 
 def log_path(run_dir: str | Path, rank: int) -> Path:
@@ -102,6 +107,10 @@ def finished_marker_path(run_dir: str | Path) -> Path:
 
 def stop_marker_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / MARKERS_DIR / STOP_MARKER
+
+
+def attempt_spec_path(run_dir: str | Path, attempt: int) -> Path:
+    return Path(run_dir) / SPEC_DIR / f"attempt-{attempt}.json"
 
 
 # --- readers -------------------------------------------------------------------------

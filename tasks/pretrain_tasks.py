@@ -26,7 +26,7 @@ from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_chec
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
-from scheduler.worker_command import worker_args
+from scheduler.worker_command import worker_args, write_attempt_spec
 from tasks.launchers import make_launcher
 from training.config import JobSpec
 
@@ -60,7 +60,6 @@ def set_aside_abandoned(spec: JobSpec, after_step: int, why: str) -> list[int]:
 
 @task(name="run-attempt", cache_policy=NO_CACHE)
 def run_attempt(
-    spec_path: str,
     spec: JobSpec,
     placement: Placement,
     attempt: int,
@@ -84,7 +83,10 @@ def run_attempt(
     # A fresh rendezvous port per attempt (the last one may linger in TIME_WAIT), chosen by
     # node rank 0 on itself when it starts: a port free on the flow's machine proves nothing there.
     launches = [replace(l, master_port=CHOOSE_ON_NODE_0) for l in placement.launch_specs()]
-    args = worker_args(spec_path, placement, resume_from_step, overrides)
+    # Every rank reads the spec this flow validated, written into the run directory, and checks
+    # its hash: not the user's YAML file, which another node may not have (or may have changed).
+    spec_file = write_attempt_spec(spec, attempt)
+    args = worker_args(spec_file, placement, resume_from_step, overrides, config_hash=spec.config_hash())
     # torchrun SIGKILLs its ranks 30 s after forwarding a SIGTERM unless told to wait longer
     env = {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(spec.checkpoint.stop_deadline_s) + 5), **env}
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)

@@ -251,7 +251,10 @@ def _write_finished(run_dir, step: int) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.train",
                                      description="forgeflow training worker (start with torchrun)")
-    parser.add_argument("config", help="job spec YAML")
+    parser.add_argument("config", help="job spec YAML (or the JSON the flow wrote for this attempt)")
+    parser.add_argument("--config-hash", default=None, metavar="HASH",
+                        help="refuse to train unless the spec's model, training and data hash to "
+                             "this (JobSpec.config_hash, before --set): the flow's own spec")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a spec field, e.g. training.steps=50 (repeatable)")
     parser.add_argument("--resume-from-step", type=int, default=None,
@@ -263,6 +266,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.config_hash is not None:
+            found = load_job_spec(args.config).config_hash()
+            if found != args.config_hash:
+                raise ConfigError(f"{args.config}: the job spec's config hash is {found}, not "
+                                  f"{args.config_hash} as the flow that launched this worker validated "
+                                  "it; the file changed after launch: launch again from the flow")
         spec = load_job_spec(args.config, dotted_overrides(args.set))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
