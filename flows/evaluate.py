@@ -39,7 +39,7 @@ from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
                               export_checkpoint, jobs_for_evaluation, node_sessions, plan_trials, preload_model,
                               publish_results, register_for_evaluation, remove_preloaded, slot_processes)
-from training.config import JobSpec, load_job_spec, parse_job_spec
+from training.config import JobSpec, as_job_spec
 
 
 def _slurm_settings(submitter: str, cluster_file: str | None, nodes: Any) -> Any:
@@ -67,11 +67,7 @@ def _slurm_settings(submitter: str, cluster_file: str | None, nodes: Any) -> Any
 
 
 def _spec(job_spec: str | dict | JobSpec | None) -> JobSpec | None:
-    """A job spec given as a YAML path (this machine's), as content (a checkpoint event's payload:
-    the validated spec as JSON), or as a JobSpec."""
-    if isinstance(job_spec, dict):
-        return parse_job_spec(job_spec, source="the job_spec parameter")
-    return load_job_spec(job_spec) if isinstance(job_spec, str) and job_spec else (job_spec or None)
+    return as_job_spec(job_spec) if job_spec else None
 
 
 @flow(name="evaluate-checkpoint", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=16))

@@ -61,7 +61,7 @@ from tasks.pretrain_tasks import (
     set_aside_abandoned,
     wait,
 )
-from training.config import load_job_spec
+from training.config import JobSpec, as_job_spec
 
 
 @dataclass
@@ -80,7 +80,7 @@ class PretrainResult:
 
 @flow(name="pretrain", log_prints=True)
 def pretrain(
-    job_spec: str,
+    job_spec: str | dict | JobSpec,
     cluster: str = "local",
     max_restarts: int = 5,
     hang_timeout_s: float = 300.0,
@@ -94,7 +94,8 @@ def pretrain(
     """Train a job to completion through failures, with nobody watching.
 
     Args:
-        job_spec: path of the job spec YAML.
+        job_spec: the job spec: a YAML path on this machine, or its content (the validated
+            spec as JSON, so a worker on another machine needs no file of the submitter's).
         cluster: cluster inventory YAML, or "local" to detect this machine.
         max_restarts: restarts allowed before giving up.
         hang_timeout_s: a rank whose heartbeat stops this long is hung.
@@ -108,7 +109,7 @@ def pretrain(
             (one batch job per attempt; the cluster file's `slurm:` section says where).
         priority: the job's place in the shared cluster's queue (higher goes first).
     """
-    spec = load_job_spec(job_spec)
+    spec = as_job_spec(job_spec)
     # 1. Fail fast on what would fail later: data and checkpoint storage.
     prepare_data(spec)
     preflight_storage(spec)

@@ -306,6 +306,16 @@ def parse_job_spec(data: dict[str, Any], source: str = "<job spec>") -> JobSpec:
     return validate(JobSpec, data, source=source, kind="job spec", error=ConfigError)
 
 
+def as_job_spec(value: "str | Path | dict[str, Any] | JobSpec", source: str = "the job_spec parameter") -> JobSpec:
+    """A flow's job_spec parameter: a YAML path on this machine, the validated spec as content
+    (a dict, e.g. a checkpoint event's payload or `forgeflow submit`'s), or a JobSpec."""
+    if isinstance(value, JobSpec):
+        return value
+    if isinstance(value, dict):
+        return parse_job_spec(value, source=source)
+    return load_job_spec(value)
+
+
 def dotted_overrides(items: list[str]) -> dict[str, Any]:
     """Turn CLI `key.sub=value` strings into a nested override dict (values parsed as YAML)."""
     out: dict[str, Any] = {}
