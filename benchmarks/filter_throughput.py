@@ -124,6 +124,37 @@ sys.path.insert(0, str(ROOT / "tests" / "data" / "failures"))
 
 from logsim import Job  # noqa: E402
 from varied import KEYWORD_FREE_ERRORS, keyword_free_error, routine_lines  # noqa: E402
+from benchmarks.headline import print_headline  # noqa: E402
+
+HEADLINE_KEYS = (
+    "engine",
+    "mb_per_s",
+    "compression_ratio",
+    "error_lines_dropped",
+    "diagnose_100mb_s",
+    "diagnose_100mb_cpu_s",
+    "diagnose_root_cause",
+    "diagnose_mb",
+    "size_mb",
+    "ratio_before_collapsing",
+    "mb_per_s_varied",
+    "floor_mb_per_s_varied",
+    "floor_signal_s",
+    "floor_filter_s",
+    "uncovered_line_share",
+    "keywordless_errors_dropped",
+    "held_out_errors_dropped",
+    "varied_error_lines_dropped",
+    "diagnose_varied_s",
+    "diagnose_varied_cpu_s",
+    "diagnose_varied_root_cause",
+    "diagnose_varied_first_run_s",
+    "diagnose_varied_first_run_cpu_s",
+    "cli_startup_s",
+    "cli_startup_uncached_s",
+    "varied_mb",
+    "per_engine",
+)  # the last line, full run and --smoke alike (benchmarks.headline)
 
 # Error lines sprinkled through the log; each is counted when written.
 SPRINKLED_ERRORS = (
@@ -493,7 +524,7 @@ def main() -> None:
         "varied_mb": args.varied_mb,
         "per_engine": {r["engine"]: {k: r[k] for k in ("mb_per_s", "wall_mb_per_s", "compression_ratio", "error_lines_dropped")} for r in results},
     }
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
 
 
 if __name__ == "__main__":

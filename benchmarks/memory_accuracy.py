@@ -87,6 +87,44 @@ from scheduler.memory_model import (  # noqa: E402
 )
 from scheduler.planner import PlannerConfig  # noqa: E402
 from training.config import ModelConfig, TrainingConfig  # noqa: E402
+from benchmarks.headline import print_headline  # noqa: E402
+
+HEADLINE_KEYS = (
+    "headline_where_gpu",
+    "planner_memory_margin",
+    "heldout_configs",
+    "heldout_mean_accuracy",
+    "heldout_worst_accuracy",
+    "heldout_mean_signed_error",
+    "heldout_underprediction_rate",
+    "heldout_largest_underprediction",
+    "fresh_heldout_configs",
+    "fresh_heldout_mean_accuracy",
+    "fresh_heldout_worst_accuracy",
+    "fresh_heldout_mean_signed_error",
+    "fresh_heldout_underprediction_rate",
+    "fresh_heldout_largest_underprediction",
+    "frenzy_own_assumptions_configs",
+    "frenzy_mean_accuracy_own_assumptions",
+    "frenzy_signed_error_own_assumptions",
+    "frenzy_underprediction_rate_own_assumptions",
+    "marp_mean_accuracy_on_frenzy_cases",
+    "configs",
+    "mean_accuracy",
+    "worst_accuracy",
+    "frenzy_mean_accuracy",
+    "frenzy_worst_accuracy",
+    "underprediction_rate",
+    "largest_underprediction",
+    "half_precision_configs",
+    "half_precision_mean_accuracy",
+    "half_precision_worst_accuracy",
+    "half_precision_underprediction_rate",
+    "half_precision_largest_underprediction",
+    "fake_configs",
+    "fake_mean_accuracy",
+    "fake_worst_accuracy",
+)  # the last line, full run and --smoke alike (benchmarks.headline)
 
 # The fraction of GPU memory the planner keeps free (`PlannerConfig.memory_margin`): a plan is
 # kept when predicted <= (1 - margin) x capacity, so an under-prediction of up to `margin` of
@@ -581,7 +619,7 @@ def main() -> int:
             fake_mean_accuracy=round(fake_summary["mean"], 4),
             fake_worst_accuracy=round(fake_summary["worst"], 4),
         )
-    print(json.dumps(headline))
+    print_headline(headline, HEADLINE_KEYS)
     return 0
 
 
