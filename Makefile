@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Every extra (see pyproject.toml); vLLM (gpu) only where there is a GPU to run it.
 EXTRAS ?= dev,diagnosis,eval,kubernetes,tracking$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
 
-.PHONY: demo test unit integration venv clean slurm-packages sandbox-packages native-packages
+.PHONY: demo test check unit integration venv clean slurm-packages sandbox-packages native-packages
 
 $(STAMP): pyproject.toml constraints.txt setup.py diagnosis/native/linescan.cc | native-packages
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (set PY=... to override)"; exit 1; }
@@ -64,6 +64,14 @@ sandbox-packages:
 TEST_WORKERS ?= 2
 test: $(STAMP) slurm-packages sandbox-packages
 	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
+
+# For use while working (under 5 minutes on 2 cores): the unit tests and the integration tests
+# that need no Prefect server, Slurm or training run, less the few marked slow; `make test`
+# before a commit runs everything.
+CHECK_PATHS := tests/unit tests/integration/orchestrator tests/integration/diagnosis \
+	tests/integration/notify tests/integration/launch
+check: $(STAMP) sandbox-packages
+	$(BIN)/python -m pytest -q -ra -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(CHECK_PATHS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit

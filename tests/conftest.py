@@ -68,9 +68,12 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (``-n 2 --dist loadgroup``): each integration test file runs whole on
     one worker (its module fixtures - servers, a 12-step run shared by its tests - start once),
     the Slurm tests all on one (one local slurmctld/slurmd per machine), unit tests spread
-    one by one. Without xdist the marks do nothing."""
+    one by one, and so are the benchmarks' smoke runs (each a subprocess of its own). Without
+    xdist the marks do nothing."""
     for item in items:
         path = item.nodeid.split("::", 1)[0]
+        if path.startswith("tests/integration/benchmarks/"):
+            continue  # each benchmark's smoke is its own subprocess: spread them over both workers
         if path.startswith("tests/integration/"):
             group = "slurm" if path.startswith("tests/integration/slurm/") else path
             item.add_marker(pytest.mark.xdist_group(group))
