@@ -95,7 +95,7 @@ def pretrain(
 
     Args:
         job_spec: the job spec: a YAML path on this machine, or its content (the validated
-            spec as JSON, so a worker on another machine needs no file of the submitter's).
+            spec as a JSON object, so a worker on another machine needs no file of the submitter's).
         cluster: cluster inventory YAML, or "local" to detect this machine.
         max_restarts: restarts allowed before giving up.
         hang_timeout_s: a rank whose heartbeat stops this long is hung.

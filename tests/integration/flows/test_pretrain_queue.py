@@ -41,11 +41,17 @@ def _until(what, check, timeout_s: float = 300.0, every_s: float = 1.0):
 
 
 def _ranks(job) -> list[psutil.Process]:
-    """The training ranks (not their torchrun) of the job whose spec is `job`."""
+    """The training ranks (not their torchrun) of the job whose spec is `job`: they read the spec
+    the flow wrote into the job's run directory (runfiles.attempt_spec_path)."""
+    from infra.runfiles import attempt_spec_path
+    from training.config import load_job_spec
+
+    spec_dir = str(attempt_spec_path(load_job_spec(job).resolved_run_dir, 0).parent)
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "training.train" in cmd and str(job) in cmd and "torch.distributed.run" not in cmd:
+        if ("training.train" in cmd and any(a.startswith(spec_dir) for a in cmd)
+                and "torch.distributed.run" not in cmd):
             found.append(p)
     return found
 

@@ -85,9 +85,16 @@ def test_cancelling_the_pretrain_run_scancels_its_slurm_job(slurm, slurm_job, sl
             run = run_deployment("pretrain/pretrain", timeout=0, as_subflow=False, parameters={
                 "job_spec": str(job), "cluster": str(slurm_cluster), "launcher": "slurm"})
 
+            from infra.runfiles import attempt_spec_path
+            from training.config import load_job_spec
+
+            # the ranks read the spec the flow wrote into the job's run directory
+            spec_dir = str(attempt_spec_path(load_job_spec(job).resolved_run_dir, 0).parent)
+
             def ranks() -> list[int]:
                 return [p.pid for p in psutil.process_iter(["cmdline"])
-                        if "training.train" in (p.info["cmdline"] or []) and str(job) in p.info["cmdline"]
+                        if "training.train" in (p.info["cmdline"] or [])
+                        and any(a.startswith(spec_dir) for a in p.info["cmdline"])
                         and "torch.distributed.run" not in p.info["cmdline"]]
 
             deadline = time.monotonic() + 240

@@ -93,19 +93,19 @@ def test_compiled_filters_are_reused_until_rules_change():
 
 
 def test_signal_scanner_finds_the_same_lines_with_hyperscan_and_re2(monkeypatch):
-    from diagnosis import multi_regex as engine
+    from diagnosis import multi_regex
     from diagnosis.filters import signal_patterns
     from diagnosis.rules import DiagnosisLibrary
 
     patterns, caseless = signal_patterns(DiagnosisLibrary().patterns)
-    scanner = engine.SignalScanner(patterns, caseless)
-    if engine.hyperscan is not None:
+    scanner = multi_regex.SignalScanner(patterns, caseless)
+    if multi_regex.hyperscan is not None:
         # Where Hyperscan is installed its database must compile: a silent fallback to
         # RE2 would make this comparison RE2 against itself.
         assert scanner.engine == "hyperscan"
     with_hyperscan = scanner.signal_lines(SAMPLE)
     monkeypatch.setattr(engine, "hyperscan", None)
-    fallback = engine.SignalScanner(patterns, caseless)
+    fallback = multi_regex.SignalScanner(patterns, caseless)
     assert fallback.engine == "re2"
     with_re2 = fallback.signal_lines(SAMPLE)
     assert with_hyperscan == with_re2
@@ -119,10 +119,10 @@ def test_hyperscan_is_installed_where_it_ships():
     # every Hyperscan test above into an RE2-only test without failing.
     import platform
 
-    from diagnosis import multi_regex as engine
+    from diagnosis import multi_regex
 
     if platform.machine() in ("x86_64", "AMD64"):
-        assert engine.hyperscan is not None, "pip install -c constraints.txt hyperscan"
+        assert multi_regex.hyperscan is not None, "pip install -c constraints.txt hyperscan"
 
 
 def test_engines_agree_on_varied_logs():
@@ -153,25 +153,25 @@ def test_engines_agree_on_varied_logs():
 def test_signal_database_is_reused_from_the_cache_dir(tmp_path):
     """The compiled signal database is kept in the cache dir; a cached copy finds the
     same lines, and a corrupt file is compiled anew (Hyperscan checks its CRC)."""
-    from diagnosis import multi_regex as engine
+    from diagnosis import multi_regex
     from diagnosis.filters import signal_patterns
     from diagnosis.rules import DiagnosisLibrary
 
-    if engine.hyperscan is None:
+    if multi_regex.hyperscan is None:
         pytest.skip("Hyperscan is not installed on this platform")
     patterns, caseless = signal_patterns(DiagnosisLibrary().patterns)
-    compiled = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    compiled = multi_regex.SignalScanner(patterns, caseless, cache_dir=tmp_path)
     cached_files = list(tmp_path.glob("hyperscan-*.db"))
     assert len(cached_files) == 1
-    loaded = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    loaded = multi_regex.SignalScanner(patterns, caseless, cache_dir=tmp_path)
     assert loaded.engine == compiled.engine == "hyperscan"
     assert loaded.signal_lines(SAMPLE) == compiled.signal_lines(SAMPLE) != []
     # another pattern set gets its own file
-    engine.SignalScanner(patterns[:-1], caseless[:-1], cache_dir=tmp_path)
+    multi_regex.SignalScanner(patterns[:-1], caseless[:-1], cache_dir=tmp_path)
     assert len(list(tmp_path.glob("hyperscan-*.db"))) == 2
     data = cached_files[0].read_bytes()
     cached_files[0].write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
-    rebuilt = engine.SignalScanner(patterns, caseless, cache_dir=tmp_path)
+    rebuilt = multi_regex.SignalScanner(patterns, caseless, cache_dir=tmp_path)
     assert rebuilt.engine == "hyperscan"
     assert rebuilt.signal_lines(SAMPLE) == compiled.signal_lines(SAMPLE)
     assert cached_files[0].read_bytes() == data  # rewritten whole
@@ -180,12 +180,12 @@ def test_signal_database_is_reused_from_the_cache_dir(tmp_path):
 def test_validate_regex_still_refuses_after_a_signal_database_compiled():
     """Patterns a signal database compiled are not compiled again one by one; a
     pattern Hyperscan refuses is still refused."""
-    from diagnosis import multi_regex as engine
+    from diagnosis import multi_regex
 
-    if engine.hyperscan is None:
+    if multi_regex.hyperscan is None:
         pytest.skip("Hyperscan is not installed on this platform")
-    engine.SignalScanner([r"worker \d+ stalled"], [False])
-    assert r"worker \d+ stalled" in engine._HYPERSCAN_OK
+    multi_regex.SignalScanner([r"worker \d+ stalled"], [False])
+    assert r"worker \d+ stalled" in multi_regex._HYPERSCAN_OK
     validate_regex(r"worker \d+ stalled")
     with pytest.raises(RegexError, match="Hyperscan"):
         validate_regex(r"(?U)worker \d+ stalled")

@@ -22,14 +22,14 @@ import json, sys, tempfile
 if sys.argv[1] == "no-hyperscan":
     sys.modules["hyperscan"] = None  # `import hyperscan` now raises ImportError
 from pathlib import Path
-from diagnosis import multi_regex as engine
+from diagnosis import multi_regex
 from diagnosis.api import diagnose_log
 state = tempfile.mkdtemp()
 verdicts = {}
 for log in sorted(Path(sys.argv[2]).glob("*.log")):
     d = diagnose_log(log, state_dir=state)
     verdicts[log.name] = [d.root_cause, d.kind, d.restart_helps, sorted(d.culprit_lines)]
-print(json.dumps({"hyperscan": engine.hyperscan is not None, "verdicts": verdicts}))
+print(json.dumps({"hyperscan": multi_regex.hyperscan is not None, "verdicts": verdicts}))
 """
 
 
