@@ -104,7 +104,7 @@ def test_signal_scanner_finds_the_same_lines_with_hyperscan_and_re2(monkeypatch)
         # RE2 would make this comparison RE2 against itself.
         assert scanner.engine == "hyperscan"
     with_hyperscan = scanner.signal_lines(SAMPLE)
-    monkeypatch.setattr(engine, "hyperscan", None)
+    monkeypatch.setattr(multi_regex, "hyperscan", None)
     fallback = multi_regex.SignalScanner(patterns, caseless)
     assert fallback.engine == "re2"
     with_re2 = fallback.signal_lines(SAMPLE)
