@@ -57,6 +57,7 @@ The last line is one JSON object: the HEADLINE_KEYS first, then the per-writer d
 
 from __future__ import annotations
 
+import json
 import argparse
 import logging
 import os
@@ -71,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from checkpoint.writer import WRITER_NICENESS  # noqa: E402
 
 HEADLINE_KEYS = ("params", "stall_s_sync", "stall_s_async", "stall_ratio_sync_over_async",
@@ -388,8 +389,8 @@ def main() -> int:
           f"(process writer {out.get('step_slowdown_process_s3', float('nan')):+.1%}, "
           f"thread writer {out.get('step_slowdown_thread_s3', float('nan')):+.1%})")
     ordered = [k for k in HEADLINE_KEYS if k in out] + sorted(k for k in out if k not in HEADLINE_KEYS)
-    print_headline({k: (round(out[k], 4) if isinstance(out[k], float) else out[k]) for k in ordered},
-                   HEADLINE_KEYS)
+    print(json.dumps(checked_headline({k: (round(out[k], 4) if isinstance(out[k], float) else out[k]) for k in ordered},
+                   HEADLINE_KEYS)), flush=True)
     return 0
 
 

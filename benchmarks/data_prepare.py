@@ -10,6 +10,7 @@ the way the worker does. The last line is one JSON object of the headline figure
 
 from __future__ import annotations
 
+import json
 import argparse
 import sys
 import tempfile
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from training.config import load_job_spec  # noqa: E402
 from training.corpus import gather_corpus  # noqa: E402
 from training.data import BatchSampler, PackedTokens, prepare_data, split_documents, train_tokenizer  # noqa: E402
@@ -75,10 +76,10 @@ def main() -> None:
     print(f"prepare_data again (reused): {reuse_s:.2f} s")
     print(f"sampler: {batches_per_s:,.0f} micro batches/s "
           f"({cfg.micro_batch_size} x {spec.model.seq_length} tokens)")
-    print_headline({"prepare_s": round(prepare_s, 2), "reuse_s": round(reuse_s, 2),
+    print(json.dumps(checked_headline({"prepare_s": round(prepare_s, 2), "reuse_s": round(reuse_s, 2),
                     "tokens": tokens, "prepare_tokens_per_s": round(tokens / prepare_s),
                     "bytes_per_token": round(corpus_mb * 2**20 / tokens, 3),
-                    "sampler_micro_batches_per_s": round(batches_per_s)}, HEADLINE_KEYS)
+                    "sampler_micro_batches_per_s": round(batches_per_s)}, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

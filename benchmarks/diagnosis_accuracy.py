@@ -114,7 +114,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration" / "diagnosis"))
 sys.path.insert(0, str(REPO / "tests" / "data" / "failures"))
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -598,7 +598,7 @@ def main() -> None:
         **{f"real_pooled_{c}_{what}": paired[c][j] for c in paired
            for j, what in enumerate(("fixes", "breaks", "sign_test_p"))},
     })
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

@@ -60,7 +60,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 POOLED_FROM = 5  # as diagnosis_accuracy.py: the batches collected under the written protocol
@@ -223,7 +223,7 @@ def main() -> None:
     summary["blind_latest_batch"] = latest
     for key in ("logs", "root_cause", "kind", "restart"):
         summary[f"blind_latest_{key}"] = headline[f"blind_batch{latest}_{key}"]
-    print_headline({**summary, **headline}, HEADLINE_KEYS)
+    print(json.dumps(checked_headline({**summary, **headline}, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 TEMPLATES = REPO / "tests" / "data" / "failures"
@@ -194,7 +194,7 @@ def main() -> None:
           f"{right['without']['root_cause']} -> {right['with']['root_cause']}, restart "
           f"{right['without']['restart']} -> {right['with']['restart']}; changed {changed}, fixes {fixes}, "
           f"breaks {breaks} ({time.perf_counter() - started:.0f} s)")
-    print_headline(summary, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(summary, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

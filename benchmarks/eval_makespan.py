@@ -76,6 +76,7 @@ and test_evaluate_nodes.py run those flows. The last line's keys: HEADLINE_KEYS.
 
 from __future__ import annotations
 
+import json
 import argparse
 import heapq
 import math
@@ -93,7 +94,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from evalsuite.coordinator import DatasetCost, Policy, Trial, assign, decompose  # noqa: E402
 from evalsuite.datasets import DatasetRef  # noqa: E402
 
@@ -705,7 +706,7 @@ def main() -> int:
                   f"{real['coordinator_s']:.1f}s, speedup {real['speedup']:.2f}x, same scores: {real['same_scores']}")
             if args.real_only:
                 headline.update(speedup_real_cpu=round(real["speedup"], 3))
-                print_headline(headline, HEADLINE_KEYS)
+                print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
                 return 0
             loads = load_times(work, repeats=1 if args.smoke else 3)
             print(f"model load ({loads['model_mb']:.0f} MB of weights): from S3 storage "
@@ -713,7 +714,7 @@ def main() -> int:
             headline.update(speedup_real_cpu=round(real["speedup"], 3),
                             load_s_storage=round(loads["load_s_storage"], 3), load_s_shm=round(loads["load_s_shm"], 3))
             if args.smoke:
-                print_headline(headline, HEADLINE_KEYS)
+                print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
                 return 0
             flow = history_in_flow(work)
             print(f"Prefect flow, two runs: datasets predicted from history: first {flow['first']}, "
@@ -722,7 +723,7 @@ def main() -> int:
             nodes_figure(work)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
     return 0
 
 

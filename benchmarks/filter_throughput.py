@@ -124,7 +124,7 @@ sys.path.insert(0, str(ROOT / "tests" / "data" / "failures"))
 
 from logsim import Job  # noqa: E402
 from varied import KEYWORD_FREE_ERRORS, keyword_free_error, routine_lines  # noqa: E402
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 HEADLINE_KEYS = (
     "engine",
@@ -524,7 +524,7 @@ def main() -> None:
         "varied_mb": args.varied_mb,
         "per_engine": {r["engine"]: {k: r[k] for k in ("mb_per_s", "wall_mb_per_s", "compression_ratio", "error_lines_dropped")} for r in results},
     }
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

@@ -66,7 +66,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.chdir(REPO)
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 TRAIN_KEYS = ("train_loss_first", "train_loss_last", "train_tokens_per_s")
 MEMORY_KEYS = ("memory_configs", "memory_mean_accuracy", "memory_worst_accuracy")
@@ -480,7 +480,7 @@ def main() -> None:
 
     if args.smoke:
         headline = {**dict.fromkeys(HEADLINE_KEYS), "gpu": "cpu", **mfu("tiny", 1)}
-        print_headline(headline, HEADLINE_KEYS)
+        print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
         return
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this check is for GPU machines (the CPU paths are in the test suite "
@@ -520,7 +520,7 @@ def main() -> None:
         headline.update(heldout_memory())
     if not args.no_mfu:
         headline.update(mfu(args.mfu_model, args.mfu_steps))
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ from scheduler.memory_model import (  # noqa: E402
 )
 from scheduler.planner import PlannerConfig  # noqa: E402
 from training.config import ModelConfig, TrainingConfig  # noqa: E402
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 HEADLINE_KEYS = (
     "headline_where_gpu",
@@ -619,7 +619,7 @@ def main() -> int:
             fake_mean_accuracy=round(fake_summary["mean"], 4),
             fake_worst_accuracy=round(fake_summary["worst"], 4),
         )
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
     return 0
 
 

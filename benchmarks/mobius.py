@@ -40,6 +40,7 @@ The last line's keys: HEADLINE_KEYS (`offload_loss_max_abs_diff` is null with --
 
 from __future__ import annotations
 
+import json
 import argparse
 import math
 import random
@@ -60,7 +61,7 @@ from scheduler.offload.simulate import (  # noqa: E402
     simulate_gpipe, simulate_mobius, simulate_offload_data_parallel,
 )
 from training.config import ModelConfig  # noqa: E402
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 GIB = 1024**3
 MB = 10**6
@@ -211,7 +212,7 @@ def main() -> None:
         "offload_loss_max_abs_diff": loss_diff,
         "wall_s": round(time.time() - started, 1),
     }
-    print_headline(result, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(result, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

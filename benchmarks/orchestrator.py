@@ -84,6 +84,7 @@ load_average, ...).
 
 from __future__ import annotations
 
+import json
 import argparse
 import multiprocessing
 import os
@@ -98,7 +99,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from infra.statedb import forget_engines  # noqa: E402
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked  # noqa: E402
@@ -455,7 +456,7 @@ def main() -> int:
         shutil.rmtree(tmp, ignore_errors=True)  # the SQLite files
 
     load_after = os.getloadavg()
-    print_headline({
+    print(json.dumps(checked_headline({
         "admissions_per_s_pg": round(results["pg"]["admissions_per_s"], 1),
         "admissions_per_s_sqlite": round(results["sqlite"]["admissions_per_s"], 1),
         "decision_ms_p99_pg": round(results["pg"]["decision_ms_p99"], 2),
@@ -490,7 +491,7 @@ def main() -> int:
         "cluster_gpus": load_cluster(CLUSTER).total_gpus,
         "load_average": round(load_after[0], 2),
         "load_average_at_start": round(load_before[0], 2),
-    }, HEADLINE_KEYS)
+    }, HEADLINE_KEYS)), flush=True)
     return 0
 
 

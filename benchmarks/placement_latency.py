@@ -37,6 +37,7 @@ and sim_decisions_per_s (the slowest policy).
 
 from __future__ import annotations
 
+import json
 import argparse
 import os
 import statistics
@@ -46,7 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from scheduler import planner as planner_module  # noqa: E402
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.placement import place_plans  # noqa: E402
@@ -147,7 +148,7 @@ def main() -> int:
         print(f"  {policy:5s} {result.decisions:9d} decisions in {result.passes} passes, "
               f"{rates[policy]:12,.0f} decisions/s, {1e6 / rates[policy]:7.1f} µs/decision (replay {wall:.1f} s)")
 
-    print_headline({
+    print(json.dumps(checked_headline({
         "plan_ms_p50": round(percentile(cold, 50), 3),
         "plan_ms_p99": round(percentile(cold, 99), 3),
         "plan_cpu_ms_p50": round(percentile(cold_cpu, 50), 3),
@@ -157,7 +158,7 @@ def main() -> int:
         "sim_decisions_per_s": round(min(rates.values()), 1),
         "sim_decisions_per_s_by_policy": {k: round(v, 1) for k, v in rates.items()},
         "load_average": round(load_before, 2),
-    }, HEADLINE_KEYS)
+    }, HEADLINE_KEYS)), flush=True)
     return 0
 
 

@@ -91,7 +91,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.chdir(REPO)
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 KINDS = ("cuda_error", "oom_kill", "hang", "node_loss")
 HEADLINE_KEYS = (
@@ -561,7 +561,7 @@ def main() -> None:
         "per_kind_p50_s": {k: {"forgeflow": _p50(kind_of(ours, k)), "torchrun": _p50(kind_of(theirs, k))}
                            for k in sorted(set(kinds))},
     }
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 HEADLINE_KEYS = ("layouts_resumed", "max_rel_loss_delta", "reshard_load_over_same_layout", "resumed")
 
@@ -266,7 +266,7 @@ def main() -> int:
            "reshard_load_over_same_layout": round(ratio, 3),
            **{f"load_s_{k}": round(v, 4) for k, v in loads.items()},
            "resumed": resumed}
-    print_headline(out, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(out, HEADLINE_KEYS)), flush=True)
     return 0
 
 

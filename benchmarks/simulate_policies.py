@@ -46,6 +46,7 @@ jct_ratio_best_vs_easy_backfill, ..., and the old keys).
 
 from __future__ import annotations
 
+import json
 import argparse
 import statistics
 import sys
@@ -55,7 +56,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.simulate import (  # noqa: E402
@@ -236,7 +237,7 @@ def main() -> int:
     r4 = lambda x: round(x, 4)  # noqa: E731
     if scratch is not None:
         scratch.cleanup()
-    print_headline({
+    print(json.dumps(checked_headline({
         "offered_load": HEADLINE_LOAD,
         "offered_load_realised": r4(points[(HEADLINE_LOAD, HEADLINE_SIGMA)]["realised_load"]["mean"]),
         "runtime_noise_sigma": HEADLINE_SIGMA,
@@ -271,7 +272,7 @@ def main() -> int:
         "frenzy_jct_ratio_ect_vs_fcfs": r4(frenzy["ect"]["jct_ratio_vs_fcfs"]),
         "acme_avg_jct_h": {p: round(v["avg_jct_h"], 3) for p, v in acme.items()},
         "frenzy_avg_jct_h": {p: round(v["avg_jct_h"], 3) for p, v in frenzy.items()},
-    }, HEADLINE_KEYS)
+    }, HEADLINE_KEYS)), flush=True)
     return 0
 
 

@@ -26,6 +26,7 @@ The last line is the JSON object {"tokens_per_s_ws1": ..., "tokens_per_s_ws2": .
 
 from __future__ import annotations
 
+import json
 import argparse
 import os
 import subprocess
@@ -36,7 +37,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from infra import runfiles  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
 from training.runlog import read_steps  # noqa: E402
@@ -112,7 +113,7 @@ def main() -> int:
                   f"({r['seconds']:.1f} s); loss {r['first_loss']:.3f} -> {r['last_loss']:.3f}")
     if scratch is not None:
         scratch.cleanup()
-    print_headline({f"tokens_per_s_{key}": round(r["tokens_per_s"], 1) for key, r in results.items()}, HEADLINE_KEYS)
+    print(json.dumps(checked_headline({f"tokens_per_s_{key}": round(r["tokens_per_s"], 1) for key, r in results.items()}, HEADLINE_KEYS)), flush=True)
     return 0
 
 

@@ -28,6 +28,7 @@ vLLM and agreement keys stay null. The last line's keys: HEADLINE_KEYS.
 
 from __future__ import annotations
 
+import json
 import argparse
 import importlib.util
 import os
@@ -39,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 
 HEADLINE_KEYS = ("generation_agreement", "greedy_flag_agreement", "max_logprob_diff", "tokens_per_s_vllm",
                  "tokens_per_s_transformers")
@@ -130,11 +131,11 @@ def main() -> int:
         print(f"transformers on CPU: {figures['tokens_transformers']} tokens in {hf_s:.2f} s of inference; "
               f"its records paired with themselves agree {figures['generation_agreement']:.0%} (a harness check)")
         headline.update(tokens_per_s_transformers=round(figures["tokens_transformers"] / hf_s, 1))
-        print_headline(headline, HEADLINE_KEYS)
+        print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
         return 0
     if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
         print("needs a CUDA GPU and vLLM (pip install forgeflow[gpu] on a GPU node); nothing measured")
-        print_headline(headline, HEADLINE_KEYS)
+        print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
         return 0
     hf_out, hf_s = run_backend(model, "transformers", args.device, work)
     vllm_out, vllm_s = run_backend(model, "vllm", args.device, work)
@@ -148,7 +149,7 @@ def main() -> int:
                     max_logprob_diff=round(figures["max_logprob_diff"], 5),
                     tokens_per_s_vllm=round(figures["tokens_vllm"] / vllm_s, 1),
                     tokens_per_s_transformers=round(figures["tokens_transformers"] / hf_s, 1))
-    print_headline(headline, HEADLINE_KEYS)
+    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
     return 0
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.headline import print_headline  # noqa: E402
+from benchmarks.headline import checked_headline  # noqa: E402
 from testing.prefect_server import LocalPrefectServer  # noqa: E402
 
 HEADLINE_KEYS = ("watcher_api_calls_per_s_64_nodes", "watcher_api_calls_per_s_64_nodes_per_node_reads",
@@ -172,11 +172,11 @@ def main() -> int:
     print(f"{args.nodes} nodes x {args.ranks_per_node} ranks, watched {args.seconds:.0f}s at 0.5 s polls:")
     print(f"  batched reads (now):        {batched:7.2f} Prefect API calls/s")
     print(f"  one read per node (before): {per_node:7.2f} Prefect API calls/s")
-    print_headline({
+    print(json.dumps(checked_headline({
         "watcher_api_calls_per_s_64_nodes": round(batched, 2),
         "watcher_api_calls_per_s_64_nodes_per_node_reads": round(per_node, 2),
         "nodes": args.nodes, "ranks": args.nodes * args.ranks_per_node, "seconds": args.seconds,
-    }, HEADLINE_KEYS)
+    }, HEADLINE_KEYS)), flush=True)
     return 0
 
 

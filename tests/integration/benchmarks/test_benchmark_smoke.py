@@ -7,7 +7,7 @@ benchmark must be named in NOT_BENCHMARKS with the reason.
 
 What each run must do: exit 0 and end its stdout with one JSON object holding every key of the
 script's `HEADLINE_KEYS` tuple, the same tuple its full run prints through
-`benchmarks.headline.print_headline`: the smoke and the full run take their keys from one place.
+`print(json.dumps(benchmarks.headline.checked_headline(...)))`: the smoke and the full run take their keys from one place.
 The smoke's figures are not checked: a smoke is a few steps or jobs, not a measurement.
 """
 
@@ -26,7 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 BENCHMARKS = REPO / "benchmarks"
 NOT_BENCHMARKS = {
-    "headline.py": "the last-line helper every benchmark imports (print_headline); it measures nothing",
+    "headline.py": "the last-line helper every benchmark imports (checked_headline); it measures nothing",
 }
 SCRIPTS = sorted(p.name for p in BENCHMARKS.glob("*.py") if p.name not in NOT_BENCHMARKS)
 # A smoke takes seconds of CPU; the wall-clock limit only stops a hung one (a loaded 2-core box
@@ -65,7 +65,7 @@ def headline_keys(script: str) -> tuple[str, ...]:
                 except AssertionError:
                     pass  # another tuple, not of strings
     raise AssertionError(f"{script} names no HEADLINE_KEYS: declare the keys its last line prints as a "
-                         "module-level tuple and print it with benchmarks.headline.print_headline")
+                         "module-level tuple and end with print(json.dumps(checked_headline(values, HEADLINE_KEYS)))")
 
 
 def test_every_file_in_benchmarks_is_run_or_named_as_not_a_benchmark():
