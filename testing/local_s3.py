@@ -97,6 +97,11 @@ class SeaweedS3:
             f"-admin.port={p['admin']}", f"-admin.port.grpc={p['admin_grpc']}",
             f"-webdav.port={p['webdav']}", "-webdav=false", "-admin.ui=false",
             f"-metricsPort={p['metrics']}", "-master.telemetry=false",
+            # Each bucket is a collection with volumes of its own. Left at 0, the volume count
+            # is free disk / 128 MB, so on a CI disk with a few GB free the session's later
+            # buckets found no volume and every PutObject answered InternalError. Volumes are
+            # not preallocated, so a fixed count costs only the bytes written.
+            "-volume.max=1000",
         ]
         log_path = self.data_dir / "weed.log"
         env = dict(os.environ, **self.env())
