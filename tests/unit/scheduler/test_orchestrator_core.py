@@ -7,7 +7,7 @@ import time
 import pytest
 import sqlalchemy as sa
 
-from infra.statedb import StateDbError, forget_engines, open_state_db, write_transaction
+from infra.statedb import StateDbError, forget_engines, open_state_db, read_transaction, write_transaction
 from infra.statedb.schema import allocations
 from scheduler.cluster import parse_cluster
 from scheduler.orchestrator import (
@@ -88,14 +88,33 @@ def test_cordon_and_drain_persist_and_placement_avoids_them(url, orch):
     assert "cordoned" not in cluster_markdown(cluster_status(again.engine))
 
 
+def _age_lease(o: Orchestrator, job_id: int, seconds_ago: float) -> None:
+    """Make the job's live lease run out `seconds_ago` (instead of sleeping past a short lease,
+    which a loaded machine can stretch into a race with the test's own steps)."""
+    with write_transaction(o.engine) as conn:
+        aged = conn.execute(sa.update(allocations).where(
+            allocations.c.job_id == job_id, allocations.c.released_at.is_(None)).values(
+            lease_expires_at=time.time() - seconds_ago)).rowcount
+    assert aged, f"job {job_id} holds no GPUs: no lease to age"
+
+
+def _lease_expires_at(o: Orchestrator, job_id: int) -> float:
+    with read_transaction(o.engine) as conn:
+        return conn.execute(sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
+            allocations.c.job_id == job_id, allocations.c.released_at.is_(None))).scalar_one()
+
+
 def test_an_expired_lease_frees_the_gpus_and_requeues_the_job(url):
-    o = Orchestrator(url, OrchestratorConfig(lease_s=0.2, grace_s=0.1, max_requeues=1))
+    o = Orchestrator(url, OrchestratorConfig(lease_s=30, grace_s=30, max_requeues=1))
     o.register(parse_cluster(INVENTORY))
     holder = o.submit("holder", demand_options(o.cluster(), 8, gpu_type="A100-80G"))
     waiter = o.submit("waiter", demand_options(o.cluster(), 8, gpu_type="A100-80G"))
     assert o.job(waiter)["state"] == "queued"
     o.renew(holder)
-    time.sleep(0.5)  # the holder stops renewing
+    _age_lease(o, holder, seconds_ago=5)  # expired, but within its grace: still held
+    o.reconcile()
+    assert o.job(holder)["state"] == "running" and o.job(waiter)["state"] == "queued"
+    _age_lease(o, holder, seconds_ago=120)  # the holder stopped renewing: past lease and grace
     admitted = o.wait_admitted(waiter, poll_s=0.05, timeout_s=10)
     assert admitted.placement.world_size == 8
     lost = o.job(holder)
@@ -152,11 +171,15 @@ def test_bad_requests_get_one_clear_error(orch, url, tmp_path):
 def test_a_held_job_renews_its_lease_and_is_released_on_every_exit(url):
     from scheduler.orchestrator.lease import HeldJob
 
-    o = Orchestrator(url, OrchestratorConfig(lease_s=0.3, grace_s=0.0))
+    o = Orchestrator(url, OrchestratorConfig(lease_s=30, grace_s=0.0))
     o.register(parse_cluster(INVENTORY))
     job = o.submit("held", demand_options(o.cluster(), 8, gpu_type="A10"))
     with HeldJob(o, job, every_s=0.05) as held:
-        time.sleep(0.8)  # well past one lease: only the renewals keep it
+        _age_lease(o, job, seconds_ago=1)  # run out: only a renewal can keep the job now
+        deadline = time.monotonic() + 30
+        while _lease_expires_at(o, job) < time.time():
+            assert time.monotonic() < deadline, "HeldJob did not renew the lease within 30 s"
+            time.sleep(0.02)
         o.reconcile()
         assert o.job(job)["state"] == "running" and held.lost is None
     assert o.job(job)["state"] == "finished"
