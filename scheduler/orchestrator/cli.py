@@ -1,9 +1,10 @@
-"""`forgeflow cluster register|status|queue|cordon|drain|uncordon|serve` and `forgeflow submit`.
+"""`forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`, and a job's
+`forgeflow jobs`, `forgeflow cancel` and `forgeflow logs`.
 
 Each prints a readable table, or one JSON object with `--json`. Bad input (an
-unknown node or cluster, a job no GPU type can hold, an unreachable database, a
-schema from a newer forgeflow) prints one error and exits 2; nothing is changed,
-since every change is one transaction.
+unknown node, cluster or job, a job no GPU type can hold, cancelling a job that
+ended, an unreachable database, a schema from a newer forgeflow) prints one error
+and exits 2; nothing is changed, since every change is one transaction.
 """
 
 from __future__ import annotations
@@ -53,15 +54,37 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sv.set_defaults(func=_guard(_serve))
     cluster.set_defaults(func=lambda args: (cluster.print_help(), 2)[1])
 
-    submit = subparsers.add_parser(
-        "submit", parents=[common, named], help="queue a job on the shared cluster (GPU type and count optional)",
-        description="Size the job with MARP on every GPU type of the cluster (or only the type/count given) "
-                    "and put it in the orchestrator's queue; it starts as soon as the policy admits it.")
-    submit.add_argument("job", help="job spec YAML (e.g. configs/tiny-cpu.yaml)")
-    submit.add_argument("--gpu-type", default=None, help="only this GPU type (default: any that holds the job)")
-    submit.add_argument("--gpus", type=int, default=None, help="exactly this many GPUs (default: MARP sizes it)")
-    submit.add_argument("--priority", type=int, default=0, help="higher runs first (default 0)")
-    submit.set_defaults(func=_guard(_submit))
+    jobs = subparsers.add_parser(
+        "jobs", parents=[common], help="jobs on the shared clusters: state, GPUs, step and loss; when a queued "
+                                       "one starts and why it waits",
+        description="Queued and running jobs, and those that ended in the last hour (--all: every job). A queued "
+                    "job shows its place in the queue, why it waits and when it is expected to start: the "
+                    "cluster's policy run forward over the running jobs' expected ends (their measured step "
+                    "time when they report one, else the cost model's prediction).")
+    jobs.add_argument("--cluster", default=None, help="only this cluster's jobs (default: every cluster)")
+    jobs.add_argument("--mine", action="store_true", help="only jobs I submitted (my user name, on any host)")
+    jobs.add_argument("--all", action="store_true", help="every ended job too, not only the last hour's")
+    jobs.set_defaults(func=_guard(_jobs))
+
+    cancel = subparsers.add_parser(
+        "cancel", parents=[common], help="stop a job: a queued one leaves the queue, a running one stops gracefully",
+        description="A queued job is cancelled at once. A running job's flow sees the request at its next "
+                    "lease renewal (about 10 s): its ranks get SIGTERM, commit the step they are on and exit, "
+                    "and the job ends as cancelled, its GPUs released. Who cancelled and why is recorded.")
+    cancel.add_argument("job_id", type=int, metavar="ID", help="job id (see `forgeflow jobs`)")
+    cancel.add_argument("--reason", default="cancelled with forgeflow cancel", help="why (kept with the job)")
+    cancel.set_defaults(func=_guard(_cancel))
+
+    logs = subparsers.add_parser(
+        "logs", parents=[common], help="print a job's logs (node consoles, a rank's run log, or its runner's)",
+        description="The newest attempt's node consoles, each line prefixed with its node (--attempt N: "
+                    "attempt N's); --rank R: rank R's run log (steps and events of every attempt). Before "
+                    "anything was launched, the runner's own log (a queued job's 'waiting for GPUs').")
+    logs.add_argument("job_id", type=int, metavar="ID", help="job id (see `forgeflow jobs`)")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new lines until the job ends")
+    logs.add_argument("--rank", type=int, default=None, help="rank R's run log instead of the node consoles")
+    logs.add_argument("--attempt", type=int, default=None, help="attempt N's node consoles (default: the newest)")
+    logs.set_defaults(func=_guard(_logs))
 
 
 def _guard(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
@@ -219,30 +242,97 @@ def _health(args: argparse.Namespace) -> int:
     return 0
 
 
-def _submit(args: argparse.Namespace) -> int:
-    from scheduler.orchestrator import job_options
-    from training.config import load_job_spec
+def _in(seconds: float) -> str:
+    """`in 12 min`: how far ahead an estimate is."""
+    if seconds < 1:
+        return "now"
+    if seconds < 90:
+        return f"in {seconds:.0f} s"
+    return f"in {seconds / 60:.0f} min" if seconds < 5400 else f"in {seconds / 3600:.1f} h"
 
-    spec = load_job_spec(args.job)
-    o = _orchestrator(args)
-    cluster = o.cluster(args.cluster)
-    options = job_options(spec, cluster, gpu_type=args.gpu_type, gpus=args.gpus)
-    job_id = o.submit(spec.name, options, cluster=cluster.name, priority=args.priority,
-                      spec=spec.model_dump(mode="json"))
-    job = o.job(job_id)
-    position, length = o.queue_position(job_id)
-    out = {"job_id": job_id, "name": spec.name, "cluster": cluster.name, "state": job["state"],
-           "position": position, "queue_length": length,
-           "options": {p: [f"{x.num_gpus}x {x.gpu_type}" for x in opts] for p, opts in options.items()},
-           "placement": job["placement"]}
+
+def _jobs(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from scheduler.orchestrator.service import default_actor
+    from scheduler.orchestrator.views import RECENT_S, job_list
+
+    user = default_actor().split("@")[0] if args.mine else None
+    listing = job_list(_orchestrator(args).engine, cluster=args.cluster, user=user, include_all=args.all)
     if args.json:
-        print(json.dumps(out, indent=2))
-    elif job["state"] == "running":
-        p = job["placement"]
-        nodes = ", ".join(f"{n['node']}[{','.join(map(str, n['gpus']))}]" for n in p["nodes"])
-        print(f"job {job_id} ({spec.name}) admitted: {p['world_size']}x {p['gpu_type']} "
-              f"(dp{p['dp']} tp{p['tp']} pp{p['pp']}) on {nodes}")
-    else:
-        print(f"job {job_id} ({spec.name}) queued: position {position} of {length}")
+        print(json.dumps(listing, indent=2))
+        return 0
+    shown = "every job" if args.all else f"active and ended in the last {RECENT_S / 3600:g} h"
+    table = Table(title=f"jobs{' of ' + user if user else ''} ({shown}): {len(listing['jobs'])}")
+    for col in ("id", "name", "owner", "state", "GPUs", "step", "loss", "queue / start", "why / last diagnosis"):
+        table.add_column(col)
+    style = {"running": "green", "finished": "blue", "failed": "red", "cancelled": "yellow",
+             "recovering": "magenta", "preempted": "magenta"}
+    for j in listing["jobs"]:
+        step = f"{j['step']}/{j['steps']}" if j["step"] is not None else ""
+        loss = f"{j['loss']:.4f}" if isinstance(j["loss"], (int, float)) else ""
+        if "position" in j:
+            start = j["estimated_start"]
+            when = (f"#{j['position']}, " + (f"{time.strftime('%H:%M', time.gmtime(start))} UTC "
+                                            f"({_in(j['estimated_start_in_s'])})" if start is not None else "not yet"))
+            note = j["why"]
+        else:
+            when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])
+            note = j["diagnosis"] or ""
+            if j["stop_requested"] and j["state"] in ("running", "recovering"):
+                note = f"cancel requested by {j['stop_requested']['by']}" + (f"; {note}" if note else "")
+            elif j["state"] in ("finished", "failed", "cancelled") and j["reason"]:
+                note = j["reason"] + (f" (last diagnosis: {note})" if note else "")
+        cells = (str(j["job_id"]), j["name"], (j["owner"] or "").split("@")[0], j["state"], j["gpus"] or "",
+                 step, loss, when, note)  # as plain text: a name or reason in [brackets] is not markup
+        table.add_row(*(Text(c, style=style.get(c, "") if i == 3 else "") for i, c in enumerate(cells)))
+    Console(width=220).print(table)
     return 0
 
+
+def _cancel(args: argparse.Namespace) -> int:
+    orch = _orchestrator(args)
+    previous = orch.request_stop(args.job_id, args.reason)
+    job = orch.job(args.job_id)
+    label = f"job {args.job_id} ({job['name']})"
+    if previous == "queued":
+        said = f"{label} was queued: cancelled, it left the queue"
+    else:
+        from scheduler.orchestrator.seat import FLOW_LEASE_S  # a flow reads the request at each renewal
+
+        step = (job["progress"] or {}).get("step")
+        last = f" (last reported: step {step})" if isinstance(step, int) else ""
+        said = (f"{label} is running: asked to stop; within about {FLOW_LEASE_S / 3:.0f} s its ranks commit the "
+                f"step they are on{last} and exit (`forgeflow jobs` shows it cancelled)")
+    if args.json:
+        print(json.dumps({"job_id": args.job_id, "name": job["name"], "previous_state": previous,
+                          "state": job["state"], "stop_requested": job["stop_requested"], "message": said}, indent=2))
+    else:
+        print(said)
+    return 0
+
+
+def _logs(args: argparse.Namespace) -> int:
+    import sys
+
+    from scheduler.orchestrator.job_logs import LogTail, follow, log_sources
+
+    orch = _orchestrator(args)
+    job = orch.job(args.job_id)  # an unknown id: one error, exit 2
+
+    def choose(row: dict) -> Any:
+        return log_sources(row, rank=args.rank, attempt=args.attempt)
+
+    def note(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    selection = choose(job)  # a rank or attempt the job does not have: one error, before any output
+    if args.follow:
+        follow(lambda: orch.job(args.job_id), choose, lambda line: print(line, flush=True), note)
+        return 0
+    note(f"==> {selection.title} <==" if selection.sources else selection.missing)
+    for line in LogTail().read(selection.sources, final=True):
+        print(line)
+    return 0

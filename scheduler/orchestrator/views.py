@@ -1,4 +1,5 @@
-"""Snapshots a person reads: nodes with health and who holds each GPU; the queue; a markdown table.
+"""Snapshots a person reads: nodes with health and who holds each GPU; the queue; the jobs
+(`forgeflow jobs`); a markdown table.
 
 Plain data (dicts) so the CLI prints them as JSON or rich tables and the flows
 publish them as Prefect artifacts.
@@ -15,6 +16,9 @@ from sqlalchemy.engine import Engine
 from infra.statedb import read_transaction
 from infra.statedb.schema import allocations, jobs, nodes
 import scheduler.orchestrator.inventory as inventory
+from scheduler.orchestrator.start_estimates import queue_estimates
+
+RECENT_S = 3600.0  # `forgeflow jobs` without --all shows jobs that ended this recently
 
 
 def cluster_status(engine: Engine, cluster: str | None = None) -> dict[str, Any]:
@@ -82,6 +86,60 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
 
     return {"cluster": name, "queued": [entry(r, i + 1) for i, r in enumerate(queued)],
             "running": [entry(r) for r in running], "ended": [entry(r) for r in done]}
+
+
+def display_state(row: Any) -> str:
+    """The state a person reads: the database's, plus `recovering` (running while its flow
+    recovers from a failure: `progress.phase`) and `preempted` (queued again after it ran: its
+    lease was lost, a node check or a preemption put it back; `jobs.attempts` counts admissions)."""
+    if row.state == "running" and (row.progress or {}).get("phase") == "recovering":
+        return "recovering"
+    if row.state == "queued" and (row.attempts or row.lost_count):
+        return "preempted"
+    return row.state
+
+
+def job_list(engine: Engine, *, cluster: str | None = None, user: str | None = None, include_all: bool = False,
+             now: float | None = None) -> dict[str, Any]:
+    """Jobs for `forgeflow jobs`: every queued and running job and those that ended in the last
+    RECENT_S (every ended one with `include_all`), oldest first; `user` keeps the jobs submitted by
+    that user (`submitted_by` is user@host). A queued job carries its position, why it waits and
+    its estimated start (`start_estimates`); a running one its step, loss and last diagnosis."""
+    now = time.time() if now is None else now
+    cols = [jobs.c.id, jobs.c.cluster, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at,
+            jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
+            jobs.c.lost_count, jobs.c.placement, jobs.c.progress, jobs.c.runner, jobs.c.stop_requested]
+    query = sa.select(*cols).order_by(jobs.c.id)
+    if not include_all:
+        query = query.where(sa.or_(jobs.c.state.in_(("queued", "running")), jobs.c.finished_at >= now - RECENT_S))
+    with read_transaction(engine) as conn:
+        if cluster is not None:
+            query = query.where(jobs.c.cluster == inventory.resolve_cluster(conn, cluster))
+        rows = conn.execute(query).all()
+    if user is not None:
+        rows = [r for r in rows if (r.submitted_by or "").split("@")[0] == user]
+    estimates = {}
+    for name in sorted({r.cluster for r in rows if r.state == "queued"}):
+        estimates.update(queue_estimates(engine, name, now=now))
+    return {"at": now, "jobs": [_job_entry(r, estimates.get(r.id), now) for r in rows]}
+
+
+def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
+    progress = r.progress or {}
+    entry = {"job_id": r.id, "name": r.name, "cluster": r.cluster, "owner": r.submitted_by,
+             "state": display_state(r), "priority": r.priority, "gpus": None,
+             "step": progress.get("step"), "steps": progress.get("steps"), "loss": progress.get("loss"),
+             "step_s": progress.get("step_s"), "diagnosis": progress.get("diagnosis"),
+             "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
+             "reason": r.reason, "attempts": r.attempts, "runner": r.runner, "stop_requested": r.stop_requested}
+    if r.placement and r.state != "queued":
+        entry["gpus"] = f"{r.placement['world_size']}x {r.placement['gpu_type']}"
+        entry["nodes"] = [n["node"] for n in r.placement["nodes"]]
+    if estimate is not None:
+        entry.update(gpus=estimate.option, position=estimate.position, waiting_reason=estimate.reason,
+                     why=estimate.why, behind=estimate.behind, estimated_start=estimate.start_s,
+                     estimated_start_in_s=None if estimate.start_s is None else max(0.0, estimate.start_s - now))
+    return entry
 
 
 def cluster_markdown(status: dict[str, Any], *, max_nodes: int = 64) -> str:

@@ -1,4 +1,4 @@
-"""`forgeflow cluster ...` and `forgeflow submit` against a SQLite state database, in process."""
+"""`forgeflow cluster ...` against a SQLite state database, in process (jobs queued through the library)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,9 @@ import json
 import pytest
 
 from flows.cli import main
+from scheduler.cluster import load_cluster
+from scheduler.orchestrator import Orchestrator, job_options
+from training.config import load_job_spec
 
 
 @pytest.fixture
@@ -22,17 +25,17 @@ def _json(capsys, argv: list[str]) -> tuple[int, dict]:
 def test_register_submit_cordon_status_queue(db, capsys):
     code, reg = _json(capsys, ["cluster", "register", "configs/clusters/frenzy-testbed.yaml", *db])
     assert code == 0 and reg["gpus"] == 11
-    code, first = _json(capsys, ["submit", "configs/tiny-cpu.yaml", "--gpus", "4", "--gpu-type", "A800-80G", *db])
-    assert code == 0 and first["state"] == "running"
-    code, second = _json(capsys, ["submit", "configs/tiny-cpu.yaml", "--gpus", "4", "--gpu-type", "A800-80G", *db])
-    assert second["state"] == "queued" and second["position"] == 1
+    orch, spec = Orchestrator(db[1]), load_job_spec("configs/tiny-cpu.yaml")
+    options = job_options(spec, load_cluster("configs/clusters/frenzy-testbed.yaml"), gpus=4, gpu_type="A800-80G")
+    first, second = (orch.submit(spec.name, options) for _ in range(2))
+    assert orch.job(first)["state"] == "running" and orch.queue_position(second) == (1, 1)
     code, cordon = _json(capsys, ["cluster", "cordon", "a800-80g-x4", "--reason", "xid 79", *db])
-    assert cordon["state"] == "cordoned" and cordon["running_jobs"] == [first["job_id"]]
+    assert cordon["state"] == "cordoned" and cordon["running_jobs"] == [first]
     code, status = _json(capsys, ["cluster", "status", *db])
     node = next(n for n in status["nodes"] if n["node"] == "a800-80g-x4")
     assert node["state"] == "cordoned" and node["reason"] == "xid 79" and node["busy_gpus"] == 4
     code, queue = _json(capsys, ["cluster", "queue", *db])
-    assert [j["job_id"] for j in queue["queued"]] == [second["job_id"]]
+    assert [j["job_id"] for j in queue["queued"]] == [second]
     assert main(["cluster", "status", *db]) == 0 and "cordoned" in capsys.readouterr().out  # the table
 
 
