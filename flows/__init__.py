@@ -7,6 +7,8 @@
     finetune     Mobius offloaded fine-tuning: profile, partition, map, run, checkpoint, evaluate
     finetune_cli `forgeflow finetune JOB.yaml` (imports Prefect only when it runs)
     deploy       `forgeflow deploy`: pool, deployments, limits, automations
-    commands     Prefect-aware subcommands: pretrain, demo, deploy
+    submit       `forgeflow submit`: queue a job and return its id; a runner or a Prefect flow run trains it
+    job_runner   the detached runner of a submitted job on the embedded default (no Prefect server)
+    commands     Prefect-aware subcommands: pretrain (the foreground form of submit), demo, deploy
     cli          the `forgeflow` entry point
 """

@@ -16,9 +16,10 @@ import sys
 _COMMAND_MODULES = (
     "training.cli",     # prepare, train, export
     "scheduler.cli",    # plan, simulate
-    "scheduler.orchestrator.cli",  # cluster register|status|queue|cordon|drain|uncordon, submit
+    "scheduler.orchestrator.cli",  # cluster register|status|queue|cordon|drain|uncordon|serve, jobs, cancel, logs
     "diagnosis.cli",    # diagnose, rules
     "evalsuite.cli",    # eval
+    "flows.submit",     # submit (queue a job and return; a runner or a Prefect flow run trains it)
     "flows.commands",   # pretrain, demo, deploy (Prefect-aware)
     "flows.finetune_cli",  # finetune (Mobius offload; Prefect-aware)
 )

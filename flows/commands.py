@@ -14,20 +14,15 @@ DEMO_DRILLS = ("cuda_error@60:1", "loss_spike@120")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("pretrain", help="run the fault-tolerant pretrain flow on a job spec")
-    p.add_argument("config", help="job spec YAML")
-    p.add_argument("--cluster", default="local", help="cluster inventory YAML, or 'local' (default)")
-    p.add_argument("--max-restarts", type=int, default=5)
-    p.add_argument("--hang-timeout", type=float, default=300.0, help="seconds without a heartbeat = hang")
-    p.add_argument("--drill", action="append", default=[], metavar="KIND@STEP[:RANK]",
-                   help="inject a fault drill into the next attempt (repeatable, one per attempt)")
-    p.add_argument("--launcher", choices=("local", "prefect", "slurm", "kubernetes"), default="local",
-                   help="local: every node's torchrun on this machine; prefect: a node-launch run per node "
-                        "on the work queue named after it (needs `forgeflow deploy` and one worker per node); "
-                        "slurm: one sbatch job per attempt (the cluster file's slurm: section); "
-                        "kubernetes: one indexed Job per attempt (the cluster file's kubernetes: section)")
-    p.add_argument("--json", action="store_true",
-                   help="print the result as one JSON object (job, finished, attempts, final_step, failures, ...)")
+    from flows.submit import add_job_options
+
+    p = subparsers.add_parser(
+        "pretrain", help="run a job in the foreground: queue it, train, recover, until it ends",
+        description="The foreground form of `forgeflow submit` (like srun after sbatch): the job is queued "
+                    "with the cluster's orchestrator under its own id and the pretrain flow runs it here, "
+                    "showing progress, until it finishes or stops. --json prints the result as one object "
+                    "(job, job_id, finished, attempts, final_step, failures, ...).")
+    add_job_options(p)
     p.set_defaults(func=_pretrain)
 
     d = subparsers.add_parser("demo", help="the main job end to end on this machine (make demo)")
@@ -56,14 +51,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _pretrain(args: argparse.Namespace) -> int:
-    check_pretrain_inputs(args.config, args.cluster, args.drill)  # before Prefect: one line, exit 2
-    from flows.pretrain import pretrain
+    import socket
 
+    from flows.submit import queue_from_args
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    # queued before Prefect starts: bad input is one line and exit 2, and the job has its id
+    submitted, options = queue_from_args(args, by="forgeflow pretrain")
+    cluster_orchestrator().set_runner(submitted.job_id, {"kind": "foreground", "host": socket.gethostname(),
+                                                         "pid": os.getpid()})
     # live progress on stderr (a panel on a terminal, plain lines in a log file); none with --json
-    with training_progress(args.config, "off" if args.json else "auto"):
-        result = pretrain(args.config, cluster=args.cluster, max_restarts=args.max_restarts,
-                          hang_timeout_s=args.hang_timeout, drill_faults=args.drill or None,
-                          launcher=args.launcher)
+    with training_progress(submitted.spec, "off" if args.json else "auto"):
+        result = run_submitted(submitted, options)
     if args.json:
         print(json.dumps(pretrain_result_json(result)))
     else:
@@ -71,15 +70,22 @@ def _pretrain(args: argparse.Namespace) -> int:
     return 0 if result.finished else 1
 
 
+def run_submitted(submitted, options: dict):
+    """The pretrain flow on a job queued here, in this process; its flow run named after the job."""
+    from flows.pretrain import pretrain
+
+    options = {k: v for k, v in options.items() if k != "priority"}  # it is queued already
+    return pretrain.with_options(flow_run_name=f"{submitted.spec.name}-{submitted.job_id}")(
+        job_spec=submitted.spec.model_dump(mode="json"), job_id=submitted.job_id, **options)
+
+
 @contextmanager
-def training_progress(config: str, mode: str = "auto", console=None):
+def training_progress(spec, mode: str = "auto", console=None):
     """Show the pretrain flow's progress while the block runs: step, loss, tokens/s and ETA from
     the run directory's files (training.progress), and as the last event each failure, its
     diagnosis and the action taken, from the flow's warnings (its run logger)."""
-    from training.config import load_job_spec
     from training.progress import LiveProgress
 
-    spec = load_job_spec(config)
     with LiveProgress(spec.resolved_run_dir, spec.training.steps, console, mode=mode) as live:
         handler = _CallbackHandler(live.note)
         loggers = [logging.getLogger(name) for name in ("prefect.flow_runs", "prefect.task_runs")]
@@ -138,21 +144,6 @@ class _CallbackHandler(logging.Handler):
             self.handleError(record)
 
 
-def check_pretrain_inputs(config: str, cluster: str, drills: list[str]) -> None:
-    """Validate the job spec, the cluster file and the drills; a bad one raises its config
-    error here, where the CLI reports it in one line, not inside the flow as a traceback."""
-    from training.config import load_job_spec
-    from training.faults import parse_fault
-
-    load_job_spec(config)
-    if cluster not in ("", "local"):
-        from scheduler.cluster import load_cluster
-
-        load_cluster(cluster)
-    for drill in drills or []:
-        parse_fault(drill)
-
-
 def pretrain_result_json(result) -> dict:
     """`forgeflow pretrain --json`: the PretrainResult as plain JSON (schema in the README)."""
     from dataclasses import asdict
@@ -197,30 +188,24 @@ def _run_demo(args: argparse.Namespace, summary: dict | None = None) -> int:
 
     from rich.console import Console
 
-    from flows.pretrain import pretrain
+    from scheduler.orchestrator.seat import queue_spec
     from training.config import load_job_spec
 
     console = Console(file=sys.stderr) if summary is not None else Console()
-    spec = load_job_spec(args.config)
     started = time.monotonic()
     drills = [] if args.no_faults else list(DEMO_DRILLS)
-    # The demo is a drill from step 0: a previous demo's checkpoints would make it resume at
-    # the last step with nothing to recover from. Prepared data is kept (it is reused).
-    import shutil
-
-    for old_run in (spec.resolved_run_dir, spec.checkpoint.url):
-        if "://" not in str(old_run) or str(old_run).startswith("file://"):
-            path = Path(str(old_run).removeprefix("file://"))
-            if path.exists():
-                console.print(f"removing the previous demo's {path}")
-                shutil.rmtree(path)
-    console.rule(f"forgeflow demo: {spec.name}")
+    # The demo is a drill from step 0: each run is a new job with its own run directory and
+    # checkpoints (a previous demo's would make it resume at the last step with nothing to
+    # recover from). Prepared data is shared and reused.
+    submitted = queue_spec(load_job_spec(args.config), "local", by="forgeflow demo")
+    spec = submitted.spec
+    console.rule(f"forgeflow demo: {spec.name} (job {submitted.job_id})")
     if drills:
         console.print(f"Fault drills: {', '.join(drills)} (an infrastructure error, then a loss spike); "
                       "the flow must diagnose, alert and recover from both on its own.")
-    with training_progress(args.config, console=console):
-        result = pretrain(args.config, cluster="local", hang_timeout_s=180.0, backoff_s=2.0,
-                          drill_faults=drills or None)
+    with training_progress(spec, console=console):
+        result = run_submitted(submitted, {"cluster": "local", "hang_timeout_s": 180.0, "backoff_s": 2.0,
+                                           "drill_faults": drills or None})
     console.rule("result")
     for failure in result.failures:
         console.print(f"- attempt {failure.attempt}: {failure.root_cause} at step {failure.step} "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from prefect import flow, get_run_logger
 from prefect import runtime as prefect_runtime
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
+from prefect.utilities.urls import url_for
 
 from infra.notify import Alert
 from diagnosis.recovery import (
@@ -38,7 +39,7 @@ from checkpoint.manifest import committed_checkpoints
 from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
 from scheduler.cluster import load_inventory
-from scheduler.orchestrator.seat import Seat, cluster_orchestrator, withdraw
+from scheduler.orchestrator.seat import ProgressReport, Seat, cluster_orchestrator, withdraw
 from scheduler.planner import next_plan_hint
 from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
@@ -72,6 +73,9 @@ class PretrainResult:
     final_step: int
     failures: list[FailedAttempt] = field(default_factory=list)
     stopped_because: str = ""
+    cancelled: bool = False  # stopped by request (`forgeflow cancel`, or SIGTERM to the flow)
+    job_id: int | None = None  # the job's id in the cluster's orchestrator
+    run_dir: str = ""  # the job's own run directory (logs, heartbeats, markers, spec)
     # where each attempt ran: {"attempt", "nodes", "world_size", "dp", "tp", "pp", "gpu_type",
     # "micro_batch_size"};
     # after a cordon and re-placement the layout changes (the checkpoint reshards on load)
@@ -90,6 +94,7 @@ def pretrain(
     drill_faults: list[str] | None = None,
     launcher: str = "local",
     priority: int = 0,
+    job_id: int | None = None,
 ) -> PretrainResult:
     """Train a job to completion through failures, with nobody watching.
 
@@ -108,39 +113,76 @@ def pretrain(
             node-launch run per node, on the work queue named after the node) or "slurm"
             (one batch job per attempt; the cluster file's `slurm:` section says where).
         priority: the job's place in the shared cluster's queue (higher goes first).
+        job_id: a job `forgeflow submit` already queued (its spec is `job_spec`): this run
+            takes it up instead of queueing a new one.
     """
     spec = as_job_spec(job_spec)
-    # 1. Fail fast on what would fail later: data and checkpoint storage.
+    # 1. Fail fast on what would fail later: the data.
     prepare_data(spec)
-    preflight_storage(spec)
 
     # 2. Queue for GPUs. The user chose none: the planner sizes the job on every GPU type and
     #    the cluster orchestrator, shared by every flow, admits it when the policy finds room
-    #    (HAS best fit) — never onto GPUs another job holds, never onto a cordoned node.
+    #    (HAS best fit) — never onto GPUs another job holds, never onto a cordoned node. The
+    #    job's id names its run directory, its checkpoints and this flow run.
     inventory = load_inventory(cluster)
     orchestrator = cluster_orchestrator()
     cluster_name = join_cluster(orchestrator, inventory)
-    job_id, plans = submit_job(orchestrator, spec, cluster_name, priority)
+    submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id)
+    job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
+    _name_this_run(orchestrator, job_id, spec.name)
+    report = ProgressReport(orchestrator, job_id, spec.resolved_run_dir, spec.training.steps)
     try:
-        placement = wait_for_gpus(orchestrator, job_id, plans, spec.name)
+        preflight_storage(spec)  # the job's own checkpoint prefix, before it waits for GPUs
+        report.phase("queued")
+        try:
+            placement = wait_for_gpus(orchestrator, job_id, plans, spec.name)
+        except OrchestratorError as e:  # cancelled (or failed by an operator) while it waited
+            result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0,
+                                    stopped_because=f"ended before it was placed: {e}", cancelled=True,
+                                    job_id=job_id, run_dir=str(spec.resolved_run_dir))
+            send_alert(build_notifier(), Alert(f"{spec.name} (job {job_id}) stopped: {result.stopped_because}",
+                                               "warning", {"job": str(job_id)}))
+            return result
         # 3. Hold the GPUs while attempts run: the lease is renewed in the background and the
         #    GPUs are released however the flow ends (a flow that dies stops renewing and its
         #    lease expires).
         with HeldJob(orchestrator, job_id) as held:
             seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name)
-            result = _train(spec, inventory, placement, seat, max_restarts=max_restarts,
+            result = _train(spec, inventory, placement, seat, report, max_restarts=max_restarts,
                             hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
                             breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
                             launcher=launcher)
-            held.outcome = ("finished" if result.finished else
-                            "cancelled" if result.stopped_because.startswith("stopped by request") else "failed")
+            result.job_id, result.run_dir = job_id, str(spec.resolved_run_dir)
+            held.outcome = "finished" if result.finished else "cancelled" if result.cancelled else "failed"
+            held.reason = None if result.finished else result.stopped_because[:500]
+            report.phase(held.outcome, step=result.final_step)
     finally:
         withdraw(orchestrator, job_id)  # a run cancelled while it waits leaves the queue
         publish_cluster_table(orchestrator, cluster_name)
     return result
 
 
-def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_timeout_s: float,
+def _name_this_run(orchestrator, job_id: int, name: str) -> None:
+    """The flow run is named after its job ("tiny-cpu-7"), and the job records the flow run that
+    runs it (`forgeflow jobs` shows it; `forgeflow cancel` reaches it through the database)."""
+    run_id = prefect_runtime.flow_run.id
+    if not run_id:
+        return
+    runner = {"flow_run_id": str(run_id)}
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(run_id, name=f"{name}-{job_id}")
+        link = url_for("flow-run", obj_id=run_id)  # None when no UI address is known
+        if link:
+            runner["url"] = link
+    except Exception as e:  # a name is not worth failing the job for
+        get_run_logger().warning("could not name the flow run after job %s: %s", job_id, e)
+    orchestrator.set_runner(job_id, runner)
+
+
+def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, max_restarts: int, hang_timeout_s: float,
            skip_batches: int, breaker_count: int, backoff_s: float, drill_faults: list[str] | None,
            launcher: str) -> PretrainResult:
     """The runbook's loop on the GPUs the job holds: launch, watch, diagnose, act, launch again."""
@@ -188,9 +230,11 @@ def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_ti
                                   "world_size": placement.world_size, "dp": placement.dp, "tp": placement.tp,
                                   "pp": placement.pp, "gpu_type": placement.gpu_type,
                                   "micro_batch_size": getattr(placement.plan, "micro_batch_size", None)})
+        report.phase("training", attempt=attempt)
         outcome = run_attempt(spec, placement, attempt, resume_from, overrides,
                               hang_timeout_s, env, progress, launcher, announcer, cluster=inventory,
-                              stop_when=seat.lease_lost)
+                              stop_when=seat.lease_lost, stop_requested=seat.stop_requested,
+                              on_step=report.step)
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)
@@ -201,9 +245,13 @@ def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_ti
             attempt += 1
             continue
         if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
-            result.stopped_because = (f"stopped by request ({outcome.stop.signal}) after step "
-                                      f"{outcome.stop.step}; checkpoint {outcome.stop.checkpoint_step} "
-                                      "is committed and the next run resumes from it")
+            why = outcome.requested_stop or f"stopped by request ({outcome.stop.signal if outcome.stop else 'SIGTERM'})"
+            result.stopped_because = (f"{why}; stopped after step {outcome.stop.step} with checkpoint "
+                                      f"{outcome.stop.checkpoint_step} committed in {spec.checkpoint.url}"
+                                      if outcome.stop else f"{why}; no checkpoint was committed on the way out")
+            if outcome.stop:
+                result.final_step = max(result.final_step, outcome.stop.step)
+            result.cancelled = True
             break
 
         # 5. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
@@ -212,6 +260,7 @@ def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_ti
         diagnosed_at = time.time()
         failed_step = outcome.last_step
         history.failures.append(FailureRecord(diagnosis.root_cause, failed_step))
+        report.phase("recovering", step=failed_step, diagnosis=diagnosis.root_cause)
         # 6. Decide the next attempt from the table: restart, node check, roll back or stop.
         decided = next_attempt(
             diagnosis, failed_step, history, policy,
@@ -252,6 +301,9 @@ def _train(spec, inventory, placement, seat: Seat, *, max_restarts: int, hang_ti
             result.stopped_because = decided.reason
             break
         wait(decided.backoff_s)
+        if seat.stop_requested():  # cancelled while it recovered: launch nothing more
+            result.stopped_because, result.cancelled = seat.stop_requested(), True
+            break
         history.restarts += 1
         attempt += 1
 

@@ -21,6 +21,10 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   its last committed checkpoint), and the outcome is "evicted" with that reason — not a
   failure of the job.
 
+- a request to stop (`stop_requested()`: `forgeflow cancel` on the job), checked while every
+  rank runs: the job still holds its GPUs, so the ranks get SIGTERM and `stop_grace_s` to commit
+  the step they are on; the outcome is "stopped" with that request.
+
 - stragglers: each heartbeat carries the rank's compute time in its last step
   (`compute_s`); a rank whose compute stays above `straggler_factor` x the median of
   the others for `straggler_patience` consecutive samples is reported through
@@ -56,6 +60,7 @@ class AttemptOutcome:
     stop: runfiles.StopMarker | None = None  # this attempt's graceful-stop marker
     stragglers: list["Straggler"] = field(default_factory=list)  # reported while it ran
     evicted: str | None = None  # why the attempt was stopped from outside (`stop_when`)
+    requested_stop: str | None = None  # who asked the job to stop, and why (`stop_requested`)
 
     @property
     def ok(self) -> bool:
@@ -155,6 +160,7 @@ def watch(
     straggler_patience: int = 3,
     on_straggler: Callable[[Straggler], None] | None = None,
     stop_when: Callable[[], str | None] | None = None,
+    stop_requested: Callable[[], str | None] | None = None,
 ) -> AttemptOutcome:
     run_dir = Path(run_dir)
     stragglers = StragglerDetector(world_size, straggler_factor, straggler_patience,
@@ -214,6 +220,16 @@ def watch(
             return AttemptOutcome("evicted", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
                                   stop=runfiles.read_stop_marker(run_dir, since=started_wall),
                                   stragglers=list(stragglers.reported.values()), evicted=evicted)
+
+        requested = stop_requested() if stop_requested is not None and not any(
+            c is not None for c in codes.values()) else None
+        if requested:
+            # `forgeflow cancel`: the job still holds its GPUs, so the ranks get SIGTERM and the
+            # job's stop deadline to commit the step they are on (the stop marker says which).
+            job.terminate(grace_s=stop_grace_s)
+            return AttemptOutcome("stopped", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
+                                  stop=runfiles.read_stop_marker(run_dir, since=started_wall),
+                                  stragglers=list(stragglers.reported.values()), requested_stop=requested)
 
         now = time.time()
         stale = []

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer, model_validator
 
 from infra.yaml_config import load_yaml_mapping, merge, validate
 from training.capabilities import WORKER
@@ -183,7 +184,9 @@ class CheckpointConfig(_Section):
         default=120.0, gt=0, description="on SIGTERM: seconds from the signal to the committed "
         "checkpoint of the current step; launchers must give the ranks at least this long")
     url: str = Field(
-        default="runs/checkpoints", description="file://PATH, a bare path, or s3://bucket/prefix"
+        default="{run_dir}/checkpoints", description="file://PATH, a bare path, or s3://bucket/prefix; "
+        "{name}, {job} and {run_dir} are replaced by the job's name, id and run directory, so each "
+        "job's checkpoints are its own (s3://bucket/{name}/{job} on S3)"
     )
     keep_last: int = Field(default=3, gt=0)
     format: Literal["sharded"] = Field(
@@ -263,7 +266,48 @@ class JobSpec(_Section):
     fault: FaultConfig = Field(default_factory=FaultConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
-    run_dir: str = Field(default="runs/{name}", description="logs, heartbeats, markers")
+    run_dir: str = Field(default="runs/{name}/{job}", description="logs, heartbeats, markers; "
+                         "{name} and {job} are replaced by the job's name and id")
+    job: str = Field(default="local", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description=(
+        "the job's id in the cluster's orchestrator, set when it is submitted (`for_job`); "
+        "'local' for a run outside it (`forgeflow train`)"))
+    # run_dir and checkpoint.url as written, before {name}/{job}/{run_dir} were replaced
+    _path_templates: tuple[str, str] = PrivateAttr(default=("", ""))
+
+    def model_post_init(self, context: Any) -> None:
+        """Replace the placeholders once, here: every reader of run_dir and checkpoint.url sees
+        this job's own paths (two jobs of one spec never share a run directory or checkpoints)."""
+        templates = (self.run_dir, self.checkpoint.url)
+        self._path_templates = templates
+        run_dir = _fill(templates[0], "run_dir", name=self.name, job=self.job)
+        url = _fill(templates[1], "checkpoint.url", name=self.name, job=self.job, run_dir=run_dir)
+        self.__dict__["run_dir"] = run_dir  # (no re-validation: these are the validated values, filled in)
+        if url != self.checkpoint.url:
+            self.__dict__["checkpoint"] = self.checkpoint.model_copy(update={"url": url})
+
+    @model_serializer(mode="wrap")
+    def _dump_as_written(self, handler):
+        """A spec not yet submitted dumps its paths as written (placeholders kept), so its content
+        becomes each job's own paths when submitted; a job's spec dumps the paths it runs with."""
+        data = handler(self)
+        if self.job == "local" and isinstance(data, dict) and "run_dir" in data:
+            data["run_dir"] = self._path_templates[0]
+            if isinstance(data.get("checkpoint"), dict) and "url" in data["checkpoint"]:
+                data["checkpoint"]["url"] = self._path_templates[1]
+        return data
+
+    def for_job(self, job: int | str) -> "JobSpec":
+        """This spec as the job `job` of the orchestrator: {job} in its paths becomes the id."""
+        job = str(job)
+        if job == self.job:
+            return self
+        if self.job != "local":
+            raise ConfigError(f"job spec {self.name!r} already belongs to job {self.job}; submit the "
+                              "spec file again for a new job instead of reusing its content")
+        data = self.model_dump()
+        data["job"] = job
+        data["run_dir"], data["checkpoint"]["url"] = self._path_templates
+        return parse_job_spec(data, source=f"job spec {self.name!r} as job {job}")
 
     @model_validator(mode="after")
     def _pipeline_cut(self) -> "JobSpec":
@@ -284,13 +328,24 @@ class JobSpec(_Section):
 
     @property
     def resolved_run_dir(self) -> Path:
-        return Path(self.run_dir.format(name=self.name))
+        return Path(self.run_dir)
 
     def config_hash(self) -> str:
         """Hash of what determines the trained weights (not where they are written)."""
         payload = self.model_dump(include={"model", "training", "data"})
         payload["data"].pop("data_dir", None)
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _fill(template: str, field: str, **values: str) -> str:
+    """`template` with {name}/{job}/{run_dir} replaced; ConfigError for any other placeholder."""
+    if "{" not in template:
+        return template
+    try:
+        return template.format(**values)
+    except (KeyError, IndexError, ValueError) as e:
+        raise ConfigError(f"{field} {template!r}: unknown placeholder {e}; use only "
+                          f"{', '.join('{' + k + '}' for k in values)} (double a literal brace: {{{{)") from None
 
 
 def load_job_spec(path: str | Path, overrides: dict[str, Any] | None = None) -> JobSpec:
@@ -327,5 +382,18 @@ def dotted_overrides(items: list[str]) -> dict[str, Any]:
         parts = key.split(".")
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = yaml.safe_load(raw)
+        node[parts[-1]] = _override_value(raw)
     return out
+
+
+def _override_value(raw: str) -> Any:
+    """A --set value as YAML (numbers, booleans, lists), except text that is not YAML or that
+    only looks like a mapping because of a path placeholder ("{run_dir}/checkpoints",
+    "{name}"): that stays the text it is."""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, dict) and re.search(r"\{[A-Za-z_]+\}", raw):
+        return raw
+    return value

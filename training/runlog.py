@@ -140,6 +140,26 @@ def read_steps(path: str | Path, latest_only: bool = True) -> list[StepRecord]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def last_step(path: str | Path, tail_bytes: int = 16384) -> StepRecord | None:
+    """The newest step record of a rank log, read from its last `tail_bytes` (cheap on a long
+    log: a job's flow asks every few seconds); None when there is none there."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - tail_bytes))
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = parse_step_line(line)
+        except (LogFormatError, ValueError):
+            continue
+        if record is not None:
+            return record
+    return None
+
+
 class RankLog:
     """Appends step and event lines to `{run_dir}/logs/rank{R}.log` (line-buffered)."""
 

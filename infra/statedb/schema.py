@@ -88,6 +88,14 @@ jobs = sa.Table(
     sa.Column("lost_count", sa.Integer, nullable=False, default=0),
     sa.Column("reason", sa.Text, nullable=True),
     sa.Column("submitted_by", sa.String(200), nullable=True),
+    # (migration 0005) who runs the job: {"kind": "local", "host", "pid", "log"} for the detached
+    # runner of `forgeflow submit`, {"kind": "prefect", "flow_run_id", "url"} for a deployment run
+    sa.Column("runner", JSON, nullable=True),
+    # written by the job's flow: {"phase", "step", "steps", "loss", "step_s", "diagnosis", "at"}
+    sa.Column("progress", JSON, nullable=True),
+    # `forgeflow cancel` on a running job: {"by", "reason", "at"}; its flow stops the ranks
+    # gracefully (they commit the step they are on) and ends the job as cancelled
+    sa.Column("stop_requested", JSON, nullable=True),
     sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled')", name="ck_jobs_state"),
 )
 sa.Index("ix_jobs_cluster_state", jobs.c.cluster, jobs.c.state)

@@ -4,12 +4,15 @@
     inventory   register a cluster inventory; load it back as a `scheduler.cluster.Cluster` with health
     options     a job's ways to run: MARP plans of a JobSpec, or a plain GPU demand; placements as data
     service     `Orchestrator`: submit, admit (one policy pass, `scheduler.policy`), renew, release,
-                expire leases, cordon / drain / uncordon, wait for admission
+                expire leases, cordon / drain / uncordon, wait for admission; a job's stop request
+                (`forgeflow cancel`), progress and runner
     lease       HeldJob: renew an admitted job's lease in the background, release it on every exit
-    seat        a flow's job on the cluster: join, plan and queue, wait, cordon, placed again (Seat)
-    views       cluster status and queue snapshots, and the nodes x GPUs table (markdown)
+    seat        a flow's job on the cluster: join, plan and queue (or adopt a submitted job), wait,
+                cordon, placed again (Seat), report progress
+    views       cluster status and queue snapshots, the jobs table, and the nodes x GPUs table (markdown)
+    start_estimates  when each queued job is expected to start and why it waits (the policy run forward)
     history     double-booking check over the allocation history
-    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon` and `forgeflow submit`
+    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`
 
 State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
 through FORGEFLOW_DB_URL). Every change is one write transaction that holds the

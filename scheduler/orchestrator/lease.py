@@ -4,6 +4,7 @@
         ...run attempts...                         # held.lost is set if the lease was lost
     # released: finished on a normal exit, failed on an exception, cancelled on
     # KeyboardInterrupt / a cancellation (BaseException that is not an Exception)
+    # held.stop_requested: `forgeflow cancel` asked the job to stop (read at each renewal)
 
 A process that dies without reaching the `finally` stops renewing; the lease then
 expires and the GPUs go back to the pool (see `Orchestrator._expire`).
@@ -34,7 +35,11 @@ class HeldJob:
         self.every_s = every_s or orchestrator.config.lease_s / 3
         self.attempt: int | None = None  # the admission held (read on entering)
         self.lost: LeaseLostError | None = None
+        # `forgeflow cancel`'s request ({"by", "reason", "at"}), read at each renewal: the holder
+        # stops its work gracefully and ends the job as cancelled
+        self.stop_requested: dict | None = None
         self.outcome: str | None = None  # set to override what the exit decides
+        self.reason: str | None = None  # and why, recorded with the job (default: the exception)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -42,6 +47,7 @@ class HeldJob:
         while not self._stop.wait(self.every_s):
             try:
                 self.orchestrator.renew(self.job_id, self.attempt)
+                self.stop_requested = self.orchestrator.stop_request(self.job_id)
                 # keep this process's view of the cluster near current, so the release at the end
                 # replays the last changes instead of reading the whole cluster and queue back
                 self.orchestrator.refresh()
@@ -58,6 +64,7 @@ class HeldJob:
             raise LeaseLostError(f"job {self.job_id} is queued, not admitted: it holds no GPUs to hold")
         self.attempt, self.lost = admission.attempt, None
         self.orchestrator.renew(self.job_id, self.attempt)
+        self.stop_requested = self.orchestrator.stop_request(self.job_id)
         self._thread = threading.Thread(target=self._renew_loop, name=f"lease-{self.job_id}", daemon=True)
         self._thread.start()
         return self
@@ -89,6 +96,6 @@ class HeldJob:
                                    "failed" if issubclass(exc_type, Exception) else "cancelled")
         try:
             self.orchestrator.release(self.job_id, outcome=outcome, attempt=self.attempt,
-                                      reason=None if exc is None else f"{type(exc).__name__}: {exc}"[:500])
+                                      reason=self.reason if exc is None else f"{type(exc).__name__}: {exc}"[:500])
         except OrchestratorError as e:
             log.warning("releasing job %s: %s", self.job_id, e)

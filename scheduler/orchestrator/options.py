@@ -42,6 +42,15 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
 
     Raises `scheduler.planner.InfeasibleJobError` when no GPU type can hold it.
     """
+    plans = job_plans(job, cluster, gpu_type=gpu_type, gpus=gpus, planner=planner)
+    return options_from_plans(plans, job.training.steps, cluster.gpu_types())
+
+
+def job_plans(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus: int | None = None,
+              planner: PlannerConfig | None = None) -> list:
+    """The job's MARP plans on the whole inventory (cordoned nodes may come back), ranked best
+    first; only `gpu_type` and only `gpus` GPUs when the user asked for them (OrchestratorError
+    when the cluster has no such type, or not that many)."""
     whole = _all_ready(cluster)
     if gpu_type is not None and gpu_type not in whole.gpu_types():
         raise OrchestratorError(f"cluster {cluster.name!r} has no {gpu_type} GPUs; types: {whole.gpu_types()}")
@@ -61,8 +70,7 @@ def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus
         update["gpu_types"] = (gpu_type,)
     if gpus is not None:
         update["gpu_counts"] = (gpus,)
-    plans = plan_job(job, whole, config.model_copy(update=update))
-    return options_from_plans(plans, job.training.steps, whole.gpu_types())
+    return plan_job(job, whole, config.model_copy(update=update))
 
 
 def options_from_plans(plans: list[Any], steps: int, fastest_type_first: list[str]) -> dict[str, list[Option]]:

@@ -6,26 +6,33 @@ and the cluster table in the UI):
 
 - `sync_inventory`: register the flow's inventory, or update it when its nodes changed, and
   mirror what the batch system marks unschedulable as cordons (a cordon of ours stays ours);
-- `plan_and_submit`: MARP plans on every GPU type of the cluster, queued with the orchestrator;
+- `plan_and_submit`: MARP plans on every GPU type of the cluster, queued with the orchestrator
+  (`SubmittedJob`: the id, the spec as that job, the plans); `adopt_job`: the same for a job
+  `forgeflow submit` queued, taken up by the flow that runs it;
 - `admitted_placement`: wait until the policy admits the job; the placement with its plan;
 - `cordon_nodes`: cordon in the orchestrator, the flow's inventory and (Slurm) the batch system;
 - `Seat`: an admitted job placed again after a node check (`replace`) or a lost lease (`rejoin`);
-- `withdraw`: take a job that still waits out of the queue.
+- `withdraw`: take a job that still waits out of the queue;
+- `ProgressReport`: how far the job got (phase, step, loss, step time), for `forgeflow jobs`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable
 
+from infra import runfiles
 from scheduler.cluster import Cluster
 from scheduler.orchestrator.config import OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
-from scheduler.orchestrator.options import options_from_plans, require_idle_fit
+from scheduler.orchestrator.options import job_plans, options_from_plans, require_idle_fit
 from scheduler.orchestrator.service import Orchestrator
 from scheduler.orchestrator.views import cluster_status
 from scheduler.placement import Placement, placed_step_time
+from training.config import JobSpec
+from training.runlog import last_step
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +76,76 @@ def _nodes_or_none(orch: Orchestrator, cluster: str) -> list[dict]:
         return []
 
 
-def plan_and_submit(orch: Orchestrator, spec, cluster: str, priority: int = 0) -> tuple[int, list]:
+@dataclass(frozen=True)
+class SubmittedJob:
+    """A job in the orchestrator's queue: its id, its spec as that job (paths filled in with the
+    id: `JobSpec.for_job`) and its ranked plans."""
+
+    job_id: int
+    spec: JobSpec
+    plans: list
+    cluster: str
+
+
+def plan_and_submit(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0, *,
+                    gpu_type: str | None = None, gpus: int | None = None) -> SubmittedJob:
     """MARP plans on every GPU type of the cluster (the user chose none), queued with the
-    orchestrator: (job id, ranked plans). A cluster with no schedulable node, or a job no GPU
-    type can hold, is refused here (PlannerError / InfeasibleJobError with the planner's advice)."""
-    from scheduler.planner import PlannerError, plan_job, worker_planner_config
+    orchestrator. A cluster with no schedulable node, a job no GPU type can hold (PlannerError /
+    InfeasibleJobError with the planner's advice), or a spec whose fixed run directory or
+    checkpoint URL a queued or running job already uses (ConfigError) is refused here. `gpu_type`,
+    `gpus`: only plans of that type / that many GPUs (the user's choice; default: MARP's)."""
+    refuse_shared_paths(orch, spec)
+    plans = _plans(orch, spec, cluster, gpu_type=gpu_type, gpus=gpus)
+    options = options_from_plans(plans, spec.training.steps, orch.cluster(cluster).gpu_types())
+    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority)
+    job_spec = spec.for_job(job_id)
+    orch.set_spec(job_id, job_spec.model_dump(mode="json"))
+    return SubmittedJob(job_id, job_spec, plans, cluster)
+
+
+def queue_spec(spec: JobSpec, cluster_source: str = "local", priority: int = 0, *, gpu_type: str | None = None,
+               gpus: int | None = None, by: str = "forgeflow submit") -> SubmittedJob:
+    """`forgeflow submit` / `pretrain`: the inventory (a YAML file, or "local" for this machine)
+    joined with the orchestrator, and the job planned and queued there."""
+    from scheduler.cluster import load_inventory
+
+    inventory = load_inventory(cluster_source)
+    orch = cluster_orchestrator()
+    sync_inventory(orch, inventory, by=by)
+    return plan_and_submit(orch, spec, inventory.name, priority, gpu_type=gpu_type, gpus=gpus)
+
+
+def adopt_job(orch: Orchestrator, job_id: int) -> SubmittedJob:
+    """A job `forgeflow submit` queued, taken up by the flow that runs it: its spec as recorded
+    and its plans (the same MARP plans its options came from). OrchestratorError if it ended."""
+    from training.config import parse_job_spec
+
+    job = orch.job(job_id)
+    if job["state"] not in ("queued", "running"):
+        raise OrchestratorError(f"job {job_id} ({job['name']}) is {job['state']}: nothing to run"
+                                + (f" ({job['reason']})" if job["reason"] else ""))
+    spec = parse_job_spec(job["spec"] or {}, source=f"job {job_id}'s spec in the state database")
+    return SubmittedJob(job_id, spec.for_job(job_id), _plans(orch, spec, job["cluster"]), job["cluster"])
+
+
+def refuse_shared_paths(orch: Orchestrator, spec: JobSpec) -> None:
+    """ConfigError when the spec's run directory or checkpoint URL, fixed (no {job} in it), is
+    one a queued or running job uses: the two would resume from and prune each other's files."""
+    from training.config import ConfigError
+
+    mine = {"run_dir": spec.run_dir, "checkpoint.url": spec.checkpoint.url}
+    for job_id, name, other in orch.active_specs():
+        theirs = {"run_dir": (other or {}).get("run_dir"),
+                  "checkpoint.url": ((other or {}).get("checkpoint") or {}).get("url")}
+        for field, path in mine.items():
+            if path is not None and theirs[field] == path:
+                raise ConfigError(
+                    f"{field} {path!r} is in use by job {job_id} ({name}), which is still queued or running; "
+                    f"put {{job}} in {field} (the default does) so each job has its own, or wait for it to end")
+
+
+def _plans(orch: Orchestrator, spec: JobSpec, cluster: str, **choice) -> list:
+    from scheduler.planner import PlannerError
 
     inventory = orch.cluster(cluster)
     if not inventory.schedulable_nodes():
@@ -81,12 +153,7 @@ def plan_and_submit(orch: Orchestrator, spec, cluster: str, priority: int = 0) -
                          for n in cluster_status(orch.engine, cluster)["nodes"])
         raise PlannerError(f"cluster {cluster!r} has no schedulable node: {held}; "
                            "`forgeflow cluster uncordon NODE` returns one to service")
-    for node in inventory.nodes:  # size against every node: a cordoned one may come back
-        node.cordoned = False
-    plans = plan_job(spec, inventory, worker_planner_config(inventory))  # only plans the worker runs
-    options = options_from_plans(plans, spec.training.steps, inventory.gpu_types())
-    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority)
-    return job_id, plans
+    return job_plans(spec, inventory, **choice)  # every node (a cordoned one may come back); plans the worker runs
 
 
 def admitted_placement(orch: Orchestrator, job_id: int, plans: list, *, poll_s: float = 2.0,
@@ -174,6 +241,12 @@ class Seat:
         self.held.resume()
         return placement
 
+    def stop_requested(self) -> str | None:
+        """Who asked the job to stop and why (`forgeflow cancel`), or None (the watcher's
+        `stop_requested`)."""
+        request = self.held.stop_requested
+        return None if request is None else f"cancelled by {request['by']}: {request['reason']}"
+
     def lease_lost(self) -> str | None:
         """Why the job no longer holds its GPUs, or None (the watcher's `stop_when`)."""
         lost = self.held.lost
@@ -189,3 +262,34 @@ class Seat:
                           if n["state"] != "ready"}
         require_idle_fit(options.get(self.orchestrator.config.policy) or options["has"], cluster, job=self.job,
                          out_of_service=out_of_service)
+
+
+class ProgressReport:
+    """How far the job got, in the orchestrator for `forgeflow jobs` and the queue's estimates:
+    the phase (training, recovering, evaluating...), the newest step with its loss and measured
+    step time (rank 0's log and heartbeat), and the last diagnosis. Steps are written at most
+    every `every_s` seconds; a phase change at once. Never raises: a database hiccup must not
+    stop training."""
+
+    def __init__(self, orch: Orchestrator, job_id: int, run_dir, steps: int, every_s: float = 5.0):
+        self.orch, self.job_id, self.run_dir, self.steps, self.every_s = orch, job_id, run_dir, steps, every_s
+        self._written = 0.0
+
+    def phase(self, phase: str, **fields) -> None:
+        self._write(phase=phase, **fields)
+
+    def step(self, step: int) -> None:
+        if time.monotonic() - self._written < self.every_s:
+            return
+        record = last_step(runfiles.log_path(self.run_dir, 0))
+        beat = runfiles.read_heartbeats(self.run_dir).get(0)
+        self._write(phase="training", step=step, steps=self.steps,
+                    loss=None if record is None else record.loss,
+                    step_s=None if beat is None else beat.step_time_s)
+
+    def _write(self, **fields) -> None:
+        try:
+            self.orch.report_progress(self.job_id, **fields)
+            self._written = time.monotonic()
+        except Exception as e:
+            log.warning("could not record the progress of job %s: %s", self.job_id, e)

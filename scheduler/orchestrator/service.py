@@ -124,6 +124,17 @@ _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
 
 
+PRIORITY_RANGE = (-1000, 1000)
+
+
+def check_priority(priority: int) -> None:
+    """OrchestratorError for a priority outside PRIORITY_RANGE (higher goes first)."""
+    low, high = PRIORITY_RANGE
+    if not low <= priority <= high:
+        raise OrchestratorError(f"priority {priority} is out of range; give a whole number from {low} to {high} "
+                                "(higher runs first; default 0)")
+
+
 def default_actor() -> str:
     try:
         user = getpass.getuser()
@@ -449,7 +460,7 @@ class Orchestrator:
         query = sa.select(jobs).where(jobs.c.id == job_id)
         row = conn.execute(query.with_for_update() if lock and is_postgres(conn) else query).one_or_none()
         if row is None:
-            raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+            raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
         return row
 
     def _cluster_of(self, job_id: int) -> str:
@@ -458,7 +469,7 @@ class Orchestrator:
         with read_transaction(self.engine) as conn:
             name = conn.execute(sa.select(jobs.c.cluster).where(jobs.c.id == job_id)).scalar_one_or_none()
         if name is None:
-            raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+            raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
         return name
 
     # ---------------------------------------------------------------- inventory and health
@@ -516,6 +527,7 @@ class Orchestrator:
         """
         if not any(options.values()):
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
+        check_priority(priority)
         now = time.time()
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock and the new row in one round trip on PostgreSQL.
@@ -542,6 +554,55 @@ class Orchestrator:
     def cancel(self, job_id: int, reason: str = "cancelled") -> str:
         """Remove a queued job from the queue, or release a running one; returns its previous state."""
         return self.release(job_id, outcome="cancelled", reason=reason)
+
+    def request_stop(self, job_id: int, reason: str, *, by: str | None = None) -> str:
+        """`forgeflow cancel`: a queued job leaves the queue at once (cancelled); a running one is
+        asked to stop. Its flow sees the request at its next lease renewal, stops the ranks
+        gracefully (they commit the step they are on) and ends the job as cancelled; its GPUs
+        stay held until then, so no other job is placed where its ranks still run (a flow that
+        died ends it when its lease runs out). Returns the state the job was in;
+        OrchestratorError for an unknown job or one that already ended."""
+        by = by or self.actor
+        request = {"by": by, "reason": reason, "at": time.time()}
+        with write_transaction(self.engine) as conn:
+            row = self._job_row(conn, job_id)
+            if row.state in DONE:
+                raise OrchestratorError(f"job {job_id} ({row.name}) already {row.state}: nothing to cancel")
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
+                         .values(stop_requested=request))
+        if row.state == "queued":
+            self.release(job_id, outcome="cancelled", reason=f"cancelled by {by}: {reason}")
+        return row.state
+
+    def set_spec(self, job_id: int, spec: dict[str, Any]) -> None:
+        """Record the job's spec as it runs (its paths filled in for this job id)."""
+        with write_transaction(self.engine) as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(spec=spec))
+
+    def active_specs(self) -> list[tuple[int, str, dict[str, Any] | None]]:
+        """(id, name, spec) of every queued or running job, on every cluster."""
+        with read_transaction(self.engine) as conn:
+            return [tuple(r) for r in conn.execute(sa.select(jobs.c.id, jobs.c.name, jobs.c.spec).where(
+                jobs.c.state.in_(ACTIVE)).order_by(jobs.c.id))]
+
+    def stop_request(self, job_id: int) -> dict[str, Any] | None:
+        """The job's stop request ({"by", "reason", "at"}), or None."""
+        with read_transaction(self.engine) as conn:
+            return conn.execute(sa.select(jobs.c.stop_requested).where(jobs.c.id == job_id)).scalar()
+
+    def report_progress(self, job_id: int, **progress: Any) -> None:
+        """Record how far the job got (its flow calls this: phase, step, steps, loss, step_s,
+        diagnosis); merged into what was recorded, stamped with the time."""
+        with write_transaction(self.engine) as conn:
+            known = conn.execute(sa.select(jobs.c.progress).where(jobs.c.id == job_id)).scalar() or {}
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                progress={**known, **progress, "at": time.time()}))
+
+    def set_runner(self, job_id: int, runner: dict[str, Any]) -> None:
+        """Record who runs the job (the detached runner's host, pid and log; the Prefect flow run)."""
+        with write_transaction(self.engine) as conn:
+            known = conn.execute(sa.select(jobs.c.runner).where(jobs.c.id == job_id)).scalar() or {}
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(runner={**known, **runner}))
 
     def release(self, job_id: int, *, outcome: str = "finished", reason: str | None = None,
                 attempt: int | None = None) -> str:
@@ -570,7 +631,7 @@ class Orchestrator:
             self._settle()
             rows, freed = prior.all(), released.all()
             if not rows:
-                raise OrchestratorError(f"no job with id {job_id}; `forgeflow cluster queue` lists the jobs")
+                raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
             state, attempts = rows[0]
             if not freed and (state in DONE or (attempt is not None and attempts != attempt)):
                 return state  # already ended, or admitted again since this holder's admission
@@ -779,10 +840,13 @@ class Orchestrator:
             row = self._job_row(conn, job_id)
             if row.state != "running":
                 continue
-            requeue = self.config.on_lost == "requeue" and row.lost_count < self.config.max_requeues
+            # a job asked to stop ends cancelled: its holder died before it could end it
+            requeue = (self.config.on_lost == "requeue" and row.lost_count < self.config.max_requeues
+                       and not row.stop_requested)
             why = f"lost: lease expired at {time.strftime('%H:%M:%S', time.gmtime(now))} UTC (holder stopped renewing)"
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
-                state="queued" if requeue else "failed", lost_count=row.lost_count + 1,
+                state="queued" if requeue else "cancelled" if row.stop_requested else "failed",
+                lost_count=row.lost_count + 1,
                 queued_at=now, placement=None if requeue else row.placement,
                 finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else "")))
         return lost

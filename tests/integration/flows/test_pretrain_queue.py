@@ -1,11 +1,16 @@
-"""Two pretrain deployment runs on a real Prefect server share a cluster sized for one job:
+"""Two jobs `forgeflow submit` sent to a real Prefect server (flow runs of the pretrain deployment,
+the spec as content) share a cluster sized for one job:
 the second waits in the orchestrator's queue (visible in its artifact), then runs when the
 first finishes; cancelling a waiting run takes it out of the queue, and cancelling the running
 one kills every training process it started (the deployment runs on a worker)."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from uuid import UUID
 
 import psutil
 import pytest
@@ -82,19 +87,33 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
         parameters = {"job_spec": str(job), "cluster": str(inventory), "launcher": "local"}
         return run_deployment("pretrain/pretrain", parameters=parameters, timeout=0, as_subflow=False)
 
-    first = start("queue-first", 10)
+    def submit(name: str, steps: int):
+        """`forgeflow submit` with PREFECT_API_URL set: a flow run of the deployment, the spec as content."""
+        job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
+        done = subprocess.run([sys.executable, "-m", "flows.cli", "submit", str(job), "--cluster", str(inventory),
+                               "--json"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out = json.loads(done.stdout)
+        assert out["runner"]["kind"] == "prefect"
+        return out["job_id"], UUID(out["runner"]["flow_run_id"])
+
+    first_job, first_id = submit("queue-first", 10)
     _until("the first job to hold the GPU", lambda: (j := _job(orch, "queue-first")) and j["state"] == "running")
-    second = start("queue-second", 10)
+    second_job, second_id = submit("queue-second", 10)
     _until("the second job to queue", lambda: (j := _job(orch, "queue-second")) and j["state"] == "queued")
 
     with get_client(sync_client=True) as client:
         def waiting_artifact():
-            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second.id])))
+            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second_id])))
             return [a for a in artifacts if a.key == "queue-queue-second"
                     and "waiting for GPUs, position 1 of 1" in (a.data or "")]
         assert _until("the waiting artifact", waiting_artifact, timeout_s=120)
-        assert _final_state(client, first.id).is_completed()
-        assert _final_state(client, second.id).is_completed()
+        assert _final_state(client, first_id).is_completed()
+        assert _final_state(client, second_id).is_completed()
+        run = client.read_flow_run(second_id)
+        # named after its job; the spec travels as content (this job's paths), not as a path
+        assert run.name == f"queue-second-{second_job}"
+        assert run.parameters["job_spec"]["name"] == "queue-second" and run.parameters["job_id"] == second_job
     one, two = _job(orch, "queue-first"), _job(orch, "queue-second")
     assert one["state"] == two["state"] == "finished"
     assert two["admitted_at"] >= one["finished_at"]  # it ran only once the first gave the GPU back

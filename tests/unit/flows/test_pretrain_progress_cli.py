@@ -10,6 +10,7 @@ import yaml
 
 from flows.commands import training_progress
 from infra import runfiles
+from training.config import load_job_spec
 from training.runlog import format_event_line, format_step_line
 
 
@@ -35,7 +36,7 @@ def test_steps_and_the_flows_failure_warnings_show(tmp_path):
 
     out = io.StringIO()
     console = Console(file=out, force_terminal=False, width=250)
-    with training_progress(str(_job(tmp_path)), console=console) as live:
+    with training_progress(load_job_spec(_job(tmp_path)), console=console) as live:
         _log(tmp_path, format_step_line(0, 10, 4.25, 1e-4, 0.5, 1500.0, 5.0))
         live.show()
         # what the pretrain flow logs after deciding (flows/pretrain.py, step 6)
@@ -52,7 +53,7 @@ def test_steps_and_the_flows_failure_warnings_show(tmp_path):
 
 
 def test_json_mode_prints_nothing(tmp_path, capsys):
-    with training_progress(str(_job(tmp_path)), "off") as live:
+    with training_progress(load_job_spec(_job(tmp_path)), "off") as live:
         _log(tmp_path, format_step_line(0, 1, 4.0, 1e-4, 0.5, 1500.0, 1.0))
         logging.getLogger("prefect.flow_runs").warning("attempt 0 failed")
         live.show()
@@ -79,7 +80,7 @@ def test_prefect_log_lines_scroll_above_the_live_panel(tmp_path):
     logger.addHandler(handler)
     terminal = Console(file=io.StringIO(), force_terminal=True, width=200)
     try:
-        with training_progress(str(_job(tmp_path)), console=terminal) as live:
+        with training_progress(load_job_spec(_job(tmp_path)), console=terminal) as live:
             assert live.mode == "live"
             logger.warning("[SUCCESS] a log line of the flow")
         assert handler.console.file is elsewhere  # restored

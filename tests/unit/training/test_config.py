@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from training.config import ConfigError, JobSpec, dotted_overrides, load_job_spec
+from training.config import ConfigError, JobSpec, as_job_spec, dotted_overrides, load_job_spec
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -43,7 +43,38 @@ def test_shipped_configs_load():
 def test_good_file_and_defaults(spec_dir):
     spec = load_job_spec(spec_dir / "ok.yaml")
     assert spec.model.kv_heads == 4 and spec.model.ffn_size == 192
-    assert spec.resolved_run_dir == Path("runs/ok")
+    # not submitted: the job is "local"; each job's paths are its own (for_job)
+    assert spec.job == "local" and spec.resolved_run_dir == Path("runs/ok/local")
+    assert spec.checkpoint.url == "runs/ok/local/checkpoints"
+
+
+def test_each_job_of_one_spec_gets_its_own_run_dir_and_checkpoints(spec_dir):
+    spec = load_job_spec(spec_dir / "ok.yaml")
+    seven, eight = spec.for_job(7), spec.for_job(8)
+    assert (seven.run_dir, seven.checkpoint.url) == ("runs/ok/7", "runs/ok/7/checkpoints")
+    assert (eight.run_dir, eight.checkpoint.url) == ("runs/ok/8", "runs/ok/8/checkpoints")
+    assert seven.config_hash() == eight.config_hash() == spec.config_hash()  # same weights
+    # the content a flow receives: an unsubmitted spec keeps its placeholders, a job's is final
+    assert spec.model_dump()["run_dir"] == "runs/{name}/{job}"
+    again = as_job_spec(seven.model_dump(mode="json"))
+    assert (again.job, again.run_dir, again.checkpoint.url) == ("7", "runs/ok/7", "runs/ok/7/checkpoints")
+    assert as_job_spec(spec.model_dump(mode="json")).for_job(9).run_dir == "runs/ok/9"
+    with pytest.raises(ConfigError, match="already belongs to job 7"):
+        again.for_job(8)
+
+
+def test_fixed_paths_and_s3_prefixes(spec_dir):
+    spec = load_job_spec(spec_dir / "ok.yaml", {"run_dir": "/data/{name}-{job}",
+                                                "checkpoint": {"url": "s3://ckpt/{name}/{job}"}})
+    job = spec.for_job(12)
+    assert (job.run_dir, job.checkpoint.url) == ("/data/ok-12", "s3://ckpt/ok/12")
+    fixed = load_job_spec(spec_dir / "ok.yaml", {"checkpoint": {"url": "/shared/ckpt"}}).for_job(3)
+    assert fixed.checkpoint.url == "/shared/ckpt"  # the user's choice (submit refuses a second active one)
+
+
+def test_unknown_placeholder_is_one_error(spec_dir):
+    with pytest.raises(ConfigError, match=r"checkpoint.url .*unknown placeholder 'user'.*\{name\}"):
+        load_job_spec(spec_dir / "ok.yaml", {"checkpoint": {"url": "runs/{user}/ckpt"}})
 
 
 @pytest.mark.parametrize("text,field,fix", [
@@ -127,3 +158,10 @@ def test_uneven_pipeline_cut_is_accepted(spec_dir):
     path.write_text(GOOD.replace("num_layers: 2", "num_layers: 3")
                     .replace("steps: 10}", "steps: 10, pipeline_parallel: 2, pipeline_stage_layers: [1, 2]}"))
     assert load_job_spec(path).training.pipeline_stage_layers == [1, 2]
+
+
+def test_set_values_are_yaml_except_path_placeholders():
+    assert dotted_overrides(["checkpoint.url={run_dir}/checkpoints", "run_dir={name}", "training.steps=5",
+                             "eval.suite=[a, b]", "x.y={k: 1}"]) == {
+        "checkpoint": {"url": "{run_dir}/checkpoints"}, "run_dir": "{name}", "training": {"steps": 5},
+        "eval": {"suite": ["a", "b"]}, "x": {"y": {"k": 1}}}
