@@ -11,8 +11,9 @@
                 cordon, placed again (Seat), report progress
     views       cluster status and queue snapshots, the jobs table, and the nodes x GPUs table (markdown)
     start_estimates  when each queued job is expected to start and why it waits (the policy run forward)
+    job_logs    a job's logs found from its row (node consoles, rank logs, runner log) and followed
     history     double-booking check over the allocation history
-    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`
+    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`, `forgeflow jobs|cancel|logs`
 
 State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
 through FORGEFLOW_DB_URL). Every change is one write transaction that holds the
