@@ -59,7 +59,7 @@ def _pretrain(args: argparse.Namespace) -> int:
     # queued before Prefect starts: bad input is one line and exit 2, and the job has its id
     submitted, options = queue_from_args(args, by="forgeflow pretrain")
     cluster_orchestrator().set_runner(submitted.job_id, {"kind": "foreground", "host": socket.gethostname(),
-                                                         "pid": os.getpid()})
+                                                         "pid": os.getpid(), "cwd": os.getcwd()})
     # live progress on stderr (a panel on a terminal, plain lines in a log file); none with --json
     with training_progress(submitted.spec, "off" if args.json else "auto"):
         result = run_submitted(submitted, options)

@@ -34,7 +34,9 @@ RUNNER_LOG = "runner.log"
 def add_job_options(p: argparse.ArgumentParser) -> None:
     """The options `forgeflow submit` and `forgeflow pretrain` share."""
     p.add_argument("config", help="job spec YAML")
-    p.add_argument("--cluster", default="local", help="cluster inventory YAML, or 'local' (default)")
+    p.add_argument("--cluster", default=None, help="cluster inventory YAML, or 'local' for this machine "
+                                                   "(default: the cluster registered with `forgeflow cluster "
+                                                   "register`, if there is exactly one, else this machine)")
     p.add_argument("--priority", type=int, default=0, help="place in the shared queue: higher goes first "
                                                              "(-1000..1000, default 0)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -79,12 +81,13 @@ def job_spec_from_args(args: argparse.Namespace):
 def queue_from_args(args: argparse.Namespace, by: str):
     """The job of `forgeflow submit` / `pretrain` queued with the cluster's orchestrator:
     (SubmittedJob, the flow's options). Bad input raises its config error before anything is queued."""
-    from scheduler.orchestrator.seat import queue_spec
+    from scheduler.orchestrator.seat import cluster_orchestrator, default_cluster_source, queue_spec
     from scheduler.orchestrator.service import check_priority
 
     spec = job_spec_from_args(args)
     check_priority(args.priority)
-    cluster = args.cluster if args.cluster in ("", "local") else str(Path(args.cluster).resolve())
+    cluster = args.cluster or default_cluster_source(cluster_orchestrator())
+    cluster = cluster if cluster in ("", "local") else str(Path(cluster).resolve())
     submitted = queue_spec(spec, cluster, args.priority, gpu_type=getattr(args, "gpu_type", None),
                            gpus=getattr(args, "gpus", None), by=by)
     flow_options = {"cluster": cluster, "max_restarts": args.max_restarts, "hang_timeout_s": args.hang_timeout,
@@ -140,7 +143,7 @@ def start_local_runner(job_id: int, spec, flow_options: dict) -> dict:
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True, close_fds=True, cwd=os.getcwd())
-    return {"kind": "local", "host": socket.gethostname(), "pid": proc.pid, "log": str(log)}
+    return {"kind": "local", "host": socket.gethostname(), "pid": proc.pid, "log": str(log), "cwd": os.getcwd()}
 
 
 def start_prefect_run(job_id: int, spec, flow_options: dict) -> dict:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -132,7 +133,8 @@ def _register(args: argparse.Namespace) -> int:
     from scheduler.cluster import load_cluster
 
     cluster = load_cluster(args.inventory)  # validate before touching the database
-    summary = _orchestrator(args).register(cluster, source=str(args.inventory))
+    # the file's absolute path: `forgeflow submit` with no --cluster places on it (default_cluster_source)
+    summary = _orchestrator(args).register(cluster, source=str(Path(args.inventory).resolve()))
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

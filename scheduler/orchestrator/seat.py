@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 from infra import runfiles
@@ -103,14 +104,31 @@ def plan_and_submit(orch: Orchestrator, spec: JobSpec, cluster: str, priority: i
     return SubmittedJob(job_id, job_spec, plans, cluster)
 
 
-def queue_spec(spec: JobSpec, cluster_source: str = "local", priority: int = 0, *, gpu_type: str | None = None,
+def default_cluster_source(orch: Orchestrator) -> str:
+    """Where `forgeflow submit` places a job given no --cluster: the inventory file of the one
+    cluster registered with the orchestrator (`forgeflow cluster register FILE`, the owner's
+    choice), else this machine ("local")."""
+    import sqlalchemy as sa
+
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import clusters
+
+    with read_transaction(orch.engine) as conn:
+        sources = [s for (s,) in conn.execute(sa.select(clusters.c.source))]
+    if len(sources) == 1 and sources[0] and Path(sources[0]).is_file():
+        return sources[0]
+    return "local"
+
+
+def queue_spec(spec: JobSpec, cluster_source: str | None = None, priority: int = 0, *, gpu_type: str | None = None,
                gpus: int | None = None, by: str = "forgeflow submit") -> SubmittedJob:
     """`forgeflow submit` / `pretrain`: the inventory (a YAML file, or "local" for this machine)
-    joined with the orchestrator, and the job planned and queued there."""
+    joined with the orchestrator, and the job planned and queued there; no source: the one
+    registered cluster's file, else this machine (`default_cluster_source`)."""
     from scheduler.cluster import load_inventory
 
-    inventory = load_inventory(cluster_source)
     orch = cluster_orchestrator()
+    inventory = load_inventory(cluster_source or default_cluster_source(orch))
     sync_inventory(orch, inventory, by=by)
     return plan_and_submit(orch, spec, inventory.name, priority, gpu_type=gpu_type, gpus=gpus)
 

@@ -1,0 +1,134 @@
+"""From `forgeflow submit` returning to the job's first training step, on an idle cluster with the
+embedded defaults (no Prefect server: the detached runner starts a temporary one).
+
+    .venv/bin/python benchmarks/submit_latency.py [--repeats 5] [--config configs/tiny-cpu.yaml]
+
+Each repeat submits the job (3 steps, its data prepared beforehand and shared, so data
+preparation is not timed), notes the wall time `forgeflow submit` returned, and reads the
+first step line of rank 0's log (its timestamp is written when the step ends); the job then
+finishes before the next repeat, so the cluster is idle each time. `submit_to_running_s_p50`
+is the median of (first step's time - submit's return).
+
+The floor beside it, measured in the same run: `torchrun_to_first_step_s_p50`, the same job
+started directly with `torchrun -m training.train` (what a user without forgeflow runs on a
+machine they own: no queue, no flow, no Prefect) from its start to its first step. The
+difference is what submitting costs: the runner's start, Prefect's temporary server, planning,
+queueing, placement and the launch. `submit_overhead_s_p50` is that difference of medians.
+
+`--smoke`: one repeat of each, same keys. The last line is the JSON object of HEADLINE_KEYS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.headline import checked_headline  # noqa: E402
+from infra import runfiles  # noqa: E402
+from training.config import dotted_overrides, load_job_spec  # noqa: E402
+from training.runlog import read_steps  # noqa: E402
+
+HEADLINE_KEYS = ("submit_to_running_s_p50", "torchrun_to_first_step_s_p50", "submit_overhead_s_p50", "repeats")
+STEPS = 3
+
+
+def _step_time(record) -> float:
+    return datetime.strptime(record.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+
+def _first_step_at(run_dir: Path, timeout_s: float) -> float:
+    deadline = time.monotonic() + timeout_s
+    log = runfiles.log_path(run_dir, 0)
+    while time.monotonic() < deadline:
+        steps = read_steps(log) if log.exists() else []
+        if steps:
+            return _step_time(steps[0])
+        time.sleep(0.1)
+    raise SystemExit(f"no training step in {log} after {timeout_s:.0f} s")
+
+
+def _sets(work: Path, data_dir: Path) -> list[str]:
+    return [f"training.steps={STEPS}", "training.log_interval=1", f"data.data_dir={data_dir}",
+            "data.max_corpus_mb=2", f"run_dir={work}/runs/{{name}}/{{job}}", "checkpoint.url={run_dir}/checkpoints",
+            f"checkpoint.interval={STEPS}"]
+
+
+def submit_once(config: str, work: Path, env: dict, data_dir: Path) -> float:
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    argv = [sys.executable, "-m", "flows.cli", "submit", config, "--json"]
+    for item in _sets(work, data_dir):
+        argv += ["--set", item]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
+    returned = time.time()
+    if done.returncode != 0:
+        raise SystemExit(f"forgeflow submit failed: {done.stderr[-2000:]}")
+    out = json.loads(done.stdout)
+    first = _first_step_at(Path(out["run_dir"]), 600)
+    orch = cluster_orchestrator()
+    deadline = time.monotonic() + 600
+    while orch.job(out["job_id"])["state"] in ("queued", "running"):  # idle again before the next repeat
+        if time.monotonic() > deadline:
+            raise SystemExit(f"job {out['job_id']} did not end")
+        time.sleep(0.5)
+    return first - returned
+
+
+def torchrun_once(config: str, work: Path, env: dict, data_dir: Path, i: int) -> float:
+    run_dir = work / f"direct-{i}"
+    sets = [s for s in _sets(work, data_dir) if not s.startswith(("run_dir=", "checkpoint.url="))]
+    sets += [f"run_dir={run_dir}", f"checkpoint.url={run_dir}/checkpoints"]
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "training.train", config]
+    for item in sets:
+        argv += ["--set", item]
+    started = time.time()
+    subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=REPO, check=True)
+    return _first_step_at(run_dir, 10) - started
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--config", default="configs/tiny-cpu.yaml")
+    p.add_argument("--smoke", action="store_true", help="one repeat of each (same keys)")
+    args = p.parse_args()
+    repeats = 1 if args.smoke else args.repeats
+    work = Path(tempfile.mkdtemp(prefix="forgeflow-submit-latency-"))
+    data_dir = work / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "FORGEFLOW_DB_URL", "FORGEFLOW_FAULT")}
+    env.update(FORGEFLOW_STATE_DIR=str(work / "state"), PREFECT_HOME=str(work / "prefect-home"),
+               PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1")
+    os.environ.update(FORGEFLOW_STATE_DIR=env["FORGEFLOW_STATE_DIR"])
+    os.environ.pop("FORGEFLOW_DB_URL", None)
+
+    from training.data import prepare_data
+
+    prepare_data(load_job_spec(args.config, dotted_overrides(_sets(work, data_dir))), progress=False)
+    submitted, direct = [], []
+    for i in range(repeats):  # side by side: the machine's load affects both alike
+        submitted.append(submit_once(args.config, work, env, data_dir))
+        direct.append(torchrun_once(args.config, work, env, data_dir, i))
+        print(f"repeat {i}: submit -> first step {submitted[-1]:.1f} s; torchrun -> first step {direct[-1]:.1f} s",
+              file=sys.stderr, flush=True)
+    values = {"submit_to_running_s_p50": round(statistics.median(submitted), 2),
+              "torchrun_to_first_step_s_p50": round(statistics.median(direct), 2),
+              "submit_overhead_s_p50": round(statistics.median(submitted) - statistics.median(direct), 2),
+              "repeats": repeats}
+    print(json.dumps(checked_headline(values, HEADLINE_KEYS)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
