@@ -28,7 +28,10 @@ Rules the engine keeps:
   corrupt or partial newest checkpoint is set aside with a warning and the previous
   one is used. A storage error while reading (unavailable, throttled, timed out after
   the storage layer's retries) says nothing about the checkpoint: every rank raises
-  `CheckpointStorageUnavailable` and the step stays as it is for the next attempt.
+  `CheckpointStorageUnavailable` and the step stays as it is for the next attempt;
+- a process that only reads a located step (export, evaluation) calls
+  `read_checkpoint(storage, step, requests)`: one manifest read, the shards it needs,
+  and no engine, so no writer, host buffers or thread is started for it.
 
 What a rank saves (the "sharded" format, checkpoint.sharded): its *global pieces*
 (tensors with key, global shape and offset, each replicated piece saved by one
@@ -86,7 +89,8 @@ DEFAULT_WRITER: WriterKind = "process"
 
 __all__ = [
     "CheckpointEngine", "CheckpointError", "CheckpointStorageUnavailable", "CommitRecord",
-    "LoadedCheckpoint", "PersistReport", "SaveOutcome", "committed_checkpoints", "read_latest",
+    "LoadedCheckpoint", "PersistReport", "SaveOutcome", "committed_checkpoints", "read_checkpoint",
+    "read_latest",
 ]
 
 
@@ -194,6 +198,10 @@ def _unpack_common(text: str) -> Any:
 # step is damaged whatever the storage does next.
 _OK, _UNAVAILABLE, _UNVERIFIED, _MISMATCH = 0, 1, 2, 3
 
+# A loader's check of a step before its shards are read: (manifest, its common state) -> the
+# reason the step does not fit this job (e.g. a model of another shape), or None.
+AcceptCheck = Callable[[Manifest, Any], "str | None"]
+
 
 def _unavailable_message(storage: Any, what: str, problems: list[str]) -> str:
     # "S3 ... failed" is how the diagnosis rules (rule_seeds: s3-botocore) recognise a
@@ -203,6 +211,85 @@ def _unavailable_message(storage: Any, what: str, problems: list[str]) -> str:
             "Nothing was set aside: a storage error says nothing about a checkpoint's content, "
             "and a restart after a backoff resumes from the same checkpoint once the storage "
             "answers again (every rank stops here, so no rank trains from another step).")
+
+
+def _read_step(storage: Any, step: int, requests: list[PieceRequest], map_location: Any, *, rank: int,
+               world_size: int, layout: dict[str, int] | None, accept: AcceptCheck | None
+               ) -> tuple[LoadedCheckpoint | None, str | None, int]:
+    """(loaded, problem, outcome) for one step on one rank: the manifest read once, then only
+    the shards this rank needs. `layout`: the loading job's, whose rank gets its own local
+    state back when the same layout wrote the step (None: a reader, never). `accept(manifest,
+    common)` may refuse the step before any shard is read (its problem: the step does not fit)."""
+    try:
+        manifest = read_manifest(storage, step)
+    except ObjectNotFound as e:
+        return None, f"manifest unreadable: {e}", _UNVERIFIED
+    except StorageError as e:
+        return None, f"manifest of step {step}: {type(e).__name__}: {e}", _UNAVAILABLE
+    except ValueError as e:
+        return None, f"manifest unreadable: {e}", (
+            _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
+    try:
+        common = _unpack_common(manifest.common)
+    except Exception as e:  # noqa: BLE001 - a damaged manifest: treat like a damaged shard
+        return None, f"manifest common state unreadable: {e}", _UNVERIFIED
+    refused = accept(manifest, common) if accept is not None else None
+    if refused:
+        return None, refused, _MISMATCH
+    same_layout = layout is not None and manifest.world_size == world_size and manifest.layout == layout
+    by_key: dict[str, list[PieceRequest]] = {}
+    for r in requests:
+        by_key.setdefault(r.key, []).append(r)
+    needed: list[ShardRecord] = []
+    for record in manifest.shards:
+        mine = same_layout and record.rank == rank
+        if mine or any(overlaps(r, d) for d in record.pieces for r in by_key.get(d["key"], ())):
+            needed.append(record)
+    if same_layout and not any(r.rank == rank for r in needed):
+        return None, f"manifest of step {step} has no shard for rank {rank}", _UNVERIFIED
+    saved: dict[str, list[GlobalPiece]] = {}
+    local = None
+    try:
+        with lease(storage, step, holder=f"rank-{rank}"):
+            for record in needed:
+                state, problem = read_verified_shard(storage, record, step)
+                if problem is not None:
+                    return None, problem, _UNVERIFIED
+                if same_layout and record.rank == rank:
+                    local = state["local"]
+                for p in state["pieces"]:
+                    saved.setdefault(p["key"], []).append(GlobalPiece(
+                        p["key"], p["global_shape"], p["global_offset"], p["data"], p["object"]))
+    except StorageError as e:  # not ObjectNotFound: read_verified_shard reports a missing shard
+        return None, f"{type(e).__name__}: {e}", _UNAVAILABLE
+    try:
+        values = [fill(r, saved.get(r.key, [])) for r in requests]
+    except PieceMismatch as e:
+        return None, str(e), _MISMATCH
+    if str(map_location) != "cpu":
+        values = [v.to(map_location) if hasattr(v, "to") else v for v in values]
+    return LoadedCheckpoint(step, local, manifest, pieces=values, common=common), None, _OK
+
+
+def read_checkpoint(storage: Any, step: int, requests: list[PieceRequest] | None = None, *,
+                    accept: AcceptCheck | None = None, map_location: Any = "cpu") -> LoadedCheckpoint:
+    """One committed step, read by one process that writes nothing but its lease: the
+    reader's path (export, evaluation), with no engine, writer, host buffers or thread.
+
+    The caller located the step (checkpoint.manifest.locate): no listing here, one manifest
+    read. Requests come back in `pieces`, in order; `local` state is never restored (a
+    reader is not the layout that wrote it). Raises CheckpointStorageUnavailable when the
+    storage fails, CheckpointError when the step is damaged or does not fit (`accept`'s
+    problem, or pieces of another shape); nothing is set aside."""
+    loaded, problem, outcome = _read_step(storage, step, list(requests or []), map_location, rank=0,
+                                          world_size=1, layout=None, accept=accept)
+    if outcome == _OK:
+        return loaded
+    if outcome == _UNAVAILABLE:
+        raise CheckpointStorageUnavailable(
+            _unavailable_message(storage, f"reading checkpoint step {step}", [problem]))
+    what = "cannot be loaded as asked" if outcome == _MISMATCH else "is damaged (failed verification)"
+    raise CheckpointError(f"{storage.url(step_dir(step))}: {what}: {problem}")
 
 
 class CheckpointEngine:
@@ -525,7 +612,7 @@ class CheckpointEngine:
         return read_latest(self.storage)
 
     def load(self, step: int | None = None, map_location: Any = "cpu", *,
-             requests: list[PieceRequest] | None = None, set_aside: bool = True
+             requests: list[PieceRequest] | None = None, accept: AcceptCheck | None = None
              ) -> LoadedCheckpoint | None:
         """The newest (or the given) committed step that verifies on every rank; None if none.
 
@@ -536,7 +623,9 @@ class CheckpointEngine:
         a step that does not hold what the job needs raises CheckpointError on every rank;
         a step some rank could not read because the storage failed (not its content)
         raises CheckpointStorageUnavailable on every rank and is left as it is.
-        A reader that must not change storage (export) passes set_aside=False.
+        `accept(manifest, common)` is the job's own check before any shard is read: its
+        problem raises CheckpointError on every rank, naming it. A process that only reads
+        (export) uses `read_checkpoint` instead: no engine, no writer.
         """
         if self.busy:
             self.wait()
@@ -549,7 +638,9 @@ class CheckpointEngine:
             steps = [step]
         skipped: list[int] = []
         for candidate in reversed(steps):
-            loaded, problem, outcome = self._read_step(candidate, requests, map_location)
+            loaded, problem, outcome = _read_step(self.storage, candidate, requests, map_location,
+                                                  rank=self.rank, world_size=self.world_size,
+                                                  layout=self.layout, accept=accept)
             agreed = outcome if self.world_size == 1 else self._reduce_int(outcome, "MAX")
             if agreed == _OK:
                 self._loaded_step = candidate
@@ -571,59 +662,9 @@ class CheckpointEngine:
             log.warning("checkpoint: step %d failed verification (%s); falling back to the previous "
                         "committed checkpoint", candidate, problem or "on another rank")
             skipped.append(candidate)
-            if self.rank == 0 and set_aside:
+            if self.rank == 0:
                 self._set_aside(candidate, problem or "failed verification on another rank")
         return None
-
-    def _read_step(self, step: int, requests: list[PieceRequest], map_location: Any
-                   ) -> tuple[LoadedCheckpoint | None, str | None, int]:
-        """(loaded, problem, outcome) for one step on this rank; reads only the shards it needs."""
-        try:
-            manifest = read_manifest(self.storage, step)
-        except ObjectNotFound as e:
-            return None, f"manifest unreadable: {e}", _UNVERIFIED
-        except StorageError as e:
-            return None, f"manifest of step {step}: {type(e).__name__}: {e}", _UNAVAILABLE
-        except ValueError as e:
-            return None, f"manifest unreadable: {e}", (
-                _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
-        same_layout = (manifest.world_size == self.world_size and manifest.layout == self.layout)
-        by_key: dict[str, list[PieceRequest]] = {}
-        for r in requests:
-            by_key.setdefault(r.key, []).append(r)
-        needed: list[ShardRecord] = []
-        for record in manifest.shards:
-            mine = same_layout and record.rank == self.rank
-            if mine or any(overlaps(r, d) for d in record.pieces for r in by_key.get(d["key"], ())):
-                needed.append(record)
-        if same_layout and not any(r.rank == self.rank for r in needed):
-            return None, f"manifest of step {step} has no shard for rank {self.rank}", _UNVERIFIED
-        saved: dict[str, list[GlobalPiece]] = {}
-        local = None
-        try:
-            with lease(self.storage, step, holder=f"rank-{self.rank}"):
-                for record in needed:
-                    state, problem = read_verified_shard(self.storage, record, step)
-                    if problem is not None:
-                        return None, problem, _UNVERIFIED
-                    if same_layout and record.rank == self.rank:
-                        local = state["local"]
-                    for p in state["pieces"]:
-                        saved.setdefault(p["key"], []).append(GlobalPiece(
-                            p["key"], p["global_shape"], p["global_offset"], p["data"], p["object"]))
-        except StorageError as e:  # not ObjectNotFound: read_verified_shard reports a missing shard
-            return None, f"{type(e).__name__}: {e}", _UNAVAILABLE
-        try:
-            values = [fill(r, saved.get(r.key, [])) for r in requests]
-        except PieceMismatch as e:
-            return None, str(e), _MISMATCH
-        if str(map_location) != "cpu":
-            values = [v.to(map_location) if hasattr(v, "to") else v for v in values]
-        try:
-            common = _unpack_common(manifest.common)
-        except Exception as e:  # noqa: BLE001 - a damaged manifest: treat like a damaged shard
-            return None, f"manifest common state unreadable: {e}", _UNVERIFIED
-        return LoadedCheckpoint(step, local, manifest, pieces=values, common=common), None, _OK
 
     def _set_aside(self, step: int, reason: str) -> None:
         # The step stops being a checkpoint (checkpoint.manifest.set_aside: a note saying why,

@@ -18,6 +18,11 @@ A checkpoint exists only once its manifest does and while no set-aside note does
 `committed_checkpoints` is THE listing: the pretrain flow, the commit announcer,
 evaluation and rollback all use it; `read_latest` is its one-read shortcut for the newest.
 
+A committed checkpoint travels between processes as a `CheckpointRef` (root URL, step,
+format; `to_dict`/`from_dict` for event payloads and flow parameters). `locate` turns what a
+person types (a step folder, or a root: its newest commit) into one, with one listing and
+no manifest read; the reader then reads that step's manifest once.
+
 Setting a step aside (`set_aside`, `set_aside_after`) writes the note first, then deletes
 the manifest; shards are never deleted there (retention collects them later as orphans),
 so nothing a writer could still be writing goes. The note is what counts: it is written
@@ -119,6 +124,53 @@ class Manifest:
 
 
 @dataclass(frozen=True)
+class CheckpointRef:
+    """One committed checkpoint, as it travels: the root URL its job writes checkpoints
+    under, its step, and its on-storage format (a key of FORMAT_NAMES: "sharded").
+
+    What the commit announcer emits, the evaluation flow receives, export takes and the
+    reader opens. A local root is an absolute path (a relative one means nothing to
+    another process); an S3 root is its s3:// URL.
+    """
+
+    url: str
+    step: int
+    format: str = "sharded"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url:
+            raise ValueError(f"checkpoint reference: url must be the checkpoint root URL, got {self.url!r}")
+        if isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0:
+            raise ValueError(f"checkpoint reference: step must be a whole number >= 0, got {self.step!r}")
+        if self.format not in FORMAT_NAMES:
+            raise ValueError(f"checkpoint reference: format {self.format!r} is not one this forgeflow "
+                             f"reads; use one of {', '.join(FORMAT_NAMES)}")
+
+    @property
+    def step_url(self) -> str:
+        """The step's own folder, e.g. s3://bucket/job/checkpoints/step-00000040."""
+        return f"{self.url.rstrip('/')}/{step_dir(self.step)}"
+
+    @property
+    def name(self) -> str:
+        """The step folder's name, e.g. step-00000040."""
+        return step_dir(self.step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"url": self.url, "step": self.step, "format": self.format}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> "CheckpointRef":
+        """The reference a payload or parameter holds; ValueError naming what is wrong."""
+        if isinstance(raw, cls):
+            return raw
+        if not isinstance(raw, dict) or not {"url", "step"} <= set(raw) or set(raw) - {"url", "step", "format"}:
+            raise ValueError(f"checkpoint reference {raw!r}: expected an object with url, step and "
+                             "(optionally) format, as CheckpointRef.to_dict() writes it")
+        return cls(**raw)
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     """One committed checkpoint, as flows see it."""
 
@@ -131,11 +183,22 @@ class CommitRecord:
     config_hash: str
     total_bytes: int
 
+    @property
+    def ref(self) -> CheckpointRef:
+        return CheckpointRef(self.url.rstrip("/").rsplit("/", 1)[0], self.step)
+
+
+def _root_url(storage: Storage) -> str:
+    """The root as another process opens it: a local root as an absolute path."""
+    local_root = getattr(storage, "root", None) if storage.scheme == "file" else None
+    return str(local_root) if local_root is not None else storage.url()
+
 
 def _record(storage: Storage, manifest: Manifest) -> CommitRecord:
+    root = _root_url(storage)
     return CommitRecord(
-        step=manifest.step, url=storage.url(step_dir(manifest.step)),
-        manifest_url=storage.url(manifest_key(manifest.step)), time=manifest.time,
+        step=manifest.step, url=f"{root}/{step_dir(manifest.step)}",
+        manifest_url=f"{root}/{manifest_key(manifest.step)}", time=manifest.time,
         world_size=manifest.world_size, layout=dict(manifest.layout),
         config_hash=manifest.config_hash, total_bytes=sum(s.size for s in manifest.shards))
 
@@ -239,6 +302,28 @@ def committed_checkpoints(where: Any, options: StorageOptions | None = None) -> 
         except ValueError as e:
             log.warning("checkpoint: unreadable manifest at step %d skipped: %s", step, e)
     return out
+
+
+def locate(where: str, options: StorageOptions | None = None) -> CheckpointRef | None:
+    """The committed checkpoint `where` names, with one listing and no manifest read: a step
+    folder (ROOT/step-00000040) that counts as committed, or the newest commit under a root.
+    None when it names neither; a StorageError when the storage cannot be listed."""
+    where = where.rstrip("/")
+    parent, _, name = where.rpartition("/")
+    step = parse_step_dir(name)
+    if step is not None and parent:
+        storage = open_storage(parent, options)
+        try:
+            keys = [o.key for o in storage.list(step_dir(step) + "/")]
+            return CheckpointRef(_root_url(storage), step) if _counts_as_committed(step, keys) else None
+        finally:
+            storage.close()
+    storage = open_storage(where, options)
+    try:
+        steps = committed_steps(storage)
+        return CheckpointRef(_root_url(storage), steps[-1]) if steps else None
+    finally:
+        storage.close()
 
 
 def read_latest(where: Any, options: StorageOptions | None = None) -> CommitRecord | None:

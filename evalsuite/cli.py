@@ -18,7 +18,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="the job spec (perplexity data, export of training checkpoints)")
     p.add_argument("--slots", type=int, help="inference slots (default: the suite's)")
     p.add_argument("--metric-workers", type=int, help="CPU workers for metric jobs (default: one per core)")
-    p.add_argument("--output", help="where generations, scores and results.json go (default runs/eval/...)")
+    p.add_argument("--output", help="where generations, scores and results.json go (default: with --config, "
+                   "RUN_DIR/eval/step-N-SUITE under the job's run directory; else runs/eval/NAME-SUITE)")
     p.add_argument("--naive", action="store_true",
                    help="baseline: one trial per dataset, load per trial, metrics in the slot, FIFO")
     p.add_argument("--submitter", choices=("local", "slurm"), default="local",
@@ -39,7 +40,7 @@ def _run_eval(args: argparse.Namespace) -> int:
 
     import json
 
-    from evalsuite.checkpoints import model_source_for
+    from evalsuite.checkpoints import checkpoint_to_evaluate, eval_output_dir, model_source_for
     from evalsuite.coordinator import Policy
     from evalsuite.errors import EvalConfigError, EvalError
     from evalsuite.runner import evaluate
@@ -59,9 +60,9 @@ def _run_eval(args: argparse.Namespace) -> int:
         if args.metric_workers:
             overrides["metric_workers"] = args.metric_workers
         suite = load_suite(args.suite, job_spec, overrides)
-        name = Path(args.checkpoint.rstrip("/")).name or "checkpoint"
-        output = Path(args.output or Path("runs") / "eval" / f"{name}-{suite.name}")
-        source = model_source_for(args.checkpoint, job_spec, output)
+        target = checkpoint_to_evaluate(args.checkpoint, job_spec)  # located once
+        output = Path(args.output or eval_output_dir(target, suite.name, job_spec))
+        source = model_source_for(target, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
         where = {"submitter": args.submitter, "slurm": _slurm_settings(args.cluster, args.submitter)}
         if args.no_progress or args.json:  # --json: stdout is one JSON object, stderr stays quiet

@@ -25,7 +25,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -38,14 +37,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsuite.errors import DuplicateDatasetError, EvalConfigError, UnknownDatasetError
 from infra.atomic_write import atomic_write_json
+from infra.statedb.url import _state_dir
 from infra.yaml_config import format_validation_error, load_yaml_mapping, validate
 
 DATA_DIR = Path(__file__).parent / "data"
 
 
 def state_dir() -> Path:
-    """Where forgeflow keeps local state: $FORGEFLOW_STATE_DIR or ~/.forgeflow."""
-    return Path(os.environ.get("FORGEFLOW_STATE_DIR") or Path.home() / ".forgeflow")
+    """Where forgeflow keeps local state: $FORGEFLOW_STATE_DIR, else ~/.forgeflow/state (the
+    state database's rule, infra.statedb.url: one folder for everything a machine remembers)."""
+    return _state_dir()
 
 
 class _Options(BaseModel):

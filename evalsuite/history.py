@@ -3,10 +3,12 @@
 Acme's observation: evaluation runtimes are known in advance because the same
 datasets run on every checkpoint. The history keeps, per (dataset, backend,
 model size), seconds of inference and of metric computation per sample, and per
-(backend, model size) the model load time; it is a JSON file in the state dir,
-updated after every run (an exponential moving average, so it follows a changing
-machine without being thrown by one noisy run). With no history, a dataset's own
-cost factor × its sample count stands in.
+(backend, model size) the model load time; it is a JSON file in the state dir
+($FORGEFLOW_STATE_DIR, default ~/.forgeflow/state: the state database's folder, so
+workers that share the state share the history), updated after every run (an
+exponential moving average, so it follows a changing machine without being thrown
+by one noisy run). With no history, a dataset's own cost factor × its sample count
+stands in.
 """
 
 from __future__ import annotations

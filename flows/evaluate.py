@@ -1,8 +1,9 @@
 """Evaluate checkpoints as they are committed: the decoupled evaluation runbook.
 
-    checkpoint committed (event) ─┐
-    every 15 min: catch up ───────┴→ evaluate-checkpoint:
-        export to Hugging Face format (once)
+    checkpoint committed (event: a CheckpointRef) ─┐
+    every 15 min: catch up ────────────────────────┴→ evaluate-checkpoint:
+        export to Hugging Face format (once), into the evaluation's folder under the
+          job's run directory: <run_dir>/eval/step-N-SUITE/
         across nodes: the nodes given, or an allocation from the cluster orchestrator (held to the end)
         preload it into this node's shared memory (once per node)
         plan: split/batch datasets into trials, balance them over the slots
@@ -14,6 +15,10 @@
 
 The deployments (on-commit: event-triggered; catch-up: every 15 minutes) are
 defined once, in prefect.yaml, and created by `forgeflow deploy`.
+
+The runtime history the plans balance on is one file in the state directory
+($FORGEFLOW_STATE_DIR, default ~/.forgeflow/state: the orchestrator's folder; workers that
+share it share the history).
 
 Evaluate one checkpoint now:                  python flows/evaluate.py CHECKPOINT [SUITE] [JOB.yaml]
 """
@@ -28,13 +33,14 @@ from typing import Any
 from prefect import flow
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from checkpoint.manifest import CheckpointRef, committed_checkpoints
+from evalsuite.checkpoints import checkpoint_name, checkpoint_to_evaluate, checkpoint_url, eval_output_dir
 from evalsuite.executor import execute
 from evalsuite.node_session import serve_node
 from evalsuite.history import RuntimeHistory
 from evalsuite.reporting import has_results
 from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
-from checkpoint.manifest import committed_checkpoints
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
                               export_checkpoint, jobs_for_evaluation, node_sessions, plan_trials, preload_model,
@@ -71,12 +77,15 @@ def _spec(job_spec: str | dict | JobSpec | None) -> JobSpec | None:
 
 
 @flow(name="evaluate-checkpoint", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=16))
-def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | dict | JobSpec | None = None,
+def evaluate_checkpoint(checkpoint: CheckpointRef | dict | str, suite: str = "quick",
+                        job_spec: str | dict | JobSpec | None = None,
                         output_dir: str | None = None, preload_root: str | None = None,
                         history_path: str | None = None, nodes: list[str] | None = None,
                         node_count: int | None = None, cluster: str | None = None,
                         submitter: str = "prefect", slurm_cluster_file: str | None = None) -> dict[str, Any]:
-    """Evaluate one checkpoint; with `nodes` (work queues of node workers), on every node's slots;
+    """Evaluate one checkpoint: a committed training checkpoint (a CheckpointRef, as the
+    checkpoint event carries it, or a step folder / checkpoint root, located once here) or
+    an exported Hugging Face folder. With `nodes` (work queues of node workers), on every node's slots;
     with `node_count` instead, on that many nodes the cluster orchestrator allocates (`cluster`:
     a registered cluster, default the only one), held until the evaluation ends.
     `submitter="slurm"`: each trial is a Slurm batch job instead (Slurm places it; the slurm:
@@ -86,8 +95,9 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | d
     suite_config = load_suite(suite, spec, {"preload_root": preload_root} if preload_root else None)
     if spec is not None:
         register_for_evaluation(spec, suite)   # the catch-up keeps evaluating this job's checkpoints
-    name = checkpoint.rstrip("/").rsplit("/", 1)[-1]
-    out = Path(output_dir or Path("runs") / "eval" / f"{name}-{suite_config.name}")
+    target = checkpoint_to_evaluate(checkpoint, spec)
+    name, where = checkpoint_name(target), checkpoint_url(target)
+    out = Path(output_dir or eval_output_dir(target, suite_config.name, spec))
     out.mkdir(parents=True, exist_ok=True)
 
     with ExitStack() as held:
@@ -97,7 +107,7 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | d
             nodes = held.enter_context(eval_allocation(suite_config, node_count, cluster,
                                                        f"evaluate {name} ({suite_config.name})"))
         # 1. One HF folder per checkpoint, then one copy of it in this node's shared memory.
-        source = export_checkpoint(checkpoint, spec, str(out))
+        source = export_checkpoint(target, spec, str(out))
         local = preload_model(source, suite_config.preload_root)
         try:
             # 1b. Across nodes: one session per node (a run on its own work queue): it preloads the
@@ -111,7 +121,7 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | d
             #    metric jobs start as soon as a trial's outputs exist. The executor is the CLI's: it
             #    records the runtimes this run measures, so the next plan balances on them.
             progress = ProgressArtifact(f"eval-progress-{name}-{suite_config.name}",
-                                        f"{suite_config.name} on {checkpoint}: trials and metric jobs done")
+                                        f"{suite_config.name} on {where}: trials and metric jobs done")
             if slurm is not None:
                 runs: Any = SlurmTaskSubmitter(out / "slurm", slurm, 1, None)
             else:
@@ -131,7 +141,7 @@ def evaluate_checkpoint(checkpoint: str, suite: str = "quick", job_spec: str | d
     print(report.format())
     payload = results_payload(report, suite_config, source)
     # 5. Publish: results beside the checkpoint, the job's scores per step, table + trend artifacts.
-    published = publish_results(checkpoint, suite_config.name, payload, str(out), spec.name if spec else None,
+    published = publish_results(where, suite_config.name, payload, str(out), spec.name if spec else None,
                                 spec=spec)
     return {**payload, **published}
 
@@ -150,8 +160,8 @@ def evaluate_node_work(action: str, node: str, result_path: str, source: str = "
     return result_path
 
 
-def pending_checkpoints(checkpoints: list[str], suite_name: str) -> list[str]:
-    return [c for c in checkpoints if not has_results(c, suite_name)]
+def pending_checkpoints(checkpoints: list[CheckpointRef | str], suite_name: str) -> list[CheckpointRef | str]:
+    return [c for c in checkpoints if not has_results(checkpoint_url(c), suite_name)]
 
 
 @flow(name="evaluate-catch-up", log_prints=True)
@@ -174,12 +184,12 @@ def evaluate_catch_up(job_spec: str | JobSpec | None = None, suite: str | None =
     evaluated = []
     for spec, job_suite in jobs:
         suite_name = load_suite(job_suite, spec).name
-        todo = pending_checkpoints([r.url for r in committed_checkpoints(spec.checkpoint)], suite_name)
+        todo = pending_checkpoints([r.ref for r in committed_checkpoints(spec.checkpoint)], suite_name)
         todo = todo[: None if limit is None else max(0, limit - len(evaluated))]
         print(f"{len(todo)} checkpoint(s) of {spec.name} not yet evaluated with {suite_name}")
-        for checkpoint in todo:
-            evaluate_checkpoint(checkpoint, suite=job_suite, job_spec=spec)
-        evaluated += todo
+        for ref in todo:
+            evaluate_checkpoint(ref, suite=job_suite, job_spec=spec)
+        evaluated += [ref.step_url for ref in todo]
     return evaluated
 
 

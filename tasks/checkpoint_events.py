@@ -5,30 +5,32 @@ the `latest` pointer); `checkpoint.manifest.committed_checkpoints` lists them fo
 the flows, and this is where the `forgeflow.checkpoint.committed` event comes
 from, the event the evaluate deployment is triggered by.
 
-The event carries the job spec itself (validated, as JSON in its payload), not the path
-of its YAML file: the evaluation may run on a machine that has no such file.
+The event's payload carries the checkpoint as a typed reference (`checkpoint`:
+checkpoint.manifest.CheckpointRef.to_dict(), root URL + step + format) and the job spec
+itself (`job_spec`: validated, as JSON), not the path of its YAML file: the evaluation may
+run on a machine that has no such file.
 """
 
 from __future__ import annotations
 
 import time
 
-from checkpoint.manifest import committed_checkpoints
+from checkpoint.manifest import CheckpointRef, committed_checkpoints
 from training.config import JobSpec
 
 CHECKPOINT_COMMITTED = "forgeflow.checkpoint.committed"
 
 
-def emit_checkpoint_committed(checkpoint_url: str, spec: JobSpec, step: int | None = None) -> None:
+def emit_checkpoint_committed(checkpoint: CheckpointRef, spec: JobSpec) -> None:
     """What the training side sends when a checkpoint commits (the evaluate deployment's trigger:
-    prefect.yaml hands `event.payload.job_spec` to the flow as its job_spec)."""
+    prefect.yaml hands `event.payload.checkpoint` and `event.payload.job_spec` to the flow)."""
     from prefect.events import emit_event
 
     emit_event(event=CHECKPOINT_COMMITTED, resource={
-        "prefect.resource.id": f"forgeflow.checkpoint.{checkpoint_url}",
-        "forgeflow.checkpoint.url": checkpoint_url, "forgeflow.job": spec.name,
-        "forgeflow.step": "" if step is None else str(step)},
-        payload={"job_spec": spec.model_dump(mode="json")})
+        "prefect.resource.id": f"forgeflow.checkpoint.{checkpoint.step_url}",
+        "forgeflow.checkpoint.url": checkpoint.step_url, "forgeflow.job": spec.name,
+        "forgeflow.step": str(checkpoint.step)},
+        payload={"checkpoint": checkpoint.to_dict(), "job_spec": spec.model_dump(mode="json")})
 
 
 class CommitAnnouncer:
@@ -51,7 +53,7 @@ class CommitAnnouncer:
         self._last = time.monotonic()
         new = [r for r in _list_or_empty(self.spec) if r.step not in self.announced]
         for record in new:
-            emit_checkpoint_committed(record.url, self.spec, record.step)
+            emit_checkpoint_committed(record.ref, self.spec)
             self.announced.add(record.step)
         return [record.step for record in new]
 

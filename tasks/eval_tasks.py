@@ -33,6 +33,7 @@ from prefect.artifacts import create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.futures import PrefectFuture, as_completed
 
+from checkpoint.manifest import CheckpointRef
 from evalsuite.coordinator import Plan, format_plan
 from evalsuite.suite import SuiteConfig
 from evalsuite.metrics import MetricJob, ShardScore, run_metric_job
@@ -55,8 +56,9 @@ def _shared_sandbox(limits: SandboxLimits) -> Sandbox:
 
 
 @task(name="export-checkpoint", cache_policy=NO_CACHE, retries=1)
-def export_checkpoint(checkpoint: str, spec: JobSpec | None, work_dir: str) -> str:
-    """An HF folder for the checkpoint (exported once if it is a training checkpoint)."""
+def export_checkpoint(checkpoint: CheckpointRef | str, spec: JobSpec | None, work_dir: str) -> str:
+    """An HF folder for the checkpoint: a located training checkpoint is exported once (the
+    reference is read as it is, not located again); an HF folder's URL is used as it is."""
     from evalsuite.checkpoints import model_source_for
 
     return model_source_for(checkpoint, spec, work_dir)

@@ -7,18 +7,23 @@ stage in a world of one process, filled through the same loader a resuming job u
 (training.checkpointing.load_sharded). No per-layer merge rules: the offsets say
 where every piece goes, whatever TP/PP layout wrote it.
 
-`locate_checkpoint` accepts a step directory (`ROOT/step-00000040`) or a root holding
-committed steps (the newest is taken), both through checkpoint.committed_checkpoints.
+The checkpoint is a `checkpoint.manifest.CheckpointRef` (root URL, step, format), located
+once: `locate_checkpoint` turns a step directory (`ROOT/step-00000040`) or a root (its
+newest committed step) into one with a single listing. `read_model_state_dict(ref, spec)`
+then reads that step's manifest once and the shards (checkpoint.engine.read_checkpoint:
+no engine, so no writer process, thread or host buffers), after checking that the
+checkpoint's model has the spec's shape (training.checkpointing.shape_problem).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from checkpoint.manifest import CheckpointRef
+from infra.storage import Storage
 from training.config import JobSpec
 
 
@@ -26,54 +31,37 @@ class CheckpointReadError(RuntimeError):
     """A checkpoint cannot be found or read as the job spec's model."""
 
 
-@dataclass(frozen=True)
-class CheckpointLocation:
-    root: str  # the checkpoint root (a path or URL)
-    step: int
-    step_url: str  # the step's own directory (path or URL)
-    kind: str = "sharded"  # the on-storage format (checkpoint.format)
-
-    @property
-    def name(self) -> str:  # e.g. step-00000040
-        return self.step_url.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _committed(root: str, spec: JobSpec | None) -> list:
-    from checkpoint.manifest import committed_checkpoints
+def locate_checkpoint(where: str | Path | CheckpointRef, spec: JobSpec | None = None) -> CheckpointRef:
+    """The committed checkpoint `where` names: a step directory, or the newest one under a root
+    (a CheckpointRef is returned as it is). One listing; the job spec's S3 settings apply."""
+    from checkpoint.manifest import locate
     from infra.storage import StorageError, storage_options_from_config
 
+    if isinstance(where, CheckpointRef):
+        return where
+    where = str(where).rstrip("/")
     options = storage_options_from_config(spec.checkpoint) if spec is not None else None
     try:
-        return committed_checkpoints(root, options)
-    except StorageError:
-        return []
-
-
-def locate_checkpoint(where: str | Path, spec: JobSpec | None = None) -> CheckpointLocation:
-    """The checkpoint `where` names: a step directory, or the newest one under a root."""
-    from checkpoint.manifest import parse_step_dir
-
-    where = str(where).rstrip("/")
-    parent, _, name = where.rpartition("/")
-    step = parse_step_dir(name)
-    if step is not None and parent:
-        if any(r.step == step for r in _committed(parent, spec)):
-            return CheckpointLocation(parent, step, where)
-    records = _committed(where, spec)
-    if not records:
+        ref = locate(where, options)
+    except StorageError as e:
+        raise CheckpointReadError(f"{where}: cannot list the checkpoints there: {e}") from e
+    if ref is None:
         raise CheckpointReadError(
             f"{where}: neither a checkpoint nor a directory holding committed "
             "checkpoints (step-NNNNNNNN/ with manifest.json); give a checkpoint directory or "
             "the job's checkpoint.url")
-    newest = records[-1]
-    return CheckpointLocation(where, newest.step, newest.url)
+    return ref
 
 
-def read_model_state_dict(location: CheckpointLocation, spec: JobSpec) -> tuple[dict, dict[str, Any]]:
-    """(whole megatron model state dict, trainer state) of a located checkpoint."""
-    from checkpoint.engine import CheckpointEngine, CheckpointError
-    from infra.storage import StorageError, storage_options_from_config
-    from training.checkpointing import load_model_state, load_sharded, sharded_state
+def read_model_state_dict(ref: CheckpointRef, spec: JobSpec, *,
+                          storage: Storage | None = None) -> tuple[dict, dict[str, Any]]:
+    """(whole megatron model state dict, trainer state) of a located checkpoint.
+
+    `storage`: an open storage at `ref.url` to read through (default: opened here with the
+    job spec's S3 settings, and closed again)."""
+    from checkpoint.engine import CheckpointError, CheckpointStorageUnavailable, read_checkpoint
+    from infra.storage import StorageError, open_storage, storage_options_from_config
+    from training.checkpointing import load_model_state, load_sharded, shape_problem, sharded_state
     from training.model import build_model, init_distributed, shutdown_distributed
 
     owns_world = not torch.distributed.is_initialized()
@@ -87,33 +75,33 @@ def read_model_state_dict(location: CheckpointLocation, spec: JobSpec) -> tuple[
     fields = type(spec.training).model_fields
     training_cfg = spec.training.model_copy(update={k: v for k, v in whole.items() if k in fields})
     box: dict[str, Any] = {}
+    opened = storage is None
+    if opened:
+        storage = open_storage(ref.url, storage_options_from_config(spec.checkpoint))
     try:
         init_distributed(1)
         model = build_model(spec.model, training_cfg)
-        engine = CheckpointEngine(location.root, layout={"dp": 1, "tp": 1, "pp": 1}, writer="thread",
-                                  preflight=False,
-                                  storage_options=storage_options_from_config(spec.checkpoint))
 
         def fetch(requests):
-            found = engine.load(location.step, requests=requests, set_aside=False)
-            if found is None:
-                raise CheckpointReadError(f"{location.step_url}: failed verification (see the "
-                                          "warning above); the checkpoint is damaged")
+            found = read_checkpoint(storage, ref.step, requests,
+                                    accept=lambda _manifest, common: shape_problem(common, spec.model))
             box["trainer"] = dict(found.common["trainer"])
             return found.pieces, found.common["megatron"]
 
         try:
             loaded = load_sharded(sharded_state(model, None), fetch)
-        except (CheckpointError, StorageError) as e:
+        except (CheckpointStorageUnavailable, StorageError) as e:
+            raise CheckpointReadError(f"{ref.step_url}: cannot read it: {e}") from e
+        except CheckpointError as e:
             raise CheckpointReadError(
-                f"{location.step_url}: cannot load it into the model of job spec {spec.name!r} "
+                f"{ref.step_url}: cannot load it into the model of job spec {spec.name!r} "
                 f"({e}); use the job spec the checkpoint was trained with") from e
-        finally:
-            engine.close()
         load_model_state(model, loaded["model"])
         state_dict = {k: v.detach().cpu() for k, v in model.state_dict().items()
                       if isinstance(v, torch.Tensor)}
     finally:
+        if opened:
+            storage.close()
         if owns_world:
             shutdown_distributed()
     return state_dict, box["trainer"]

@@ -24,7 +24,14 @@ them: any TP / PP / DP layout (and the one-process export) loads any checkpoint.
 This mirrors megatron's own `dist_checkpointing.load` (load_preprocess, fill the
 ShardedTensors, merge the common state, apply factory merges).
 
-The interface the loop uses: latest() / load(step, model, optimizer) / save /
+Each checkpoint's trainer state holds the job spec's `model` section (`model_config`).
+A job that loads it compares the fields that decide tensor shapes (`SHAPE_FIELDS`) with its
+own spec before any shard is read: a difference is one ConfigError naming each field, the
+checkpoint's value and the spec's, and the fix. Everything else may differ (learning rate,
+steps, batch size, the parallel layout: a layout reshards on load); a checkpoint from before
+the model config was stored loads unchecked.
+
+The interface the loop uses: latest() / load(step, model, optimizer, expect_model) / save /
 before_optimizer_step / close. An async save returns before the tensors are copied
 to host memory (checkpoint.engine, `overlap`): the copy runs during the next step's
 forward and backward, and the loop calls `before_optimizer_step()` right before the
@@ -39,6 +46,7 @@ from typing import Any
 
 import torch
 
+from training.config import ConfigError, ModelConfig
 from training.rank_state import (
     OPTIMIZER_CHECKPOINT_METADATA,
     capture_rng_states,
@@ -51,6 +59,47 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+# --- the model shape a checkpoint holds ------------------------------------------------------
+
+# The model fields that decide tensor shapes (measured: each one changes a parameter's shape;
+# seq_length, rope_theta, norm_epsilon and init_method_std change none: RoPE has no weights).
+SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups",
+                "ffn_hidden_size", "vocab_size", "untie_embeddings_and_output_weights")
+
+
+def model_shape(model: ModelConfig) -> dict[str, Any]:
+    """The shape-deciding fields with their defaults resolved (no num_query_groups: one group
+    per head; no ffn_hidden_size: the SwiGLU rule), so an unset field equals its value."""
+    resolved = {"num_query_groups": model.kv_heads, "ffn_hidden_size": model.ffn_size}
+    return {name: resolved.get(name, getattr(model, name)) for name in SHAPE_FIELDS}
+
+
+def shape_differences(saved_model: dict[str, Any] | None, model: ModelConfig) -> list[str]:
+    """`model.FIELD: checkpoint A, spec B` for each shape-deciding field in which a checkpoint's
+    stored model config (its trainer state's `model_config`) differs from `model`; [] for
+    a checkpoint that stored none (written before forgeflow stored it)."""
+    if not saved_model:
+        return []
+    try:
+        saved = model_shape(ModelConfig.model_validate(
+            {k: v for k, v in saved_model.items() if k in ModelConfig.model_fields}))
+    except ValueError as e:
+        return [f"its stored model config does not validate ({e})"]
+    wanted = model_shape(model)
+    return [f"model.{name}: checkpoint {saved[name]}, spec {wanted[name]}"
+            for name in SHAPE_FIELDS if saved[name] != wanted[name]]
+
+
+def shape_problem(common: Any, model: ModelConfig) -> str | None:
+    """The loaders' check of a checkpoint's common state (checkpoint.engine's `accept`): why its
+    model does not have `model`'s shape, or None."""
+    trainer = common.get("trainer", {}) if isinstance(common, dict) else {}
+    differences = shape_differences(trainer.get("model_config"), model)
+    if not differences:
+        return None
+    return "its model has another shape than the job spec's: " + "; ".join(differences)
 
 
 # --- megatron's sharded state <-> the engine's global pieces ----------------------------------
@@ -204,19 +253,42 @@ class Checkpointer:
         self._newest_listed = steps[-1] if steps else None
         return self._newest_listed
 
-    def load(self, step: int | None, model, optimizer) -> dict[str, Any]:
-        """Restore model, optimizer (any layout) and, on the same layout, RNG; the trainer state."""
+    def load(self, step: int | None, model, optimizer, expect_model: ModelConfig | None = None
+             ) -> dict[str, Any]:
+        """Restore model, optimizer (any layout) and, on the same layout, RNG; the trainer state.
+
+        `expect_model`: the job spec's model; a checkpoint that stored another shape raises
+        ConfigError (on every rank) naming the fields, before any shard is read."""
+        from checkpoint.engine import CheckpointError as CheckpointEngineError
+        from checkpoint.manifest import step_dir
+
         newest = step is None or step == self._newest_listed
         box: dict[str, Any] = {}
+        refused: dict[int, str] = {}
+
+        def accept(manifest, common) -> str | None:
+            problem = shape_problem(common, expect_model) if expect_model is not None else None
+            if problem:
+                refused[manifest.step] = problem
+            return problem
 
         def fetch(requests):
-            found = self.engine.load(None if newest else step, requests=requests)
+            found = self.engine.load(None if newest else step, requests=requests, accept=accept)
             if found is None:
                 raise CheckpointError(f"{self.engine.url}: no committed checkpoint verifies")
             box["found"] = found
             return found.pieces, found.common["megatron"]
 
-        loaded = load_sharded(sharded_state(model, optimizer, is_loading=True), fetch)
+        try:
+            loaded = load_sharded(sharded_state(model, optimizer, is_loading=True), fetch)
+        except CheckpointEngineError:
+            if not refused:
+                raise
+            at, problem = next(iter(refused.items()))
+            raise ConfigError(
+                f"{self.engine.storage.url(step_dir(at))}: unable to load the checkpoint: {problem}. "
+                "Resume it with the job spec it was trained with, or point checkpoint.url at a "
+                "folder of its own for this model") from None
         found = box["found"]
         load_model_state(model, loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])

@@ -28,7 +28,9 @@ rotates halves (rotate_half) exactly like HF Llama, with the same inverse freque
 
 Checkpoints (the one "sharded" format, local or s3://, any TP/PP layout) are read
 by training.checkpoint_reader, which loads them onto a one-process, whole-matrix
-layout through the same resharding loader a resuming job uses.
+layout through the same resharding loader a resuming job uses. The checkpoint is a
+CheckpointRef located once per export (a ref is read as it is; a path is located
+first): one manifest read, then the shards.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ from pathlib import Path
 
 import torch
 
+from checkpoint.manifest import CheckpointRef
+from infra.storage import Storage
 from training.config import JobSpec, ModelConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -132,21 +136,6 @@ def llama_config(model_cfg: ModelConfig, *, bos_token_id: int | None = None,
     )
 
 
-# --- reading a checkpoint (training.checkpoint_reader) -----------------------------------------
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """The local step directory `path` names (itself, or the newest under a root)."""
-    from training.checkpoint_reader import CheckpointReadError, locate_checkpoint
-
-    if str(path).startswith("s3://"):
-        raise ExportError(f"{path}: resolve_checkpoint is for local checkpoints; pass the s3:// "
-                          "URL to export_hf directly")
-    try:
-        return Path(locate_checkpoint(path).step_url)
-    except CheckpointReadError as e:
-        raise ExportError(str(e)) from None
-
-
 # --- writing the folder -----------------------------------------------------------------------
 
 def _tokenizer_ids(tokenizer_dir: Path) -> dict[str, int | None]:
@@ -220,27 +209,31 @@ def write_hf_folder(llama_state_dict: dict[str, torch.Tensor], model_cfg: ModelC
     return out_dir
 
 
-def export_hf(checkpoint_dir: str | Path, out_dir: str | Path, spec: JobSpec,
-              tokenizer_dir: str | Path | None = None, dtype: str = "float32") -> Path:
+def export_hf(checkpoint: str | Path | CheckpointRef, out_dir: str | Path, spec: JobSpec,
+              tokenizer_dir: str | Path | None = None, dtype: str = "float32", *,
+              storage: Storage | None = None) -> Path:
     """Convert a checkpoint the worker wrote into a LlamaForCausalLM folder.
 
-    `checkpoint_dir` is a step directory (`step-N/`, local or s3://) or a checkpoint
-    root (its newest committed step). `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
+    `checkpoint`: a located CheckpointRef (read as it is), or what a person types: a step
+    directory (`step-N/`, local or s3://) or a checkpoint root (its newest committed step),
+    located here, once. `storage`: an open storage at the ref's root to read through.
+    `tokenizer_dir` defaults to `{spec.data.data_dir}/tokenizer`.
     """
     from training.checkpoint_reader import CheckpointReadError, locate_checkpoint, read_model_state_dict
 
     tokenizer_dir = Path(tokenizer_dir or Path(spec.data.data_dir) / "tokenizer")
     try:
-        location = locate_checkpoint(checkpoint_dir, spec)
-        megatron_sd, trainer_state = read_model_state_dict(location, spec)
+        ref = locate_checkpoint(checkpoint, spec)
+        megatron_sd, trainer_state = read_model_state_dict(ref, spec, storage=storage)
     except CheckpointReadError as e:
         raise ExportError(str(e)) from e
     llama_sd = megatron_state_dict_to_llama(megatron_sd, spec.model)
     provenance = {
         "job": spec.name,
-        "checkpoint": location.step_url,
-        "checkpoint_format": location.kind,
-        "step": trainer_state.get("step", location.step),
+        "checkpoint": ref.step_url,
+        "checkpoint_ref": ref.to_dict(),
+        "checkpoint_format": ref.format,
+        "step": trainer_state.get("step", ref.step),
         "config_hash": spec.config_hash(),
         "checkpoint_config_hash": trainer_state.get("config_hash"),
         "dtype": dtype,

@@ -152,7 +152,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     step, skips = 0, SkippedBatches()
     resume_step = resume_from_step if resume_from_step is not None else checkpointer.latest()
     if resume_step is not None:
-        state = checkpointer.load(resume_step, model, optimizer)
+        # a checkpoint of another model shape is refused (ConfigError naming the fields)
+        state = checkpointer.load(resume_step, model, optimizer, expect_model=spec.model)
         step = state["step"]
         skips = SkippedBatches.from_list(state.get("skips"))
         detector.load_state_dict(state.get("spike_detector", {}))
@@ -180,7 +181,8 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     def trainer_state() -> dict:
         return {"step": step, "consumed_batches": skips.position_for_step(step),
                 "skips": skips.to_list(), "seed": cfg.seed, "world_size": env.world_size,
-                "config_hash": spec.config_hash(), "spike_detector": detector.state_dict()}
+                "config_hash": spec.config_hash(), "spike_detector": detector.state_dict(),
+                "model_config": spec.model.model_dump(mode="json")}  # checked by the next load
 
     # --- the loop -----------------------------------------------------------------------
     heartbeat.beat(step, phase="start")
@@ -282,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
         return train(spec, resume_from_step=args.resume_from_step)
     except StorageError as e:  # e.g. the preflight: bad credentials, missing bucket, full disk
         print(f"error: checkpoint storage ({type(e).__name__}): {e}", file=sys.stderr)
+        return 2
+    except ConfigError as e:  # e.g. a checkpoint of another model shape to resume from
+        print(f"error: {e}", file=sys.stderr)
         return 2
     finally:
         from training.model import shutdown_distributed

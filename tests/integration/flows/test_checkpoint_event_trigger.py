@@ -1,4 +1,5 @@
-"""The on-commit evaluation gets the job spec from the checkpoint event itself, not a path.
+"""The on-commit evaluation gets the checkpoint (a typed reference) and the job spec from the
+checkpoint event itself, not a path.
 
 The pretrain flow announces each committed checkpoint (tasks.checkpoint_events); the
 `evaluate-checkpoint/on-commit` deployment, deployed from prefect.yaml by `forgeflow deploy`,
@@ -12,6 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from checkpoint.manifest import CheckpointRef
 from tests.integration.flows.test_prefect_deployments import deployed_once  # noqa: F401 (fixture)
 from training.config import load_job_spec, parse_job_spec
 
@@ -25,19 +27,20 @@ def test_the_checkpoint_event_hands_the_spec_itself_to_the_evaluation(deployed_o
     from tasks.checkpoint_events import emit_checkpoint_committed
 
     spec = load_job_spec(REPO / "configs" / "tiny-cpu.yaml")
-    url = f"file://{tmp_path}/ckpt/step-00000020"
+    ref = CheckpointRef(str(tmp_path / "ckpt"), 20)
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("evaluate-checkpoint/on-commit")
         only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
-        emit_checkpoint_committed(url, spec, 20)
+        emit_checkpoint_committed(ref, spec)
         runs: list = []
         deadline = time.monotonic() + 120
         try:
             while not runs and time.monotonic() < deadline:
                 time.sleep(1)
                 runs = [r for r in client.read_flow_runs(deployment_filter=only_this)
-                        if r.parameters.get("checkpoint") == url]
+                        if r.parameters.get("checkpoint") == ref.to_dict()]
             assert len(runs) == 1, "the checkpoint event did not trigger one on-commit run"
+            assert CheckpointRef.from_dict(runs[0].parameters["checkpoint"]) == ref   # root, step, format
             given = runs[0].parameters["job_spec"]
             assert given == spec.model_dump(mode="json")      # the spec itself, as JSON
             assert parse_job_spec(given) == spec               # and it validates back to the same spec

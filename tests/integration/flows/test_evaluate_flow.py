@@ -143,8 +143,9 @@ def test_catch_up_evaluates_every_job_registered_for_evaluation(prefect_api, tin
     from flows.evaluate import evaluate_catch_up
     from tasks.eval_tasks import EVAL_JOBS_VARIABLE, jobs_for_evaluation, register_for_evaluation
 
-    monkeypatch.chdir(tmp_path)                            # the flow's default output folder: runs/eval/
+    monkeypatch.chdir(tmp_path)                            # the jobs' run directories: runs/NAME/...
     monkeypatch.setenv("FORGEFLOW_STATE_DIR", str(tmp_path / "state"))   # its runtime history
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))     # where forgeflow must write nothing
     Variable.set(EVAL_JOBS_VARIABLE, {}, overwrite=True)
     suite = tmp_path / "catchup.yaml"
     suite.write_text(SMALL_SUITE)
@@ -163,6 +164,13 @@ def test_catch_up_evaluates_every_job_registered_for_evaluation(prefect_api, tin
     assert sorted(done) == sorted(ckpts_a + ckpts_b)
     assert all(has_results(c, "catchup") for c in ckpts_a + ckpts_b)
     assert evaluate_catch_up() == []                        # nothing left to catch up on
+    # Each evaluation's folder is under its own job's run directory, named by step and suite;
+    # the runtime history is in the state directory, nothing in the home directory.
+    for spec, steps in ((spec_a, [10]), (spec_b, [5, 15])):
+        assert sorted(p.name for p in (spec.resolved_run_dir / "eval").iterdir()) == [
+            f"step-{s:08d}-catchup" for s in steps]
+    assert (tmp_path / "state" / "eval-runtime-history.json").is_file()
+    assert not (tmp_path / "home" / ".forgeflow").exists() and not (tmp_path / "runs" / "eval").exists()
     # each job's scores at their training steps, in its TensorBoard beside the training metrics
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

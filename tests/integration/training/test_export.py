@@ -53,7 +53,8 @@ def _save_checkpoint(spec, env, root: Path, step: int, model, optimizer) -> None
     # Persisted inline by a writer thread (no writer process to start: faster test).
     checkpointer = Checkpointer(cfg, env, writer="thread")
     checkpointer.save(step, model, optimizer, {"world_size": env.world_size,
-                                               "config_hash": spec.config_hash()})
+                                               "config_hash": spec.config_hash(),
+                                               "model_config": spec.model.model_dump(mode="json")})
     checkpointer.close()
 
 
@@ -143,11 +144,61 @@ def test_export_errors_name_the_problem(world, tiny_job_dict, tiny_prepared, tmp
     _save_checkpoint(spec, world, tmp_path / "ck", 1, model, optimizer)
     other = copy.deepcopy(tiny_job_dict)
     other["model"]["hidden_size"] = 128  # not the shape the checkpoint holds
-    with pytest.raises(ExportError, match="use the job spec the checkpoint was trained with"):
+    with pytest.raises(ExportError, match="use the job spec the checkpoint was trained with") as refused:
         export_hf(tmp_path / "ck", tmp_path / "hf", parse_job_spec(other))
+    assert "model.hidden_size: checkpoint 64, spec 128" in str(refused.value)  # named from its stored config
     with pytest.raises(ExportError, match="forgeflow prepare"):
         export_hf(tmp_path / "ck", tmp_path / "hf", spec, tokenizer_dir=tmp_path / "no-tokenizer")
     assert not (tmp_path / "hf").exists()  # nothing half-written
+
+
+def test_export_from_a_reference_reads_its_manifest_once_and_starts_no_writer(
+        world, tiny_job_dict, tiny_prepared, tmp_path):
+    """The checkpoint is located once per export (a reference is not located again) and read
+    through one manifest read; reading starts no thread and no writer process."""
+    import os
+    import threading
+    from collections import Counter
+
+    from checkpoint.manifest import CheckpointRef, manifest_key
+    from infra.storage import LocalStorage, StorageOptions
+    from training.checkpoint_reader import locate_checkpoint
+    from training.export import export_hf
+    from training.model import build_model, build_optimizer, wrap_data_parallel
+
+    class CountingStorage(LocalStorage):   # a real local storage that counts what it is asked
+        def __init__(self, root):
+            super().__init__(root, StorageOptions())
+            self.reads, self.listings = Counter(), 0
+
+        def get_bytes(self, key):
+            self.reads[key] += 1
+            return super().get_bytes(key)
+
+        def list(self, prefix=""):
+            self.listings += 1
+            return super().list(prefix)
+
+    def children() -> set[str]:
+        return {c for t in os.listdir(f"/proc/{os.getpid()}/task")
+                for c in open(f"/proc/{os.getpid()}/task/{t}/children").read().split()}
+
+    spec = parse_job_spec(copy.deepcopy(tiny_job_dict))
+    model = build_model(spec.model, spec.training)
+    optimizer = build_optimizer(wrap_data_parallel(model, spec.training), spec.training)
+    for step in (3, 6):
+        _save_checkpoint(spec, world, tmp_path / "ck", step, model, optimizer)
+    ref = locate_checkpoint(tmp_path / "ck", spec)
+    assert ref == CheckpointRef(str(tmp_path / "ck"), 6)
+
+    storage = CountingStorage(ref.url)
+    threads, processes = set(threading.enumerate()), children()
+    out = export_hf(ref, tmp_path / "hf", spec, storage=storage)
+    assert set(threading.enumerate()) == threads and children() == processes
+    assert storage.listings == 0 and storage.reads[manifest_key(6)] == 1
+    assert not [k for k in storage.reads if k.startswith("step-00000003")]
+    provenance = json.loads((out / "forgeflow.json").read_text())
+    assert provenance["checkpoint_ref"] == ref.to_dict() and provenance["step"] == 6
 
 
 @pytest.mark.slow  # two torchrun ranks: ~12 s of CPU

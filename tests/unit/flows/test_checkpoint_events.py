@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from checkpoint.engine import CheckpointEngine
-from checkpoint.manifest import shard_key
+from checkpoint.manifest import CheckpointRef, shard_key
 from infra.storage import LocalStorage, StorageUnavailable
 from tasks import checkpoint_events
 from training.config import parse_job_spec
@@ -33,7 +33,7 @@ def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(job, 
     spec, engine = job
     emitted = []
     monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed",
-                        lambda url, spec, step: emitted.append((step, url, spec)))
+                        lambda ref, spec: emitted.append((ref, spec)))
     _commit(engine, 10)  # from an earlier run of the job
     announcer = checkpoint_events.CommitAnnouncer(spec, every_s=3600)
 
@@ -45,14 +45,15 @@ def test_announces_each_new_commit_once_and_not_the_ones_before_it_started(job, 
     assert announcer.poll() == []  # throttled: storage is listed at most every `every_s`
     assert announcer.poll(force=True) == [20, 30]
     assert announcer.poll(force=True) == []
-    root = spec.checkpoint.url
-    assert emitted == [(20, f"{root}/step-00000020", spec), (30, f"{root}/step-00000030", spec)]
+    root = spec.checkpoint.url   # absolute: the reference means the same in any process
+    assert emitted == [(CheckpointRef(root, 20), spec), (CheckpointRef(root, 30), spec)]
+    assert emitted[0][0].step_url == f"{root}/step-00000020" and emitted[0][0].format == "sharded"
 
 
 def test_a_storage_error_is_retried_on_the_next_poll(job, monkeypatch):
     spec, engine = job
     emitted = []
-    monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda url, *a: emitted.append(url))
+    monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda ref, spec: emitted.append(ref.step_url))
     announcer = checkpoint_events.CommitAnnouncer(spec)
     _commit(engine, 10)
     real_list = LocalStorage.list

@@ -34,7 +34,7 @@ def test_on_commit_is_triggered_by_checkpoint_committed_events():
     trigger = DeploymentEventTrigger.model_validate(raw)   # what `prefect deploy` builds from it
     assert trigger.expect == {CHECKPOINT_COMMITTED} == {"forgeflow.checkpoint.committed"}
     assert trigger.match.model_dump()["prefect.resource.id"] == "forgeflow.checkpoint.*"
-    assert "forgeflow.checkpoint.url" in trigger.parameters["checkpoint"]
+    assert trigger.parameters["checkpoint"] == "{{ event.payload.checkpoint }}"   # the typed reference
     # Every parameter the deployment or its trigger passes is one the flow takes.
     accepted = set(inspect.signature(flow.fn).parameters)
     assert set(on_commit.get("parameters", {})) | set(trigger.parameters) <= accepted
