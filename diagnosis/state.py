@@ -17,15 +17,8 @@ from pathlib import Path
 from typing import Iterator
 
 from infra.atomic_write import atomic_write_json
+from infra.statedb.url import state_dir  # noqa: F401 (one rule for every package's state)
 
-
-def state_dir(explicit: str | os.PathLike | None = None) -> Path:
-    if explicit is not None:
-        return Path(explicit).expanduser()
-    env = os.environ.get("FORGEFLOW_STATE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".forgeflow" / "state"
 
 
 _FAMILY_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -75,7 +68,7 @@ class LearnedRuleStore:
         from infra.statedb.url import database_url
 
         self.state = state_dir(state)
-        self.url = database_url(url, state_dir=state)
+        self.url = database_url(url, folder=state)
         self._engine = None
 
     def _exists(self) -> bool:

@@ -37,16 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from evalsuite.errors import DuplicateDatasetError, EvalConfigError, UnknownDatasetError
 from infra.atomic_write import atomic_write_json
-from infra.statedb.url import _state_dir
+from infra.statedb.url import state_dir
 from infra.yaml_config import format_validation_error, load_yaml_mapping, validate
 
 DATA_DIR = Path(__file__).parent / "data"
-
-
-def state_dir() -> Path:
-    """Where forgeflow keeps local state: $FORGEFLOW_STATE_DIR, else ~/.forgeflow/state (the
-    state database's rule, infra.statedb.url: one folder for everything a machine remembers)."""
-    return _state_dir()
 
 
 class _Options(BaseModel):

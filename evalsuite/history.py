@@ -17,7 +17,8 @@ import json
 import threading
 from pathlib import Path
 
-from evalsuite.datasets import EvalDataset, state_dir
+from evalsuite.datasets import EvalDataset
+from infra.statedb.url import state_dir
 from infra.atomic_write import atomic_write_json
 
 SMOOTHING = 0.5  # weight of the newest run

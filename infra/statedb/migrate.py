@@ -90,7 +90,7 @@ def open_state_db(url: str | None = None, *, state_dir: str | os.PathLike | None
 
     Raises StateDbError when the database cannot be reached or its schema is newer than this code.
     """
-    url = database_url(url, state_dir=state_dir)
+    url = database_url(url, folder=state_dir)
     with _LOCK:
         engine = _ENGINES.get(url)
         if engine is None:

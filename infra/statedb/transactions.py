@@ -26,7 +26,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from infra.statedb.batch import StatementBatch
-from infra.statedb.url import DB_FILE, DB_URL_ENV, _state_dir, database_url  # noqa: F401  (re-exported)
+from infra.statedb.url import DB_FILE, DB_URL_ENV, database_url  # noqa: F401  (re-exported)
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 PING_AFTER_IDLE_S = 5.0  # a PostgreSQL connection idle in the pool this long is checked before use

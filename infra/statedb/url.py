@@ -14,22 +14,23 @@ DB_URL_ENV = "FORGEFLOW_DB_URL"
 DB_FILE = "forgeflow.db"
 
 
-def _state_dir(explicit: str | os.PathLike | None = None) -> Path:
-    # The same rule as diagnosis.state.state_dir (which sits above infra and cannot be imported here).
+def state_dir(explicit: str | os.PathLike | None = None) -> Path:
+    """forgeflow's state directory (learned rules, the SQLite state database, evaluation runtime
+    history): `explicit`, else $FORGEFLOW_STATE_DIR, else ~/.forgeflow/state."""
     if explicit is not None:
         return Path(explicit).expanduser()
     env = os.environ.get("FORGEFLOW_STATE_DIR")
     return Path(env).expanduser() if env else Path.home() / ".forgeflow" / "state"
 
 
-def database_url(explicit: str | None = None, *, state_dir: str | os.PathLike | None = None) -> str:
+def database_url(explicit: str | None = None, *, folder: str | os.PathLike | None = None) -> str:
     """The state database URL: `explicit`, else $FORGEFLOW_DB_URL, else SQLite in the state dir.
 
-    An explicit `state_dir` means "the database of that state dir" and wins over the environment
+    An explicit `folder` (a state dir) means "the database of that state dir" and wins over the environment
     (the learned rules of a given state dir live there).
     """
     if explicit:
         return explicit
-    if state_dir is None and os.environ.get(DB_URL_ENV):
+    if folder is None and os.environ.get(DB_URL_ENV):
         return os.environ[DB_URL_ENV]
-    return f"sqlite:///{_state_dir(state_dir) / DB_FILE}"
+    return f"sqlite:///{state_dir(folder) / DB_FILE}"
