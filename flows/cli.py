@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError:  # `forgeflow jobs | head`: the reader left; nothing is wrong
+        sys.stderr.close()
+        return 0
     except Exception as exc:
         if not is_config_error(exc):
             raise

@@ -91,12 +91,20 @@ def test_submit_two_jobs_cancel_the_first_the_second_trains_to_the_end(embedded,
     _until("the first job's checkpoint at step 10", lambda: [r for r in committed_checkpoints(spec_one.checkpoint)
                                                             if r.step >= 10], timeout_s=300)
     assert orch.job(two)["state"] == "queued"  # the slot is taken
+    # what a user sees: the second waits for the first's slot, with an estimated start
+    listing = json.loads(_forgeflow(embedded, "jobs", "--json").stdout)["jobs"]
+    running, waiting = (next(j for j in listing if j["job_id"] == i) for i in (one, two))
+    assert running["state"] == "running" and running["step"] >= 10 and running["loss"] is not None
+    assert waiting["state"] == "queued" and waiting["position"] == 1
+    assert waiting["waiting_reason"] == "no_room" and f"job {one}" in waiting["why"]
+    assert waiting["estimated_start"] is not None and waiting["estimated_start"] > time.time()
     ranks = _ranks_of(first["run_dir"])
     assert ranks, "the first job's ranks are not running"
 
-    assert orch.request_stop(one, "make room", by="tester") == "running"
+    done = _forgeflow(embedded, "cancel", str(one), "--reason", "make room")
+    assert f"job {one} (submitted) is running" in done.stdout, done.stdout
     ended = _until("the first job to end", lambda: (j := orch.job(one))["state"] != "running" and j, timeout_s=180)
-    assert ended["state"] == "cancelled" and "cancelled by tester: make room" in ended["reason"]
+    assert ended["state"] == "cancelled" and "make room" in ended["reason"] and "cancelled by" in ended["reason"]
     _until("the first job's ranks to exit", lambda: not [p for p in ranks if p.is_running()
                                                          and p.status() != psutil.STATUS_ZOMBIE], timeout_s=60)
     kept = committed_checkpoints(spec_one.checkpoint)
@@ -117,3 +125,9 @@ def test_submit_two_jobs_cancel_the_first_the_second_trains_to_the_end(embedded,
     log = open(finished["runner"]["log"]).read()
     assert f"job {two} (submitted): finished" in log
     assert orch.cluster("submit-slot").free_gpus_by_type() == {"cpu": 1}
+    listing = json.loads(_forgeflow(embedded, "jobs", "--json").stdout)["jobs"]
+    assert {j["job_id"]: j["state"] for j in listing if j["job_id"] in (one, two)} == {one: "cancelled",
+                                                                                     two: "finished"}
+    # cancelling a job that ended is one line and exit 2, nothing changed
+    again = _forgeflow(embedded, "cancel", str(two), check=False)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "already finished" in again.stderr
