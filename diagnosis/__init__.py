@@ -18,6 +18,7 @@
     agents         the agents wired into `diagnose_log`'s hook
     api            `diagnose_log(path) -> Diagnosis`, the call flows make
     recovery       the decision table: what to do after a failed attempt
-    slack_format   the Slack message for a diagnosis
+    slack_format   the alert for a diagnosis (Slack, or printed)
+    report         the failure artifact a person reads in the Prefect UI
     cli            `forgeflow diagnose`, `forgeflow rules ...`
 """

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Callable, Protocol, Sequence, Union
 
 from diagnosis.multi_regex import DEFAULT_ENGINE
+from diagnosis.compressed import LogOrigin
 from diagnosis.filters import CompressedLog, FilterRuleSet, LogCompressor
 from diagnosis.rules import DiagnosisLibrary, RuleOutcome, diagnose_compressed, suspects
 from diagnosis.state import state_dir as resolve_state_dir
@@ -97,14 +98,20 @@ def compress_log(
     job_family: str | None = None,
     state_dir: str | os.PathLike | None = None,
     engine: str = DEFAULT_ENGINE,
+    origins: Sequence[LogOrigin | None] | None = None,
 ) -> tuple[CompressedLog, FilterRuleSet, DiagnosisLibrary]:
     """Compress ``path`` (or several files of one job, e.g. torchrun's output and the
-    per-rank logs) with the family's filter rules; also returns the loaded rule sets."""
+    per-rank logs) with the family's filter rules; also returns the loaded rule sets.
+    ``origins``: one per file, whose log it is (``LogOrigin``: a node of the launch)."""
     paths = _as_paths(path)
+    if origins is not None and len(origins) != len(paths):
+        raise ValueError(f"{len(origins)} log origin(s) for {len(paths)} log file(s): give one per file, "
+                         "in the same order (None for a file of no known node)")
     rules = FilterRuleSet.load(job_family, state_dir)
     library = DiagnosisLibrary.load(state_dir)
     compressor = LogCompressor(rules, library.patterns, engine=engine)
-    for p in paths:
+    for p, origin in zip(paths, origins or [None] * len(paths)):
+        compressor.origin = origin
         compressor.feed_file(p)
         compressor.end_of_file()
     compressed = compressor.finish()
@@ -120,8 +127,13 @@ def diagnose_log(
     hang_suspected: bool = False,
     engine: str = DEFAULT_ENGINE,
     spike_suspected: bool = False,
+    origins: Sequence[LogOrigin | None] | None = None,
 ) -> Diagnosis:
     """Diagnose one failed job's log (or the several log files of one job).
+
+    ``origins``: one per file, the node whose console it holds (``LogOrigin``: the name the
+    launcher gave the node, and its first global rank when known); the suspect nodes are then
+    those names, and torchrun's local ranks become global ranks (``rules.suspects``).
 
     ``hang_suspected``: the caller saw the heartbeat go stale (no error may be printed
     at all); ``spike_suspected``: the worker left its loss-spike marker. When no rule
@@ -129,7 +141,7 @@ def diagnose_log(
     agent. An error a rule names always wins (an ECC error explains a NaN spike).
     """
     paths = _as_paths(path)
-    compressed, rules, library = compress_log(paths, job_family, state_dir, engine)
+    compressed, rules, library = compress_log(paths, job_family, state_dir, engine, origins)
     outcome = diagnose_compressed(compressed, library)
     second_look = (outcome.symptoms_only and outcome.unexplained) or outcome.generic_only
     if outcome.diagnosis is not None:
@@ -139,18 +151,18 @@ def diagnose_log(
             # person's confirmation say): without an answer the rules' answer stands.
             found = _second_look(agent, _context(paths, rules, compressed, outcome, library, state_dir))
             if found is not None:
-                return found
+                return _attributed(found, compressed)
         if outcome.generic_only:
             return replace(outcome.diagnosis, mitigation=f"{outcome.diagnosis.mitigation} {_GENERIC_HINT}")
         return outcome.diagnosis
     culprit_entries = [m.entry for m in outcome.matches]
-    hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
+    found_suspects = suspects(culprit_entries, compressed).fields()
     evidence = [e.render() for e in culprit_entries[:10]]
     if spike_suspected:
         return Diagnosis(
             root_cause="LossSpike", kind="training", restart_helps=True, confidence=0.8,
             culprit_lines=evidence or [e.render() for e in compressed.entries[-5:]],
-            suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+            **found_suspects,
             mitigation="Roll back to the last healthy checkpoint before the spike onset and skip the batches that followed.",
             source="rule", rule_name="spike-marker",
         )
@@ -158,7 +170,7 @@ def diagnose_log(
         return Diagnosis(
             root_cause="Hang", kind="training", restart_helps=True, confidence=0.7,
             culprit_lines=evidence or [e.render() for e in compressed.entries[-5:]],
-            suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+            **found_suspects,
             mitigation="The heartbeat went stale with no error: dump stacks, kill the job, "
                        "run the node check, restart from the last checkpoint.",
             source="rule", rule_name="heartbeat-stale",
@@ -166,16 +178,33 @@ def diagnose_log(
     if agent is not None:
         found = agent(_context(paths, rules, compressed, outcome, library, state_dir))
         if found is not None:
-            return found
+            return _attributed(found, compressed)
     return Diagnosis(
         root_cause="Unknown", kind="unknown", restart_helps=False, confidence=UNKNOWN_CONFIDENCE,
         culprit_lines=evidence or [e.render() for e in compressed.signal_entries()[:10]],
-        suspect_nodes=hosts, suspect_ranks=ranks, suspect_gpus=gpus,
+        **found_suspects,
         mitigation="No rule knows this failure: a person should read the culprit lines, then teach forgeflow "
                    f"the cause they find ({_TEACH}) "
                    "or write a rule for it (forgeflow rules add).",
         source="none",
     )
+
+
+def _attributed(diagnosis: Diagnosis, compressed: CompressedLog) -> Diagnosis:
+    """An agent's answer, its suspects those of the entries its culprit lines are, where each
+    node's log came as that node's (the agent reads lines; the entries know whose they are)."""
+    if not compressed.origin_ends:
+        return diagnosis
+    by_line: dict[str, object] = {}
+    for entry in compressed.entries:
+        by_line.setdefault(entry.render(), entry)
+        by_line.setdefault(entry.text, entry)
+    entries = [by_line[line] for line in diagnosis.culprit_lines if line in by_line]
+    if not entries:
+        return diagnosis
+    found = suspects(entries, compressed)
+    return replace(diagnosis, suspect_nodes=found.nodes, suspect_ranks=found.ranks,
+                   suspect_gpus=found.gpus or diagnosis.suspect_gpus, suspect_local_ranks=found.local_ranks)
 
 
 def _second_look(agent, context: DiagnosisContext) -> Diagnosis | None:
@@ -201,6 +230,7 @@ def _second_look(agent, context: DiagnosisContext) -> Diagnosis | None:
         suspect_nodes=found.suspect_nodes or rule.suspect_nodes,
         suspect_ranks=found.suspect_ranks or rule.suspect_ranks,
         suspect_gpus=found.suspect_gpus or rule.suspect_gpus,
+        suspect_local_ranks=found.suspect_local_ranks or rule.suspect_local_ranks,
     )
 
 
@@ -236,7 +266,8 @@ def confirmed_diagnosis(
     return Diagnosis(
         root_cause=cause, kind=kind, restart_helps=restart_helps, confidence=1.0,
         culprit_lines=found.culprit_lines, suspect_nodes=found.suspect_nodes, suspect_ranks=found.suspect_ranks,
-        suspect_gpus=found.suspect_gpus, mitigation=mitigation, source="person",
+        suspect_gpus=found.suspect_gpus, suspect_local_ranks=found.suspect_local_ranks, mitigation=mitigation,
+        source="person",
     )
 
 

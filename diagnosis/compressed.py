@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 from diagnosis.signals import format_ranks
 
 
+@dataclass(frozen=True)
+class LogOrigin:
+    """Whose console a log file holds: the node's name as the launcher gave it (the cluster
+    inventory's, not a hostname the log prints), and the global rank of its local rank 0
+    when known (torchrun's "[defaultN]:" prefix is the local rank N)."""
+
+    node: str
+    first_global_rank: int | None = None
+
+
 @dataclass
 class LogEntry:
     """One kept message: the first occurrence's text and where else it appeared."""
@@ -18,6 +28,8 @@ class LogEntry:
     text: str
     template: str
     count: int = 1
+    # global ranks the lines name; an uncovered entry also counts a launcher prefix's rank,
+    # torchrun's local "[defaultN]" included (signal entries keep those in `origins`)
     ranks: set[int] = field(default_factory=set)
     hosts: set[str] = field(default_factory=set)
     gpus: set[str] = field(default_factory=set)
@@ -28,6 +40,9 @@ class LogEntry:
     signal: bool = False  # carries an error signal
     covered: bool = False  # a filter rule covers it (kept only for its signal)
     truncated: bool = False
+    # Of each occurrence kept one by one (error-signal lines): the file's origin (None: the
+    # file came without one) and torchrun's local rank where the line names no global rank.
+    origins: set[tuple[LogOrigin | None, int | None]] = field(default_factory=set)
 
     def render(self) -> str:
         if self.count == 1:
@@ -67,6 +82,18 @@ class CompressedLog:
     progress: list[tuple[int, float | None]] = field(default_factory=list)
     # the last line number of each file fed (several files of one job); empty: one stream
     file_ends: list[int] = field(default_factory=list)
+    # (last line number, origin) of each file fed, in order (the origin None: a file given
+    # without one); empty: no file was given an origin
+    origin_ends: list[tuple[int, LogOrigin | None]] = field(default_factory=list)
+
+    def origin_of_line(self, line: int) -> LogOrigin | None:
+        """The origin of the file holding line number ``line`` (None: it came without one)."""
+        start = 0
+        for end, origin in self.origin_ends:
+            if start < line <= end:
+                return origin
+            start = end
+        return None
 
     def render(self) -> str:
         lines = [e.render() for e in self.entries]

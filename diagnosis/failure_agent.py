@@ -477,8 +477,11 @@ def _with_suspects(diagnosis: Diagnosis) -> Diagnosis:
         facts = line_facts(line)
         if facts.host:
             hosts.add(facts.host)
-        if facts.rank is not None:
-            ranks.add(facts.rank)
+        # one log's lines: torchrun's local rank stands for the rank (diagnosis.api maps the
+        # lines of several nodes' logs back to their nodes)
+        rank = facts.rank if facts.rank is not None else facts.local_rank
+        if rank is not None:
+            ranks.add(rank)
         if facts.gpu:
             gpus.add(facts.gpu)
     diagnosis.suspect_nodes = sorted(hosts)

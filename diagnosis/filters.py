@@ -57,7 +57,7 @@ from diagnosis.multi_regex import (
     is_catch_all,
     validate_regex,
 )
-from diagnosis.compressed import CompressedLog, CompressionStats, LogEntry
+from diagnosis.compressed import CompressedLog, CompressionStats, LogEntry, LogOrigin
 from diagnosis.native import BLANK as native_BLANK, OVERFLOW as native_OVERFLOW, line_scan_for, native_failure
 from diagnosis.filter_seeds import SEED_FILTER_RULES
 from diagnosis.rules import DiagnosisLibrary
@@ -274,6 +274,10 @@ class LogCompressor:
         self._since_signal: tuple[int, float | None] | None = None  # last progress after it
         self._tail_from: int | None = None
         self._file_ends: list[int] = []
+        # whose log the file being fed is (a node's, as the launcher named it): set it before
+        # feeding each file; error-signal entries record it (LogEntry.origins)
+        self.origin: LogOrigin | None = None
+        self._origin_ends: list[tuple[int, LogOrigin | None]] = []
 
     # ---------------------------------------------------------------- feeding
     def feed(self, data: bytes) -> None:
@@ -358,6 +362,7 @@ class LogCompressor:
             self._process(pending + b"\n")
         if not self._file_ends or self._line_no > self._file_ends[-1]:
             self._file_ends.append(self._line_no)
+            self._origin_ends.append((self._line_no, self.origin))
 
     def finish(self) -> CompressedLog:
         """Flush the last line (even without a trailing newline) and return the result."""
@@ -367,7 +372,8 @@ class LogCompressor:
     def result(self) -> CompressedLog:
         entries = sorted(self._entries.values(), key=lambda e: e.first_line)
         return CompressedLog(entries=entries, stats=self.stats, rank_hosts=dict(self.rank_hosts),
-                             progress=list(self._progress), file_ends=list(self._file_ends))
+                             progress=list(self._progress), file_ends=list(self._file_ends),
+                             origin_ends=list(self._origin_ends) if any(o for _, o in self._origin_ends) else [])
 
     def _pair_summary(self, text: str, line_no: int) -> None:
         # torchrun's failure summary prints "host : X" and then "rank : N (local_rank: L)".
@@ -919,6 +925,8 @@ class LogCompressor:
             entry.last_line = line_no
         if facts.rank is not None:
             entry.ranks.add(facts.rank)
+        if self.origin is not None or facts.local_rank is not None:
+            entry.origins.add((self.origin, facts.local_rank if facts.rank is None else None))
         if facts.host:
             entry.hosts.add(facts.host)
         if facts.gpu:

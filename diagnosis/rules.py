@@ -27,8 +27,10 @@ Choosing the root cause among all matched lines (``diagnose_compressed``):
    line.
 
 The culprit lines are the matched lines of the chosen root cause, earliest first;
-suspects are the hosts, ranks and GPUs those lines name (ranks are mapped to hosts
-through NCCL's init lines or torchrun's failure summary when the lines carry no host).
+suspects are the nodes, ranks and GPUs of those lines (``suspects``): the nodes whose logs
+hold them when each node's log came as that node's, else the hosts the lines name (ranks
+mapped to hosts through NCCL's init lines or torchrun's failure summary when the lines
+carry no host).
 """
 
 from __future__ import annotations
@@ -264,17 +266,58 @@ def match_entries(compressed: CompressedLog, library: DiagnosisLibrary) -> list[
     return matches
 
 
-def suspects(culprits: list[LogEntry], rank_hosts: dict[int, str]) -> tuple[list[str], list[int], list[str]]:
+@dataclass(frozen=True)
+class Suspects:
+    """Where the culprit lines came from: ``nodes`` (the launcher's node names where the
+    log files came with origins, else the hosts the lines name), global ``ranks``, GPUs,
+    and ``local_ranks`` (node -> torchrun local ranks whose global rank is unknown)."""
+
+    nodes: list[str]
+    ranks: list[int]
+    gpus: list[str]
+    local_ranks: dict[str, list[int]]
+
+    def fields(self) -> dict:
+        """As the Diagnosis fields ``suspect_nodes``, ``suspect_ranks``, ``suspect_gpus``,
+        ``suspect_local_ranks``."""
+        return {"suspect_nodes": self.nodes, "suspect_ranks": self.ranks, "suspect_gpus": self.gpus,
+                "suspect_local_ranks": self.local_ranks}
+
+
+def suspects(culprits: list[LogEntry], compressed: CompressedLog) -> Suspects:
+    """The suspects of ``culprits`` (entries of ``compressed``).
+
+    Where culprit lines come from logs with an origin (each node's log given as that node's),
+    the suspect nodes are those nodes: a hostname a line prints is not a name the cluster
+    knows. Otherwise the hosts the lines name, else those of their ranks (NCCL's init lines,
+    torchrun's summary). A torchrun local rank ("[defaultN]:") becomes global through its
+    node's first global rank, or stays local to that node when that is unknown; in a log
+    without an origin (one node's log) it is the rank."""
     hosts: set[str] = set()
+    nodes: set[str] = set()
     ranks: set[int] = set()
     gpus: set[str] = set()
+    local: dict[str, set[int]] = {}
     for entry in culprits:
         hosts |= entry.hosts
         ranks |= entry.ranks
         gpus |= entry.gpus
-    if not hosts:
-        hosts = {rank_hosts[r] for r in ranks if r in rank_hosts}
-    return sorted(hosts), sorted(ranks), sorted(gpus)
+        # an entry not kept line by line: the files of its first and last occurrences
+        origins = entry.origins or {(compressed.origin_of_line(line), None) for line in
+                                    (entry.first_line, entry.last_line)}
+        for origin, local_rank in origins:
+            if origin is not None:
+                nodes.add(origin.node)
+            if local_rank is None:
+                continue
+            if origin is None:
+                ranks.add(local_rank)
+            elif origin.first_global_rank is not None:
+                ranks.add(origin.first_global_rank + local_rank)
+            else:
+                local.setdefault(origin.node, set()).add(local_rank)
+    found = nodes or hosts or {compressed.rank_hosts[r] for r in ranks if r in compressed.rank_hosts}
+    return Suspects(sorted(found), sorted(ranks), sorted(gpus), {n: sorted(r) for n, r in sorted(local.items())})
 
 
 def diagnose_compressed(
@@ -299,7 +342,7 @@ def diagnose_compressed(
         key=lambda m: (m.sort_key[1], m.entry.first_line),
     )
     culprit_entries = [m.entry for m in culprits]
-    hosts, ranks, gpus = suspects(culprit_entries, compressed.rank_hosts)
+    found = suspects(culprit_entries, compressed)
     confidence = best.rule.confidence
     if not causes:
         confidence *= 0.6  # only symptoms: the real cause may be outside this log
@@ -315,9 +358,7 @@ def diagnose_compressed(
         restart_helps=best.rule.restart_helps,
         confidence=round(confidence, 3),
         culprit_lines=[e.render() for e in culprit_entries[:max_culprit_lines]],
-        suspect_nodes=hosts,
-        suspect_ranks=ranks,
-        suspect_gpus=gpus,
+        **found.fields(),
         mitigation=best.rule.mitigation,
         source="rule",
         rule_name=best.rule.name,

@@ -101,9 +101,13 @@ PROGRESS_STRETCH_LINES = 200
 # Prefixes launchers put in front of each rank's output: torchrun --tee/--redirects
 # ("[default3]:", "[rank3]:"), srun --label ("3: ").
 # A log collector's timestamp (kubectl logs --timestamps) may come first.
+# Groups: 1 = srun label, 2 = "rank" or "default", 3 = its number.
 _RANK_PREFIX = re.compile(
-    r"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(?:rank|default)(\d{1,5})\]:)?"
+    r"^(?:\d{4}-\d\d-\d\dT[\d:.]+Z )?(?:(\d{1,5}): )?(?:\[(rank|default)(\d{1,5})\]:)?"
 )
+# torchrun's "[default3]:" is the *local* rank on the node whose log it is; PyTorch's own
+# "[rank11]:" (its distributed excepthook and c10 logging) after it is the global rank.
+_GLOBAL_RANK_AFTER_LOCAL = re.compile(r"\[rank(\d{1,5})\]:")
 # NCCL's own prefix: host:pid:tid [local GPU]
 _NCCL_PREFIX = re.compile(r"^([A-Za-z][\w.-]*):(\d+):(\d+) \[(\d+)\]")
 _RANK_IN_TEXT = re.compile(
@@ -152,10 +156,13 @@ class LineFacts:
     """What one kept line says about where it came from."""
 
     template: str
-    rank: int | None
+    rank: int | None  # the global rank the line names (never torchrun's local "[defaultN]")
     host: str | None
     gpu: str | None
     timestamp: float | None
+    # torchrun's "[defaultN]:" when the line names no global rank: a rank local to the node
+    # whose log holds the line (diagnosis.rules.suspects turns it into a global rank)
+    local_rank: int | None = None
 
 
 def _seconds_in_year(month: int, day: int, hour: int, minute: int, sec: int, frac: str) -> float:
@@ -188,14 +195,24 @@ def _first_group(match: re.Match | None) -> str | None:
 
 
 def line_facts(line: str) -> LineFacts:
-    """Template, rank, host, GPU and timestamp of one line."""
+    """Template, rank, host, GPU and timestamp of one line (and torchrun's local rank
+    when the line names no global one)."""
     rest = line
     rank: int | None = None
+    local_rank: int | None = None
     prefix = _RANK_PREFIX.match(rest)
     if prefix and prefix.group(0):
-        found = prefix.group(2) or prefix.group(1)
-        rank = int(found) if found is not None else None
+        label, kind, number = prefix.groups()
         rest = rest[prefix.end():]
+        if kind == "default":
+            explicit = _GLOBAL_RANK_AFTER_LOCAL.match(rest)
+            if explicit:
+                rank = int(explicit.group(1))
+            else:
+                local_rank = int(number)
+        else:
+            found = number or label
+            rank = int(found) if found is not None else None
     host = gpu = None
     nccl = _NCCL_PREFIX.match(rest.lstrip())
     if nccl:
@@ -210,7 +227,7 @@ def line_facts(line: str) -> LineFacts:
     if gpu is None and any(k in rest for k in _GPU_HINTS):
         gpu = _first_group(_GPU_IN_TEXT.search(rest))
     template = " ".join(_NORMALISE.sub(_normalise, rest).split())
-    return LineFacts(template, rank, host, gpu, parse_timestamp(line))
+    return LineFacts(template, rank, host, gpu, parse_timestamp(line), local_rank)
 
 
 _HOST_HINTS = ("ost", "ode", "srun", "kernel:", "ON ")

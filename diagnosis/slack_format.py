@@ -1,8 +1,8 @@
-"""Slack message for a diagnosis: root cause, evidence lines, action taken, link.
+"""The alert for a diagnosis: root cause, how it was found, suspects, evidence, action, link.
 
-Formatting only; sending lives with the flows (``infra.notify``). ``slack_message``
-returns an incoming-webhook payload (``text`` fallback + Block Kit ``blocks``);
-``to_alert`` builds the ``infra.notify.Alert`` the flows send.
+Formatting only; sending lives with the flows (``infra.notify``). ``to_alert`` builds the
+``infra.notify.Alert`` the flows send (Slack blocks, or printed); ``summary_fields`` are its
+short facts, which the failure artifact (``diagnosis.report``) shows too.
 """
 
 from __future__ import annotations
@@ -14,70 +14,58 @@ MAX_EVIDENCE_LINES = 8
 MAX_LINE_CHARS = 300
 
 
-def _escape(text: str) -> str:
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-
-
 def _severity(diagnosis: Diagnosis) -> str:
     if diagnosis.root_cause == "Unknown":
         return "error"
     return "warning" if diagnosis.restart_helps else "error"
 
 
+def found_by(diagnosis: Diagnosis) -> str:
+    """How sure, and who said so: '90% (rule: cuda-error)', '72% (retrieval)', '10% (no rule)'."""
+    who = "no rule" if diagnosis.source == "none" else diagnosis.source
+    if diagnosis.rule_name:
+        who = f"{who}: {diagnosis.rule_name}"
+    return f"{diagnosis.confidence:.0%} ({who})"
+
+
+def suspect_ranks(diagnosis: Diagnosis, limit: int = 16) -> str:
+    """Global ranks, then the local ranks whose global rank is unknown: '1, 4' or
+    'local rank 0 on node-b'; empty when the culprit lines name none."""
+    parts = [str(r) for r in diagnosis.suspect_ranks[:limit]]
+    for node, ranks in diagnosis.suspect_local_ranks.items():
+        word = "rank" if len(ranks) == 1 else "ranks"
+        parts.append(f"local {word} {', '.join(map(str, ranks[:limit]))} on {node}")
+    return ", ".join(parts)
+
+
 def summary_fields(diagnosis: Diagnosis, action: str) -> dict[str, str]:
     fields = {
         "Root cause": f"{diagnosis.root_cause} ({diagnosis.kind})",
         "Restart helps": "yes" if diagnosis.restart_helps else "no",
-        "Confidence": f"{diagnosis.confidence:.0%} via {diagnosis.source}"
-        + (f" rule `{diagnosis.rule_name}`" if diagnosis.rule_name else ""),
+        "Confidence": found_by(diagnosis),
         "Action taken": action,
     }
     if diagnosis.suspect_nodes:
         fields["Suspect nodes"] = ", ".join(diagnosis.suspect_nodes[:10])
-    if diagnosis.suspect_ranks:
-        fields["Suspect ranks"] = ", ".join(str(r) for r in diagnosis.suspect_ranks[:16])
+    ranks = suspect_ranks(diagnosis)
+    if ranks:
+        fields["Suspect ranks"] = ranks
     if diagnosis.mitigation:
         fields["Mitigation"] = diagnosis.mitigation
     return fields
 
 
-def slack_message(
-    diagnosis: Diagnosis, job_name: str, action: str, link: str | None = None
-) -> dict:
-    """Incoming-webhook payload describing ``diagnosis`` of ``job_name``."""
-    title = f"{job_name}: {diagnosis.root_cause}"
-    fields = summary_fields(diagnosis, action)
-    evidence = [line[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
-    text_lines = [title] + [f"{k}: {v}" for k, v in fields.items()]
-    if evidence:
-        text_lines += ["Evidence:"] + [f"  {line}" for line in evidence]
-    if link:
-        text_lines.append(f"Details: {link}")
-    blocks: list[dict] = [
-        {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
-        {
-            "type": "section",
-            "fields": [
-                {"type": "mrkdwn", "text": f"*{_escape(k)}*\n{_escape(v)}"}
-                for k, v in list(fields.items())[:10]
-            ],
-        },
-    ]
-    if evidence:
-        body = "\n".join(_escape(line) for line in evidence)
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"```{body[:2900]}```"}})
-    if link:
-        blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{link}|details>"}]})
-    return {"text": "\n".join(text_lines), "blocks": blocks}
+def evidence_lines(diagnosis: Diagnosis) -> list[str]:
+    return [line[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
 
 
-def to_alert(diagnosis: Diagnosis, job_name: str, action: str, link: str | None = None):
-    """The same content as an ``infra.notify.Alert``."""
-
+def to_alert(diagnosis: Diagnosis, job_name: str, action: str, link: str | None = None) -> Alert:
+    """The diagnosis of a failure of ``job_name`` and the ``action`` taken, as an alert;
+    ``link``: where to read more (the flow run: ``infra.notify.flow_run_url``)."""
     return Alert(
         title=f"{job_name}: {diagnosis.root_cause}",
         severity=_severity(diagnosis),
         fields=summary_fields(diagnosis, action),
-        evidence=[line[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]],
+        evidence=evidence_lines(diagnosis),
         link=link,
     )

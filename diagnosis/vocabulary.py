@@ -97,12 +97,16 @@ class Diagnosis:
     restart_helps: bool
     confidence: float = 1.0
     culprit_lines: list[str] = field(default_factory=list)
-    suspect_nodes: list[str] = field(default_factory=list)  # hostnames to check/cordon
+    # nodes to check/cordon: the launcher's node names when it gave each node's log, else the
+    # hostnames the culprit lines print
+    suspect_nodes: list[str] = field(default_factory=list)
     mitigation: str = ""
     source: Source = "rule"
     rule_name: str | None = None
     suspect_ranks: list[int] = field(default_factory=list)
     suspect_gpus: list[str] = field(default_factory=list)  # local GPU index or PCI bus id
+    # node -> torchrun local ranks ("[defaultN]:") of culprit lines whose global rank is unknown
+    suspect_local_ranks: dict[str, list[int]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         expected = kind_of(self.root_cause)

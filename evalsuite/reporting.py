@@ -12,7 +12,7 @@ each one is written (so two evaluations finishing together cannot lose a line
 for good: the next rebuild restores it). `trend_chart_png` draws score against
 step per dataset; `trend_markdown` puts that chart inline (a base64 PNG data
 URI through infra.charts: the Prefect UI renders it, where it would not load a
-file:// image) above a step-by-metric table, for a Prefect markdown artifact.
+file:// image) above a step-by-metric table per dataset, for a Prefect markdown artifact.
 """
 
 from __future__ import annotations
@@ -157,24 +157,27 @@ def trend_chart_png(rows: list[dict[str, Any]], title: str = "") -> bytes | None
 
 
 def trend_markdown(rows: list[dict[str, Any]], title: str) -> str:
-    """Markdown for a Prefect artifact: the trend chart inline, then score by step."""
+    """Markdown for a Prefect artifact: the trend chart inline, then score by step, one
+    table per dataset (step x its metrics): one table of every dataset's metrics grows
+    wider than the artifact and its last columns are cut off."""
     from infra.charts import markdown_image
 
     lines = [f"## {title}", ""]
     png = trend_chart_png(rows, title)
     if png:
         lines += [markdown_image("score vs step", png), ""]
-    columns = sorted({(r["dataset"], r["metric"]) for r in rows if r["metric"] not in _NOT_SCORES})
-    by_step: dict[Any, dict[tuple[str, str], float]] = {}
+    by_dataset: dict[str, dict[Any, dict[str, float]]] = {}
     for r in rows:
-        by_step.setdefault(r["step"], {})[(r["dataset"], r["metric"])] = r["value"]
-    if columns:
-        lines.append("| step | " + " | ".join(f"{d} {m}" for d, m in columns) + " |")
-        lines.append("|---:|" + "---:|" * len(columns))
+        if r["metric"] not in _NOT_SCORES:
+            by_dataset.setdefault(r["dataset"], {}).setdefault(r["step"], {})[r["metric"]] = r["value"]
+    for dataset, by_step in sorted(by_dataset.items()):
+        metrics = sorted({m for values in by_step.values() for m in values})
+        lines += [f"**{dataset}**", "", "| step | " + " | ".join(metrics) + " |", "|---:|" + "---:|" * len(metrics)]
         for step in sorted(by_step):
-            cells = [f"{by_step[step][c]:.4g}" if c in by_step[step] else "" for c in columns]
+            cells = [f"{by_step[step][m]:.4g}" if m in by_step[step] else "" for m in metrics]
             lines.append(f"| {step} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def results_table(results: dict[str, dict[str, float]]) -> list[dict[str, Any]]:

@@ -7,6 +7,12 @@ flow's deployment per node, each on that node's queue; the run starts the
 node's torchrun under the reaper (infra.launch.start_node) and waits for it.
 Cancelling or crashing the run kills every rank of the node: the reaper dies
 with the flow-run process (PR_SET_PDEATHSIG) and takes its tree with it.
+
+A node whose torchrun exits non-zero ends its run Failed. When the failure was
+another node's (its ranks lost the peer, or the watcher stopped them), the
+pretrain flow's diagnosis names that peer and the run is then marked Cancelled,
+named `StoppedByPeer` (tasks.launchers.mark_stopped_by_peer): only the culprit's
+run stays red.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ def node_launch(request: dict, node: str, grace_s: float = 10.0) -> int:
     code = proc.wait()
     atomic_write(exit_code_path(launch, node), str(code))  # the launcher polls it: whole or absent
     if code != 0:
-        # A failed run (not a completed one) so the Prefect UI shows which node failed.
+        # A failed run (not a completed one) so the Prefect UI shows which node failed; a
+        # peer's failure relabels it later (see the module docstring).
         raise RuntimeError(f"torchrun on node {node} exited with code {code}; see {node_log_path(launch, node)}")
     return code

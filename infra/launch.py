@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Iterable, Protocol
 
 import psutil
 
@@ -225,6 +225,29 @@ def exit_code_path(request: LaunchRequest, node: str) -> Path:
     run or a Slurm step): a failed flow run or batch job alone does not say whether
     torchrun exited 1 or was OOM-killed, nor on which node."""
     return request.run_dir / "launch" / f"attempt-{request.attempt}" / f"{node}.exit"
+
+
+def node_runs_path(run_dir: Path, attempt: int) -> Path:
+    """Where a launcher that runs each node as its own orchestrator run (the Prefect one) records
+    node -> run id for attempt `attempt`, so its runs can be found again once its job is gone."""
+    return Path(run_dir) / "launch" / f"attempt-{attempt}" / "node-runs.json"
+
+
+def stopped_by_peer(nodes: Iterable[str], culprits: Iterable[str], cause: str = "") -> dict[str, str]:
+    """node -> why, for the nodes of a failed attempt that stopped only because a peer failed.
+
+    When one node fails, the others stop too: their ranks lose the peer and exit on their own,
+    or the watcher stops them after `failure_grace_s` (infra.watch). Which node failed is
+    known once the diagnosis names the suspect nodes (`culprits`, the launcher's node names):
+    every other node of the attempt was stopped by that failure. Nothing when the culprits
+    are none of the attempt's nodes (no node is cleared) or all of them."""
+    nodes, culprits = list(dict.fromkeys(nodes)), set(culprits)
+    named = [n for n in nodes if n in culprits]
+    if not named or len(named) == len(nodes):
+        return {}
+    peers = ", ".join(named)
+    why = f"stopped: peer {peers} failed" + (f" ({cause})" if cause else "")
+    return {node: why for node in nodes if node not in named}
 
 
 CHOOSE_ON_NODE_0 = 0

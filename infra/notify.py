@@ -12,6 +12,9 @@ the host only.
 Sending never raises: a Slack outage must not break recovery. Every alert is
 also returned as a `Delivery`, so the flow can keep an artifact of what it said.
 
+`flow_run_url` is the Prefect UI page of a flow run, for an alert's `link` (shown as a
+link in Slack and printed with the alert).
+
 `notifier_for` decides where alerts go (SLACK_WEBHOOK_URL, else the Slack webhook
 block a server holds, else the console); the lookup of the block on a Prefect
 server is the flows' part (`tasks.pretrain_tasks.build_notifier`).
@@ -67,7 +70,8 @@ class Alert:
                 }
             )
         if self.evidence:
-            body = "\n".join(line[:300] for line in self.evidence[:12])
+            # Slack reads <...> as a link or mention even in a code block: escape as everywhere
+            body = "\n".join(_escape(line[:300]) for line in self.evidence[:12])
             blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"```{body[:2900]}```"}})
         if self.link:
             blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{self.link}|details>"}]})
@@ -147,6 +151,23 @@ class Notifier:
         if response.status_code == 200:
             return Delivery(alert, "slack", True)
         return Delivery(alert, "slack", False, f"HTTP {response.status_code} from {self.target}: {response.body[:200]}")
+
+
+def flow_run_url(flow_run_id: object, environ: Mapping[str, str] | None = None) -> str | None:
+    """The Prefect UI page of flow run `flow_run_id`: PREFECT_UI_URL, else PREFECT_API_URL less
+    its `/api` (a Prefect server serves its UI at the API's root), then `/runs/flow-run/ID`.
+    None without a run id, or without either setting (Prefect's ephemeral API has no UI; Prefect
+    Cloud's API URL does not end in `/api`: set PREFECT_UI_URL there)."""
+    env = os.environ if environ is None else environ
+    if not flow_run_id:
+        return None
+    base = (env.get("PREFECT_UI_URL") or "").strip().rstrip("/")
+    if not base:
+        api = (env.get("PREFECT_API_URL") or "").strip().rstrip("/")
+        if not api.endswith("/api"):
+            return None
+        base = api[: -len("/api")]
+    return f"{base}/runs/flow-run/{flow_run_id}"
 
 
 def slack_block_name(recorded: str | None) -> str:

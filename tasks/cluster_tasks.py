@@ -54,21 +54,36 @@ def join_cluster(orch: Orchestrator, inventory: Cluster) -> str:
     return inventory.name
 
 
+def plans_table(plans: list, chosen=None, top: int = 10) -> list[dict]:
+    """The ranked plans as rows: `peak_gib` is MARP's per-GPU peak (what `forgeflow plan`
+    shows), `needs_gib` that with the planner's safety margin (the GPU memory the plan asks
+    of a GPU); `chosen` marks the plan the orchestrator admitted, once known (listed after
+    the `top` when it ranks below them)."""
+    return [
+        {"rank": i + 1, "chosen": "✓" if p is chosen else "", "gpu_type": p.gpu_type, "gpus": p.num_gpus,
+         "layout": p.layout, "peak_gib": round(p.peak_memory_bytes / 2**30, 2),
+         "needs_gib": round(p.required_memory_bytes / 2**30, 2),
+         "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
+        for i, p in enumerate(plans) if i < top or p is chosen
+    ]
+
+
+def publish_plans(job: str, cluster: str, plans: list, chosen=None) -> None:
+    """The `pretrain-plans` table: at submission, and again with the admitted plan marked."""
+    admitted = f"; ✓ the admitted plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout})" if chosen else ""
+    create_table_artifact(
+        key="pretrain-plans", table=plans_table(plans, chosen),
+        description=(f"Ranked plans for {job} on {cluster} (MARP peak memory per GPU, and with the safety "
+                     f"margin; cost-model step time){admitted}"),
+    )
+
+
 @task(name="submit-job", cache_policy=NO_CACHE)
 def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0) -> tuple[int, list]:
     """`plan_and_submit` (MARP plans on every GPU type, queued), and the ranked plans as a table."""
     job_id, plans = plan_and_submit(orch, spec, cluster, priority)
     inventory = orch.cluster(cluster)
-    create_table_artifact(
-        key="pretrain-plans",
-        table=[
-            {"rank": i + 1, "gpu_type": p.gpu_type, "gpus": p.num_gpus, "layout": p.layout,
-             "peak_gib": round(p.required_memory_bytes / 2**30, 2),
-             "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
-            for i, p in enumerate(plans[:10])
-        ],
-        description=f"Ranked plans for {spec.name} on {cluster} (MARP memory, cost-model step time)",
-    )
+    publish_plans(spec.name, cluster, plans)
     get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s)",
                           spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()))
     return job_id, plans
@@ -113,6 +128,8 @@ def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s
         markdown=_placement_markdown(placement, orch, job_id),
         description=f"HAS placement of {job} by the orchestrator",
     )
+    if placement.plan is not None:  # the plans again, the admitted one marked
+        publish_plans(job, orch.job(job_id)["cluster"], plans, placement.plan)
     publish_cluster_table(orch, orch.job(job_id)["cluster"])
     return placement
 

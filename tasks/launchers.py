@@ -8,10 +8,16 @@ infra/slurm.py, infra/kubernetes.py.)
 Like the local launcher it assumes the job's run
 directory is on storage every node sees (NFS, Lustre, or one machine): the
 watcher reads every rank's heartbeat and the diagnosis every node's log there.
+
+When one node fails, the others stop with it, and their node-launch runs end Failed or
+Cancelled too. Once the diagnosis names the failed node, `mark_stopped_by_peer` turns the
+others' runs into Cancelled runs named `StoppedByPeer` whose message names the peer, so
+the Prefect UI shows the culprit's run alone as a failure.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,9 +25,12 @@ from uuid import UUID
 
 from prefect import get_run_logger
 
-from infra.launch import LaunchRequest, LocalLauncher, clear_rendezvous, exit_code_path, node_log_path, wait_for_exit
+from infra.atomic_write import atomic_write_json
+from infra.launch import (LaunchRequest, LocalLauncher, clear_rendezvous, exit_code_path, node_log_path,
+                          node_runs_path, stopped_by_peer, wait_for_exit)
 
 NODE_LAUNCH_DEPLOYMENT = "node-launch/node-launch"
+STOPPED_BY_PEER = "StoppedByPeer"  # the state name of a node-launch run a peer's failure stopped
 
 
 READ_PAGE = 200  # the server's default page limit (PREFECT_API_DEFAULT_LIMIT)
@@ -143,7 +152,33 @@ class PrefectLauncher:
         except BaseException:
             job.terminate(grace_s=1.0)
             raise
+        atomic_write_json(node_runs_path(request.run_dir, request.attempt),
+                          {node: str(run_id) for node, run_id in runs.items()})
         return job
+
+
+def mark_stopped_by_peer(run_dir: Path, attempt: int, culprits: list[str], cause: str = "") -> dict[str, str]:
+    """The node-launch runs of attempt `attempt` (of the job in `run_dir`) that stopped only because a peer in
+    `culprits` failed (infra.launch.stopped_by_peer) end Cancelled, named StoppedByPeer, the
+    peer and `cause` in their message: not red, and saying who was. Only runs that ended
+    Failed, Crashed or Cancelled change; an attempt not launched by PrefectLauncher has no
+    runs (no node-runs file) and nothing changes. Returns node -> message of the runs changed."""
+    from prefect import get_client
+    from prefect.states import Cancelled
+
+    try:
+        runs = json.loads(node_runs_path(run_dir, attempt).read_text())
+    except FileNotFoundError:
+        return {}
+    changed: dict[str, str] = {}
+    with get_client(sync_client=True) as client:
+        for node, message in stopped_by_peer(runs, culprits, cause).items():
+            state = client.read_flow_run(UUID(runs[node])).state
+            if state is None or not state.is_final() or state.is_completed():
+                continue
+            client.set_flow_run_state(UUID(runs[node]), Cancelled(name=STOPPED_BY_PEER, message=message), force=True)
+            changed[node] = message
+    return changed
 
 
 def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):

@@ -27,7 +27,7 @@ from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, sl
 from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
 from scheduler.worker_command import worker_args, write_attempt_spec
-from tasks.launchers import make_launcher
+from tasks.launchers import STOPPED_BY_PEER, make_launcher, mark_stopped_by_peer
 from training.config import JobSpec
 
 
@@ -96,7 +96,7 @@ def run_attempt(
 
     def progress(step: int) -> None:
         if progress_artifact_id is not None:
-            update_progress_artifact(progress_artifact_id, progress=100.0 * step / spec.training.steps)
+            report_progress(progress_artifact_id, spec.name, step, spec.training.steps)
         if announcer is not None:  # evaluation starts while training goes on
             announcer.poll()
 
@@ -111,6 +111,14 @@ def run_attempt(
         # no-op when already gone; never leave ranks behind. On a cancellation of this flow
         # the ranks get SIGTERM here and commit the current step before the grace runs out.
         job.terminate(grace_s=stop_s)
+
+
+def report_progress(artifact_id, job: str, step: int, steps: int) -> None:
+    """The progress artifact at `step` of `steps`: its bar, and "step N of M (P%)" in its
+    description, which its card in the Prefect UI shows (the bar alone shows no number)."""
+    percent = 100.0 * min(step, steps) / max(1, steps)
+    update_progress_artifact(artifact_id, progress=percent,
+                             description=f"{job}: step {step} of {steps} ({percent:.0f}%)")
 
 
 def report_straggler(job: str, attempt: int, found) -> None:
@@ -131,9 +139,16 @@ def report_straggler(job: str, attempt: int, found) -> None:
 
 
 @task(name="diagnose-attempt", cache_policy=NO_CACHE)
-def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Diagnosis:
-    """Spike and hang come from the watcher; everything else from the logs."""
+def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
+                     placement: Placement | None = None) -> Diagnosis:
+    """Spike and hang come from the watcher; everything else from the logs.
+
+    Each node's log is diagnosed as that node's (diagnosis.compressed.LogOrigin), so the
+    suspect nodes are the inventory's names, and with the attempt's `placement` torchrun's
+    local ranks become global ones. On the prefect launcher, the node runs that stopped only
+    because a suspect node failed are then marked so (tasks.launchers.mark_stopped_by_peer)."""
     from diagnosis.api import diagnose_log
+    from diagnosis.compressed import LogOrigin
 
     if outcome.status == "spike" and outcome.spike:
         return Diagnosis(
@@ -142,19 +157,33 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int) -> Di
             mitigation="roll back to a checkpoint before the spike and skip the spike's batches",
             source="rule",
         )
+    # Every node's log in one file, for a person to read or confirm (`forgeflow diagnose FILE --confirm`).
+    node_logs = [(node, Path(path)) for node, path in sorted(outcome.log_paths.items()) if Path(path).exists()]
     combined = spec.resolved_run_dir / "diagnosis" / f"attempt-{attempt}.log"
     combined.parent.mkdir(parents=True, exist_ok=True)
     with open(combined, "wb") as out:
-        for node, path in sorted(outcome.log_paths.items()):
-            if Path(path).exists():
-                out.write(Path(path).read_bytes())
+        for _, path in node_logs:
+            out.write(path.read_bytes())
+    first_rank = {launch.node: launch.first_global_rank for launch in placement.launch_specs()} if placement else {}
     from diagnosis.agents import build_default_agent
 
     # The agent (LLM with retrieval, or a retrieval vote without an LLM) is consulted only
     # when no rule names a cause, or a rule names only symptoms or the exception's class;
     # it opens the embedding model and Chroma only then.
-    return diagnose_log(combined, job_family=spec.name, hang_suspected=outcome.status == "hang",
-                        agent=build_default_agent(job_family=spec.name))
+    diagnosis = diagnose_log(
+        [path for _, path in node_logs] or combined, job_family=spec.name,
+        hang_suspected=outcome.status == "hang", agent=build_default_agent(job_family=spec.name),
+        # a log that is no node's (a Slurm batch script's output) gets no origin
+        origins=[LogOrigin(node, first_rank.get(node)) if node in outcome.exit_codes else None
+                 for node, _ in node_logs] if node_logs else None)
+    try:
+        stopped = mark_stopped_by_peer(spec.resolved_run_dir, attempt, diagnosis.suspect_nodes, diagnosis.root_cause)
+    except Exception as e:  # the runs' labels are for people: never let them stop the recovery
+        get_run_logger().warning("could not mark the node runs a peer stopped: %s: %s", type(e).__name__, e)
+    else:
+        for node, why in stopped.items():
+            get_run_logger().info("node-launch run of %s marked %s: %s", node, STOPPED_BY_PEER, why)
+    return diagnosis
 
 
 @task(name="node-check", cache_policy=NO_CACHE)

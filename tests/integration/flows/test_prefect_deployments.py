@@ -217,6 +217,14 @@ def two_worker_nodes_recover_from_a_fault_on_one(deployed_once, make_job, two_no
     # Attempt 0 failed on node-b (the faulty rank's node); attempt 1 completed on both.
     assert "FAILED" in by_queue["node-b"] and by_queue["node-a"].count("COMPLETED") >= 1
     assert sum(s == "COMPLETED" for s in by_queue["node-b"]) >= 1
+    # node-a stopped in attempt 0 only because node-b failed: its run says so, and is no failure.
+    (stopped,) = [r for r in training if "-a0-" in r.name and r.work_queue_name == "node-a"]
+    assert (stopped.state.type.value, stopped.state.name) == ("CANCELLED", "StoppedByPeer"), stopped.state
+    assert stopped.state.message == "stopped: peer node-b failed (CUDAError)"
+    # The alert names the node as the inventory does and the rank the evidence shows.
+    alert = next(text for text in deployed.slack.texts() if "CUDAError" in text and "Suspect" in text)
+    assert "Suspect nodes: node-b" in alert and "Suspect ranks: 1" in alert and "[rank1]" in alert, alert
+    assert "% (rule: " in alert and "rule rule" not in alert, alert
     # The node check ran its collective worlds through the workers too.
     assert any(r.name.startswith("nodecheck-") for r in runs)
 

@@ -64,6 +64,25 @@ def test_alert_reaches_the_webhook_as_blocks(receiver):
     assert receiver.paths == ["/services/T000/B000/SECRETTOKEN"]
     assert "CUDAError" in body["text"]
     assert any("illegal memory access" in json.dumps(b) for b in body["blocks"])
+    # the flow run's page: a link in the message, and in the notification's text
+    assert any("<http://127.0.0.1:4200/runs/flow-run/abc|details>" in json.dumps(b) for b in body["blocks"])
+    assert "http://127.0.0.1:4200/runs/flow-run/abc" in body["text"]
+
+
+def test_a_diagnosis_alert_reaches_the_webhook_with_its_flow_run_link(receiver):
+    from diagnosis.slack_format import to_alert
+    from diagnosis.vocabulary import Diagnosis
+    from infra.notify import flow_run_url
+
+    diagnosis = Diagnosis("CUDAError", "infrastructure", True, confidence=0.9, rule_name="cuda-error",
+                          suspect_nodes=["node-b"], suspect_ranks=[1],
+                          culprit_lines=["[default0]:[rank1]: torch.AcceleratorError: CUDA error: <illegal>"])
+    link = flow_run_url("6f0c", {"PREFECT_API_URL": "http://127.0.0.1:4200/api"})
+    assert Notifier(receiver.url).send(to_alert(diagnosis, "two-nodes", "node check, restart", link)).ok
+    blocks = json.dumps(receiver.bodies[0]["blocks"])
+    assert "Confidence*\\n90% (rule: cuda-error)" in blocks and "rule rule" not in blocks
+    assert "Suspect nodes*\\nnode-b" in blocks and "Suspect ranks*\\n1" in blocks
+    assert "&lt;illegal&gt;" in blocks and "<http://127.0.0.1:4200/runs/flow-run/6f0c|details>" in blocks
 
 
 def test_failing_webhook_does_not_raise_and_does_not_leak_the_secret(receiver, capsys):
@@ -87,4 +106,5 @@ def test_without_webhook_alerts_are_printed_and_kept(monkeypatch, capsys):
     notifier.send(_alert())
     assert notifier.target == "console"
     assert notifier.sent[0].channel == "console"
-    assert "CUDAError" in capsys.readouterr().err
+    printed = capsys.readouterr().err
+    assert "CUDAError" in printed and "link: http://127.0.0.1:4200/runs/flow-run/abc" in printed
