@@ -93,7 +93,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -101,6 +100,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.headline import checked_headline  # noqa: E402
 from infra.statedb import forget_engines  # noqa: E402
+from infra.stop_signal import stop_on_signals  # noqa: E402
 from scheduler.cluster import load_cluster  # noqa: E402
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked  # noqa: E402
 
@@ -246,13 +246,13 @@ def admissions(url: str, jobs: int, seed: int, deciders: str = "one", processes:
 def _decider(url: str, report) -> None:  # noqa: ANN001 - a multiprocessing Connection
     """The decider process: serve until SIGTERM, then send (pass seconds, admitted) of its passes."""
     passes: list[tuple[float, int]] = []
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        forget_engines()  # the parent's pooled connections are not this process's
-        Orchestrator(url, OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)).serve(
-            stop=stop, busy_poll_s=0.0005, idle_poll_s=0.002,
-            on_pass=lambda r: passes.append((r.seconds, len(r.admitted))) if r.admitted else None)
+        # the handler only flags the stop: one calling Event.set() could deadlock in serve's wait
+        with stop_on_signals(signal.SIGTERM) as stop:
+            forget_engines()  # the parent's pooled connections are not this process's
+            Orchestrator(url, OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)).serve(
+                stop=stop, busy_poll_s=0.0005, idle_poll_s=0.002,
+                on_pass=lambda r: passes.append((r.seconds, len(r.admitted))) if r.admitted else None)
         report.send(passes)
     finally:
         os._exit(0)

@@ -145,17 +145,11 @@ def _register(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     import signal
-    import threading
+
+    from infra.stop_signal import stop_on_signals
 
     orch = _orchestrator(args)
     name = orch.cluster(args.cluster).name  # an unknown or missing cluster is one error, before anything
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):  # stop cleanly: the heartbeat is cleared on the way out
-        signal.signal(sig, lambda *_: stop.set())
-    if args.seconds is not None:
-        timer = threading.Timer(args.seconds, stop.set)
-        timer.daemon = True
-        timer.start()
     totals = {"passes": 0, "admitted": 0, "expired": 0}
 
     def on_pass(result) -> None:  # noqa: ANN001 - PassResult
@@ -168,13 +162,21 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"{time.strftime('%H:%M:%S')} admitted {result.admitted or '-'}"
                   + (f", leases expired: {result.expired_jobs}" if result.expired_jobs else ""), flush=True)
 
-    if not args.json:
-        print(f"deciding for cluster {name!r} as {orch.actor}; Ctrl-C stops", flush=True)
-    orch.serve(name, stop=stop, on_pass=on_pass)
-    if args.json:
-        print(json.dumps({"actor": orch.actor, **totals}, indent=2))
-    else:
-        print(f"stopped: {totals['admitted']} admitted, {totals['expired']} lease(s) reclaimed")
+    # Ctrl-C, SIGTERM (systemd, a supervisor) and --seconds (an alarm) only flag the stop and wake the
+    # loop's wait; it ends after the pass or read in progress and clears its heartbeat (infra.stop_signal)
+    with stop_on_signals(signal.SIGINT, signal.SIGTERM, signal.SIGALRM) as stop:
+        if not args.json:
+            print(f"deciding for cluster {name!r} as {orch.actor}; Ctrl-C stops", flush=True)
+        if args.seconds is not None:
+            signal.setitimer(signal.ITIMER_REAL, max(args.seconds, 1e-6))
+        try:
+            orch.serve(name, stop=stop, on_pass=on_pass)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if args.json:  # still inside: a second SIGTERM now is flagged, not a kill mid-summary
+            print(json.dumps({"actor": orch.actor, **totals}, indent=2))
+        else:
+            print(f"stopped: {totals['admitted']} admitted, {totals['expired']} lease(s) reclaimed")
     return 0
 
 

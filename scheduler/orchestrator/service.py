@@ -56,6 +56,7 @@ from infra.statedb import (
 )
 from infra.statedb.batch import Pending
 from infra.statedb.schema import allocations, cluster_changes, clusters, jobs, nodes
+from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
@@ -696,10 +697,14 @@ class Orchestrator:
         with self._locked(cluster) as (conn, cname):
             return self._pass(conn, cname, check_leases=check_leases)
 
-    def serve(self, cluster: str | None = None, *, stop: threading.Event | None = None,
+    def serve(self, cluster: str | None = None, *, stop: Stop | None = None,
               busy_poll_s: float = 0.002, idle_poll_s: float = 0.05,
               on_pass: Callable[[PassResult], None] | None = None) -> None:
         """Be the cluster's decider until `stop` is set (`forgeflow cluster serve`); `on_pass` sees each pass.
+
+        `stop` is a threading.Event set by another thread, or, to stop on a signal, the StopFlag of
+        infra.stop_signal.stop_on_signals: a handler must never call Event.set() (it can deadlock
+        on the lock of the Event.wait() it interrupted).
 
         Every flow is its own process and most find their view of the cluster stale when they
         release or submit; reading it back costs ~20 ms under the scheduler lock. While a
