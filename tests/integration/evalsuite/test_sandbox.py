@@ -54,10 +54,12 @@ def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
     return {
         "infinite loop": "while True:\n    pass",
         "fork bomb": "import os\nwhile True:\n    os.fork()",
-        "fork bomb via multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print).start()",
-        "subprocess": f"import subprocess\nsubprocess.run(['sh', '-c', 'touch {outside}-sub'])",
+        "fork bomb via multiprocessing": "import multiprocessing\nfor _ in range(10000):\n"
+                                         "    multiprocessing.Process(target=input).start()",
+        "subprocess": f"import subprocess\nsubprocess.run(['sh', '-c', 'touch {outside}-sub'], check=True)",
         "os.system": f"import os\nassert os.system('touch {outside}-system') == 0",
-        "posix_spawn": f"import os\nos.posix_spawn('/bin/touch', ['touch', '{outside}-spawn'], {{}})",
+        "posix_spawn": f"import os\npid = os.posix_spawn('/bin/touch', ['touch', '{outside}-spawn'], {{}})\n"
+                       "assert os.waitpid(pid, 0)[1] == 0",
         "huge allocation": "block = bytearray(8 << 30)",
         "write outside": f"open({str(outside)!r}, 'w').write('pwned')",
         "pathlib write outside": f"import pathlib\npathlib.Path({str(outside) + '-p'!r}).write_text('pwned')",
@@ -66,8 +68,8 @@ def hostile_programs(tmp_path: Path, port: int) -> dict[str, str]:
         "huge file inside": "with open('big', 'wb') as f:\n    while True:\n        f.write(b'x' * (1 << 20))",
         "socket open": f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=1)",
         "raw _socket": f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))",
-        "ctypes": "import ctypes\nctypes.CDLL(None).fork()",
-        "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)",
+        "ctypes fork bomb": "import ctypes\nwhile True:\n    ctypes.CDLL(None).fork()",
+        "kill parent": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\nassert os.getppid() != 1",
         "kill evaluator": f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)",
         "killpg": "import os, signal\nos.killpg(0, signal.SIGKILL)",
         "exit early as success": "import os\nos._exit(0)",
