@@ -66,3 +66,39 @@ def test_a_trial_on_a_node_without_the_preload_makes_it_there(tiny_model, tmp_pa
     run_trial(trial)
     assert (root / preload_key(source) / "config.json").is_file()
     assert read_completion(trial.shards[0].output_path(trial.output_dir)).records == 2
+
+
+# --- the preload root is private to its user ------------------------------------------------------
+
+def test_the_default_root_is_per_user_and_created_private(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from evalsuite.preload import default_preload_root, private_root
+
+    assert default_preload_root().name == f"forgeflow-eval-{os.getuid()}"
+    root = private_root(tmp_path / "shm" / "forgeflow-eval")
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("squat", ["symlink", "group-writable", "other-user"])
+def test_a_root_someone_else_could_write_in_is_refused(tmp_path, squat):
+    import os
+
+    src = _source(tmp_path)
+    root = tmp_path / "shm"
+    if squat == "symlink":  # e.g. another user's link from the known name to their own folder
+        (tmp_path / "theirs").mkdir()
+        root.symlink_to(tmp_path / "theirs")
+    else:
+        root.mkdir(mode=0o700)
+        if squat == "group-writable":
+            root.chmod(0o777)
+        elif os.getuid() == 0:
+            os.chown(root, 4242, -1)
+        else:
+            pytest.skip("making a folder another user's needs root")
+    with pytest.raises(PreloadError, match=f"preload root {root} .*could replace the model"):
+        preload(f"file://{src}", root)
+    if squat == "symlink":
+        assert not list((tmp_path / "theirs").iterdir())  # nothing copied into their folder
