@@ -43,8 +43,6 @@ whichever shards hold them, so a checkpoint loads onto any TP/PP/DP layout.
 
 from __future__ import annotations
 
-import base64
-import io
 import logging
 import threading
 import time
@@ -52,6 +50,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Literal
 
+from checkpoint import legacy
 from checkpoint.manifest import (
     LATEST_KEY,
     CommitRecord,
@@ -70,6 +69,7 @@ from checkpoint.manifest import (
     write_commit,
     write_latest,
 )
+from checkpoint.plain import from_plain, tensor_from_inline, tensor_to_inline, to_plain
 from checkpoint.shard import HostBuffers, ShardFormatError, SnapshotCopyError, read_shard, take_snapshot
 from checkpoint.sharded import GlobalPiece, PieceMismatch, PieceRequest, SavePlan, assign_savers, fill, overlaps
 from checkpoint.writer import ProcessWriter, ThreadWriter, checksum_bytes, lower_thread_priority
@@ -173,22 +173,15 @@ def read_verified_shard(storage: Any, record: ShardRecord, step: int) -> tuple[A
     return state, None
 
 
-def _pack_common(common: Any) -> str:
-    if common is None:
-        return ""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(common, buf)
-    return base64.b64encode(buf.getvalue()).decode()
+def _pack_common(common: Any) -> Any:
+    """The common state as the manifest keeps it: plain JSON, tensors inline (checkpoint.plain)."""
+    return None if common is None else to_plain(common, tensor_to_inline)
 
 
-def _unpack_common(text: str) -> Any:
-    if not text:
-        return None
-    import torch
-
-    return torch.load(io.BytesIO(base64.b64decode(text)), map_location="cpu", weights_only=False)
+def _unpack_common(manifest: Manifest) -> Any:
+    if manifest.legacy_pickle:
+        return legacy.read_common(manifest.common)
+    return None if manifest.common is None else from_plain(manifest.common, tensor_from_inline)
 
 
 # Load outcomes agreed across ranks (max wins): a step verifies, could not be read because
@@ -229,8 +222,11 @@ def _read_step(storage: Any, step: int, requests: list[PieceRequest], map_locati
     except ValueError as e:
         return None, f"manifest unreadable: {e}", (
             _MISMATCH if "unsupported manifest format" in str(e) else _UNVERIFIED)
+    if manifest.legacy_pickle and not legacy.trusted():
+        # Not damaged, just not trusted: refused on every rank, never set aside.
+        return None, legacy.refusal(f"step {step}"), _MISMATCH
     try:
-        common = _unpack_common(manifest.common)
+        common = _unpack_common(manifest)
     except Exception as e:  # noqa: BLE001 - a damaged manifest: treat like a damaged shard
         return None, f"manifest common state unreadable: {e}", _UNVERIFIED
     refused = accept(manifest, common) if accept is not None else None
@@ -401,7 +397,7 @@ class CheckpointEngine:
         overlap = overlap and not blocking
         snapshot = take_snapshot(step, shard_state, self._buffers, defer_copy=overlap)
         snapshot.extra["pieces"] = [p.descriptor() for p in saved]
-        snapshot.extra["common"] = _pack_common(common) if self.rank == 0 else ""
+        snapshot.extra["common"] = _pack_common(common) if self.rank == 0 else None
         outcome = SaveOutcome(step, started=True, wait_s=wait_s, overlap=overlap,
                               bytes=snapshot.nbytes)
         if blocking:

@@ -42,14 +42,16 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterator
 
+from checkpoint.legacy import LEGACY_MANIFEST_FORMAT
 from infra.storage import ObjectNotFound, Storage, StorageOptions, open_storage
 
 log = logging.getLogger(__name__)
 
 # "sharded" (spec: checkpoint.format) on storage. Format 1 (per-rank state dicts, loadable only
 # on the layout that wrote it) was retired with the reshardable format; its manifests are
-# refused with a message saying so.
-MANIFEST_FORMAT = "forgeflow-checkpoint/2"
+# refused with a message saying so. Format 2 is format 3 with pickles (shard skeletons, the
+# common state): listed like any commit, its pickles read only with checkpoint.legacy's opt-in.
+MANIFEST_FORMAT = "forgeflow-checkpoint/3"
 FORMAT_NAMES = {"sharded": MANIFEST_FORMAT}
 MANIFEST_NAME = "manifest.json"
 SET_ASIDE_NAME = "set-aside.json"
@@ -104,8 +106,15 @@ class Manifest:
     config_hash: str = ""
     time: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
-    common: str = ""  # base64 of the torch-pickled state every rank shares (from rank 0)
+    # the state every rank shares (from rank 0), as checkpoint.plain's JSON value with inline
+    # tensors; in a format-2 manifest, base64 of a torch pickle (checkpoint.legacy)
+    common: Any = None
     format: str = MANIFEST_FORMAT
+
+    @property
+    def legacy_pickle(self) -> bool:
+        """Written in format 2: its common state and shards are pickles (checkpoint.legacy)."""
+        return self.format == LEGACY_MANIFEST_FORMAT
 
     def to_json(self) -> bytes:
         return json.dumps(asdict(self), indent=1, sort_keys=True).encode()
@@ -113,7 +122,7 @@ class Manifest:
     @classmethod
     def from_json(cls, data: bytes) -> "Manifest":
         raw = json.loads(data)
-        if raw.get("format") != MANIFEST_FORMAT:
+        if raw.get("format") not in (MANIFEST_FORMAT, LEGACY_MANIFEST_FORMAT):
             old = raw.get("format") == "forgeflow-checkpoint/1"
             raise ValueError(
                 f"unsupported manifest format {raw.get('format')!r}"

@@ -1,8 +1,9 @@
 """A rank's checkpoint shard: host snapshot buffers and the self-describing shard format.
 
-Snapshot: a rank's state (nested dicts/lists/tuples of tensors and plain Python
-objects: model, optimizer, RNG, data position) is split into its tensors and a
-small "skeleton" (the structure with each tensor replaced by a reference). The
+Snapshot: a rank's state (nested dicts/lists/tuples of tensors, numpy arrays and plain
+values: model, optimizer, RNG, data position) is split into its tensors and a small
+"skeleton" (the structure as a JSON value, each tensor replaced by its index:
+checkpoint.plain; never a pickle, so reading a shard runs no code from it). The
 tensors are copied into `HostBuffers`: one flat host buffer per dtype, sized on
 first use and reused by every later checkpoint, so host memory does not grow and
 the copy is one pass of memcpy-speed copies (pinned memory on a GPU node, so the
@@ -17,17 +18,18 @@ still the state of the snapshot's step as long as the caller waits for it
 
 Shard file (all integers little-endian):
 
-    b"FFSHARD1" | u64 header length | header (JSON) | zero pad to 64
-    | region of dtype 0 | pad to 64 | region of dtype 1 | pad ... | skeleton (pickle)
+    b"FFSHARD2" | u64 header length | header (JSON) | zero pad to 64
+    | region of dtype 0 | pad to 64 | region of dtype 1 | pad ... | skeleton (JSON)
 
 The JSON header lists each tensor (dtype, shape, byte offset in the data area),
-each region, and the skeleton's offset, so a shard is readable on its own.
+each region, and the skeleton's offset, so a shard is readable on its own. The
+format before it (b"FFSHARD1", a pickled skeleton) is read only by a process that
+opted in to trusting it (checkpoint.legacy).
 """
 
 from __future__ import annotations
 
 import json
-import pickle
 import struct
 import threading
 import time
@@ -37,8 +39,11 @@ from typing import Any
 
 import torch
 
-SHARD_MAGIC = b"FFSHARD1"
-SHARD_FORMAT = "forgeflow-shard/1"
+from checkpoint import legacy
+from checkpoint.plain import PlainDataError, from_plain, to_plain
+
+SHARD_MAGIC = b"FFSHARD2"
+SHARD_FORMAT = "forgeflow-shard/2"
 _ALIGN = 64
 
 
@@ -46,56 +51,29 @@ class ShardFormatError(ValueError):
     """The bytes are not a readable forgeflow shard (truncated, corrupt or foreign)."""
 
 
-class _TensorRef:
-    """Stands in for a tensor inside the pickled skeleton."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int):
-        self.index = index
-
-    def __reduce__(self):
-        return (_TensorRef, (self.index,))
-
-
 def split_state(state: Any) -> tuple[Any, list[torch.Tensor]]:
-    """(skeleton, tensors): the structure with tensors replaced by `_TensorRef`s."""
+    """(skeleton, tensors): the structure as a JSON value (checkpoint.plain), each tensor
+    replaced by its index in `tensors`. Raises PlainDataError for a value a checkpoint
+    does not store."""
     tensors: list[torch.Tensor] = []
-    by_id: dict[int, _TensorRef] = {}  # a tensor reachable twice is stored once
+    index_of: dict[int, int] = {}  # a tensor reachable twice is stored once
 
-    def walk(node: Any) -> Any:
-        if isinstance(node, torch.Tensor):
-            ref = by_id.get(id(node))
-            if ref is None:
-                ref = by_id[id(node)] = _TensorRef(len(tensors))
-                tensors.append(node.detach())
-            return ref
-        if isinstance(node, dict):
-            return type(node)((k, walk(v)) for k, v in node.items()) if type(node) is not dict else {
-                k: walk(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, tuple) and not hasattr(node, "_fields"):
-            return tuple(walk(v) for v in node)
-        return node
+    def tensor_index(t: torch.Tensor) -> int:
+        if id(t) not in index_of:
+            index_of[id(t)] = len(tensors)
+            tensors.append(t.detach())
+        return index_of[id(t)]
 
-    return walk(state), tensors
+    return to_plain(state, tensor_index), tensors
 
 
 def join_state(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
-    def walk(node: Any) -> Any:
-        if isinstance(node, _TensorRef):
-            return tensors[node.index]
-        if isinstance(node, dict):
-            return {k: walk(v) for k, v in node.items()} if type(node) is dict else type(node)(
-                (k, walk(v)) for k, v in node.items())
-        if isinstance(node, list):
-            return [walk(v) for v in node]
-        if isinstance(node, tuple) and not hasattr(node, "_fields"):
-            return tuple(walk(v) for v in node)
-        return node
+    def tensor_at(index: Any) -> torch.Tensor:
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < len(tensors):
+            raise PlainDataError(f"tensor reference {index!r} is not one of the shard's {len(tensors)}")
+        return tensors[index]
 
-    return walk(skeleton)
+    return from_plain(skeleton, tensor_at)
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -196,7 +174,7 @@ class Snapshot:
     skeleton: bytes
     buffers: HostBuffers
     tensor_bytes: int = 0
-    layout_s: float = 0.0  # splitting the state, pickling the skeleton, the header
+    layout_s: float = 0.0  # splitting the state, encoding the skeleton, the header
     copy_s: float = 0.0  # the tensor copies (in the background when deferred)
     extra: dict[str, Any] = field(default_factory=dict)
     # (host destination, source) pairs still to copy; empty once copy() has run
@@ -332,7 +310,7 @@ def take_snapshot(step: int, state: Any, buffers: HostBuffers, *, defer_copy: bo
     if any(t.device.type == "cuda" for _, t in pending):
         state_ready = torch.cuda.Event()
         state_ready.record()  # on the caller's stream: after the step's update kernels
-    skeleton_bytes = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    skeleton_bytes = json.dumps(skeleton, separators=(",", ":")).encode()
 
     regions: list[tuple[str, int, int]] = []
     region_meta: list[dict[str, Any]] = []
@@ -363,10 +341,15 @@ def take_snapshot(step: int, state: Any, buffers: HostBuffers, *, defer_copy: bo
 
 def read_shard(data: bytes | bytearray | memoryview, map_location: str | torch.device = "cpu") -> tuple[
         int, Any]:
-    """(step, state) from a shard's bytes. Raises ShardFormatError on anything malformed."""
+    """(step, state) from a shard's bytes. Raises ShardFormatError on anything malformed, and
+    on a format-1 (pickled) shard unless this process opted in (checkpoint.legacy)."""
     view = memoryview(data)
-    if len(view) < 16 or bytes(view[:8]) != SHARD_MAGIC:
+    magic = bytes(view[:8])
+    if len(view) < 16 or magic not in (SHARD_MAGIC, legacy.LEGACY_SHARD_MAGIC):
         raise ShardFormatError("not a forgeflow shard (bad magic)")
+    is_legacy = magic == legacy.LEGACY_SHARD_MAGIC
+    if is_legacy and not legacy.trusted():
+        raise ShardFormatError(legacy.refusal("this shard"))
     (header_len,) = struct.unpack("<Q", view[8:16])
     if 16 + header_len > len(view):
         raise ShardFormatError("truncated shard header")
@@ -374,7 +357,7 @@ def read_shard(data: bytes | bytearray | memoryview, map_location: str | torch.d
         header = json.loads(bytes(view[16:16 + header_len]))
     except ValueError as e:
         raise ShardFormatError(f"unreadable shard header: {e}") from None
-    if header.get("format") != SHARD_FORMAT:
+    if header.get("format") != (legacy.LEGACY_SHARD_FORMAT if is_legacy else SHARD_FORMAT):
         raise ShardFormatError(f"unsupported shard format {header.get('format')!r}")
     start = 16 + header_len + _pad(16 + header_len)
     skel = header["skeleton"]
@@ -393,5 +376,10 @@ def read_shard(data: bytes | bytearray | memoryview, map_location: str | torch.d
                 t = torch.frombuffer(view, dtype=dtype, count=count, offset=start + entry["offset"])
             t = t.view(entry["shape"]).clone()  # own the memory: `data` may be freed after this
         tensors.append(t.to(map_location) if str(map_location) != "cpu" else t)
-    skeleton = pickle.loads(view[start + skel["offset"]: start + skel["offset"] + skel["nbytes"]])
-    return int(header["step"]), join_state(skeleton, tensors)
+    skeleton = view[start + skel["offset"]: start + skel["offset"] + skel["nbytes"]]
+    if is_legacy:
+        return int(header["step"]), legacy.read_skeleton(skeleton, tensors)
+    try:
+        return int(header["step"]), join_state(json.loads(bytes(skeleton)), tensors)
+    except (ValueError, PlainDataError) as e:
+        raise ShardFormatError(f"unreadable shard skeleton: {e}") from None
