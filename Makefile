@@ -48,14 +48,15 @@ slurm-packages:
 	fi
 
 # The HumanEval sandbox holds at the OS level with bubblewrap (Debian's bubblewrap): as root,
-# install it when missing; without it the sandbox falls back to its Python guard and says so.
+# install it when missing; without it, scoring HumanEval refuses (isolation: python-guard is
+# the explicit opt-in for trusted code).
 sandbox-packages:
 	@if [ "$$(id -u)" = 0 ] && ! command -v bwrap >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then \
 	  echo "installing bubblewrap (OS-level HumanEval sandbox)"; \
 	  export DEBIAN_FRONTEND=noninteractive; \
 	  apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
 	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; } || \
-	  echo "could not install bubblewrap: the sandbox falls back to its Python guard (tested)"; \
+	  echo "could not install bubblewrap: HumanEval scoring will refuse to run (the bubblewrap tests skip)"; \
 	fi
 
 # Two pytest-xdist workers: most integration tests wait on servers and process start-up, so

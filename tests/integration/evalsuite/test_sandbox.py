@@ -17,10 +17,14 @@ from evalsuite.records import GenerationRecord
 from evalsuite.sandbox import NO_OS_ISOLATION, Sandbox, SandboxLimits, bwrap_available
 
 
+# Where bubblewrap cannot run, the same programs run under the Python guard (trusted code's opt-in).
+ISOLATION = "bwrap" if bwrap_available() else "python-guard"
+
+
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory) -> Sandbox:
     # Short limits keep the test fast; the wall clock starts once the interpreter is up.
-    return Sandbox(SandboxLimits(timeout_s=1.0, wall_slack_s=2.0, memory_mb=512, file_size_mb=1),
+    return Sandbox(SandboxLimits(timeout_s=1.0, wall_slack_s=2.0, memory_mb=512, file_size_mb=1, isolation=ISOLATION),
                    workdir_root=tmp_path_factory.mktemp("sandboxes"))
 
 
@@ -141,7 +145,7 @@ def test_limits_and_isolation_hold_inside(sandbox):
     timed_out = sandbox.run("while True:\n    pass")
     assert timed_out.result == "timed out"
     # A program that sleeps uses no CPU: the wall-clock limit kills it (and its group).
-    impatient = Sandbox(SandboxLimits(timeout_s=0.5, wall_slack_s=0.5), cores=sandbox.cores[:1])
+    impatient = Sandbox(SandboxLimits(timeout_s=0.5, wall_slack_s=0.5, isolation=ISOLATION), cores=sandbox.cores[:1])
     assert impatient.run("import time\ntime.sleep(3600)").result == "timed out"
     pinned = sandbox.run("import os\nassert len(os.sched_getaffinity(0)) == 1")
     assert pinned.passed, pinned.result
@@ -190,7 +194,7 @@ def test_pass_at_k_equals_the_official_harness(tmp_path):
     dataset = DatasetRef(name="humaneval", options={"problem_file": str(problem_file), "n": 2,
                                                      "k": [1, 2]}).resolve()
     metric = METRICS["pass_at_k"]
-    per_sample = metric.score(dataset, records, Sandbox(SandboxLimits(timeout_s=3.0)))
+    per_sample = metric.score(dataset, records, Sandbox(SandboxLimits(timeout_s=3.0, isolation=ISOLATION)))
     ours = metric.aggregate(dataset, per_sample)
 
     assert [r["passed"] for r in official_rows] == [p for s in per_sample for p in s["passed"]]
