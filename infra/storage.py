@@ -184,7 +184,18 @@ class StorageOptions:
     read_timeout_s: float = 60.0
 
     def to_dict(self) -> dict[str, Any]:
+        """Every field, secrets included: for handing the options to a writer process."""
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    def __repr__(self) -> str:
+        # Options end up in logs and tracebacks: a set secret shows as "***", never its value.
+        shown = {k: "***" if k in _SECRET_OPTIONS and v else v for k, v in self.to_dict().items()}
+        return f"StorageOptions({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
+
+    __str__ = __repr__
+
+
+_SECRET_OPTIONS = ("secret_key", "session_token")
 
 
 @dataclass(frozen=True)
