@@ -215,8 +215,10 @@ def _validated(raw_rules: list[dict], where: str) -> list[DiagnosisRule]:
             rule = DiagnosisRule.model_validate(raw)
             validate_regex(rule.pattern)
         except (ValueError, RegexError) as exc:
+            from infra.statedb import redact  # `where` is the database URL: never show its password
+
             name = raw.get("name") if isinstance(raw, dict) else None
-            raise ValueError(f"{where}: learned rule {name!r} is invalid ({exc}); delete its row from "
+            raise ValueError(f"{redact(where)}: learned rule {name!r} is invalid ({exc}); delete its row from "
                              "the diagnosis_rules table of that database") from None
         learned.append(rule)
     return learned

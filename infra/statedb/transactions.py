@@ -16,6 +16,7 @@ row locks (`SELECT ... FOR UPDATE`) inside it.
 from __future__ import annotations
 
 import os
+import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,12 +37,18 @@ class StateDbError(RuntimeError):
     """The state database cannot be used: unreachable, bad URL, or a schema from a newer forgeflow."""
 
 
+# scheme ':' any slashes, user, ':' password up to the last '@' (a password may hold '@')
+_USERINFO_PASSWORD = re.compile(r"^([^:/?#@\s]*:/*[^:/@\s]*):.*@")
+
+
 def redact(url: str) -> str:
-    """The URL with its password hidden, for error messages."""
+    """The URL with its password hidden, for error messages; also a URL that does not parse
+    (a bad port, a stray character), whose password is whatever sits between the user's ':'
+    and the last '@'."""
     try:
         return sa.make_url(url).render_as_string(hide_password=True)
-    except Exception:  # a malformed URL is shown as given: it has no parsable password either
-        return url
+    except Exception:  # noqa: BLE001 - unparseable: hide the userinfo's password by its shape
+        return _USERINFO_PASSWORD.sub(r"\1:***@", url, count=1)
 
 
 def is_sqlite(engine_or_conn: Engine | Connection) -> bool:
@@ -105,9 +112,9 @@ def make_engine(url: str) -> Engine:
     """An engine for `url` (no schema check; see `open_state_db`)."""
     try:
         parsed = sa.make_url(url)
-    except sa.exc.ArgumentError as e:
+    except (sa.exc.ArgumentError, ValueError) as e:  # ValueError: e.g. a port that is not a number
         raise StateDbError(
-            f"{DB_URL_ENV}={url!r} is not a database URL ({e}); use e.g. "
+            f"{DB_URL_ENV}={redact(url)!r} is not a database URL ({e}); use e.g. "
             "postgresql+psycopg://user:password@host:5432/forgeflow or sqlite:////path/forgeflow.db"
         ) from None
     if parsed.get_backend_name() == "sqlite":
