@@ -29,6 +29,8 @@ Rules the engine keeps:
   one is used. A storage error while reading (unavailable, throttled, timed out after
   the storage layer's retries) says nothing about the checkpoint: every rank raises
   `CheckpointStorageUnavailable` and the step stays as it is for the next attempt;
+- at open, rank 0 removes what killed writers left under the root once it is a day old
+  (temporary shard files, incomplete multipart uploads: `Storage.remove_stale_uploads`);
 - a process that only reads a located step (export, evaluation) calls
   `read_checkpoint(storage, step, requests)`: one manifest read, the shards it needs,
   and no engine, so no writer, host buffers or thread is started for it.
@@ -324,6 +326,8 @@ class CheckpointEngine:
             # Wrong credentials, a missing bucket or an unwritable directory fail here, once,
             # before the first training step instead of at the first checkpoint.
             self.storage.check_writable()
+        if rank == 0:
+            self._remove_stale_uploads()
         self.writer_kind: WriterKind = writer or DEFAULT_WRITER
         if self.writer_kind not in ("process", "thread"):
             raise CheckpointError(f"writer must be 'process' or 'thread', got {self.writer_kind!r}")
@@ -349,6 +353,18 @@ class CheckpointEngine:
         self._lock = threading.Lock()
         self.reports: list[PersistReport] = []
         self.outcomes: list[SaveOutcome] = []
+
+    def _remove_stale_uploads(self) -> None:
+        # What a killed writer left (temporary shard files, incomplete multipart uploads whose
+        # parts the store keeps and bills) is collected by the next engine on this root.
+        try:
+            removed = self.storage.remove_stale_uploads()
+        except StorageError as e:  # housekeeping: never stops a job
+            log.warning("checkpoint: could not look for uploads left by killed writers: %s", e)
+            return
+        if removed:
+            log.info("checkpoint: removed %d upload(s) left by killed writers under %s: %s",
+                     len(removed), self.storage.url(), ", ".join(removed[:5]))
 
     # ----------------------------------------------------------------- saving
 

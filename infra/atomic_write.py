@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +26,16 @@ def atomic_write(path: str | Path, data: bytes | str, *, durable: bool = True) -
     payload = data.encode("utf-8") if isinstance(data, str) else data
     atomic_write_chunks(path, [payload], durable=durable)
     return Path(path)
+
+
+# `.NAME.PID.HEX8.tmp`: the temporary files atomic_write_chunks makes (and, killed, leaves)
+_TEMP_NAME = re.compile(r"^\..+\.\d+\.[0-9a-f]{8}\.tmp$")
+
+
+def is_temp_name(name: str) -> bool:
+    """`name` is one atomic_write_chunks gives its temporary files: never a file a reader
+    should see, and one left behind only by a killed writer (Storage.remove_stale_uploads)."""
+    return bool(_TEMP_NAME.match(name))
 
 
 def atomic_write_chunks(path: str | Path, chunks: Iterable[bytes | memoryview], *, durable: bool = True) -> int:

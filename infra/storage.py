@@ -21,13 +21,14 @@ import errno
 import io
 import logging
 import os
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Sequence, TypeVar
 
-from infra.atomic_write import atomic_write_chunks
+from infra.atomic_write import atomic_write_chunks, is_temp_name
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -160,6 +161,11 @@ def classify_error(exc: BaseException, url: str) -> StorageError | None:
         if isinstance(exc, FileNotFoundError) or exc.errno == errno.ENOENT:
             return ObjectNotFound(f"{url}: no such object", url)
     return StorageError(f"{url}: {type(exc).__name__}: {exc}", url)
+
+
+# A temporary file or multipart upload this old was left by a killed writer: a shard's persist
+# ends well before the next checkpoint, and a day is far beyond any one upload.
+STALE_UPLOAD_AGE_S = 24 * 3600.0
 
 
 # --------------------------------------------------------------------------- options
@@ -326,6 +332,13 @@ class Storage:
         """Preflight at job start: raise one clear StorageError if checkpoints cannot be written."""
         raise NotImplementedError
 
+    def remove_stale_uploads(self, older_than_s: float = STALE_UPLOAD_AGE_S) -> list[str]:
+        """Remove what killed writers left under the root, once older than `older_than_s` (a
+        live writer is never that slow): temporary files of atomic writes on a local disk,
+        incomplete multipart uploads on S3 (whose parts are stored, and billed, until
+        aborted). Returns what went (keys)."""
+        raise NotImplementedError
+
     # Shared helpers.
     def put_file(self, key: str, path: str | os.PathLike) -> int:
         import mmap
@@ -426,6 +439,24 @@ class LocalStorage(Storage):
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def remove_stale_uploads(self, older_than_s: float = STALE_UPLOAD_AGE_S) -> list[str]:
+        cutoff = time.time() - older_than_s
+        removed: list[str] = []
+        if not self.root.is_dir():
+            return removed
+        for dirpath, _dirs, files in os.walk(self.root):
+            for name in files:
+                path = Path(dirpath) / name
+                try:
+                    if is_temp_name(name) and path.stat().st_mtime < cutoff:
+                        path.unlink()
+                        removed.append(path.relative_to(self.root).as_posix())
+                except FileNotFoundError:
+                    continue  # its writer finished (renamed it) or another cleaner got it
+                except OSError as e:
+                    raise self._wrap(e, name) from e
+        return removed
 
     def check_writable(self) -> None:
         probe = f".forgeflow-probe-{uuid.uuid4().hex[:8]}"
@@ -542,6 +573,23 @@ class S3Storage(Storage):
                 log.warning("storage: could not abort multipart upload of %s: %s", self.url(key), e)
             raise
         return total
+
+    def remove_stale_uploads(self, older_than_s: float = STALE_UPLOAD_AGE_S) -> list[str]:
+        cutoff = time.time() - older_than_s
+        prefix = self._key("")
+
+        def stale() -> list[tuple[str, str]]:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(Bucket=self.bucket, Prefix=prefix)
+            return [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", [])
+                    if u["Key"].startswith(prefix) and u["Initiated"].timestamp() < cutoff]
+
+        removed = []
+        for s3_key, upload_id in self._call("list_multipart_uploads", "", stale):
+            key = s3_key[len(prefix):]
+            self._call("abort_multipart_upload", key, lambda: self.client.abort_multipart_upload(
+                Bucket=self.bucket, Key=s3_key, UploadId=upload_id))
+            removed.append(key)
+        return removed
 
     def get_bytes(self, key: str) -> bytes:
         # The transfer manager, not a bare get_object: it retries a body cut off mid-read
