@@ -68,7 +68,9 @@ def ensure_cluster_registered(cluster_source: str) -> dict:
     from scheduler.orchestrator.seat import cluster_orchestrator
     from scheduler.cluster import load_inventory
 
-    summary = cluster_orchestrator().register(load_inventory(cluster_source), source=cluster_source)
+    # a file by its absolute path: `forgeflow submit` with no --cluster places on it
+    source = cluster_source if cluster_source in ("", "local") else str(Path(cluster_source).resolve())
+    summary = cluster_orchestrator().register(load_inventory(cluster_source), source=source)
     print(f"cluster {summary['cluster']!r} registered with the orchestrator: {summary['nodes']} nodes, "
           f"{summary['gpus']} GPUs (state database {redact(database_url())})")
     return summary

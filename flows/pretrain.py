@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 from prefect import flow, get_run_logger
 from prefect import runtime as prefect_runtime
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
-from prefect.utilities.urls import url_for
 
-from infra.notify import Alert
+from infra.notify import Alert, flow_run_url
 from diagnosis.recovery import (
     AttemptOverrides,
     FailedAttempt,
@@ -36,6 +35,7 @@ from diagnosis.recovery import (
     next_attempt,
 )
 from checkpoint.manifest import committed_checkpoints
+from diagnosis.report import failure_markdown
 from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
 from scheduler.cluster import load_inventory
@@ -141,7 +141,8 @@ def pretrain(
                                     stopped_because=f"ended before it was placed: {e}", cancelled=True,
                                     job_id=job_id, run_dir=str(spec.resolved_run_dir))
             send_alert(build_notifier(), Alert(f"{spec.name} (job {job_id}) stopped: {result.stopped_because}",
-                                               "warning", {"job": str(job_id)}))
+                                               "warning", {"job": str(job_id)},
+                                               link=flow_run_url(prefect_runtime.flow_run.id)))
             return result
         # 3. Hold the GPUs while attempts run: the lease is renewed in the background and the
         #    GPUs are released however the flow ends (a flow that dies stops renewing and its
@@ -174,7 +175,7 @@ def _name_this_run(orchestrator, job_id: int, name: str) -> None:
 
         with get_client(sync_client=True) as client:
             client.update_flow_run(run_id, name=f"{name}-{job_id}")
-        link = url_for("flow-run", obj_id=run_id)  # None when no UI address is known
+        link = flow_run_url(run_id)  # None when no UI address is known
         if link:
             runner["url"] = link
     except Exception as e:  # a name is not worth failing the job for
@@ -192,6 +193,8 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
                             skip_batches=skip_batches)
     drills = list(drill_faults or [])
     flow_run_id = prefect_runtime.flow_run.id
+    link = flow_run_url(flow_run_id)  # every alert links to this run (None without a UI address)
+    job = f"{spec.name} (job {spec.job})"
 
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
@@ -256,7 +259,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
 
         # 5. Diagnose: rules first, then the failure agent; spike and hang from the watcher.
         detected_at = time.time()
-        diagnosis = diagnose_attempt(spec, outcome, attempt)
+        diagnosis = diagnose_attempt(spec, outcome, attempt, placement)
         diagnosed_at = time.time()
         failed_step = outcome.last_step
         history.failures.append(FailureRecord(diagnosis.root_cause, failed_step))
@@ -274,14 +277,14 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         # 7. Act, and say what was done and why. A node check cordons the faulty nodes and
         #    places the job again on healthy ones.
         if decided.checks_nodes:
-            report = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory)
+            checked = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory)
             try:
-                if report.faulty:  # cordoned for every flow; placed again on healthy nodes
-                    placement = seat.replace(report.faulty, inventory,
+                if checked.faulty:  # cordoned for every flow; placed again on healthy nodes
+                    placement = seat.replace(checked.faulty, inventory,
                                              f"failed the node check after attempt {attempt}")
-                decided = decided.after_node_check(report.summary(), report.faulty, placement.nodes)
+                decided = decided.after_node_check(checked.summary(), checked.faulty, placement.nodes)
             except OrchestratorError as e:  # no plan fits the nodes left (or the job was cancelled)
-                decided = decided.cannot_place(report.summary(), report.faulty, str(e))
+                decided = decided.cannot_place(checked.summary(), checked.faulty, str(e))
         if decided.set_aside_after is not None:
             # A rollback abandons the spike's timeline: its checkpoints stop counting before
             # the relaunch, so a later plain restart resumes from the rollback's, not the spike's.
@@ -294,8 +297,10 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
                                    seconds_to_detect=outcome.seconds, detected_at=detected_at,
                                    diagnosed_at=diagnosed_at, decided_at=time.time())
         result.failures.append(failure)
-        _failure_artifact(spec.name, diagnosis, failure, decided.suggestion)
-        send_alert(notifier, _failure_alert(spec.name, diagnosis, decided))
+        create_markdown_artifact(key=f"pretrain-failure-{failure.attempt}",
+                                 markdown=failure_markdown(job, diagnosis, failure, decided.suggestion),
+                                 description=f"Failure {failure.attempt} of {job}: {diagnosis.root_cause}")
+        send_alert(notifier, _failure_alert(job, diagnosis, decided, link))
 
         if decided.stops:
             result.stopped_because = decided.reason
@@ -311,43 +316,28 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
     loss_curve(spec, [f"{f.root_cause}: {f.action.split(' — ')[0]}" for f in result.failures])
     if outcome is not None and outcome.ok:
         result.finished = True
-        title = f"{spec.name} finished: step {result.final_step} after {result.attempts} attempt(s)"
+        title = f"{job} finished: step {result.final_step} after {result.attempts} attempt(s)"
         recovered = len(result.failures)
         send_alert(notifier, Alert(title, "success", {
             "failures recovered": str(recovered),
             "checkpoints": spec.checkpoint.url,
-        }))
+        }, link=link))
     else:
         severity = "warning" if outcome is not None and outcome.status == "stopped" else "error"
-        send_alert(notifier, Alert(f"{spec.name} stopped: {result.stopped_because}", severity,
-                                   {"attempts": str(result.attempts), "last step": str(result.final_step)}))
+        send_alert(notifier, Alert(f"{job} stopped: {result.stopped_because}", severity,
+                                   {"attempts": str(result.attempts), "last step": str(result.final_step)},
+                                   link=link))
     return result
 
 
-def _failure_alert(job: str, diagnosis, decided) -> Alert:
+def _failure_alert(job: str, diagnosis, decided, link: str | None) -> Alert:
     from diagnosis.slack_format import to_alert
 
-    alert = to_alert(diagnosis, job, decided.text)
+    alert = to_alert(diagnosis, job, decided.text, link)
     alert.fields["why"] = decided.reason
     if decided.suggestion:
         alert.fields["suggestion"] = decided.suggestion
     return alert
-
-
-def _failure_artifact(job: str, diagnosis, failure: FailedAttempt, suggestion: str) -> None:
-    evidence = "\n".join(diagnosis.culprit_lines[:10])
-    create_markdown_artifact(
-        key=f"pretrain-failure-{failure.attempt}",
-        markdown=(
-            f"## {job}: attempt {failure.attempt} failed at step {failure.step}\n\n"
-            f"| root cause | kind | restart helps | source | action |\n|---|---|---|---|---|\n"
-            f"| {diagnosis.root_cause} | {diagnosis.kind} | {diagnosis.restart_helps} | {diagnosis.source} "
-            f"| {failure.action} |\n\n**Why:** {failure.reason}\n\n"
-            + (f"**Suggestion:** {suggestion}\n\n" if suggestion else "")
-            + f"```\n{evidence}\n```"
-        ),
-        description=f"Failure {failure.attempt} of {job}: {diagnosis.root_cause}",
-    )
 
 
 if __name__ == "__main__":

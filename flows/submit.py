@@ -151,8 +151,8 @@ def start_prefect_run(job_id: int, spec, flow_options: dict) -> dict:
     its content. A server without the deployment is one clear error (`forgeflow deploy`)."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
-    from prefect.utilities.urls import url_for
 
+    from infra.notify import flow_run_url
     from training.config import ConfigError
 
     parameters = {"job_spec": spec.model_dump(mode="json"), "job_id": job_id, **flow_options}
@@ -164,7 +164,7 @@ def start_prefect_run(job_id: int, spec, flow_options: dict) -> dict:
                           "'pretrain/pretrain'; run `forgeflow deploy` against it first (or unset "
                           "PREFECT_API_URL to run the job on this machine)") from None
     runner = {"kind": "prefect", "flow_run_id": str(run.id)}
-    link = url_for("flow-run", obj_id=run.id)
+    link = flow_run_url(run.id)
     if link:
         runner["url"] = link
     return runner

@@ -20,7 +20,9 @@ from prefect.cache_policies import NO_CACHE
 
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
-from scheduler.orchestrator.seat import Seat, admitted_placement, cordon_nodes, plan_and_submit, sync_inventory
+from scheduler.orchestrator.seat import (Seat, SubmittedJob, adopt_job, admitted_placement, cordon_nodes,
+                                        plan_and_submit, sync_inventory)
+from scheduler.orchestrator.start_estimates import queue_estimates, start_text
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
 from scheduler.placement import Placement
 from training.config import JobSpec
@@ -79,42 +81,48 @@ def publish_plans(job: str, cluster: str, plans: list, chosen=None) -> None:
 
 
 @task(name="submit-job", cache_policy=NO_CACHE)
-def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0) -> tuple[int, list]:
-    """`plan_and_submit` (MARP plans on every GPU type, queued), and the ranked plans as a table."""
-    job_id, plans = plan_and_submit(orch, spec, cluster, priority)
+def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0,
+               job_id: int | None = None) -> SubmittedJob:
+    """`plan_and_submit` (MARP plans on every GPU type, queued), or with `job_id` `adopt_job` (the
+    job `forgeflow submit` queued), and the ranked plans as a table."""
+    submitted = adopt_job(orch, job_id) if job_id is not None else plan_and_submit(orch, spec, cluster, priority)
+    job_id, plans, spec = submitted.job_id, submitted.plans, submitted.spec
     inventory = orch.cluster(cluster)
     publish_plans(spec.name, cluster, plans)
-    get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s)",
-                          spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()))
-    return job_id, plans
+    get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s); run directory %s",
+                          spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()), spec.run_dir)
+    return submitted
 
 
 @task(name="wait-for-gpus", cache_policy=NO_CACHE)
 def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s: float = 2.0) -> Placement:
-    """`admitted_placement`, while the run shows "waiting for GPUs, position N of M" (a markdown
-    artifact updated on change) and logs at least every minute."""
+    """`admitted_placement`, while the run shows "waiting for GPUs, position N of M", why it waits
+    and when it should start (`start_estimates`: a markdown artifact updated when the position
+    changes and at least every minute), and logs the same at least every minute."""
     logger = get_run_logger()
-    key = f"queue-{_slug(job)}"
-    shown: dict[str, object] = {"position": None, "logged_at": 0.0}
+    key = f"queue-{_slug(job)}-{job_id}"
+    shown: dict[str, object] = {"position": None, "at": 0.0}
     started = time.monotonic()
 
     def on_wait(position: int, length: int) -> None:
         now = time.monotonic()
-        if position != shown["position"]:
-            shown["position"] = position
-            snap = queue_snapshot(orch.engine, orch.job(job_id)["cluster"])
-            ahead = "\n".join(f"| {q['position']} | {q['name']} | {q['wants']} |" for q in snap["queued"][:10])
-            holders = "\n".join(f"| {r['name']} | {r['placement']['world_size']}x {r['placement']['gpu_type']} |"
-                                for r in snap["running"][:10] if r.get("placement"))
-            create_markdown_artifact(
-                key=key, description=f"{job}: waiting for GPUs, position {position} of {length}",
-                markdown=(f"## {job}: waiting for GPUs, position {position} of {length}\n\n"
-                          f"| # | queued job | wants |\n|---|---|---|\n{ahead}\n\n"
-                          f"| running job | holds |\n|---|---|\n{holders}\n"))
-        if position != shown.get("logged_position") or now - shown["logged_at"] >= WAIT_LOG_EVERY_S:
-            shown["logged_at"], shown["logged_position"] = now, position
-            logger.info("%s: waiting for GPUs, position %d of %d (%.0f s so far)", job, position, length,
-                        now - started)
+        if position == shown["position"] and now - shown["at"] < WAIT_LOG_EVERY_S:
+            return
+        shown["position"], shown["at"] = position, now
+        cluster = orch.job(job_id)["cluster"]
+        estimate = queue_estimates(orch.engine, cluster).get(job_id)
+        headline = f"{job} (job {job_id}): waiting for GPUs, position {position} of {length}"
+        detail = "" if estimate is None else f"{estimate.why}; {start_text(estimate.start_s)}"
+        snap = queue_snapshot(orch.engine, cluster)
+        ahead = "\n".join(f"| {q['position']} | {q['job_id']} | {q['name']} | {q['wants']} |" for q in snap["queued"][:10])
+        holders = "\n".join(f"| {r['job_id']} | {r['name']} | {r['placement']['world_size']}x {r['placement']['gpu_type']} |"
+                            for r in snap["running"][:10] if r.get("placement"))
+        create_markdown_artifact(
+            key=key, description=f"{headline}; {detail}" if detail else headline,
+            markdown=(f"## {headline}\n\n" + (f"**Why:** {detail}\n\n" if detail else "")
+                      + f"| # | job | queued job | wants |\n|---|---|---|---|\n{ahead}\n\n"
+                      f"| job | running job | holds |\n|---|---|---|\n{holders}\n"))
+        logger.info("%s (%.0f s so far)%s", headline, now - started, f": {detail}" if detail else "")
 
     placement = admitted_placement(orch, job_id, plans, poll_s=poll_s, on_wait=on_wait)
     waited = time.monotonic() - started

@@ -72,9 +72,12 @@ def run_attempt(
     announcer=None,
     cluster: Cluster | None = None,
     stop_when: Callable[[], str | None] | None = None,
+    stop_requested: Callable[[], str | None] | None = None,
+    on_step: Callable[[int], None] | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
-    `stop_when()` gives a reason: the job's GPU lease was lost).
+    `stop_when()` gives a reason: the job's GPU lease was lost; or `stop_requested()` does:
+    `forgeflow cancel`, the ranks commit the step they are on). `on_step(step)`: each new step.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
     event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
@@ -99,6 +102,8 @@ def run_attempt(
             report_progress(progress_artifact_id, spec.name, step, spec.training.steps)
         if announcer is not None:  # evaluation starts while training goes on
             announcer.poll()
+        if on_step is not None:
+            on_step(step)
 
     def straggler(found) -> None:  # reported while the job runs: nothing has failed (yet)
         logger.warning("straggler: %s", found.summary())
@@ -106,7 +111,8 @@ def run_attempt(
 
     try:
         return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
-                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when)
+                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when,
+                     stop_requested=stop_requested)
     finally:
         # no-op when already gone; never leave ranks behind. On a cancellation of this flow
         # the ranks get SIGTERM here and commit the current step before the grace runs out.

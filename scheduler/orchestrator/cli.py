@@ -246,21 +246,13 @@ def _health(args: argparse.Namespace) -> int:
     return 0
 
 
-def _in(seconds: float) -> str:
-    """`in 12 min`: how far ahead an estimate is."""
-    if seconds < 1:
-        return "now"
-    if seconds < 90:
-        return f"in {seconds:.0f} s"
-    return f"in {seconds / 60:.0f} min" if seconds < 5400 else f"in {seconds / 3600:.1f} h"
-
-
 def _jobs(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from scheduler.orchestrator.service import default_actor
+    from scheduler.orchestrator.start_estimates import in_words
     from scheduler.orchestrator.views import RECENT_S, job_list
 
     user = default_actor().split("@")[0] if args.mine else None
@@ -280,7 +272,7 @@ def _jobs(args: argparse.Namespace) -> int:
         if "position" in j:
             start = j["estimated_start"]
             when = (f"#{j['position']}, " + (f"{time.strftime('%H:%M', time.gmtime(start))} UTC "
-                                            f"({_in(j['estimated_start_in_s'])})" if start is not None else "not yet"))
+                                            f"({in_words(j['estimated_start_in_s'])})" if start is not None else "not yet"))
             note = j["why"]
         else:
             when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])

@@ -115,6 +115,23 @@ class StartEstimate:
         return asdict(self)
 
 
+def in_words(seconds: float) -> str:
+    """`in 12 min`: how far ahead an estimate is."""
+    if seconds < 1:
+        return "now"
+    if seconds < 90:
+        return f"in {seconds:.0f} s"
+    return f"in {seconds / 60:.0f} min" if seconds < 5400 else f"in {seconds / 3600:.1f} h"
+
+
+def start_text(start_s: float | None, now: float | None = None) -> str:
+    """An estimated start for people: "expected to start 14:05 UTC (in 12 min)"."""
+    if start_s is None:
+        return "no start expected while the nodes in service stay as they are"
+    now = time.time() if now is None else now
+    return f"expected to start {time.strftime('%H:%M', time.gmtime(start_s))} UTC ({in_words(start_s - now)})"
+
+
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 

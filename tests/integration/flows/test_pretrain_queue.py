@@ -105,8 +105,9 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     with get_client(sync_client=True) as client:
         def waiting_artifact():
             artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second_id])))
-            return [a for a in artifacts if a.key == "queue-queue-second"
-                    and "waiting for GPUs, position 1 of 1" in (a.data or "")]
+            return [a for a in artifacts if a.key == f"queue-queue-second-{second_job}"
+                    and "waiting for GPUs, position 1 of 1" in (a.data or "")
+                    and "expected to start" in (a.data or "") and f"job {first_job}" in (a.data or "")]
         assert _until("the waiting artifact", waiting_artifact, timeout_s=120)
         assert _final_state(client, first_id).is_completed()
         assert _final_state(client, second_id).is_completed()

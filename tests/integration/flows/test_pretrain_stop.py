@@ -20,11 +20,13 @@ def test_a_stopped_job_is_neither_diagnosed_nor_restarted(prefect_api, make_job,
     # The spec travels as content: the flow and its ranks need no YAML file of the submitter's.
     job.unlink()
     result = pretrain(spec.model_dump(mode="json"), drill_faults=["sigterm@5:1"], backoff_s=0.5)
-    assert load_job_spec(runfiles.attempt_spec_path(spec.resolved_run_dir, 0)) == spec  # what the ranks read
+    # what the ranks read: the spec as this job (its id filled in; the paths here are fixed)
+    assert load_job_spec(runfiles.attempt_spec_path(spec.resolved_run_dir, 0)) == spec.for_job(result.job_id)
     stop = runfiles.read_stop_marker(spec.resolved_run_dir)
     assert not result.finished and result.attempts == 1 and result.failures == []
     assert stop is not None and stop.step == 6 and stop.signal == "SIGTERM"
-    assert "stopped by request (SIGTERM) after step 6; checkpoint 6" in result.stopped_because
+    assert "stopped by request (SIGTERM); stopped after step 6 with checkpoint 6 committed" in result.stopped_because
+    assert result.cancelled and result.final_step == 6
     assert 6 in [c.step for c in committed_checkpoints(spec.checkpoint)]
     stopped = [t for t in slack.texts() if "stopped by request" in t]
     assert len(stopped) == 1 and "[WARNING]" in stopped[0]  # a warning, not an error
