@@ -24,25 +24,33 @@ from infra.launch import LaunchRequest, exit_code_path, node_log_path, start_nod
 
 
 @flow(name="node-launch", log_prints=True)
-def node_launch(request: dict, node: str, grace_s: float = 10.0) -> int:
-    """Run one node's share of a training attempt: its torchrun, until it exits.
+def node_launch(job_id: int, launch: str, node: str, grace_s: float = 10.0) -> int:
+    """Run one node's share of a launch of a job: its torchrun, until it exits.
+
+    What runs is what the job's flow recorded for this launch in the state database (the
+    worker command, environment, rendezvous and run directory: `Orchestrator.record_launch`),
+    and only while the job holds this node; anything else is refused before a process starts.
+    A flow-run parameter never chooses a command.
 
     Args:
-        request: the attempt's launch (infra.launch.LaunchRequest.to_dict()): every
-            node's rendezvous settings, the worker command, the run directory.
-        node: which of the request's nodes this is (the work queue it was sent to).
+        job_id: the job's id in the cluster's orchestrator.
+        launch: the launch's name ("JOB-aN": attempt N; "nodecheck-K-a0": a node check's world).
+        node: which of the launch's nodes this is (the work queue it was sent to).
         grace_s: seconds the ranks get between SIGTERM and SIGKILL when stopped.
     """
-    launch = LaunchRequest.from_dict(request)
-    spec = launch.node(node)
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    launch_request = LaunchRequest.from_dict(cluster_orchestrator().launch_for(job_id, launch, node))
+    spec = launch_request.node(node)
     logger = get_run_logger()
-    logger.info("node %s: node rank %d of %d, %d process(es), rendezvous %s:%d", node, spec.node_rank,
-                spec.nnodes, spec.nproc_per_node, spec.master_addr, spec.master_port)
-    proc = start_node(spec, launch, grace_s)
+    logger.info("job %s, launch %s, node %s: node rank %d of %d, %d process(es), rendezvous %s:%d", job_id, launch,
+                node, spec.node_rank, spec.nnodes, spec.nproc_per_node, spec.master_addr, spec.master_port)
+    proc = start_node(spec, launch_request, grace_s)
     code = proc.wait()
-    atomic_write(exit_code_path(launch, node), str(code))  # the launcher polls it: whole or absent
+    atomic_write(exit_code_path(launch_request, node), str(code))  # the launcher polls it: whole or absent
     if code != 0:
         # A failed run (not a completed one) so the Prefect UI shows which node failed; a
         # peer's failure relabels it later (see the module docstring).
-        raise RuntimeError(f"torchrun on node {node} exited with code {code}; see {node_log_path(launch, node)}")
+        raise RuntimeError(f"torchrun on node {node} exited with code {code}; "
+                           f"see {node_log_path(launch_request, node)}")
     return code

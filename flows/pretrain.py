@@ -277,7 +277,8 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         # 7. Act, and say what was done and why. A node check cordons the faulty nodes and
         #    places the job again on healthy ones.
         if decided.checks_nodes:
-            checked = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory)
+            checked = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory,
+                                 job_id=seat.job_id)
             try:
                 if checked.faulty:  # cordoned for every flow; placed again on healthy nodes
                     placement = seat.replace(checked.faulty, inventory,

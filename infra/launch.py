@@ -81,8 +81,8 @@ class LaunchRequest:
         return sum(n.nproc_per_node for n in self.nodes)
 
     def to_dict(self) -> dict:
-        """Plain JSON (a Prefect parameter of the node-launch deployment). `env` travels in
-        the clear: it carries fault drills and settings, never credentials."""
+        """Plain JSON (recorded with the job in the state database for its node-launch runs:
+        `Orchestrator.record_launch`). `env` carries fault drills and settings, never credentials."""
         return {"job_name": self.job_name, "nodes": [asdict(n) for n in self.nodes],
                 "worker_args": list(self.worker_args), "run_dir": str(self.run_dir),
                 "env": dict(self.env), "attempt": self.attempt}

@@ -125,24 +125,36 @@ def get_run_logger_or_print(message: str) -> None:
 
 
 class PrefectLauncher:
-    """Start each node's share of an attempt on that node's Prefect worker queue."""
+    """Start each node's share of a launch of job `job_id` on that node's Prefect worker queue.
 
-    def __init__(self, deployment: str = NODE_LAUNCH_DEPLOYMENT, grace_s: float = 10.0):
+    The launch request (command, environment, run directory) is recorded with the job in the
+    state database (`Orchestrator.record_launch`); each node-launch run gets only the job id,
+    the launch's name and its node, and runs what was recorded, while the job holds that node."""
+
+    def __init__(self, job_id: int | None, deployment: str = NODE_LAUNCH_DEPLOYMENT, grace_s: float = 10.0):
+        if job_id is None:
+            raise ValueError("the prefect launcher runs only jobs the cluster's orchestrator knows: "
+                             "run the job through `forgeflow submit` or the pretrain flow")
+        self.job_id = job_id
         self.deployment = deployment
         self.grace_s = grace_s
 
     def start(self, request: LaunchRequest) -> PrefectJob:
         from prefect.deployments import run_deployment
 
+        from scheduler.orchestrator.seat import cluster_orchestrator
+
         clear_rendezvous(request)  # node rank 0's run publishes this attempt's port afresh
-        payload = request.to_dict()
+        launch = f"{request.job_name}-a{request.attempt}"
+        cluster_orchestrator().record_launch(self.job_id, launch, request.to_dict())
         runs: dict[str, UUID] = {}
         job = PrefectJob(request, runs)
         try:
             for spec in sorted(request.nodes, key=lambda n: n.node_rank):
                 run = run_deployment(
                     self.deployment,
-                    parameters={"request": payload, "node": spec.node, "grace_s": self.grace_s},
+                    parameters={"job_id": self.job_id, "launch": launch, "node": spec.node,
+                                "grace_s": self.grace_s},
                     work_queue_name=spec.node,
                     flow_run_name=f"{request.job_name}-a{request.attempt}-{spec.node}",
                     timeout=0,  # start it and return: the watcher follows it
@@ -181,14 +193,14 @@ def mark_stopped_by_peer(run_dir: Path, attempt: int, culprits: list[str], cause
     return changed
 
 
-def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
+def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu", job_id: int | None = None):
     from infra.slurm import SlurmLauncher, SlurmSettings
 
     settings = getattr(cluster, "slurm", None) or SlurmSettings()
     return SlurmLauncher(settings=settings, gpu_type=gpu_type, grace_s=grace_s)
 
 
-def _kubernetes_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
+def _kubernetes_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu", job_id: int | None = None):
     from infra.kubernetes import KubernetesLauncher
 
     settings = getattr(cluster, "kubernetes", None)
@@ -203,18 +215,18 @@ def _kubernetes_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu"):
 
 
 LAUNCHERS = {
-    "local": lambda grace_s, cluster=None, gpu_type="cpu": LocalLauncher(grace_s=grace_s),
-    "prefect": lambda grace_s, cluster=None, gpu_type="cpu": PrefectLauncher(grace_s=grace_s),
+    "local": lambda grace_s, cluster=None, gpu_type="cpu", job_id=None: LocalLauncher(grace_s=grace_s),
+    "prefect": lambda grace_s, cluster=None, gpu_type="cpu", job_id=None: PrefectLauncher(job_id, grace_s=grace_s),
     "slurm": _slurm_launcher,
     "kubernetes": _kubernetes_launcher,
 }
 """Launchers by the name a pretrain flow parameter gives; each is built from the grace time,
-the cluster inventory (a Slurm cluster's `slurm:` section, a Kubernetes one's `kubernetes:`)
-and the placed GPU type."""
+the cluster inventory (a Slurm cluster's `slurm:` section, a Kubernetes one's `kubernetes:`),
+the placed GPU type and the job's id in the orchestrator."""
 
 
-def make_launcher(name: str, grace_s: float = 10.0, cluster=None, gpu_type: str = "cpu"):
+def make_launcher(name: str, grace_s: float = 10.0, cluster=None, gpu_type: str = "cpu", job_id: int | None = None):
     """The launcher a pretrain flow parameter names; `grace_s` is SIGTERM-to-SIGKILL time for ranks."""
     if name not in LAUNCHERS:
         raise ValueError(f"unknown launcher {name!r}: use one of {sorted(LAUNCHERS)}")
-    return LAUNCHERS[name](grace_s, cluster=cluster, gpu_type=gpu_type)
+    return LAUNCHERS[name](grace_s, cluster=cluster, gpu_type=gpu_type, job_id=job_id)

@@ -95,7 +95,8 @@ def run_attempt(
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
     stop_s = spec.checkpoint.stop_deadline_s + 10.0  # SIGTERM: commit, then exit
-    job = make_launcher(launcher, cluster=cluster, gpu_type=placement.gpu_type, grace_s=stop_s).start(request)
+    job = make_launcher(launcher, cluster=cluster, gpu_type=placement.gpu_type, grace_s=stop_s,
+                        job_id=_job_id(spec)).start(request)
 
     def progress(step: int) -> None:
         if progress_artifact_id is not None:
@@ -125,6 +126,11 @@ def report_progress(artifact_id, job: str, step: int, steps: int) -> None:
     percent = 100.0 * min(step, steps) / max(1, steps)
     update_progress_artifact(artifact_id, progress=percent,
                              description=f"{job}: step {step} of {steps} ({percent:.0f}%)")
+
+
+def _job_id(spec: JobSpec) -> int | None:
+    """The job's id in the orchestrator (None for a spec run outside it)."""
+    return int(spec.job) if spec.job.isdigit() else None
 
 
 def report_straggler(job: str, attempt: int, found) -> None:
@@ -194,12 +200,12 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
 
 @task(name="node-check", cache_policy=NO_CACHE)
 def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str],
-               launcher: str = "local", cluster: Cluster | None = None) -> NodeCheckReport:
+               launcher: str = "local", cluster: Cluster | None = None, job_id: int | None = None) -> NodeCheckReport:
     """Two-round pairwise collective test of the placement's nodes, run through the
     same launcher as training (on a cluster: on the nodes themselves)."""
     addresses = {launch.node: launch.address for launch in placement.launch_specs()}
     runner = LauncherWorldRunner(
-        make_launcher(launcher, grace_s=2.0, cluster=cluster, gpu_type=placement.gpu_type),
+        make_launcher(launcher, grace_s=2.0, cluster=cluster, gpu_type=placement.gpu_type, job_id=job_id),
         Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
         rendezvous_host=lambda node: addresses.get(node, "127.0.0.1"),
         free_port=lambda: CHOOSE_ON_NODE_0,  # each world's first node picks its own port

@@ -146,6 +146,16 @@ cluster_changes = sa.Table(
     sa.Column("change", JSON, nullable=False),
 )
 
+# What each launch of a job runs (migration 0006): the request its flow built, by launch name
+# ("JOB-aN" for attempt N, "nodecheck-K-a0" for a node check's worlds). node-launch runs only this.
+job_launches = sa.Table(
+    "job_launches", metadata,
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("launch", sa.String(200), primary_key=True),
+    sa.Column("request", JSON, nullable=False),  # infra.launch.LaunchRequest.to_dict()
+    sa.Column("recorded_at", sa.Float, nullable=False),
+)
+
 diagnosis_rules = sa.Table(
     "diagnosis_rules", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),  # newest learned = highest id

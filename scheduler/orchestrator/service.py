@@ -55,7 +55,7 @@ from infra.statedb import (
     write_transaction,
 )
 from infra.statedb.batch import Pending
-from infra.statedb.schema import allocations, cluster_changes, clusters, jobs, nodes
+from infra.statedb.schema import allocations, cluster_changes, clusters, job_launches, jobs, nodes
 from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
@@ -585,6 +585,34 @@ class Orchestrator:
         with read_transaction(self.engine) as conn:
             return [tuple(r) for r in conn.execute(sa.select(jobs.c.id, jobs.c.name, jobs.c.spec).where(
                 jobs.c.state.in_(ACTIVE)).order_by(jobs.c.id))]
+
+    def record_launch(self, job_id: int, launch: str, request: dict[str, Any]) -> None:
+        """Record what launch `launch` of the job runs on its nodes (its flow calls this before
+        starting node-launch runs, which run only what is recorded: `launch_for`)."""
+        with write_transaction(self.engine) as conn:
+            self._job_row(conn, job_id)
+            conn.execute(sa.delete(job_launches).where(job_launches.c.job_id == job_id,
+                                                       job_launches.c.launch == launch))
+            conn.execute(sa.insert(job_launches).values(job_id=job_id, launch=launch, request=request,
+                                                        recorded_at=time.time()))
+
+    def launch_for(self, job_id: int, launch: str, node: str) -> dict[str, Any]:
+        """The launch request node `node` may run for the job: the one its flow recorded, and only
+        while the job runs on that node. OrchestratorError otherwise (nothing is run)."""
+        with read_transaction(self.engine) as conn:
+            row = self._job_row(conn, job_id)
+            request = conn.execute(sa.select(job_launches.c.request).where(
+                job_launches.c.job_id == job_id, job_launches.c.launch == launch)).scalar()
+        refused = f"refusing to run launch {launch!r} of job {job_id} ({row.name}) on node {node!r}"
+        if row.state != "running":
+            raise OrchestratorError(f"{refused}: the job is {row.state}, it holds no GPUs")
+        if request is None:
+            raise OrchestratorError(f"{refused}: its flow recorded no such launch")
+        held = {n["node"] for n in (row.placement or {}).get("nodes", [])}
+        if node not in held or node not in {n["node"] for n in request["nodes"]}:
+            raise OrchestratorError(f"{refused}: the job holds {sorted(held)}, and the launch runs on "
+                                    f"{sorted(n['node'] for n in request['nodes'])}")
+        return request
 
     def stop_request(self, job_id: int) -> dict[str, Any] | None:
         """The job's stop request ({"by", "reason", "at"}), or None."""
