@@ -25,11 +25,18 @@ from infra.storage import StorageOptions, open_storage
 
 @task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> Path:
-    """A local copy of the log (a local path is used where it is)."""
+    """A local copy of the log (a local path is used where it is, if it is a job's: a flow-run
+    parameter must not make a worker read, and post to Slack, any file it can read)."""
     if "://" not in log_url or log_url.startswith("file://"):
+        from scheduler.orchestrator.job_logs import owning_job
+        from scheduler.orchestrator.seat import cluster_orchestrator
+
         path = Path(log_url.removeprefix("file://"))
         if not path.is_file():
             raise FileNotFoundError(f"no log file at {log_url}: give a path, file:// or s3:// URL of the log")
+        if owning_job(cluster_orchestrator().engine, path) is None:
+            raise PermissionError(f"refusing to read {log_url}: it is in no job's run directory (this flow reads "
+                                  "job logs only; on your own machine `forgeflow diagnose FILE` reads any file)")
         return path
     root, _, key = log_url.rstrip("/").rpartition("/")
     target = Path(work_dir) / key

@@ -12,7 +12,8 @@ Where the launcher and the runner put them (`infra.launch.node_log_path`, `infra
 `run_dir` is the job spec's (`jobs.spec["run_dir"]`); a relative one is read from the runner's
 working directory (`jobs.runner["cwd"]`) when it recorded one, else from the current one.
 `log_sources` picks the files; `LogTail` reads what was appended since it last looked; `follow`
-tails them until the job ends.
+tails them until the job ends. `owning_job` says which job's run directory holds a file (a flow
+that reads a file named in a parameter reads only job files).
 """
 
 from __future__ import annotations
@@ -174,3 +175,21 @@ def follow(read_job: Callable[[], dict[str, Any]], choose: Callable[[dict[str, A
         time.sleep(poll_s)
         if time.monotonic() - checked >= state_every_s:
             job, checked = read_job(), time.monotonic()
+
+
+def owning_job(engine, path: str | Path) -> int | None:
+    """The id of the job whose run directory holds `path` (symlinks resolved), or None. What a
+    flow run's parameter may name: a file of some job, never any file the worker can read."""
+    import sqlalchemy as sa
+
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import jobs
+
+    target = Path(path).resolve()
+    with read_transaction(engine) as conn:
+        rows = conn.execute(sa.select(jobs.c.id, jobs.c.name, jobs.c.spec, jobs.c.runner)).all()
+    for row in rows:
+        folder = run_dir({"id": row.id, "name": row.name, "spec": row.spec, "runner": row.runner})
+        if folder is not None and target.is_relative_to(folder.resolve()):
+            return row.id
+    return None

@@ -12,11 +12,36 @@ from flows.diagnose import diagnose_failure
 LOG = Path(__file__).resolve().parents[2] / "data" / "failures" / "ecc_uncorrectable.log"
 
 
-def test_diagnoses_a_local_log_and_alerts(prefect_api, slack):
-    result = diagnose_failure(str(LOG), job_family="diag-flow", alert=True)
+@pytest.fixture
+def job_log(tmp_path, monkeypatch) -> Path:
+    """LOG inside a job's run directory (a job queued in a state database of its own)."""
+    from scheduler.orchestrator.seat import queue_spec
+    from training.config import load_job_spec
+
+    monkeypatch.setenv("FORGEFLOW_DB_URL", f"sqlite:///{tmp_path / 'state.db'}")
+    spec = load_job_spec("configs/tiny-cpu.yaml", {"run_dir": str(tmp_path / "runs/{name}/{job}")})
+    job = queue_spec(spec, "configs/clusters/frenzy-testbed.yaml", gpu_type="A800-80G", gpus=4)
+    path = job.spec.resolved_run_dir / "diagnosis" / "attempt-0.log"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(LOG.read_bytes())
+    return path
+
+
+def test_diagnoses_a_local_log_and_alerts(prefect_api, slack, job_log):
+    result = diagnose_failure(str(job_log), job_family="diag-flow", alert=True)
     assert (result["root_cause"], result["kind"], result["restart_helps"]) == ("ECCError", "infrastructure", True)
     assert "node-a01" in result["suspect_nodes"]
     assert any("ECCError" in text for text in slack.texts())
+
+
+def test_reads_no_file_outside_a_job(prefect_api, job_log, tmp_path):
+    """A parameter naming any readable file (or a symlink from a job's folder to one) is refused."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("RuntimeError: CUDA error: the password is hunter2\n")
+    (job_log.parent / "link.log").symlink_to(secret)
+    for path in (secret, job_log.parent / "link.log", Path("/etc/passwd")):
+        with pytest.raises(PermissionError, match="it is in no job's run directory"):
+            diagnose_failure(str(path))
 
 
 def test_diagnoses_a_log_in_s3(prefect_api, monkeypatch):
