@@ -281,6 +281,9 @@ def _jobs(args: argparse.Namespace) -> int:
                 note = f"cancel requested by {j['stop_requested']['by']}" + (f"; {note}" if note else "")
             elif j["state"] in ("finished", "failed", "cancelled") and j["reason"]:
                 note = j["reason"] + (f" (last diagnosis: {note})" if note else "")
+        if j.get("runner_alive") is False:
+            note = (f"its runner (pid {j['runner']['pid']}) is gone, nothing runs it: "
+                    f"`forgeflow cancel {j['job_id']}` and submit it again") + (f"; {note}" if note else "")
         cells = (str(j["job_id"]), j["name"], (j["owner"] or "").split("@")[0], j["state"], j["gpus"] or "",
                  step, loss, when, note)  # as plain text: a name or reason in [brackets] is not markup
         table.add_row(*(Text(c, style=style.get(c, "") if i == 3 else "") for i, c in enumerate(cells)))

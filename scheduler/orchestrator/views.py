@@ -132,6 +132,8 @@ def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
              "step_s": progress.get("step_s"), "diagnosis": progress.get("diagnosis"),
              "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
              "reason": r.reason, "attempts": r.attempts, "runner": r.runner, "stop_requested": r.stop_requested}
+    if r.state in ("queued", "running"):
+        entry["runner_alive"] = runner_alive(r.runner)
     if r.placement and r.state != "queued":
         entry["gpus"] = f"{r.placement['world_size']}x {r.placement['gpu_type']}"
         entry["nodes"] = [n["node"] for n in r.placement["nodes"]]
@@ -140,6 +142,25 @@ def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
                      why=estimate.why, behind=estimate.behind, estimated_start=estimate.start_s,
                      estimated_start_in_s=None if estimate.start_s is None else max(0.0, estimate.start_s - now))
     return entry
+
+
+def runner_alive(runner: dict[str, Any] | None) -> bool | None:
+    """Whether the process running a job (the detached runner of `forgeflow submit`, or a
+    foreground `forgeflow pretrain`) is still there: known only on the host it runs on (None
+    elsewhere, and for a Prefect flow run, which its worker and the lease watch). A job whose
+    runner is gone is run by nobody: cancel it and submit it again."""
+    import os
+    import socket
+
+    if not runner or runner.get("kind") not in ("local", "foreground") or runner.get("host") != socket.gethostname():
+        return None
+    try:
+        os.kill(int(runner["pid"]), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process of that pid: alive
+        return True
+    return True
 
 
 def cluster_markdown(status: dict[str, Any], *, max_nodes: int = 64) -> str:

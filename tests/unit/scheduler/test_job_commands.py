@@ -8,6 +8,7 @@ real subprocess that must end by itself when the job does.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -237,3 +238,30 @@ def test_logs_follow_tails_the_runner_then_the_attempts_until_the_job_ends(lab, 
         watchdog.cancel()
     assert proc.returncode == 0, err
     assert "==> job 1 (tiny), attempt 0: n1 <==" in err
+
+
+def test_a_job_whose_runner_is_gone_says_so(tmp_path, monkeypatch, capsys):
+    """A detached runner that died leaves its job to nobody: `forgeflow jobs` says so and what to do."""
+    import socket
+    import subprocess
+    import sys
+
+    from flows.cli import main
+    from scheduler.orchestrator.seat import cluster_orchestrator, queue_spec
+    from training.config import load_job_spec
+
+    monkeypatch.setenv("FORGEFLOW_DB_URL", f"sqlite:///{tmp_path / 'state.db'}")
+    spec = load_job_spec("configs/tiny-cpu.yaml", {"run_dir": str(tmp_path / "{name}/{job}")})
+    job = queue_spec(spec, "configs/clusters/frenzy-testbed.yaml", gpu_type="A800-80G", gpus=4)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    orch = cluster_orchestrator()
+    orch.set_runner(job.job_id, {"kind": "local", "host": socket.gethostname(), "pid": gone.pid})
+    assert main(["jobs", "--json"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert entry["runner_alive"] is False
+    assert main(["jobs"]) == 0
+    assert f"forgeflow cancel {job.job_id}" in capsys.readouterr().out.replace("\n", "")
+    orch.set_runner(job.job_id, {"pid": os.getpid()})  # this test's own process: alive
+    assert main(["jobs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["jobs"][0]["runner_alive"] is True
