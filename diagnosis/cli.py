@@ -15,6 +15,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from infra.untrusted_text import printable
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     diagnose = subparsers.add_parser(
@@ -85,6 +87,16 @@ def _default_agent(state_dir, job_family):
     return build(state_dir, job_family) if build else None
 
 
+def _shown(diagnosis):
+    """``diagnosis`` as shown: the texts a log or an LLM wrote (culprit lines, suspects,
+    mitigation) without the escape sequences a terminal would act on."""
+    from dataclasses import replace
+
+    return replace(diagnosis, culprit_lines=[printable(line) for line in diagnosis.culprit_lines],
+                   suspect_nodes=[printable(node) for node in diagnosis.suspect_nodes],
+                   mitigation=printable(diagnosis.mitigation))
+
+
 def _cmd_diagnose(args: argparse.Namespace) -> int:
     from diagnosis.api import confirmed_diagnosis, diagnose_log
     from diagnosis.multi_regex import DEFAULT_ENGINE, RegexError
@@ -116,7 +128,8 @@ def _cmd_diagnose(args: argparse.Namespace) -> int:
             failure_id = remember_failure(args.logfile, confirmed, job_family=args.job_family, state_dir=args.state_dir)
         except (ValueError, RuntimeError) as exc:
             return _fail(args, str(exc))
-        remembered = {"failure_id": failure_id, **confirmed.to_dict()}
+        remembered = {"failure_id": failure_id, **_shown(confirmed).to_dict()}
+    diagnosis = _shown(diagnosis)
     if args.json:
         print(json.dumps({**diagnosis.to_dict(), **({"confirmed": remembered} if remembered else {})}, indent=2))
         return 0
@@ -160,7 +173,8 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
         return 0
     for r in rules:
         target = f" -> {r['root_cause']}" if "root_cause" in r else ""
-        print(f"{r['source']:5} {r['name']:32}{target}\n      {r['pattern']}")
+        # a learned rule's pattern may be an LLM's: shown without escape sequences
+        print(printable(f"{r['source']:5} {r['name']:32}{target}\n      {r['pattern']}"))
     print(f"{len(rules)} {args.type} rules")
     return 0
 
@@ -207,7 +221,7 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     if args.pattern is None:
         for match in match_entries(compressed, library)[: args.limit]:
             tag = "symptom" if match.rule.symptom else "cause"
-            print(f"[{match.rule.name} -> {match.rule.root_cause}, {tag}] {match.entry.render()[:300]}")
+            print(f"[{match.rule.name} -> {match.rule.root_cause}, {tag}] {printable(match.entry.render())[:300]}")
         return 0
     try:
         regex = compile_linear(args.pattern)
@@ -217,5 +231,5 @@ def _cmd_rules_test(args: argparse.Namespace) -> int:
     errors = [e for e in hits if e.signal or has_error_keyword(e.text)]
     print(f"pattern matches {len(hits)} kept entries, {len(errors)} of them carry an error signal")
     for entry in hits[: args.limit]:
-        print(f"  {'ERR ' if entry in errors else '    '}{entry.render()[:300]}")
+        print(f"  {'ERR ' if entry in errors else '    '}{printable(entry.render())[:300]}")
     return 1 if errors else 0

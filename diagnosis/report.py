@@ -2,7 +2,8 @@
 
 ``failure_markdown`` keeps its table to short facts (root cause, how sure, suspects), so
 it fits the artifact's width; the long texts (the action taken, why, the suggestion and
-the mitigation) are paragraphs below it, which wrap, and the culprit lines a code block.
+the mitigation) are paragraphs below it, which wrap, and the culprit lines a code block
+(log text: its escape sequences dropped, in a fence it cannot close: ``infra.untrusted_text``).
 The same facts as the Slack alert (``diagnosis.slack_format``).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 from diagnosis.recovery import FailedAttempt
 from diagnosis.slack_format import MAX_LINE_CHARS, found_by, suspect_ranks
 from diagnosis.vocabulary import Diagnosis
+from infra.untrusted_text import fenced, printable
 
 MAX_EVIDENCE_LINES = 10
 
@@ -42,9 +44,8 @@ def failure_markdown(job: str, diagnosis: Diagnosis, failure: FailedAttempt, sug
     if suggestion:
         lines += [f"**Suggestion:** {suggestion}", ""]
     if diagnosis.mitigation:
-        lines += [f"**Mitigation:** {diagnosis.mitigation}", ""]
-    evidence = [line[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
+        lines += [f"**Mitigation:** {printable(diagnosis.mitigation)}", ""]
+    evidence = [printable(line)[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
     if evidence:
-        fence = "~~~~" if any("```" in line for line in evidence) else "```"
-        lines += ["**Culprit lines:**", "", fence, *evidence, fence]
+        lines += ["**Culprit lines:**", "", fenced("\n".join(evidence))]
     return "\n".join(lines).rstrip() + "\n"

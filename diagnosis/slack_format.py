@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from diagnosis.vocabulary import Diagnosis
 from infra.notify import Alert
+from infra.untrusted_text import printable
 
 MAX_EVIDENCE_LINES = 8
 MAX_LINE_CHARS = 300
@@ -51,12 +52,14 @@ def summary_fields(diagnosis: Diagnosis, action: str) -> dict[str, str]:
     if ranks:
         fields["Suspect ranks"] = ranks
     if diagnosis.mitigation:
-        fields["Mitigation"] = diagnosis.mitigation
+        fields["Mitigation"] = printable(diagnosis.mitigation)
     return fields
 
 
 def evidence_lines(diagnosis: Diagnosis) -> list[str]:
-    return [line[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
+    """The first culprit lines, cut short, without the terminal escape sequences a log may hold
+    (the alert is printed when no Slack webhook is set)."""
+    return [printable(line)[:MAX_LINE_CHARS] for line in diagnosis.culprit_lines[:MAX_EVIDENCE_LINES]]
 
 
 def to_alert(diagnosis: Diagnosis, job_name: str, action: str, link: str | None = None) -> Alert:

@@ -21,6 +21,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 
 from infra.storage import StorageOptions, open_storage
+from infra.untrusted_text import fenced, printable
 
 
 @task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
@@ -65,13 +66,13 @@ def diagnose_failure(log_url: str, job_family: str | None = None, alert: bool = 
     """
     with tempfile.TemporaryDirectory(prefix="forgeflow-diagnose-") as work:
         diagnosis = diagnose(fetch_log(log_url, work, endpoint_url), job_family)
-    evidence = "\n".join(diagnosis.culprit_lines[:10])
+    evidence = "\n".join(printable(line) for line in diagnosis.culprit_lines[:10])
     create_markdown_artifact(
         key="diagnosis",
         markdown=(f"## Diagnosis of `{log_url}`\n\n| root cause | kind | restart helps | confidence | source |\n"
                   f"|---|---|---|---|---|\n| {diagnosis.root_cause} | {diagnosis.kind} | {diagnosis.restart_helps} "
-                  f"| {diagnosis.confidence:.2f} | {diagnosis.source} |\n\n**Mitigation:** {diagnosis.mitigation}\n\n"
-                  f"```\n{evidence}\n```"),
+                  f"| {diagnosis.confidence:.2f} | {diagnosis.source} |\n\n**Mitigation:** {printable(diagnosis.mitigation)}\n\n"
+                  + fenced(evidence)),
         description=f"{diagnosis.root_cause} in {log_url}",
     )
     if alert:

@@ -14,6 +14,7 @@
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes
     nodecheck_worker  one rank of a node-check world
     notify        alerts: Slack incoming webhook, or printed and kept
+    untrusted_text  log and LLM text made safe for a terminal, a markdown code block, a Slack code block
     charts        a matplotlib figure -> PNG -> inline data-URI markdown image (renders in the Prefect UI)
     statedb       the state database (SQLite file / PostgreSQL): engines, schema, Alembic migrations
 """

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 from urllib.parse import urlparse
 
+from infra.untrusted_text import slack_code
+
 Severity = Literal["info", "success", "warning", "error"]
 
 # The Slack webhook block (prefect-slack's SlackWebhook) the flows alert through, and the
@@ -72,7 +74,7 @@ class Alert:
         if self.evidence:
             # Slack reads <...> as a link or mention even in a code block: escape as everywhere
             body = "\n".join(_escape(line[:300]) for line in self.evidence[:12])
-            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"```{body[:2900]}```"}})
+            blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": slack_code(body)}})
         if self.link:
             blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": f"<{self.link}|details>"}]})
         return blocks

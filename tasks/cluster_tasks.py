@@ -18,6 +18,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from infra.untrusted_text import fenced
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
 from scheduler.orchestrator.seat import (Seat, SubmittedJob, adopt_job, admitted_placement, cordon_nodes,
@@ -151,7 +152,7 @@ def _placement_markdown(placement: Placement, orch: Orchestrator, job_id: int) -
         return placement_markdown(placement, orch.cluster(orch.job(job_id)["cluster"]))
     except Exception as e:
         get_run_logger().warning("placement picture not drawn: %s: %s", type(e).__name__, e)
-        return "## Placement\n```json\n" + json.dumps(placement.to_dict(), indent=2) + "\n```"
+        return "## Placement\n" + fenced(json.dumps(placement.to_dict(), indent=2), "json")
 
 
 @task(name="cordon-faulty-nodes", cache_policy=NO_CACHE)

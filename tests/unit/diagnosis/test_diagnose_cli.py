@@ -94,3 +94,22 @@ def test_working_out_the_rules_database_does_not_import_sqlalchemy(tmp_path):
         "assert s.load() == []"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_escape_sequences_in_the_log_never_reach_the_terminal(state, capsys, tmp_path):
+    log = tmp_path / "job.log"
+    hostile = "\x1b]0;owned\x07\x1b[2J\x1b]52;c;cHduZWQ=\x07\r"
+    lines = (CORPUS / "oom_under_timeouts.log").read_text().splitlines()
+    log.write_text("\n".join(line.replace("CUDA out of memory.", f"CUDA out of {hostile}memory.") for line in lines) + "\n")
+    assert run(["diagnose", str(log), "--no-agent"]) == 0
+    out = capsys.readouterr().out
+    assert "root cause : OutOfMemoryError" in out and "CUDA out of memory." in out
+    assert not any(c in out for c in "\x1b\x07\r")
+    assert run(["diagnose", str(log), "--no-agent", "--json"]) == 0
+    culprits = json.loads(capsys.readouterr().out)["culprit_lines"]
+    assert any("CUDA out of memory." in line for line in culprits)
+    assert not any(c in line for line in culprits for c in "\x1b\x07\r")
+    assert run(["rules", "test", str(log)]) == 0
+    out = capsys.readouterr().out
+    assert "CUDA out of memory." in out and "\x1b" not in out
+

@@ -43,3 +43,17 @@ def test_a_pipe_in_a_fact_does_not_split_its_cell():
     diagnosis.suspect_nodes = ["a|b"]
     markdown = failure_markdown("j", diagnosis, _failure(), suggestion="use 8 GPUs")
     assert "| suspect nodes | a\\|b |" in markdown and "**Suggestion:** use 8 GPUs" in markdown
+
+
+def test_log_text_cannot_close_the_culprit_block_or_reach_a_terminal():
+    from markdown_it import MarkdownIt
+
+    diagnosis = _diagnosis()
+    diagnosis.culprit_lines = ["```", "# Injected heading \x1b]8;;http://evil\x1b\\[link]\x1b]8;;\x1b\\", "~~~~", "````"]
+    diagnosis.mitigation = "cordon it\x1b[2J"
+    markdown = failure_markdown("j", diagnosis, _failure())
+    assert "\x1b" not in markdown and "**Mitigation:** cordon it\n" in markdown
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    assert not any(t.type == "heading_open" and t.markup == "#" for t in tokens)  # the log's heading stays code
+    code = [t.content for t in tokens if t.type == "fence"]
+    assert code == ["```\n# Injected heading [link]\n~~~~\n````\n"]

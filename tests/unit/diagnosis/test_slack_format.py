@@ -37,3 +37,13 @@ def test_suspect_ranks_are_global_or_say_which_node_they_are_local_to():
     fields = to_alert(sample(suspect_local_ranks={"node-b": [0, 3]}), "j", "x").fields
     assert fields["Suspect ranks"] == "local ranks 0, 3 on node-b"
     assert "Suspect ranks" not in to_alert(sample(), "j", "x").fields
+
+
+def test_log_text_cannot_close_the_evidence_block_or_reach_a_terminal():
+    alert = to_alert(sample(culprit_lines=["ok ``` *bold* <!channel>", "\x1b]0;title\x07RuntimeError\x1b[31m boom`"],
+                            mitigation="drain\x1b[2J it"), "j", "x")
+    assert alert.evidence == ["ok ``` *bold* <!channel>", "RuntimeError boom`"]
+    assert alert.fields["Mitigation"] == "drain it" and "\x1b" not in alert.text()
+    code = alert.blocks()[2]["text"]["text"]
+    assert code.startswith("```") and code.endswith("```") and "``" not in code[3:-3]
+    assert "&lt;!channel&gt;" in code
