@@ -88,6 +88,8 @@ def _as_paths(path: LogPaths) -> list[str]:
     if not paths:
         raise ValueError("no log file given; pass the job's log path(s)")
     for p in paths:
+        if Path(p).is_dir():
+            raise IsADirectoryError(f"log file {p!r} is a directory; give a log file (the job's log, not its folder)")
         if not Path(p).is_file():
             raise FileNotFoundError(f"log file {p!r} does not exist; pass the job's log path")
     return paths

@@ -113,3 +113,10 @@ def test_escape_sequences_in_the_log_never_reach_the_terminal(state, capsys, tmp
     out = capsys.readouterr().out
     assert "CUDA out of memory." in out and "\x1b" not in out
 
+
+def test_a_directory_is_not_called_missing(state, capsys, tmp_path):
+    assert run(["diagnose", str(tmp_path), "--no-agent"]) == 2
+    err = capsys.readouterr().err
+    assert "is a directory; give a log file" in err and "does not exist" not in err
+    assert run(["rules", "test", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
