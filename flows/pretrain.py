@@ -138,7 +138,8 @@ def pretrain(
             placement = wait_for_gpus(orchestrator, job_id, plans, spec.name)
         except OrchestratorError as e:  # cancelled (or failed by an operator) while it waited
             result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0,
-                                    stopped_because=f"ended before it was placed: {e}", cancelled=True,
+                                    stopped_because=f"ended before it was placed: {e}",
+                                    cancelled=orchestrator.job(job_id)["state"] == "cancelled",
                                     job_id=job_id, run_dir=str(spec.resolved_run_dir))
             send_alert(build_notifier(), Alert(f"{spec.name} (job {job_id}) stopped: {result.stopped_because}",
                                                "warning", {"job": str(job_id)},
