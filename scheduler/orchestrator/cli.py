@@ -180,6 +180,16 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plain(text: str, style: str = ""):
+    """A table cell or title as plain text: names, reasons and notes are people's text, so
+    rich markup in them (`[/oops]`) is shown, not parsed, and terminal escapes are dropped."""
+    from rich.text import Text
+
+    from infra.untrusted_text import printable
+
+    return Text(printable(text), style=style)
+
+
 def _status(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -192,15 +202,15 @@ def _status(args: argparse.Namespace) -> int:
         return 0
     free = ", ".join(f"{t} {status['free_by_type'].get(t, 0)}/{n}" for t, n in status["gpus_by_type"].items())
     jobs = ", ".join(f"{k} {v}" for k, v in sorted(status["jobs_by_state"].items())) or "none"
-    table = Table(title=f"cluster {status['cluster']} — free: {free} — jobs: {jobs}")
+    table = Table(title=_plain(f"cluster {status['cluster']} — free: {free} — jobs: {jobs}"))
     for col in ("node", "GPU type", "state", "GPUs (index:job)", "reason", "by / when"):
         table.add_column(col)
     style = {"ready": "green", "cordoned": "red", "drained": "yellow", "draining": "yellow"}
     for n in status["nodes"]:
         gpus = " ".join(f"{g['index']}:{g['job'] or '·'}" for g in n["gpus"])
         who = f"{n['changed_by'] or '-'} {_when(n['changed_at'])}" if n["state"] != "ready" else ""
-        table.add_row(n["node"], n["gpu_type"], f"[{style.get(n['state'], '')}]{n['state']}[/]", gpus,
-                      n["reason"] or "", who)
+        table.add_row(_plain(n["node"]), _plain(n["gpu_type"]), _plain(n["state"], style.get(n["state"], "")),
+                      _plain(gpus), _plain(n["reason"] or ""), _plain(who))
     Console(width=200).print(table)
     return 0
 
@@ -216,17 +226,19 @@ def _queue(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2))
         return 0
     console = Console(width=200)
-    table = Table(title=f"queue of {snap['cluster']}: {len(snap['queued'])} waiting, {len(snap['running'])} running")
+    table = Table(title=_plain(f"queue of {snap['cluster']}: {len(snap['queued'])} waiting, "
+                               f"{len(snap['running'])} running"))
     for col in ("#", "job id", "name", "state", "priority", "wants / holds", "since", "note"):
         table.add_column(col)
     for j in snap["queued"]:
-        table.add_row(str(j["position"]), str(j["job_id"]), j["name"], "queued", str(j["priority"]),
-                      j["wants"] or "", _when(j["submitted_at"]), j["reason"] or "")
+        table.add_row(*map(_plain, (str(j["position"]), str(j["job_id"]), j["name"], "queued", str(j["priority"]),
+                                    j["wants"] or "", _when(j["submitted_at"]), j["reason"] or "")))
     for j in snap["running"] + snap["ended"]:
         p = j.get("placement")
         holds = f"{p['world_size']}x {p['gpu_type']} on {', '.join(p['nodes'])}" if p else ""
         since = _when(j["admitted_at"] if j["state"] == "running" else j["finished_at"])
-        table.add_row("", str(j["job_id"]), j["name"], j["state"], str(j["priority"]), holds, since, j["reason"] or "")
+        table.add_row(*map(_plain, ("", str(j["job_id"]), j["name"], j["state"], str(j["priority"]), holds, since,
+                                    j["reason"] or "")))
     console.print(table)
     return 0
 
@@ -249,7 +261,6 @@ def _health(args: argparse.Namespace) -> int:
 def _jobs(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
-    from rich.text import Text
 
     from scheduler.orchestrator.service import default_actor
     from scheduler.orchestrator.start_estimates import in_words
@@ -261,7 +272,7 @@ def _jobs(args: argparse.Namespace) -> int:
         print(json.dumps(listing, indent=2))
         return 0
     shown = "every job" if args.all else f"active and ended in the last {RECENT_S / 3600:g} h"
-    table = Table(title=f"jobs{' of ' + user if user else ''} ({shown}): {len(listing['jobs'])}")
+    table = Table(title=_plain(f"jobs{' of ' + user if user else ''} ({shown}): {len(listing['jobs'])}"))
     for col in ("id", "name", "owner", "state", "GPUs", "step", "loss", "queue / start", "why / last diagnosis"):
         table.add_column(col)
     style = {"running": "green", "finished": "blue", "failed": "red", "cancelled": "yellow",
@@ -285,8 +296,8 @@ def _jobs(args: argparse.Namespace) -> int:
             note = (f"its runner (pid {j['runner']['pid']}) is gone, nothing runs it: "
                     f"`forgeflow cancel {j['job_id']}` and submit it again") + (f"; {note}" if note else "")
         cells = (str(j["job_id"]), j["name"], (j["owner"] or "").split("@")[0], j["state"], j["gpus"] or "",
-                 step, loss, when, note)  # as plain text: a name or reason in [brackets] is not markup
-        table.add_row(*(Text(c, style=style.get(c, "") if i == 3 else "") for i, c in enumerate(cells)))
+                 step, loss, when, note)
+        table.add_row(*(_plain(c, style.get(c, "") if i == 3 else "") for i, c in enumerate(cells)))
     Console(width=220).print(table)
     return 0
 

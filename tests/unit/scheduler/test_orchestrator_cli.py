@@ -60,3 +60,24 @@ def test_unreachable_database_is_one_error(capsys):
     assert main(["cluster", "status", "--db", "postgresql+psycopg://nobody@127.0.0.1:1/x"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: cannot reach the state database") and "Traceback" not in err
+
+
+def test_user_text_in_the_tables_is_shown_as_written(db, capsys):
+    """A cordon reason, a job name or a cancel reason is someone's text: rich markup in it
+    (`[/oops]` used to crash `cluster status` for everyone) and terminal escapes are not obeyed."""
+    assert main(["cluster", "register", "configs/clusters/frenzy-testbed.yaml", *db]) == 0
+    orch, spec = Orchestrator(db[1]), load_job_spec("configs/tiny-cpu.yaml")
+    options = job_options(spec, load_cluster("configs/clusters/frenzy-testbed.yaml"), gpus=4, gpu_type="A800-80G")
+    running, queued = orch.submit("[/oops]", options), orch.submit("[bold]q[/bold]", options)
+    orch.request_stop(queued, "[/x] :smile: \x1b]0;title\x07done")
+    assert main(["cluster", "cordon", "a800-80g-x4", "--reason", "[/oops] [red]xid[/red] \x1b[2J", *db]) == 0
+    capsys.readouterr()
+    assert main(["cluster", "status", *db]) == 0
+    out = capsys.readouterr().out
+    assert "[/oops] [red]xid[/red]" in out and "\x1b[2J" not in out
+    assert main(["cluster", "queue", "--ended", "5", *db]) == 0
+    out = capsys.readouterr().out
+    assert "[/oops]" in out and "[bold]q[/bold]" in out and "[/x] :smile:" in out and "\x1b" not in out
+    assert main(["jobs", "--all", *db]) == 0
+    out = capsys.readouterr().out
+    assert "[/oops]" in out and "[/x] :smile: done" in out and "\x1b" not in out
