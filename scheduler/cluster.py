@@ -36,6 +36,17 @@ IntraLink = Literal["NVLink", "PCIe", "host"]
 
 GIB = 1024**3
 
+# Caps no real cluster reaches, so a typo (`replicas: 10000000`) is an error at load time
+# rather than a planner working for hours through ten million nodes. The largest training
+# clusters today are some tens of thousands of nodes (100-200 thousand GPUs), and the
+# densest node, a rack-scale NVLink domain (GB200 NVL72), has 72 GPUs.
+MAX_NODES = 100_000
+MAX_GPUS_PER_NODE = 1_024
+# A cluster's or node's name keys the state database's rows (at most 200 characters there),
+# and names Slurm jobs, Kubernetes objects and folders: letters, digits, '.', '_', '-'.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+MAX_NAME_CHARS = 200
+
 
 class ClusterError(ConfigError):
     """A cluster inventory is missing, malformed or inconsistent, or an operation on it is invalid."""
@@ -46,7 +57,7 @@ class Node(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)
     gpu_type: str = Field(min_length=1, description="catalogue name (scheduler.gpus) or your own")
     gpu_count: int = Field(gt=0)
     gpu_memory_gib: float = Field(gt=0, description="per GPU; default from the catalogue")
@@ -97,6 +108,12 @@ class Node(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Node":
+        if self.gpu_count > MAX_GPUS_PER_NODE:
+            raise ValueError(
+                f"gpu_count {self.gpu_count} is over the cap of {MAX_GPUS_PER_NODE:,} GPUs per node (the densest "
+                "real node, a GB200 NVL72 rack, has 72): give the GPUs of one machine, and more machines as "
+                "more nodes (`replicas: N`)"
+            )
         if self.pcie_root_complex is not None:
             if len(self.pcie_root_complex) != self.gpu_count:
                 raise ValueError(
@@ -148,7 +165,7 @@ class Cluster(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "cluster"
+    name: str = Field(default="cluster", min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)
     inter_node_bandwidth_gbps: float = Field(default=100.0, gt=0, description="per node NIC, Gbit/s")
     nodes: list[Node] = Field(min_length=1)
     slurm: SlurmSettings | None = Field(
@@ -289,17 +306,30 @@ class Cluster(BaseModel):
 
 
 def _expand_replicas(raw_nodes: Any, source: str) -> Any:
+    """The node list with each `replicas: N` entry made N nodes; at most MAX_NODES in all,
+    counted before any is made."""
     if not isinstance(raw_nodes, list):
         return raw_nodes
+    total = 0
+    for entry in raw_nodes:
+        replicated = isinstance(entry, dict) and "replicas" in entry
+        n = entry["replicas"] if replicated else 1
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise ClusterError(
+                f"{source}: node {entry.get('name')!r}: replicas must be a whole number >= 1 (got {n!r})"
+            )
+        total += n
+        if total > MAX_NODES:
+            where = f"node {entry.get('name')!r}: replicas {n:,} brings" if replicated else "the nodes list brings"
+            raise ClusterError(
+                f"{source}: {where} the cluster over the cap of {MAX_NODES:,} nodes (no real cluster has "
+                "that many; the largest have some tens of thousands): check the replicas counts"
+            )
     out: list[Any] = []
     for entry in raw_nodes:
         if isinstance(entry, dict) and "replicas" in entry:
             entry = dict(entry)
             n = entry.pop("replicas")
-            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-                raise ClusterError(
-                    f"{source}: node {entry.get('name')!r}: replicas must be a whole number >= 1 (got {n!r})"
-                )
             base = entry.get("name", "node")
             for i in range(n):
                 out.append({**copy.deepcopy(entry), "name": f"{base}-{i}"})

@@ -207,3 +207,35 @@ def test_copy_state_is_independent_of_the_original():
     assert copy.node("n-0") is copy.nodes[0] and cluster.node("n-0") is cluster.nodes[0]
     cluster.allocate("n-0", [3])
     assert copy.node("n-0").free_gpus == [2, 3]  # and the other way round
+
+
+@pytest.mark.parametrize(("nodes", "message"), [
+    # counted before any node is made: ten million replicas is an error at once, not a hang
+    ([{"name": "a", "gpu_type": "A10", "gpu_count": 8, "replicas": 10_000_000}],
+     "node 'a': replicas 10,000,000 brings the cluster over the cap of 100,000 nodes"),
+    ([{"name": "a", "gpu_type": "A10", "gpu_count": 8, "replicas": 60_000},
+      {"name": "b", "gpu_type": "A10", "gpu_count": 8, "replicas": 40_000},
+      {"name": "c", "gpu_type": "A10", "gpu_count": 8}],
+     "the nodes list brings the cluster over the cap of 100,000 nodes"),
+    ([{"name": "a", "gpu_type": "A10", "gpu_count": 1_025}], "gpu_count 1025 is over the cap of 1,024 GPUs per node"),
+])
+@pytest.mark.timeout(60)  # before the cap, ten million replicas were expanded one by one
+def test_counts_no_real_cluster_reaches_are_refused_with_the_cap(nodes, message):
+    with pytest.raises(ClusterError, match=message):
+        parse_cluster(_cluster(*nodes), source="inv.yaml")
+
+
+def test_a_cluster_at_the_caps_loads():
+    assert parse_cluster(_cluster({"name": "a", "gpu_type": "A10", "gpu_count": 1_024})).total_gpus == 1_024
+    cluster = parse_cluster(_cluster({"name": "a", "gpu_type": "A10", "gpu_count": 1, "replicas": 99_999},
+                                     {"name": "b", "gpu_type": "A10", "gpu_count": 1}))
+    assert len(cluster.nodes) == 100_000 and cluster.node("a-99998")
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "a\nb", "a\n", ".hidden", "-opt", "", "x" * 201, "名前"])
+def test_cluster_and_node_names_are_plain_words(name):
+    with pytest.raises(ClusterError, match=r"^inv.yaml: invalid cluster inventory \(1 problem\(s\)\)\n  - name: "):
+        parse_cluster({"name": name, "nodes": [{"name": "n", "gpu_type": "A10", "gpu_count": 1}]}, source="inv.yaml")
+    with pytest.raises(ClusterError, match=r"\(1 problem\(s\)\)\n  - nodes\["):
+        parse_cluster(_cluster({"name": name, "gpu_type": "A10", "gpu_count": 1}), source="inv.yaml")
+    assert parse_cluster({"name": "lab-2.gpu_a", "nodes": [{"name": "n", "gpu_type": "A10", "gpu_count": 1}]})
