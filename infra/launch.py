@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Protocol
+from typing import Iterable, Mapping, Protocol
 
 import psutil
 
@@ -121,8 +121,50 @@ def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
     ]
 
 
+# What a rank (and the Slurm batch job around it) inherits from the launcher's environment:
+# the names and prefixes below, nothing else, plus the request's own `env`. The launcher
+# runs in a flow worker that holds secrets no rank needs (Slack's webhook, Prefect's API
+# auth string, an LLM key, the state database's URL with its password), and a rank runs the
+# job's code. Add here what a worker needs that is missing, with its reason.
+WORKER_ENV_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "TZ", "LANG", "LANGUAGE",
+    "TMPDIR", "VIRTUAL_ENV", "CONDA_PREFIX", "LD_LIBRARY_PATH", "LD_PRELOAD",  # the interpreter and its libraries
+    "XDG_CACHE_HOME",  # torch, Triton and Hugging Face caches
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",  # storage behind a private CA
+    "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+    "TOKENIZERS_PARALLELISM",
+})
+WORKER_ENV_PREFIXES = (
+    "LC_",
+    "PYTHON",  # PYTHONPATH, PYTHONHASHSEED...
+    "TORCH", "PYTORCH_", "NCCL_", "CUDA", "NVIDIA_", "NVTE_", "TRITON_", "GLOO_", "UCX_", "FI_",  # the engine and its transports
+    "OMP_", "MKL_", "KMP_", "OPENBLAS_",  # CPU threads
+    "MASTER_", "WORLD_", "RANK", "LOCAL_RANK", "GROUP_RANK",  # torchrun sets these; a launcher's own pass through
+    "SLURM_", "SBATCH_", "SRUN_",  # Slurm's job and step, and its clients' settings
+    "FORGEFLOW_",  # the run's own (fault drills, the node's name, FORGEFLOW_TRUST_LEGACY_CHECKPOINTS), less the below
+    "AWS_",  # the checkpoint store's credentials, region and endpoint
+    "HF_", "TRANSFORMERS_", "HUGGINGFACE_",  # tokenizers, datasets and exports
+    "WANDB_", "MLFLOW_",  # the worker's metrics (training.metrics)
+)
+# Under FORGEFLOW_ but for the flows and the CLI, never a rank: the state database (its URL
+# carries the password; ranks write run files, the flow writes the database), the failure
+# agent's LLM and its memory.
+WORKER_ENV_WITHHELD_PREFIXES = ("FORGEFLOW_DB_URL", "FORGEFLOW_LLM_", "FORGEFLOW_CHROMA_")
+
+
+def worker_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The part of ``environ`` (default: this process's) a rank inherits: WORKER_ENV_NAMES and
+    WORKER_ENV_PREFIXES, less WORKER_ENV_WITHHELD_PREFIXES."""
+    environ = os.environ if environ is None else environ
+    return {name: value for name, value in environ.items()
+            if (name in WORKER_ENV_NAMES or name.startswith(WORKER_ENV_PREFIXES))
+            and not name.startswith(WORKER_ENV_WITHHELD_PREFIXES)}
+
+
 def node_env(spec: NodeLaunch, request: LaunchRequest) -> dict[str, str]:
-    env = dict(os.environ)
+    """One node's torchrun environment: `worker_environment()`, the request's `env`, the node's name
+    and its GPUs."""
+    env = worker_environment()
     env.update(request.env)
     env["PYTHONUNBUFFERED"] = "1"
     env["FORGEFLOW_NODE_NAME"] = spec.node

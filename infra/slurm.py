@@ -26,7 +26,9 @@ about which nodes may run work.
 
 Like the other launchers, this assumes the run directory is on storage every
 node sees (NFS, Lustre) and that the Python environment has the same path on
-every node (sbatch exports the submitting environment, as it does by default).
+every node. sbatch exports the environment it is given to the job, as it does by default:
+the launcher gives it `infra.launch.worker_environment()`, what a rank needs, never the flow
+worker's whole environment with its secrets.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from infra.launch import (
     node_log_path,
     resolve_rendezvous,
     wait_for_exit,
+    worker_environment,
 )
 
 CPU_DEVICE = "cpu"  # scheduler.gpus.CPU_DEVICE; infra does not import the scheduler
@@ -89,16 +92,19 @@ class SlurmSettings(BaseModel):
     drain_on_cordon: bool = Field(default=True, description="a forgeflow cordon drains the node in Slurm too")
 
 
-def _env(settings: SlurmSettings) -> dict[str, str]:
-    env = dict(os.environ)
+def _env(settings: SlurmSettings, environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
     if settings.slurm_conf:
         env["SLURM_CONF"] = settings.slurm_conf
     return env
 
 
-def slurm_command(args: list[str], settings: SlurmSettings, check: bool = True) -> subprocess.CompletedProcess:
+def slurm_command(args: list[str], settings: SlurmSettings, check: bool = True, *,
+                  environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run a Slurm client command in ``environ`` (default: this process's environment; sbatch
+    passes its environment on to the job)."""
     try:
-        result = subprocess.run(args, env=_env(settings), capture_output=True, text=True, timeout=60)
+        result = subprocess.run(args, env=_env(settings, environ), capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
         raise SlurmError(f"`{args[0]}` is not installed here: the Slurm launcher needs Slurm's client "
                          "commands (Debian: apt-get install slurm-client)") from None
@@ -367,7 +373,8 @@ class SlurmLauncher:
         script = folder / "job.sbatch"
         script.write_text(batch_script(request, request_file, self.grace_s))
         args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type), str(script)]
-        job_id = slurm_command(args, self.settings).stdout.strip().split(";")[0]
+        # sbatch exports its environment to the job: only what the ranks need
+        job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         (folder / "slurm-job-id").write_text(job_id)
         return SlurmJob(request, job_id, self.settings)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -110,3 +111,21 @@ def test_ranks_die_with_a_crashed_launcher(tmp_path, free_port):
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+def test_ranks_get_what_they_need_and_none_of_the_workers_secrets(tmp_path, free_port, monkeypatch):
+    secrets = ("SLACK_WEBHOOK_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "OPENAI_API_KEY",
+               "FORGEFLOW_DB_URL", "FORGEFLOW_LLM_API_KEY", "PGPASSWORD", "GITHUB_TOKEN")
+    needed = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "NCCL_DEBUG", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS",
+              "HF_HOME", "FORGEFLOW_TRUST_LEGACY_CHECKPOINTS", "WANDB_API_KEY", "LC_ALL")
+    for name in secrets + needed:
+        monkeypatch.setenv(name, "x")
+    job = LocalLauncher(grace_s=2).start(_request(tmp_path, free_port, env={"FORGEFLOW_TEST_EXIT": "0"}))
+    try:
+        _wait_for_pids(tmp_path / "pids", 2)
+    finally:
+        job.terminate(grace_s=2)
+    for rank in (0, 1):
+        seen = set(json.loads((tmp_path / "pids" / f"rank{rank}.env").read_text()))
+        assert not seen & set(secrets)
+        assert set(needed) | {"PATH", "FORGEFLOW_TEST_PID_DIR", "FORGEFLOW_NODE_NAME", "RANK", "MASTER_ADDR"} <= seen

@@ -5,6 +5,7 @@ Prefect) is in test_slurm_pretrain_flow.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -52,6 +53,27 @@ def test_scancel_leaves_no_rank_running(slurm, tmp_path):
     assert not alive, f"ranks outlived scancel: {alive}"
     assert job.poll()[slurm.node] not in (None, 0)
     assert job.job_id not in _squeue(slurm)
+
+
+def test_the_batch_job_and_its_ranks_get_none_of_the_workers_secrets(slurm, tmp_path, monkeypatch):
+    """sbatch exports its environment to the job: the launcher gives it the ranks' allowlist
+    (infra.launch.worker_environment), so the node task and the ranks never see the flow worker's secrets."""
+    secrets = ("SLACK_WEBHOOK_URL", "PREFECT_API_AUTH_STRING", "OPENAI_API_KEY", "FORGEFLOW_DB_URL")
+    for name in secrets + ("AWS_SECRET_ACCESS_KEY", "NCCL_DEBUG"):
+        monkeypatch.setenv(name, "x")
+    request = _request(slurm.node, tmp_path / "run", [RANK_WORKER], env={"FORGEFLOW_TEST_PID_DIR": str(tmp_path / "pids")})
+    job = SlurmLauncher(grace_s=2).start(request)
+    try:
+        pids = _rank_pids(tmp_path / "pids", 2)
+        node_task = next(p for p in psutil.Process(pids[0]).parents() if "infra.slurm" in " ".join(p.cmdline()))
+        batch_env = node_task.environ()
+    finally:
+        job.terminate(grace_s=2)
+    assert batch_env.get("SLURM_JOB_ID") == job.job_id and not set(batch_env) & set(secrets)
+    assert {"AWS_SECRET_ACCESS_KEY", "NCCL_DEBUG", "SLURM_CONF", "PATH"} <= set(batch_env)
+    for rank in (0, 1):
+        seen = set(json.loads((tmp_path / "pids" / f"rank{rank}.env").read_text()))
+        assert not seen & set(secrets) and {"AWS_SECRET_ACCESS_KEY", "NCCL_DEBUG"} <= seen
 
 
 def test_a_node_drained_in_slurm_is_refused(slurm, tmp_path):
