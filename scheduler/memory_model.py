@@ -35,11 +35,13 @@ whichever is larger):
   evaluates the candidate moments — the cross-entropy forward (half-precision
   logits next to their fp32 upcast), the output layer's backward (its weight
   gradient and the input gradient), the last layer's MLP backward (with full
-  recompute: right after replaying the layer), its attention backward
+  recompute: right after replaying the layer; at fc2's backward, its weight gradient
+  while fc2's input is still saved, and at the SwiGLU multiply's), its attention backward
   (score-sized gradients; in half precision the softmax's backward holds three
   fp32 score-sized tensors), the last layer's unfused softmax in the forward
   (raw scores, their fp32 upcast and the probabilities), the optimizer step
-  (Adam temporaries) — and reports the largest as `peak_event`. Which tensors exist at each moment was
+  (Adam temporaries, visiting parameters in registration order, with the cached RoPE
+  table and the token ids still alive) — and reports the largest as `peak_event`. Which tensors exist at each moment was
   read off MemTracker's per-operator timeline of the real model.
 * **Persistent buffers**: megatron's global memory buffer for attention
   scores (b·a/t·s² elements, allocated once, kept) and, on CPU, the cached
@@ -474,10 +476,15 @@ def _estimate_stage(
     if last:
         # Cross entropy shifts and exponentiates fp32 logits in place; half-precision
         # training briefly holds the half logits next to their fp32 upcast.
-        # Its per-token intermediates are alive too: the masked int64 targets, the target
-        # mask and the fp32 max, predicted logit and sum of exponentials (21 bytes/token).
-        ce_per_token = tokens * (8 + 1 + 3 * 4)
-        events["cross-entropy forward"] = (stored, logits, ce_per_token + (tokens * vocab_shard * e if e < 4 else 0))
+        # Its per-token intermediates are alive too: the masked int64 targets, the int64 row
+        # index (arange) its predicted-logit gather uses, the target mask and the fp32 max,
+        # predicted logit and sum of exponentials, besides the input token ids the training
+        # loop holds (8 bytes/token) — 37 bytes/token; the fp32 per-token loss counted in
+        # `stored` does not exist yet (4 bytes/token). The calibration row
+        # fp16-h256-l2-s256-v16k peaked here 12 bytes/token above the 21 counted before.
+        ce_per_token = tokens * (8 + 8 + 1 + 3 * 4 + 8)
+        events["cross-entropy forward"] = (stored - tokens * 4, logits,
+                                           ce_per_token + (tokens * vocab_shard * e if e < 4 else 0))
         # Output layer backward: its weight gradient (before DDP's hook moves it into the
         # grad buffer) and the gradient of its input.
         events["output-layer backward"] = (stored, logits, vocab_shard * h * e + tokens * h * e)
@@ -492,7 +499,10 @@ def _estimate_stage(
         if plan.recompute == "full":
             replayed = layer_activation_terms(m, plan, profile, recompute="none")
             base += sum(replayed.values())
-        events["MLP backward"] = (base - _mlp_freed_early(replayed), 0, _mlp_backward_transient(m, plan))
+        mlp_acts = base - _mlp_freed_early(replayed)
+        events["MLP backward"] = (mlp_acts, 0, _mlp_backward_transient(m, plan, profile))
+        events["MLP output-projection backward"] = (
+            mlp_acts + replayed.get("swiglu_out", 0), 0, _fc2_backward_transient(m, plan, profile))
         attn_acts, attn_transient = _attention_backward(m, plan, profile, replayed, base)
         events["attention backward"] = (attn_acts, 0, attn_transient)
         if profile.attention == "unfused":
@@ -502,7 +512,11 @@ def _estimate_stage(
             before_layer = base - sum(replayed.values()) - loss_per_token
             events["attention forward"] = _attention_forward(m, plan, profile, replayed, before_layer)
     if optimizer:
-        events["optimizer step"] = (0, 0, _adam_temporaries(m, plan, profile, stage))
+        # Alive through the step besides Adam's temporaries: the RoPE table (megatron's
+        # RotaryEmbedding.forward is lru_cached, so the table outlives the step) and the
+        # micro-batch's int64 token ids the training loop holds (8 bytes/token); the
+        # calibration row h1024-l2-s128 held exactly these 33,792 B at its Adam peak.
+        events["optimizer step"] = (rope_table + tokens * 8, 0, _adam_temporaries(m, plan, profile, stage))
 
     name, (acts, logit_bytes, transient) = max(events.items(), key=lambda kv: sum(kv[1]))
     dynamic = acts + logit_bytes + transient + persistent
@@ -519,13 +533,44 @@ def _mlp_freed_early(terms: dict[str, int]) -> int:
     return terms.get("layer_output", 0) + terms.get("swiglu_out", 0)
 
 
-def _mlp_backward_transient(m: ModelConfig, plan: ParallelPlan) -> int:
+def _mlp_backward_transient(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile) -> int:
     """Gradients alive at the SwiGLU multiply's backward: the incoming h-wide gradient,
     the fc2 input gradient (f) and the multiply's two f-wide input gradients."""
     tokens = m.seq_length * plan.micro_batch_size
     e = _bytes_per_element(plan.precision)
     sp = plan.tp if plan.sequence_parallel else 1
-    return tokens * m.hidden_size * e // sp + 3 * tokens * m.ffn_size * e // plan.tp
+    return (tokens * m.hidden_size * e // sp + 3 * tokens * m.ffn_size * e // plan.tp
+            + _half_norm_shortfall(m, plan, profile))
+
+
+def _fc2_backward_transient(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile) -> int:
+    """Gradients alive at the MLP's output projection (fc2) backward, one moment before the
+    SwiGLU multiply's: the incoming h-wide gradient, fc2's input gradient (f) and fc2's
+    weight gradient (h x f, in the weights' dtype, before DDP's hook adds it to the fp32
+    grad buffer), while fc2's saved input (the SwiGLU output) is still alive. It beats the
+    multiply's moment when h·f > tokens·f + the SwiGLU output, i.e. few tokens per
+    micro-batch: the calibration row tp2-h768-l2-s512-full peaked here (aten.mm in the
+    backward), 1 MiB above the multiply's moment the model had."""
+    tokens = m.seq_length * plan.micro_batch_size
+    e = _bytes_per_element(plan.precision)
+    sp = plan.tp if plan.sequence_parallel else 1
+    f = m.ffn_size // plan.tp
+    return (tokens * m.hidden_size * e // sp + tokens * f * e + m.hidden_size * f * e
+            + _half_norm_shortfall(m, plan, profile))
+
+
+def _half_norm_shortfall(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfile) -> int:
+    """In half precision the composite RMSNorm's saved x·rstd is fp32, not the e bytes its
+    `*_normalized` term counts. Over a whole layer the residual-stream terms balance that
+    (the norms save fp32 upcasts, not the half residuals), but once the layer's output is
+    freed (the MLP's backward) the pre-MLP norm's extra 4 - e bytes per element are not
+    covered: tokens x h x (4 - e). The bf16 full-recompute calibration row
+    bf16-h384-l4-s256-full was one bf16 h-wide tensor short at its SwiGLU backward."""
+    e = _bytes_per_element(plan.precision)
+    if e == 4 or not profile.rmsnorm_composite:
+        return 0
+    sp = plan.tp if plan.sequence_parallel else 1
+    return m.seq_length * plan.micro_batch_size * m.hidden_size * (4 - e) // sp
 
 
 _FREED_BEFORE_ATTENTION_BWD = (
@@ -634,7 +679,10 @@ def _adam_temporaries(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfil
     torch's single-tensor AdamW (megatron's fallback without TE/apex) computes
     sqrt(v) / bias_correction for each parameter: two parameter-sized temporaries,
     while the previous parameter's quotient is still referenced; parameters are
-    visited in model order (embedding, per layer qkv, proj, fc1, fc2, output layer).
+    visited in registration order (embedding, per layer proj, qkv, fc1, fc2, output layer:
+    megatron's SelfAttention registers linear_proj before linear_qkv, so fc1's predecessor
+    is the larger qkv; the model said proj, 2 MiB short on the calibration row
+    h1024-l2-s128). The norms are another parameter group, stepped on their own.
     Fused Adam kernels allocate nothing.
     """
     if profile.adam_kernel == "fused":
@@ -647,7 +695,7 @@ def _adam_temporaries(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfil
     if stage == 0:
         order.append(vocab_shard)
     for _ in range(stage_layers(m.num_layers, plan.pp, stage)):
-        order += [h * (h + 2 * k) // t, h * h // t, 2 * h * f // t, f * h // t]
+        order += [h * h // t, h * (h + 2 * k) // t, 2 * h * f // t, f * h // t]
     if stage == plan.pp - 1 and (m.untie_embeddings_and_output_weights or plan.pp > 1):
         order.append(vocab_shard)
     worst = max((2 * size + (order[i - 1] if i else 0) for i, size in enumerate(order)), default=0)

@@ -319,3 +319,48 @@ def test_fp32_and_flash_keep_their_peak_moments():
     flash = estimate_memory(LONG, ParallelPlan(global_batch_size=1, precision="bf16"), CPU_SDPA_MEASURED,
                             optimizer=False)
     assert flash.peak_event != "attention forward" and flash.persistent_buffers == 0
+
+
+# Few tokens, wide layers: the weight-sized tensors of the step decide the peak.
+# h=256, 4 heads of 64, one kv head (K = 64), f=1024, V=16, s=4, b=1: 4 tokens.
+WIDE = ModelConfig(num_layers=1, hidden_size=256, num_attention_heads=4, num_query_groups=1,
+                   ffn_hidden_size=1024, vocab_size=16, seq_length=4)
+
+
+def test_adam_visits_proj_before_qkv_and_the_step_keeps_the_rope_table_and_token_ids():
+    bd = estimate_memory(WIDE, ParallelPlan(global_batch_size=1, precision="fp32"), CPU_MEASURED)
+    assert bd.peak_event == "optimizer step"
+    # At fc1 (2·256·1024 = 524,288): its sqrt(v) and quotient, and the previous parameter's
+    # quotient, which is qkv (256·384 = 98,304; megatron registers linear_proj first), in fp32.
+    # With proj (65,536) as the predecessor, as before, 262,144 B short.
+    assert bd.transient == (2 * 524_288 + 98_304) * 4 == 4_587_520
+    # The lru_cached RoPE table s·head_dim·4 = 1,024 and the int64 token ids 4·8 = 32.
+    assert bd.activations == 1_024 + 32
+
+
+@pytest.mark.parametrize("recompute", ["none", "full"])
+def test_mlp_output_projection_backward_holds_its_weight_gradient(recompute):
+    fp32 = estimate_memory(WIDE, ParallelPlan(global_batch_size=1, precision="fp32", recompute=recompute),
+                           CPU_MEASURED, optimizer=False)
+    assert fp32.peak_event == "MLP output-projection backward"
+    # incoming gradient 4·256·4 + fc2's input gradient 4·1024·4 + its weight gradient 256·1024·4
+    assert fp32.transient == 4_096 + 16_384 + 1_048_576
+    bf16 = estimate_memory(WIDE, ParallelPlan(global_batch_size=1, precision="bf16", recompute=recompute),
+                           CPU_MEASURED, optimizer=False)
+    assert bf16.peak_event == "MLP output-projection backward"
+    # the same in bf16, plus the pre-MLP norm's fp32 x·rstd beyond its bf16-sized term 4·256·2
+    assert bf16.transient == 2_048 + 8_192 + 524_288 + 2_048
+
+
+def test_cross_entropy_forward_counts_its_int64_index_and_the_token_ids():
+    m = ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=2,
+                    ffn_hidden_size=128, vocab_size=4096, seq_length=128)
+    bd = estimate_memory(m, ParallelPlan(global_batch_size=1, precision="bf16", recompute="full"),
+                         CPU_MEASURED, optimizer=False)
+    assert bd.peak_event == "cross-entropy forward"
+    # bf16 logits next to the fp32 copy (128·4096·2) and 37 B/token: masked targets, the
+    # arange row index and the token ids (int64 each), the target mask, three fp32 per token.
+    assert bd.transient == 1_048_576 + 128 * 37
+    # layer input and output 2·16,384 + RoPE table 8,192 + final norm 66,048 + the loss's
+    # 128·12 + 8, less the fp32 per-token loss that does not exist yet (128·4)
+    assert bd.activations == 32_768 + 8_192 + 66_048 + 1_544 - 512 == 108_040
