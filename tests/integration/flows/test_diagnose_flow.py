@@ -36,12 +36,17 @@ def test_diagnoses_a_local_log_and_alerts(prefect_api, slack, job_log):
 
 def test_reads_no_file_outside_a_job(prefect_api, job_log, tmp_path):
     """A parameter naming any readable file (or a symlink from a job's folder to one) is refused."""
+    from flows.diagnose import fetch_log
+
     secret = tmp_path / "secret.txt"
     secret.write_text("RuntimeError: CUDA error: the password is hunter2\n")
     (job_log.parent / "link.log").symlink_to(secret)
-    for path in (secret, job_log.parent / "link.log", Path("/etc/passwd")):
+    with pytest.raises(PermissionError, match="it is in no job's run directory"):
+        diagnose_failure(str(secret))  # the flow, end to end
+    for path in (job_log.parent / "link.log", Path("/etc/passwd")):  # the check it makes, directly
         with pytest.raises(PermissionError, match="it is in no job's run directory"):
-            diagnose_failure(str(path))
+            fetch_log(str(path), str(tmp_path))
+    assert fetch_log(f"file://{job_log}", str(tmp_path)) == job_log
 
 
 def test_diagnoses_a_log_in_s3(prefect_api, monkeypatch):

@@ -71,7 +71,7 @@ def test_submit_two_jobs_cancel_the_first_the_second_trains_to_the_end(embedded,
 
     inventory = tmp_path / "one-slot.yaml"
     inventory.write_text(yaml.safe_dump(ONE_SLOT, sort_keys=False))
-    job = make_job("submitted", training={"steps": 400, "lr_decay_steps": 400})
+    job = make_job("submitted", training={"steps": 100000, "lr_decay_steps": 100000})  # until cancelled
     # the default layout: each job's run directory and checkpoints carry its id
     per_job = ["--set", f"run_dir={tmp_path}/runs/{{name}}/{{job}}", "--set", "checkpoint.url={run_dir}/checkpoints"]
     first = json.loads(_forgeflow(embedded, "submit", str(job), "--cluster", str(inventory), *per_job,
@@ -92,9 +92,15 @@ def test_submit_two_jobs_cancel_the_first_the_second_trains_to_the_end(embedded,
                                                             if r.step >= 10], timeout_s=300)
     assert orch.job(two)["state"] == "queued"  # the slot is taken
     # what a user sees: the second waits for the first's slot, with an estimated start
-    listing = json.loads(_forgeflow(embedded, "jobs", "--json").stdout)["jobs"]
-    running, waiting = (next(j for j in listing if j["job_id"] == i) for i in (one, two))
-    assert running["state"] == "running" and running["step"] >= 10 and running["loss"] is not None
+    def listed():
+        listing = json.loads(_forgeflow(embedded, "jobs", "--json").stdout)["jobs"]
+        return tuple(next(j for j in listing if j["job_id"] == i) for i in (one, two))
+
+    # the flow records progress at most every 5 s: the listing catches up with the checkpoint
+    running, waiting = _until("forgeflow jobs to show the first job past step 10",
+                              lambda: (found := listed())[0]["step"] is not None and found[0]["step"] >= 10 and found,
+                              timeout_s=120, every_s=2)
+    assert running["state"] == "running" and running["loss"] is not None
     assert waiting["state"] == "queued" and waiting["position"] == 1
     assert waiting["waiting_reason"] == "no_room" and f"job {one}" in waiting["why"]
     assert waiting["estimated_start"] is not None and waiting["estimated_start"] > time.time()
