@@ -156,6 +156,19 @@ job_launches = sa.Table(
     sa.Column("recorded_at", sa.Float, nullable=False),
 )
 
+# The control plane's own liveness (migration 0007, one row, id 1): `seen_at` is when a writer
+# last reached the database (database clock, refreshed at most about once a second), `epoch_at`
+# when the first writer after a gap (an outage) came back and `gap_s` how long that gap was.
+# Expiry counts from max(last renewal, epoch): every holder gets a full lease period to renew.
+control_plane = sa.Table(
+    "control_plane", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("seen_at", sa.Float, nullable=True),
+    sa.Column("epoch_at", sa.Float, nullable=True),
+    sa.Column("gap_s", sa.Float, nullable=True),
+    sa.CheckConstraint("id = 1", name="ck_control_plane_one_row"),
+)
+
 diagnosis_rules = sa.Table(
     "diagnosis_rules", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),  # newest learned = highest id
