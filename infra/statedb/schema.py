@@ -96,6 +96,8 @@ jobs = sa.Table(
     # `forgeflow cancel` on a running job: {"by", "reason", "at"}; its flow stops the ranks
     # gracefully (they commit the step they are on) and ends the job as cancelled
     sa.Column("stop_requested", JSON, nullable=True),
+    # (migration 0008) the submitting role's team (NULL on SQLite and while no team is defined)
+    sa.Column("team", sa.Text, nullable=True),
     sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled')", name="ck_jobs_state"),
 )
 sa.Index("ix_jobs_cluster_state", jobs.c.cluster, jobs.c.state)
@@ -167,6 +169,20 @@ control_plane = sa.Table(
     sa.Column("epoch_at", sa.Float, nullable=True),
     sa.Column("gap_s", sa.Float, nullable=True),
     sa.CheckConstraint("id = 1", name="ck_control_plane_one_row"),
+)
+
+# Teams (migration 0008): a team's fair-share weight, and which database roles belong to it
+# (an admin may manage every job of the team).
+teams = sa.Table(
+    "teams", metadata,
+    sa.Column("name", sa.Text, primary_key=True),
+    sa.Column("weight", sa.Float(precision=53), nullable=False, server_default="1"),
+)
+team_members = sa.Table(
+    "team_members", metadata,
+    sa.Column("member", sa.Text, primary_key=True),  # a database role (PostgreSQL)
+    sa.Column("team", sa.Text, sa.ForeignKey("teams.name"), primary_key=True),
+    sa.Column("is_admin", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 diagnosis_rules = sa.Table(
