@@ -121,6 +121,11 @@ class FreeGpus:
         self.nodes_by_type: dict[str, list[Node]] = {}
         for n in cluster.schedulable_nodes():
             self.nodes_by_type.setdefault(n.gpu_type, []).append(n)
+        # Teams' quotas (`scheduler.fair_share.QuotaGate`), when the cluster has them: a placement
+        # the gate refuses is not tried; `refused` counts refusals (a refusal is about the job's
+        # team, not about room: passes must not conclude that equal options find no room).
+        self.gate = None
+        self.refused = 0
 
     def any(self) -> bool:
         return any(self.by_type.values())
@@ -135,6 +140,9 @@ class FreeGpus:
         """
         if self.by_type.get(opt.gpu_type, 0) < opt.num_gpus:
             return None  # cheap rejection before walking the nodes
+        if self.gate is not None and not self.gate.allows(job_id, opt):
+            self.refused += 1
+            return None
         if misfits is not None:
             key = opt.fit_key
             if key in misfits:
@@ -148,6 +156,8 @@ class FreeGpus:
                                     dp=opt.dp, tp=opt.tp, pp=opt.pp)
         allocate_placement(self.cluster, placement)
         self.by_type[opt.gpu_type] -= opt.num_gpus
+        if self.gate is not None:
+            self.gate.took(job_id, opt)
         return placement
 
     def give_back(self, gpu_type: str, count: int) -> None:
@@ -195,6 +205,7 @@ def schedule_pass(
             considered += 1
             if id(job.options) in no_room:
                 continue
+            refused = free.refused
             for opt in job.options:
                 placement = free.try_place(job.job_id, opt, select, misfits)
                 if placement is not None:
@@ -202,7 +213,8 @@ def schedule_pass(
                     room = free.any()
                     break
             else:
-                no_room.add(id(job.options))
+                if free.refused == refused:  # no room (not a quota refusal of this job's team)
+                    no_room.add(id(job.options))
         return started, considered
     if policy == "sjf":
         # Shortest predicted run first; anything that fits starts (no reservation).
@@ -284,6 +296,7 @@ def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
             break
         considered += 1
         if shadow is None:
+            refused = free.refused
             for opt in job.options:
                 placement = free.try_place(job.job_id, opt, first_fit_select)
                 if placement is not None:
@@ -291,7 +304,8 @@ def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
                     ends.setdefault(opt.gpu_type, []).append((now + opt.run_s, opt.num_gpus))
                     break
             else:
-                shadow = _shadow(now, job.options, free, ends)
+                if free.refused == refused:  # a job its team's quota holds back reserves nothing
+                    shadow = _shadow(now, job.options, free, ends)
             continue
         gpu_type, shadow_s, extra = shadow
         for opt in job.options:

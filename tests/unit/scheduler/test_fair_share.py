@@ -1,0 +1,106 @@
+"""The admission decision over a snapshot: quotas with borrowing, owners' waiting work, fair-share order."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from scheduler.cluster import parse_cluster
+from scheduler.fair_share import (
+    DecayedUsage, Quota, RunningJob, Snapshot, TeamRules, decayed_gpu_s, decide, fair_order, holdings, team_usage,
+)
+from scheduler.policy import Busy, FreeGpus, Option, QueuedJob
+
+ONE = (Option("cpu", 1, 1, 0, 10.0),)
+
+
+def _cluster(gpus: int = 2):
+    return parse_cluster({"name": "c", "nodes": [{"name": "n", "gpu_type": "cpu", "gpu_count": gpus,
+                                                 "gpu_memory_gib": 16, "peak_tflops": 1}]})
+
+
+def _decide(queue, team_of, rules, held=None, usage=None, gpus=2, busy=0, policy="has", running=()):
+    cluster = _cluster(gpus)
+    if busy:
+        cluster.allocate("n", list(range(busy)))
+    snap = Snapshot(policy, 0.0, queue, list(running), FreeGpus(cluster), rules, team_of, {}, held or {}, usage or {})
+    started, _ = decide(snap)
+    return [job.job_id for job, _, _ in started]
+
+
+RULES = TeamRules({("A", "cpu"): Quota(1, 1), ("B", "cpu"): Quota(1, 1)})
+
+
+def test_team_holds_its_nominal_quota_while_the_owner_of_the_rest_waits():
+    queue = [QueuedJob("a2", 1, ONE), QueuedJob("a3", 2, ONE), QueuedJob("b1", 3, ONE)]
+    team_of = {"a2": "A", "a3": "A", "b1": "B"}
+    # A holds 1 (its quota), one CPU idle: B's waiting job gets it, not A's earlier borrower
+    assert _decide(queue, team_of, RULES, held={("A", "cpu"): 1}, busy=1) == ["b1"]
+
+
+def test_idle_quota_is_borrowed_up_to_the_limit():
+    queue = [QueuedJob("a1", 1, ONE), QueuedJob("a2", 2, ONE), QueuedJob("a3", 3, ONE)]
+    team_of = {j.job_id: "A" for j in queue}
+    assert _decide(queue, team_of, RULES, gpus=4) == ["a1", "a2"]  # nominal 1 + borrow 1
+    unlimited = TeamRules({("A", "cpu"): Quota(1, None), ("B", "cpu"): Quota(1, 1)})
+    assert _decide(queue, team_of, unlimited, gpus=2) == ["a1", "a2"]  # B's idle quota only: 2 CPUs
+    assert _decide(queue, team_of, unlimited, gpus=3) == ["a1", "a2", "a3"]
+
+
+def test_no_quota_no_gate():
+    queue = [QueuedJob(f"a{i}", i, ONE) for i in range(3)]
+    assert _decide(queue, {j.job_id: "A" for j in queue}, TeamRules(), gpus=3) == ["a0", "a1", "a2"]
+
+
+def test_team_without_quota_uses_idle_quota_only():
+    queue = [QueuedJob("x1", 1, ONE), QueuedJob("b1", 2, ONE)]
+    rules = TeamRules({("B", "cpu"): Quota(2, 0)})
+    assert _decide(queue, {"x1": "", "b1": "B"}, rules, gpus=2) == ["b1"]  # B waits: its quota is claimed
+    assert _decide(queue[:1], {"x1": ""}, rules, gpus=2) == ["x1"]
+
+
+def test_a_refused_job_does_not_make_equal_options_look_full():
+    # a1 and b1 share one options tuple: A's refusal must not skip B's job
+    queue = [QueuedJob("a1", 1, ONE), QueuedJob("b1", 2, ONE)]
+    rules = TeamRules({("A", "cpu"): Quota(0, 0), ("B", "cpu"): Quota(1, 0)})
+    assert _decide(queue, {"a1": "A", "b1": "B"}, rules, gpus=1) == ["b1"]
+
+
+def test_easy_head_held_back_by_quota_reserves_nothing():
+    long = (Option("cpu", 1, 1, 0, 100.0),)
+    queue = [QueuedJob("a1", 1, ONE), QueuedJob("b1", 2, long)]
+    rules = TeamRules({("A", "cpu"): Quota(1, 0), ("B", "cpu"): Quota(1, 0)})
+    running = [Busy("cpu", 1, 5.0)]
+    # A already holds its quota: a1 is not the head; B's job starts on the idle CPU
+    assert _decide(queue, {"a1": "A", "b1": "B"}, rules, held={("A", "cpu"): 1}, busy=1,
+                   policy="easy", running=running) == ["b1"]
+
+
+def test_fair_order_within_a_class_by_usage_over_weight():
+    queue = [QueuedJob("a1", 1, ONE), QueuedJob("b1", 2, ONE), QueuedJob("c1", 3, ONE), QueuedJob("c2", 4, ONE)]
+    team_of = {"a1": "A", "b1": "B", "c1": "C", "c2": "C"}
+    rules = TeamRules(weights={"A": 2.0, "B": 1.0, "C": 1.0})
+    usage = {"A": 100.0, "B": 60.0, "C": 10.0}  # over weight: A 50, B 60, C 10
+    assert [j.job_id for j in fair_order(queue, team_of, {}, usage, rules)] == ["c1", "c2", "a1", "b1"]
+    # a higher class goes first whatever its team used
+    order = fair_order(queue, team_of, {"b1": 10}, usage, rules)
+    assert [j.job_id for j in order] == ["b1", "c1", "c2", "a1"]
+
+
+def test_decayed_usage_halves_every_half_life():
+    h = 3600.0
+    assert decayed_gpu_s(2, 0, 10, 10, 1e12) == pytest.approx(20.0)
+    whole = decayed_gpu_s(1, 0, 100, 100, h)
+    assert decayed_gpu_s(1, 0, 100, 100 + h, h) == pytest.approx(whole / 2)
+    usage = DecayedUsage(h)
+    usage.add("A", 1, 0, 100)
+    usage.add("A", 1, 50, 60)  # ended earlier than the last one: still decayed from its own end
+    assert usage.at("A", 100 + h) == pytest.approx((whole + decayed_gpu_s(1, 50, 60, 100, h)) / 2)
+    running = [RunningJob("B", "cpu", 4, 0.0), RunningJob("A", "cpu", 1, 50.0)]
+    now = 100.0
+    got = team_usage(usage, running, now)
+    assert got["B"] == pytest.approx(decayed_gpu_s(4, 0, now, now, h))
+    assert got["A"] == pytest.approx(usage.at("A", now) + decayed_gpu_s(1, 50, now, now, h))
+    assert holdings(running) == {("B", "cpu"): 4, ("A", "cpu"): 1}
+    assert math.isfinite(DecayedUsage(1.0).at("x", 1e9))
