@@ -22,8 +22,10 @@ runner calls it on every exit, so an interrupted or failed evaluation leaves no
 job behind.
 
 Like the Slurm launcher (infra/slurm.py) this assumes the output folder is on
-storage every node sees and the Python environment has the same path there
-(sbatch exports the submitting environment, as it does by default).
+storage every node sees and the Python environment has the same path there.
+sbatch exports the environment it is given to the job; it is given
+`infra.launch.worker_environment()`, what a worker needs, never this process's
+whole environment (a Slack webhook or the state database's URL stay here).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from evalsuite.metrics import MetricJob, run_metric_job
 from evalsuite.sandbox import Sandbox
 from evalsuite.trials import Trial, TrialResult, cpu_cores, cuda_indices
 from infra.atomic_write import atomic_write
+from infra.launch import worker_environment
 from infra.slurm import FINAL_STATES, SlurmError, SlurmSettings, site_args, slurm_command
 
 OUTPUT_TAIL_CHARS = 3000   # of a failed trial's Slurm output, in its error
@@ -164,7 +167,8 @@ class SlurmSubmitter:
         script.write_text(batch_script(trial, trial_file, result_file))
         args = ["sbatch", "--parsable", *sbatch_args(trial, self.settings, output), str(script)]
         try:
-            job_id = slurm_command(args, self.settings).stdout.strip().split(";")[0]
+            # sbatch exports its environment to the job: only what a worker needs
+            job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         except SlurmError as e:   # no Slurm reachable, a wrong partition or account: the plan cannot run
             raise EvalError(f"trial {trial.trial_id} could not be submitted to Slurm: {e}. Check SLURM_CONF "
                             "and the cluster file's slurm: section (partition, account)") from e

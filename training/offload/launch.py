@@ -1,13 +1,17 @@
-"""Start W offload workers on this machine under torchrun and collect their reports."""
+"""Start W offload workers on this machine under torchrun and collect their reports.
+
+The workers get `infra.launch.worker_environment()`, what a rank needs (the allowlist the
+other launchers use), never this process's whole environment: a Slack webhook, the state
+database's URL or an API key stay here."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
+from infra.launch import worker_environment
 from training.offload.executor import OffloadRunConfig
 
 
@@ -27,7 +31,7 @@ def run_local(cfg: OffloadRunConfig, workers: int, *, timeout_s: float = 1800.0,
     out.mkdir(parents=True, exist_ok=True)
     run_file = out / "run.json"
     run_file.write_text(cfg.model_dump_json(indent=1))
-    env = dict(os.environ)
+    env = worker_environment()
     if threads_per_worker:
         env["OMP_NUM_THREADS"] = str(threads_per_worker)  # W workers share this machine's cores
     log = out / "workers.log"
