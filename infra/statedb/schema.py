@@ -39,6 +39,9 @@ clusters = sa.Table(
     sa.Column("pass_pending", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("registered_at", sa.Float, nullable=False),
     sa.Column("source", sa.Text, nullable=True),  # the file it was registered from
+    # (migration 0009) from the cluster file: the policy (has | easy | ect) and fair share's half-life
+    sa.Column("policy", sa.String(10), nullable=False, server_default="has"),
+    sa.Column("usage_half_life_s", sa.Float, nullable=False, server_default="604800"),
 )
 
 nodes = sa.Table(
@@ -191,4 +194,28 @@ diagnosis_rules = sa.Table(
     sa.Column("name", sa.String(300), nullable=False, unique=True),
     sa.Column("pattern", sa.Text, nullable=False, unique=True),
     sa.Column("rule", JSON, nullable=False),  # diagnosis.rules.DiagnosisRule.model_dump()
+)
+
+# Quotas and priority classes (migration 0009; `scheduler.fair_share`): per cluster, team and GPU
+# type a nominal quota and how many GPUs above it the team may borrow (NULL: any idle quota);
+# the operator's named priority classes, and the highest class each team may submit at.
+quotas = sa.Table(
+    "quotas", metadata,
+    sa.Column("cluster", sa.String(200), sa.ForeignKey("clusters.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("team", sa.Text, sa.ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("gpu_type", sa.String(100), primary_key=True),
+    sa.Column("nominal", sa.Integer, nullable=False),
+    sa.Column("borrowing_limit", sa.Integer, nullable=True),
+    sa.CheckConstraint("nominal >= 0 AND (borrowing_limit IS NULL OR borrowing_limit >= 0)", name="ck_quotas_counts"),
+)
+priority_classes = sa.Table(
+    "priority_classes", metadata,
+    sa.Column("name", sa.String(100), primary_key=True),
+    sa.Column("value", sa.Integer, nullable=False),  # jobs.priority holds the class's value
+    sa.Column("description", sa.Text, nullable=True),
+)
+team_class_caps = sa.Table(
+    "team_class_caps", metadata,
+    sa.Column("team", sa.Text, sa.ForeignKey("teams.name", ondelete="CASCADE"), primary_key=True),
+    sa.Column("priority_class", sa.String(100), sa.ForeignKey("priority_classes.name"), nullable=False),
 )
