@@ -2,6 +2,7 @@
 
     local_s3         a local S3 server (SeaweedFS `weed mini`) on free ports; free_ports
     slurm_local      a real single-host Slurm (slurmctld + slurmd + munge); `python -m testing.slurm_local DIR`
+    postgres_servers PostgreSQL servers to stop, start, replicate (pg_basebackup -R) and promote, and PgBouncer
     prefect_server   a local `prefect server start` with process workers, pinned to cores if asked
     node_faults      physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
     tiny_checkpoint  a tiny Llama checkpoint in Hugging Face format, built locally in seconds

@@ -3,7 +3,10 @@
     url         which database (FORGEFLOW_DB_URL, else a SQLite file in the state dir), without
                 importing SQLAlchemy
     transactions  engines and the transactions every write goes through (SQLite WAL / busy
-                timeout / immediate transactions; PostgreSQL row locks), reachability errors
+                timeout / immediate transactions; PostgreSQL row locks, one small PgBouncer-safe
+                pool per process, multi-host failover URLs), reachability errors
+    retry       StateDbRetry: a call the database did not answer waits and is retried with
+                backoff, logged, with an alert once the outage lasts
     batch       StatementBatch: a transaction's statements sent together (one round trip on PostgreSQL)
     schema      the tables: clusters, nodes, GPUs, jobs, allocations (+ history), diagnosis rules
     migrate     `open_state_db`: an engine on a database upgraded (Alembic) to this forgeflow's schema;
@@ -18,6 +21,9 @@
 _EXPORTS = {
     "StatementBatch": "infra.statedb.batch",
     "StateDbError": "infra.statedb.transactions",
+    "StateDbUnreachable": "infra.statedb.transactions",
+    "StateDbRetry": "infra.statedb.retry",
+    "OutagePolicy": "infra.statedb.retry",
     "batched_write_transaction": "infra.statedb.transactions",
     "database_url": "infra.statedb.url",
     "is_postgres": "infra.statedb.transactions",
@@ -42,6 +48,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "StateDbError", "StatementBatch", "batched_write_transaction", "database_url", "forget_engines", "is_postgres", "is_sqlite", "open_state_db",
+    "OutagePolicy", "StateDbError", "StateDbRetry", "StateDbUnreachable", "StatementBatch", "batched_write_transaction", "database_url", "forget_engines", "is_postgres", "is_sqlite", "open_state_db",
     "read_transaction", "redact", "write_transaction",
 ]

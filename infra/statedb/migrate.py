@@ -19,7 +19,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from infra.statedb.transactions import DB_URL_ENV, SQLITE_BUSY_TIMEOUT_S, StateDbError, database_url, is_postgres, make_engine, redact
+from infra.statedb.transactions import (DB_URL_ENV, SQLITE_BUSY_TIMEOUT_S, StateDbError, StateDbUnreachable, database_url,
+                                        is_postgres, make_engine, redact)
 
 MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 _ADVISORY_KEY = 0x466F7267  # "Forg": one lock id for schema changes
@@ -97,10 +98,10 @@ def open_state_db(url: str | None = None, *, state_dir: str | os.PathLike | None
             engine = make_engine(url)
             try:
                 _ensure_schema_waiting(engine)
-            except sa.exc.OperationalError as e:
+            except (sa.exc.OperationalError, sa.exc.InterfaceError) as e:
                 engine.dispose()
                 reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-                raise StateDbError(
+                raise StateDbUnreachable(
                     f"cannot reach the state database {redact(url)} ({reason}); start it or point "
                     f"{DB_URL_ENV} at a reachable database"
                 ) from None

@@ -11,6 +11,13 @@ Concurrency: every write goes through `write_transaction`. On SQLite that is
 processes never both read the free GPUs and then both write) in WAL mode with a
 busy timeout (writers queue instead of failing); on PostgreSQL the caller takes
 row locks (`SELECT ... FOR UPDATE`) inside it.
+
+Connections (PostgreSQL): one small pool per process (POOL_SIZE kept open, POOL_OVERFLOW more
+under a burst, closed when returned), no server-side prepared statements (psycopg's
+`prepare_threshold=None`), so the URL may point at PgBouncer in transaction pooling mode; and a
+multi-host URL (`?host=a:5432,b:5433&target_session_attrs=read-write`) connects to whichever
+host takes writes, so a promoted standby is found after a failover. A transaction the database
+does not answer raises `StateDbUnreachable` (`infra.statedb.retry` waits it out).
 """
 
 from __future__ import annotations
@@ -31,10 +38,24 @@ from infra.statedb.url import DB_FILE, DB_URL_ENV, database_url  # noqa: F401  (
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
 PING_AFTER_IDLE_S = 5.0  # a PostgreSQL connection idle in the pool this long is checked before use
+# Connections per process (README, "Sizing the state database"): a flow uses one at a time in its
+# main thread and one in its lease thread; `cluster serve` one. POOL_OVERFLOW more are opened
+# only under a burst and closed when returned; a process waiting longer than POOL_TIMEOUT_S for
+# one of its own connections has a bug, not a busy database.
+POOL_SIZE = 2
+POOL_OVERFLOW = 2
+POOL_TIMEOUT_S = 30.0
+CONNECT_TIMEOUT_S = 10  # libpq's, per host tried: a host that does not answer is passed over
 
 
 class StateDbError(RuntimeError):
     """The state database cannot be used: unreachable, bad URL, or a schema from a newer forgeflow."""
+
+
+class StateDbUnreachable(StateDbError):
+    """The state database did not answer or refused the transaction (down, restarting, failing over
+    to a standby, out of connections, disk full): the same call may succeed later
+    (`infra.statedb.retry` waits and retries). A bad URL or a newer schema is a plain StateDbError."""
 
 
 # scheme ':' any slashes, user, ':' password up to the last '@' (a password may hold '@')
@@ -83,8 +104,24 @@ def _sqlite_engine(url: sa.URL) -> Engine:
     return engine
 
 
+def _multihost(url: sa.URL) -> sa.URL:
+    """libpq's comma-separated host list (`?host=a:5432,b:5433`) as the repeated `host` SQLAlchemy
+    splits into libpq's host and port lists (given as one value it would be taken as one host)."""
+    hosts = url.query.get("host")
+    if hosts is None:
+        return url
+    split = [h.strip() for h in ([hosts] if isinstance(hosts, str) else hosts) for h in h.split(",") if h.strip()]
+    return url.update_query_dict({"host": split if len(split) > 1 else split[0]})
+
+
 def _postgres_engine(url: sa.URL) -> Engine:
-    engine = sa.create_engine(url, pool_size=5, max_overflow=5)
+    # prepare_threshold=None: psycopg never prepares a statement on the server, which PgBouncer's
+    # transaction pooling would send to another server connection than the one that prepared it.
+    connect_args = {"prepare_threshold": None}
+    if "connect_timeout" not in url.query:
+        connect_args["connect_timeout"] = CONNECT_TIMEOUT_S
+    engine = sa.create_engine(_multihost(url), pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                              pool_timeout=POOL_TIMEOUT_S, connect_args=connect_args)
 
     # A pooled connection may be dead (the server restarted). SQLAlchemy's pool_pre_ping checks
     # on every checkout, which on psycopg is two round trips (BEGIN, SELECT 1) per transaction —
@@ -129,10 +166,16 @@ def make_engine(url: str) -> Engine:
     )
 
 
-def _transaction_failed(engine: Engine, e: sa.exc.OperationalError) -> StateDbError:
-    reason = str(e.orig).strip().splitlines()[0] if e.orig is not None else str(e)
-    return StateDbError(f"the state database {redact(str(engine.url))} failed a transaction ({reason}); "
-                        "check that it is reachable and not read-only")
+# what a database that went away (or never answered) raises: the pool's connect, a dead connection
+_UNREACHABLE = (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
+
+
+def _transaction_failed(engine: Engine, e: Exception) -> StateDbUnreachable:
+    orig = getattr(e, "orig", None)
+    reason = (str(orig) if orig is not None else str(e)).strip().splitlines()
+    return StateDbUnreachable(f"the state database {redact(str(engine.url))} failed a transaction "
+                              f"({reason[0] if reason else type(e).__name__}); "
+                              "check that it is reachable and not read-only")
 
 
 @contextmanager
@@ -141,7 +184,7 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
     try:
         with engine.begin() as conn:
             yield conn
-    except sa.exc.OperationalError as e:
+    except _UNREACHABLE as e:
         raise _transaction_failed(engine, e) from None
 
 
@@ -160,14 +203,17 @@ def batched_write_transaction(engine: Engine) -> Iterator[tuple[Connection, Stat
                 if transaction.is_active:
                     transaction.rollback()
                 raise
-    except sa.exc.OperationalError as e:
+    except _UNREACHABLE as e:
         raise _transaction_failed(engine, e) from None
 
 
 @contextmanager
 def read_transaction(engine: Engine) -> Iterator[Connection]:
     """A consistent read (a deferred transaction on SQLite: it waits for no writer)."""
-    with engine.connect() as conn:
-        conn = conn.execution_options(forgeflow_read=True)
-        with conn.begin():
-            yield conn
+    try:
+        with engine.connect() as conn:
+            conn = conn.execution_options(forgeflow_read=True)
+            with conn.begin():
+                yield conn
+    except _UNREACHABLE as e:
+        raise _transaction_failed(engine, e) from None
