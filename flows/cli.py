@@ -53,6 +53,7 @@ _CONFIG_ERRORS = (
     ("training.offload.executor", "OffloadConfigError"),
     ("evalsuite.errors", "EvalConfigError"),     # suites, datasets, backends
     ("diagnosis.llm", "LLMConfigError"),         # FORGEFLOW_LLM_* / OPENAI_* settings
+    ("scheduler.gpus", "UnknownGpuType"),        # --gpu-type: not in the catalogue nor the cluster
 )
 
 def is_config_error(exc: BaseException) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Iterable, Literal
 
 IntraLink = Literal["NVLink", "PCIe"]
 
@@ -121,6 +121,29 @@ def gpu_spec(name: str) -> GpuSpec:
             f"unknown GPU type {name!r}; known types: {', '.join(known_gpu_types())}"
         )
     return spec
+
+
+class UnknownGpuType(ValueError):
+    """A GPU type a person gave (--gpu-type, a spec) that neither the catalogue nor the cluster knows."""
+
+
+def checked_gpu_type(name: str, present: Iterable[str] = ()) -> str:
+    """The GPU type a person asked for, as the inventory spells it: one of `present` (the
+    cluster's own types, which may include types outside the catalogue), else the catalogue's
+    canonical name of a name or alias ("a100" -> "A100-40G"; case, spaces and dashes ignored).
+    Anything else is an UnknownGpuType naming the known types."""
+    present = list(present)
+    for own in present:
+        if _key(own) == _key(name):
+            return own
+    spec = lookup_gpu(name) if isinstance(name, str) else None
+    if spec is not None:
+        return spec.name
+    custom = [t for t in present if lookup_gpu(t) is None]
+    raise UnknownGpuType(
+        f"unknown GPU type {name!r}: give one of the catalogue's ({', '.join(known_gpu_types())})"
+        + (f" or this cluster's own ({', '.join(custom)})" if custom else "")
+        + "; case, spaces and dashes are ignored and aliases such as 'A100' work")
 
 
 def match_device_name(device_name: str, memory_gib: float | None = None) -> GpuSpec | None:

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from scheduler.cluster import GIB, Cluster, ClusterError
-from scheduler.gpus import gpu_spec
+from scheduler.gpus import checked_gpu_type, gpu_spec
 from scheduler.cost_model import CostModelConfig, LinkSpeeds, StepTime, predict_step_time
 from scheduler import memory_model as marp
 from training.capabilities import WORKER
@@ -455,6 +455,9 @@ def plan_job(
     """
     config = config or PlannerConfig()
     request = job if isinstance(job, PlanRequest) else PlanRequest.from_job(job)
+    if config.gpu_types:   # the user's choice, as the inventory spells it; a typo is refused, not ignored
+        config = config.model_copy(update={"gpu_types": tuple(
+            checked_gpu_type(t, cluster.gpu_types()) for t in config.gpu_types)})
     pools = gpu_pools(cluster, config.gpu_types)
     if not pools:
         if config.gpu_types:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scheduler.cluster import Cluster
+from scheduler.gpus import checked_gpu_type
 from scheduler.placement import NodeAssignment, Placement, has_select
 from scheduler.planner import PlannerConfig, gpu_pools, plan_job, worker_planner_config
 from scheduler.policy import POLICIES, FreeGpus, Option
@@ -52,6 +53,8 @@ def job_plans(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus: 
     first; only `gpu_type` and only `gpus` GPUs when the user asked for them (OrchestratorError
     when the cluster has no such type, or not that many)."""
     whole = _all_ready(cluster)
+    if gpu_type is not None:   # a typo is one error naming the known types; an alias is the inventory's name
+        gpu_type = checked_gpu_type(gpu_type, whole.gpu_types())
     if gpu_type is not None and gpu_type not in whole.gpu_types():
         raise OrchestratorError(f"cluster {cluster.name!r} has no {gpu_type} GPUs; types: {whole.gpu_types()}")
     if gpus is not None and gpus < 1:
