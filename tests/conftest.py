@@ -64,16 +64,36 @@ def prefect_api():
         yield
 
 
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``): each integration test file runs whole on
-    one worker (its module fixtures - servers, a 12-step run shared by its tests - start once),
-    the Slurm tests all on one (one local slurmctld/slurmd per machine), unit tests spread
-    one by one, and so are the benchmarks' smoke runs (each a subprocess of its own). Without
-    xdist the marks do nothing."""
-    for item in items:
-        path = item.nodeid.split("::", 1)[0]
-        if path.startswith("tests/integration/benchmarks/"):
-            continue  # each benchmark's smoke is its own subprocess: spread them over both workers
-        if path.startswith("tests/integration/"):
-            group = "slurm" if path.startswith("tests/integration/slurm/") else path
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under `-n N --dist loadgroup` (make test): tests/xdist_schedule.py's units (each
+    integration file whole on one worker, the Slurm tests together, the flow files that share
+    a Prefect server together; benchmark smokes and unit tests one by one), longest first by
+    the durations the last run recorded. Any other --dist: xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.xdist_schedule import DURATIONS_KEY, GroupedScheduling
+
+    cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+    return GroupedScheduling(config, log, cache.get(DURATIONS_KEY, {}) if cache else {})
+
+
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Each test's seconds (set-up, call, tear-down) for the next run's scheduling order."""
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """The controller (or a run without xdist) keeps this run's durations in pytest's cache,
+    over those of earlier runs for tests this run did not run."""
+    config = session.config
+    if hasattr(config, "workerinput") or not _durations or getattr(config, "cache", None) is None:
+        return
+    from tests.xdist_schedule import DURATIONS_KEY
+
+    known = config.cache.get(DURATIONS_KEY, {})
+    known.update({nodeid: round(seconds, 2) for nodeid, seconds in _durations.items()})
+    config.cache.set(DURATIONS_KEY, known)
