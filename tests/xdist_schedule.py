@@ -43,11 +43,13 @@ def kind(nodeid: str) -> str:
 @cache
 def uses_shared_prefect_server(root: Path, path: str) -> bool:
     """A flow test file whose tests take the folder's shared server (prefect_server or
-    use_prefect_server), read from its source: the controller does not collect."""
+    use_prefect_server) and do not start their own (a module fixture named prefect_server, as
+    on PostgreSQL), read from its source: the controller does not collect."""
     try:
-        return "prefect_server" in (root / path).read_text()
+        source = (root / path).read_text()
     except OSError:
         return False
+    return "prefect_server" in source and "def prefect_server(" not in source
 
 
 def unit_of(nodeid: str, root: Path) -> str:

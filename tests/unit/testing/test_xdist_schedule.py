@@ -17,6 +17,8 @@ def test_units_follow_the_suite_layout(tmp_path):
     flows.mkdir(parents=True)
     (flows / "test_on_server.py").write_text("def test_x(use_prefect_server): pass\n")
     (flows / "test_in_process.py").write_text("def test_x(prefect_api): pass\n")
+    (flows / "test_own_server.py").write_text("@pytest.fixture(scope='module')\ndef prefect_server(): ...\n"
+                                              "def test_x(use_prefect_server): pass\n")
     assert unit_of("tests/integration/checkpoint/test_a.py::test_x", tmp_path) == "tests/integration/checkpoint/test_a.py"
     assert unit_of("tests/integration/checkpoint/test_a.py::test_y[1]", tmp_path) == "tests/integration/checkpoint/test_a.py"
     assert unit_of("tests/integration/slurm/test_a.py::test_x", tmp_path) == unit_of(
@@ -24,6 +26,8 @@ def test_units_follow_the_suite_layout(tmp_path):
     assert unit_of("tests/integration/flows/test_on_server.py::test_x", tmp_path) == SHARED_PREFECT_SERVER_GROUP
     assert unit_of("tests/integration/flows/test_in_process.py::test_x", tmp_path) == \
         "tests/integration/flows/test_in_process.py"
+    assert unit_of("tests/integration/flows/test_own_server.py::test_x", tmp_path) == \
+        "tests/integration/flows/test_own_server.py"
     for alone in ("tests/integration/benchmarks/test_smoke.py::test_run[a.py]", "tests/unit/test_a.py::test_x"):
         assert unit_of(alone, tmp_path) == alone
 
