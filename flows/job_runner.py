@@ -26,12 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from flows.cli import temporary_server_defaults
+    from infra.statedb.retry import StateDbRetry
     from scheduler.orchestrator import OrchestratorError
     from scheduler.orchestrator.seat import cluster_orchestrator
 
     temporary_server_defaults()
-    try:
-        job = cluster_orchestrator().job(args.job_id)
+    try:  # a runner started during a database outage waits it out (logged) instead of failing
+        job = StateDbRetry().call(lambda: cluster_orchestrator().job(args.job_id), f"runner of job {args.job_id} starting")
     except OrchestratorError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

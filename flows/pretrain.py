@@ -45,6 +45,7 @@ from tasks.checkpoint_events import CommitAnnouncer
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
     FlowSeat,
+    flow_db_retry,
     join_cluster,
     publish_cluster_table,
     submit_job,
@@ -123,23 +124,27 @@ def pretrain(
     # 2. Queue for GPUs. The user chose none: the planner sizes the job on every GPU type and
     #    the cluster orchestrator, shared by every flow, admits it when the policy finds room
     #    (HAS best fit) — never onto GPUs another job holds, never onto a cordoned node. The
-    #    job's id names its run directory, its checkpoints and this flow run.
+    #    job's id names its run directory, its checkpoints and this flow run. Every decision
+    #    that asks the state database waits out an outage (`db`: logged, alerted once it lasts).
     inventory = load_inventory(cluster)
-    orchestrator = cluster_orchestrator()
-    cluster_name = join_cluster(orchestrator, inventory)
-    submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id)
+    db = flow_db_retry(spec.name)
+    orchestrator = db.call(cluster_orchestrator, "opening the state database")
+    cluster_name = join_cluster(orchestrator, inventory, db=db)
+    submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db)
     job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
-    _name_this_run(orchestrator, job_id, spec.name)
+    db.subject = f"{spec.name} (job {job_id})"
+    _name_this_run(orchestrator, job_id, spec.name, db)
     report = ProgressReport(orchestrator, job_id, spec.resolved_run_dir, spec.training.steps)
     try:
         preflight_storage(spec)  # the job's own checkpoint prefix, before it waits for GPUs
         report.phase("queued")
         try:
-            placement = wait_for_gpus(orchestrator, job_id, plans, spec.name)
+            placement = wait_for_gpus(orchestrator, job_id, plans, spec.name, db=db)
         except OrchestratorError as e:  # cancelled (or failed by an operator) while it waited
+            state = db.call(lambda: orchestrator.job(job_id)["state"], f"job {job_id} reading its state")
             result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0,
                                     stopped_because=f"ended before it was placed: {e}",
-                                    cancelled=orchestrator.job(job_id)["state"] == "cancelled",
+                                    cancelled=state == "cancelled",
                                     job_id=job_id, run_dir=str(spec.resolved_run_dir))
             send_alert(build_notifier(), Alert(f"{spec.name} (job {job_id}) stopped: {result.stopped_because}",
                                                "warning", {"job": str(job_id)},
@@ -148,8 +153,8 @@ def pretrain(
         # 3. Hold the GPUs while attempts run: the lease is renewed in the background and the
         #    GPUs are released however the flow ends (a flow that dies stops renewing and its
         #    lease expires).
-        with HeldJob(orchestrator, job_id) as held:
-            seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name)
+        with HeldJob(orchestrator, job_id, db=db) as held:
+            seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db)
             result = _train(spec, inventory, placement, seat, report, max_restarts=max_restarts,
                             hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
                             breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
@@ -159,12 +164,12 @@ def pretrain(
             held.reason = None if result.finished else result.stopped_because[:500]
             report.phase(held.outcome, step=result.final_step)
     finally:
-        withdraw(orchestrator, job_id)  # a run cancelled while it waits leaves the queue
+        withdraw(orchestrator, job_id, db)  # a run cancelled while it waits leaves the queue
         publish_cluster_table(orchestrator, cluster_name)
     return result
 
 
-def _name_this_run(orchestrator, job_id: int, name: str) -> None:
+def _name_this_run(orchestrator, job_id: int, name: str, db) -> None:
     """The flow run is named after its job ("tiny-cpu-7"), and the job records the flow run that
     runs it (`forgeflow jobs` shows it; `forgeflow cancel` reaches it through the database)."""
     run_id = prefect_runtime.flow_run.id
@@ -181,7 +186,7 @@ def _name_this_run(orchestrator, job_id: int, name: str) -> None:
             runner["url"] = link
     except Exception as e:  # a name is not worth failing the job for
         get_run_logger().warning("could not name the flow run after job %s: %s", job_id, e)
-    orchestrator.set_runner(job_id, runner)
+    db.call(lambda: orchestrator.set_runner(job_id, runner), f"job {job_id} recording its flow run")
 
 
 def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, max_restarts: int, hang_timeout_s: float,

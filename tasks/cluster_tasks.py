@@ -6,6 +6,8 @@ what people see in the Prefect UI: the ranked plans, the queue while the job wai
 placement picture and the live cluster table. The orchestrator keeps the cluster's state in
 the state database every flow shares (FORGEFLOW_DB_URL, else SQLite in the state dir), so two
 flows never place onto the same GPUs and a node one flow cordoned stays cordoned for all of them.
+Every call to it goes through the flow's `StateDbRetry` (`flow_db_retry`): a database outage
+is waited out, in the run's log, with an alert once it lasts; the tables are skipped instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 
+from infra.notify import flow_run_url
+from infra.statedb.retry import OUTAGE_ERRORS, OutagePolicy, StateDbRetry
 from infra.untrusted_text import fenced
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
@@ -36,18 +40,34 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "cluster"
 
 
+def flow_db_retry(subject: str) -> StateDbRetry:
+    """The flow run's StateDbRetry: its waits in the run's log, its alerts through the flow's
+    notifier (Slack) with a link to the run, after $FORGEFLOW_DB_ALERT_AFTER_S (default 60 s)."""
+    from prefect import runtime
+
+    from tasks.pretrain_tasks import build_notifier
+
+    return StateDbRetry(OutagePolicy.from_environ(), notify=build_notifier().send, logger=get_run_logger(), subject=subject,
+                        link=flow_run_url(runtime.flow_run.id))
+
+
 def publish_cluster_table(orch: Orchestrator, cluster: str) -> None:
-    """The live cluster table (nodes x GPUs: the job holding each GPU, or the node's cordon)."""
-    status = cluster_status(orch.engine, cluster)
+    """The live cluster table (nodes x GPUs: the job holding each GPU, or the node's cordon);
+    skipped while the database does not answer (a table is never worth failing the run for)."""
+    try:
+        status = cluster_status(orch.engine, cluster)
+    except OUTAGE_ERRORS as e:
+        get_run_logger().warning("cluster table of %s not updated: %s", cluster, e)
+        return
     create_markdown_artifact(key=f"cluster-{_slug(cluster)}", markdown=cluster_markdown(status),
                              description=f"Cluster {cluster}: who holds which GPU, and cordoned nodes")
 
 
 @task(name="join-cluster", cache_policy=NO_CACHE)
-def join_cluster(orch: Orchestrator, inventory: Cluster) -> str:
+def join_cluster(orch: Orchestrator, inventory: Cluster, db: StateDbRetry | None = None) -> str:
     """`sync_inventory`: the inventory registered (or updated) with the orchestrator, its
     unschedulable nodes cordoned there too; then the cluster table."""
-    if sync_inventory(orch, inventory):
+    if (db or StateDbRetry()).call(lambda: sync_inventory(orch, inventory), f"joining cluster {inventory.name}"):
         get_run_logger().info("registered cluster %s (%d GPUs) with the orchestrator", inventory.name,
                               inventory.total_gpus)
     else:
@@ -83,12 +103,15 @@ def publish_plans(job: str, cluster: str, plans: list, chosen=None) -> None:
 
 @task(name="submit-job", cache_policy=NO_CACHE)
 def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0,
-               job_id: int | None = None) -> SubmittedJob:
+               job_id: int | None = None, db: StateDbRetry | None = None) -> SubmittedJob:
     """`plan_and_submit` (MARP plans on every GPU type, queued), or with `job_id` `adopt_job` (the
-    job `forgeflow submit` queued), and the ranked plans as a table."""
-    submitted = adopt_job(orch, job_id) if job_id is not None else plan_and_submit(orch, spec, cluster, priority)
+    job `forgeflow submit` queued), and the ranked plans as a table. A submission the database
+    did not answer was rolled back, so it is made again."""
+    db = db or StateDbRetry()
+    submitted = db.call(lambda: adopt_job(orch, job_id) if job_id is not None
+                        else plan_and_submit(orch, spec, cluster, priority), f"queueing {spec.name}")
     job_id, plans, spec = submitted.job_id, submitted.plans, submitted.spec
-    inventory = orch.cluster(cluster)
+    inventory = db.call(lambda: orch.cluster(cluster), f"job {job_id} reading its cluster")
     publish_plans(spec.name, cluster, plans)
     get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s); run directory %s",
                           spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()), spec.run_dir)
@@ -96,10 +119,13 @@ def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 
 
 
 @task(name="wait-for-gpus", cache_policy=NO_CACHE)
-def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s: float = 2.0) -> Placement:
+def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s: float = 2.0,
+                  db: StateDbRetry | None = None) -> Placement:
     """`admitted_placement`, while the run shows "waiting for GPUs, position N of M", why it waits
     and when it should start (`start_estimates`: a markdown artifact updated when the position
-    changes and at least every minute), and logs the same at least every minute."""
+    changes and at least every minute), and logs the same at least every minute. A database
+    outage is waited out (`db`) and the wait goes on."""
+    db = db or StateDbRetry(logger=get_run_logger())
     logger = get_run_logger()
     key = f"queue-{_slug(job)}-{job_id}"
     shown: dict[str, object] = {"position": None, "at": 0.0}
@@ -125,7 +151,8 @@ def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s
                       f"| job | running job | holds |\n|---|---|---|\n{holders}\n"))
         logger.info("%s (%.0f s so far)%s", headline, now - started, f": {detail}" if detail else "")
 
-    placement = admitted_placement(orch, job_id, plans, poll_s=poll_s, on_wait=on_wait)
+    placement = admitted_placement(orch, job_id, plans, poll_s=poll_s, on_wait=on_wait, db=db)
+    cluster = db.call(lambda: orch.job(job_id)["cluster"], f"job {job_id} reading its cluster")
     waited = time.monotonic() - started
     if shown["position"] is not None:
         create_markdown_artifact(key=key, description=f"{job}: admitted after {waited:.0f} s in the queue",
@@ -134,31 +161,34 @@ def wait_for_gpus(orch: Orchestrator, job_id: int, plans: list, job: str, poll_s
                 ", ".join(placement.nodes), placement.dp, placement.tp, placement.pp)
     create_markdown_artifact(
         key="pretrain-placement",
-        markdown=_placement_markdown(placement, orch, job_id),
+        markdown=_placement_markdown(placement, orch, cluster),
         description=f"HAS placement of {job} by the orchestrator",
     )
     if placement.plan is not None:  # the plans again, the admitted one marked
-        publish_plans(job, orch.job(job_id)["cluster"], plans, placement.plan)
-    publish_cluster_table(orch, orch.job(job_id)["cluster"])
+        publish_plans(job, cluster, plans, placement.plan)
+    publish_cluster_table(orch, cluster)
     return placement
 
 
-def _placement_markdown(placement: Placement, orch: Orchestrator, job_id: int) -> str:
+def _placement_markdown(placement: Placement, orch: Orchestrator, cluster: str) -> str:
     """The placement picture (nodes x GPUs, inline) over the table and JSON; the JSON alone if the
     picture cannot be drawn (a picture is never worth failing the run for)."""
     from scheduler.placement_chart import placement_markdown
 
     try:
-        return placement_markdown(placement, orch.cluster(orch.job(job_id)["cluster"]))
+        return placement_markdown(placement, orch.cluster(cluster))
     except Exception as e:
         get_run_logger().warning("placement picture not drawn: %s: %s", type(e).__name__, e)
         return "## Placement\n" + fenced(json.dumps(placement.to_dict(), indent=2), "json")
 
 
 @task(name="cordon-faulty-nodes", cache_policy=NO_CACHE)
-def cordon_faulty(orch: Orchestrator, cluster: str, inventory: Cluster, faulty: list[str], why: str) -> None:
-    """`cordon_nodes` (orchestrator, inventory, Slurm), then the cluster table."""
-    cordon_nodes(orch, cluster, inventory, faulty, why)
+def cordon_faulty(orch: Orchestrator, cluster: str, inventory: Cluster, faulty: list[str], why: str,
+                  db: StateDbRetry | None = None) -> None:
+    """`cordon_nodes` (orchestrator, inventory, Slurm; a cordon made again changes nothing), then
+    the cluster table."""
+    (db or StateDbRetry()).call(lambda: cordon_nodes(orch, cluster, inventory, faulty, why),
+                                f"cordoning {', '.join(faulty)}")
     publish_cluster_table(orch, cluster)
 
 
@@ -166,7 +196,7 @@ class FlowSeat(Seat):
     """`Seat` whose cordon and wait for GPUs are this module's tasks (seen in the Prefect UI)."""
 
     def wait_for_gpus(self) -> Placement:
-        return wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job, poll_s=self.poll_s)
+        return wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job, poll_s=self.poll_s, db=self.db)
 
     def cordon(self, inventory: Cluster, nodes: list[str], why: str) -> None:
-        cordon_faulty(self.orchestrator, self.cluster, inventory, nodes, why)
+        cordon_faulty(self.orchestrator, self.cluster, inventory, nodes, why, db=self.db)

@@ -198,24 +198,27 @@ def eval_allocation(suite: SuiteConfig, node_count: int, cluster: str | None, wh
     from scheduler.orchestrator import demand_options
     from scheduler.orchestrator.lease import HeldJob
     from scheduler.orchestrator.seat import cluster_orchestrator, withdraw
+    from tasks.cluster_tasks import flow_db_retry
 
     if node_count < 1:
         raise ValueError(f"node_count must be at least 1 (got {node_count}); or give nodes=[...] instead")
     logger = get_run_logger()
-    orch = cluster_orchestrator()
-    inventory = orch.cluster(cluster)
+    db = flow_db_retry(what)  # every call below waits out a database outage (logged, alerted once it lasts)
+    orch = db.call(cluster_orchestrator, "opening the state database")
+    inventory = db.call(lambda: orch.cluster(cluster), f"{what}: reading the cluster")
     gpus = node_count * gpus_per_node(suite)
-    job_id = orch.submit(what, demand_options(inventory, gpus), cluster=inventory.name)
+    job_id = db.call(lambda: orch.submit(what, demand_options(inventory, gpus), cluster=inventory.name),
+                     f"{what}: asking for GPUs")
     logger.info("%s: asked the orchestrator for %d GPU(s) on %s (job %d)", what, gpus, inventory.name, job_id)
     try:
-        admission = orch.wait_admitted(job_id, poll_s=2.0, on_wait=lambda pos, n: logger.info(
-            "%s: waiting for GPUs, position %d of %d", what, pos, n))
+        admission = db.call(lambda: orch.wait_admitted(job_id, poll_s=2.0, on_wait=lambda pos, n: logger.info(
+            "%s: waiting for GPUs, position %d of %d", what, pos, n)), f"{what}: waiting for GPUs")
     except BaseException:
-        withdraw(orch, job_id)   # a cancelled or failed wait leaves the queue
+        withdraw(orch, job_id, db)   # a cancelled or failed wait leaves the queue
         raise
     nodes = admission.placement.nodes
     logger.info("%s: evaluating on %s (orchestrator job %d)", what, ", ".join(nodes), job_id)
-    with HeldJob(orch, job_id):
+    with HeldJob(orch, job_id, db=db):
         yield nodes
 
 

@@ -142,11 +142,13 @@ class PrefectLauncher:
     def start(self, request: LaunchRequest) -> PrefectJob:
         from prefect.deployments import run_deployment
 
+        from infra.statedb.retry import StateDbRetry
         from scheduler.orchestrator.seat import cluster_orchestrator
 
         clear_rendezvous(request)  # node rank 0's run publishes this attempt's port afresh
         launch = f"{request.job_name}-a{request.attempt}"
-        cluster_orchestrator().record_launch(self.job_id, launch, request.to_dict())
+        StateDbRetry().call(lambda: cluster_orchestrator().record_launch(self.job_id, launch, request.to_dict()),
+                            f"job {self.job_id} recording launch {launch}")  # waits out a database outage
         runs: dict[str, UUID] = {}
         job = PrefectJob(request, runs)
         try:

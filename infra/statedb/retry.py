@@ -22,6 +22,7 @@ transaction was rolled back.
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -35,6 +36,7 @@ from infra.statedb.transactions import StateDbUnreachable
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
+ALERT_AFTER_ENV = "FORGEFLOW_DB_ALERT_AFTER_S"  # an operator's threshold for the outage alert
 
 # what a call made outside `read_transaction` / `write_transaction` may raise when the database is gone
 OUTAGE_ERRORS = (StateDbUnreachable, sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.DisconnectionError)
@@ -58,6 +60,17 @@ class OutagePolicy:
             raise ValueError(f"first_wait_s ({self.first_wait_s}) must be > 0 and <= max_wait_s ({self.max_wait_s})")
         if not 0 <= self.jitter < 1:
             raise ValueError(f"jitter must be in [0, 1) (got {self.jitter})")
+
+    @classmethod
+    def from_environ(cls, environ: "os._Environ[str] | dict[str, str] | None" = None) -> "OutagePolicy":
+        """The default policy, its alert threshold from $FORGEFLOW_DB_ALERT_AFTER_S when set."""
+        value = (os.environ if environ is None else environ).get(ALERT_AFTER_ENV)
+        if not value:
+            return cls()
+        try:
+            return cls(alert_after_s=float(value), first_wait_s=min(1.0, float(value) or 1.0))
+        except ValueError:
+            raise ValueError(f"{ALERT_AFTER_ENV}={value!r} is not a number of seconds; e.g. {ALERT_AFTER_ENV}=60") from None
 
     def wait_s(self, failures: int) -> float:
         """The wait after the `failures`-th failed call in a row (1-based)."""

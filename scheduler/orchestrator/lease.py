@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from infra.statedb.retry import StateDbRetry
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
 from scheduler.orchestrator.service import Orchestrator
 
@@ -29,8 +30,10 @@ log = logging.getLogger(__name__)
 
 
 class HeldJob:
-    def __init__(self, orchestrator: Orchestrator, job_id: int, *, every_s: float | None = None):
+    def __init__(self, orchestrator: Orchestrator, job_id: int, *, every_s: float | None = None,
+                 db: StateDbRetry | None = None):
         self.orchestrator = orchestrator
+        self.db = db or StateDbRetry()  # entering and releasing wait out a database outage
         self.job_id = job_id
         self.every_s = every_s or orchestrator.config.lease_s / 3
         self.attempt: int | None = None  # the admission held (read on entering)
@@ -59,6 +62,9 @@ class HeldJob:
                 log.warning("lease renewal of job %s failed, retrying: %s", self.job_id, e)
 
     def __enter__(self) -> "HeldJob":
+        return self.db.call(self._enter, f"job {self.job_id} taking hold of its GPUs")
+
+    def _enter(self) -> "HeldJob":
         admission = self.orchestrator.admission(self.job_id)
         if admission is None:
             raise LeaseLostError(f"job {self.job_id} is queued, not admitted: it holds no GPUs to hold")
@@ -94,8 +100,9 @@ class HeldJob:
         self.pause()
         outcome = self.outcome or ("finished" if exc_type is None else
                                    "failed" if issubclass(exc_type, Exception) else "cancelled")
-        try:
-            self.orchestrator.release(self.job_id, outcome=outcome, attempt=self.attempt,
-                                      reason=self.reason if exc is None else f"{type(exc).__name__}: {exc}"[:500])
-        except OrchestratorError as e:
+        why = self.reason if exc is None else f"{type(exc).__name__}: {exc}"[:500]
+        try:  # idempotent, so made again through an outage; given up after a lease (it expires then)
+            self.db.call(lambda: self.orchestrator.release(self.job_id, outcome=outcome, attempt=self.attempt, reason=why),
+                         f"releasing job {self.job_id}", give_up_after_s=self.orchestrator.config.lease_s)
+        except Exception as e:  # an outage past that, or the job is gone: never mask the holder's own outcome
             log.warning("releasing job %s: %s", self.job_id, e)

@@ -14,17 +14,22 @@ and the cluster table in the UI):
 - `Seat`: an admitted job placed again after a node check (`replace`) or a lost lease (`rejoin`);
 - `withdraw`: take a job that still waits out of the queue;
 - `ProgressReport`: how far the job got (phase, step, loss, step time), for `forgeflow jobs`.
+
+A state database outage during a decision (`StateDbUnreachable`) is waited out, not raised:
+each call goes through the seat's `StateDbRetry` (`infra.statedb.retry`: backoff, logged,
+an alert through the flow's notifier once it lasts).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 from infra import runfiles
+from infra.statedb.retry import StateDbRetry
 from scheduler.cluster import Cluster
 from scheduler.orchestrator.config import OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.lease import HeldJob
@@ -176,17 +181,20 @@ def _plans(orch: Orchestrator, spec: JobSpec, cluster: str, **choice) -> list:
 
 def admitted_placement(orch: Orchestrator, job_id: int, plans: list, *, poll_s: float = 2.0,
                        on_wait: Callable[[int, int], None] | None = None,
-                       timeout_s: float | None = None) -> Placement:
+                       timeout_s: float | None = None, db: StateDbRetry | None = None) -> Placement:
     """Wait in the queue until the policy admits the job (`on_wait(position, length)` while it
     waits); the admitted placement with the plan of its layout and that plan's step time on the
-    nodes it got."""
-    admission = orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait, timeout_s=timeout_s)
+    nodes it got. A database outage meanwhile is waited out (`db`, default: logged only) and the
+    wait goes on where it was: admission is a row in the database, not a message to miss."""
+    db = db or StateDbRetry()
+    admission = db.call(lambda: orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait, timeout_s=timeout_s),
+                        f"job {job_id} waiting for GPUs")
     placement = admission.placement
     layout = (placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp)
     placement.plan = next((p for p in plans if (p.gpu_type, p.num_gpus, p.dp, p.tp, p.pp) == layout), None)
     if placement.plan is not None:
-        placement.predicted_step_time_s = placed_step_time(placement.plan, placement,
-                                                           orch.cluster(orch.job(job_id)["cluster"]))
+        cluster = db.call(lambda: orch.cluster(orch.job(job_id)["cluster"]), f"job {job_id} reading its cluster")
+        placement.predicted_step_time_s = placed_step_time(placement.plan, placement, cluster)
     return placement
 
 
@@ -204,12 +212,20 @@ def cordon_nodes(orch: Orchestrator, cluster: str, inventory: Cluster, nodes: li
             drain_node(name, f"forgeflow: {why}", inventory.slurm)
 
 
-def withdraw(orch: Orchestrator, job_id: int) -> None:
-    """Take the job out of the queue if it is still waiting (a cancelled or failed flow).
-    Never raises: cleanup must not mask the flow's own outcome."""
-    try:
+WITHDRAW_GIVES_UP_S = 60.0  # then the job stays queued; `forgeflow cancel` takes it out
+
+
+def withdraw(orch: Orchestrator, job_id: int, db: StateDbRetry | None = None) -> None:
+    """Take the job out of the queue if it is still waiting (a cancelled or failed flow), waiting
+    out a database outage for up to WITHDRAW_GIVES_UP_S. Never raises: cleanup must not mask the
+    flow's own outcome."""
+    def cancel_if_queued() -> None:
         if orch.job(job_id)["state"] == "queued":
             orch.cancel(job_id, reason="the flow run ended while waiting")
+
+    try:
+        (db or StateDbRetry()).call(cancel_if_queued, f"withdrawing job {job_id} from the queue",
+                                    give_up_after_s=WITHDRAW_GIVES_UP_S)
     except Exception as e:
         log.warning("could not withdraw job %s from the queue: %s", job_id, e)
 
@@ -228,9 +244,10 @@ class Seat:
     plans: list
     job: str
     poll_s: float = 2.0  # how often the wait for GPUs asks the orchestrator
+    db: StateDbRetry = field(default_factory=StateDbRetry)  # waits out a database outage
 
     def wait_for_gpus(self) -> Placement:
-        return admitted_placement(self.orchestrator, self.job_id, self.plans, poll_s=self.poll_s)
+        return admitted_placement(self.orchestrator, self.job_id, self.plans, poll_s=self.poll_s, db=self.db)
 
     def cordon(self, inventory: Cluster, nodes: list[str], why: str) -> None:
         cordon_nodes(self.orchestrator, self.cluster, inventory, nodes, why)
@@ -242,11 +259,23 @@ class Seat:
         running), OrchestratorError says so here instead of waiting forever: the job keeps its
         GPUs until the flow stops (a stop decision) and its HeldJob releases them as failed."""
         self.cordon(inventory, faulty, f"{why} (job {self.job})")
-        self.check_still_fits()
+        self.db.call(self.check_still_fits, f"job {self.job_id} checking that a plan still fits")
         self.held.hand_back()
-        self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
+        tries: list[int] = []
+
+        def requeue() -> None:
+            # made again after an outage, a re-queue whose COMMIT went through although its answer
+            # was lost finds the job queued (or admitted again) already: what it asked for
+            tries.append(1)
+            try:
+                self.orchestrator.requeue(self.job_id, reason=f"placed again: {why}")
+            except OrchestratorError:
+                if len(tries) == 1 or self.orchestrator.job(self.job_id)["state"] not in ("queued", "running"):
+                    raise
+
+        self.db.call(requeue, f"job {self.job_id} re-queued after a node check")
         placement = self.wait_for_gpus()
-        self.held.resume()
+        self.held.resume()  # waits out an outage itself (HeldJob.db)
         return placement
 
     def rejoin(self) -> Placement:
@@ -286,12 +315,13 @@ class ProgressReport:
     """How far the job got, in the orchestrator for `forgeflow jobs` and the queue's estimates:
     the phase (training, recovering, evaluating...), the newest step with its loss and measured
     step time (rank 0's log and heartbeat), and the last diagnosis. Steps are written at most
-    every `every_s` seconds; a phase change at once. Never raises: a database hiccup must not
-    stop training."""
+    every `every_s` seconds; a phase change at once. Never raises or waits: a database outage
+    must not stop training; what could not be written goes with the next write."""
 
     def __init__(self, orch: Orchestrator, job_id: int, run_dir, steps: int, every_s: float = 5.0):
         self.orch, self.job_id, self.run_dir, self.steps, self.every_s = orch, job_id, run_dir, steps, every_s
         self._written = 0.0
+        self._unsent: dict = {}  # fields of writes that failed (a phase change not to lose)
 
     def phase(self, phase: str, **fields) -> None:
         self._write(phase=phase, **fields)
@@ -306,8 +336,10 @@ class ProgressReport:
                     step_s=None if beat is None else beat.step_time_s)
 
     def _write(self, **fields) -> None:
+        fields = {**self._unsent, **fields}
         try:
             self.orch.report_progress(self.job_id, **fields)
-            self._written = time.monotonic()
+            self._written, self._unsent = time.monotonic(), {}
         except Exception as e:
-            log.warning("could not record the progress of job %s: %s", self.job_id, e)
+            self._unsent = fields
+            log.warning("could not record the progress of job %s (sent with the next write): %s", self.job_id, e)
