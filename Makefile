@@ -60,8 +60,10 @@ sandbox-packages:
 	fi
 
 # Two pytest-xdist workers: most integration tests wait on servers and process start-up, so
-# two share 2 cores well (31 -> 22 min on a 2-core box). tests/conftest.py keeps each
-# integration file on one worker (its servers start once) and the Slurm tests together.
+# two share 2 cores well (31 -> 22 min on a 2-core box). tests/xdist_schedule.py (xdist's own
+# loadgroup does not group under pytest 9.2) keeps each integration file on one worker (its
+# servers start once) and the Slurm tests together, and starts the longest first (durations
+# of the last run, from .pytest_cache) so that both workers finish together.
 TEST_WORKERS ?= 2
 test: $(STAMP) slurm-packages sandbox-packages
 	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
