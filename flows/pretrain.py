@@ -94,7 +94,7 @@ def pretrain(
     backoff_s: float = 5.0,
     drill_faults: list[str] | None = None,
     launcher: str = "local",
-    priority: int = 0,
+    priority: int | str = 0,
     job_id: int | None = None,
 ) -> PretrainResult:
     """Train a job to completion through failures, with nobody watching.

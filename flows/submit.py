@@ -37,8 +37,9 @@ def add_job_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", default=None, help="cluster inventory YAML, or 'local' for this machine "
                                                    "(default: the cluster registered with `forgeflow cluster "
                                                    "register`, if there is exactly one, else this machine)")
-    p.add_argument("--priority", type=int, default=0, help="place in the shared queue: higher goes first "
-                                                             "(-1000..1000, default 0)")
+    p.add_argument("--priority", default="0", help="place in the shared queue: a priority class's name "
+                   "(`forgeflow cluster class add`; at most the team's cap), or, while no class is defined, "
+                   "a whole number -1000..1000 (higher goes first; default 0)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override a field of the job spec (repeatable), e.g. --set training.steps=50")
     p.add_argument("--max-restarts", type=int, default=5)

@@ -13,6 +13,8 @@
     traces        job-arrival traces (synthetic, Philly/Helios-shaped) for the simulator
     policy        the scheduling policies (FCFS, HAS, ECT; EASY backfill and SJF baselines): one pass,
                   run by simulator and orchestrator
+    fair_share    teams: quotas with borrowing, fair-share order, decayed usage; the admission decision
+                  over a snapshot (queue, holdings, quotas, usage, policy)
     simulate      discrete-event cluster simulator running the placement policies
     orchestrator  live cluster state, queue and leases in the state database (SQLite / PostgreSQL)
     cli           `forgeflow plan`, `simulate`, `cluster ...` and `submit`

@@ -168,6 +168,11 @@ class Cluster(BaseModel):
     name: str = Field(default="cluster", min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)
     inter_node_bandwidth_gbps: float = Field(default=100.0, gt=0, description="per node NIC, Gbit/s")
     nodes: list[Node] = Field(min_length=1)
+    policy: Literal["has", "easy", "ect"] = Field(
+        default="has", description="how the orchestrator admits queued jobs: has (best fit in queue order), "
+        "easy (FCFS + EASY backfilling), ect (expected completion, HRRN, conservative backfilling)")
+    usage_half_life_hours: float = Field(default=168.0, gt=0, description="fair share: past GPU use counts half "
+                                         "after this long")
     slurm: SlurmSettings | None = Field(
         default=None, description="the cluster is Slurm-managed: partition, account, time limit for "
         "`launcher: slurm` (node names are Slurm's); None: not Slurm-managed")

@@ -12,8 +12,10 @@
     views       cluster status and queue snapshots, the jobs table, and the nodes x GPUs table (markdown)
     start_estimates  when each queued job is expected to start and why it waits (the policy run forward)
     job_logs    a job's logs found from its row (node consoles, rank logs, runner log) and followed
-    history     double-booking check over the allocation history
-    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`, `forgeflow jobs|cancel|logs`
+    history     double-booking and over-quota checks over the allocation history
+    quotas      teams' quotas, priority classes and caps (operator changes, checks), and a view's team state
+    usage       `forgeflow cluster usage`: GPU-hours by GPU type and queue time per team or user
+    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve|quota|class|usage`, `forgeflow jobs|cancel|logs`
 
 State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
 through FORGEFLOW_DB_URL). Every change is one write transaction that holds the

@@ -86,6 +86,141 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     logs.add_argument("--rank", type=int, default=None, help="rank R's run log instead of the node consoles")
     logs.add_argument("--attempt", type=int, default=None, help="attempt N's node consoles (default: the newest)")
     logs.set_defaults(func=_guard(_logs))
+    _register_team_rules(sub, common, named)
+
+
+# ---------------------------------------------------------------- quotas, classes, caps, usage
+def _register_team_rules(sub: argparse._SubParsersAction, common: argparse.ArgumentParser,
+                         named: argparse.ArgumentParser) -> None:
+    """`cluster quota set`, `cluster class add`, `cluster team cap`, `cluster usage` (issue 30).
+    `cluster team` may already exist (team add / member add): cap joins it."""
+    quota = sub.add_parser("quota", help="a team's GPU quota per type, and how much idle quota it may borrow")
+    quota_sub = quota.add_subparsers(dest="quota_command", metavar="ACTION")
+    qs = quota_sub.add_parser("set", parents=[common, named], help="set TEAM's nominal quota of GPU_TYPE")
+    qs.add_argument("team")
+    qs.add_argument("gpu_type")
+    qs.add_argument("nominal", type=int, help="GPUs of the type the team may always use")
+    qs.add_argument("--borrow", default="0", help="GPUs above it the team may borrow from other teams' idle "
+                                                  "quota (a number, or 'any'; default 0)")
+    qs.set_defaults(func=_guard(_quota_set))
+    quota.set_defaults(func=lambda args: (quota.print_help(), 2)[1])
+
+    classes = sub.add_parser("class", help="named priority classes (higher value goes first)")
+    class_sub = classes.add_subparsers(dest="class_command", metavar="ACTION")
+    ca = class_sub.add_parser("add", parents=[common], help="define a priority class, or change its value")
+    ca.add_argument("name")
+    ca.add_argument("value", type=int, help="whole number from -1000 to 1000; higher goes first")
+    ca.add_argument("--description", default=None)
+    ca.set_defaults(func=_guard(_class_add))
+    classes.set_defaults(func=lambda args: (classes.print_help(), 2)[1])
+
+    team = sub.choices.get("team")
+    if team is None:
+        team = sub.add_parser("team", help="teams: members, the highest priority class a team may use")
+        team_sub = team.add_subparsers(dest="team_command", metavar="ACTION")
+        team.set_defaults(func=lambda args: (team.print_help(), 2)[1])
+    else:
+        team_sub = next(a for a in team._actions if isinstance(a, argparse._SubParsersAction))
+    cap = team_sub.add_parser("cap", parents=[common], help="the highest priority class TEAM may submit at")
+    cap.add_argument("team")
+    cap.add_argument("priority_class", metavar="CLASS")
+    cap.set_defaults(func=_guard(_team_cap))
+
+    use = sub.add_parser("usage", parents=[common, named], help="GPU-hours by GPU type and queue time per team or user",
+                         description="A direct sum over the allocation history: every GPU's allocations clipped "
+                                     "to the window; queue time of the jobs admitted in it.")
+    use.add_argument("--since", default="7d", help="window: 7d, 12h, 30m, 2w (default 7d)")
+    use.add_argument("--by", choices=("team", "user"), default="team")
+    use.set_defaults(func=_guard(_usage))
+
+
+def _quota_set(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.config import OrchestratorError
+
+    borrow = None if args.borrow == "any" else int(args.borrow) if args.borrow.isdigit() else -1
+    if borrow == -1:
+        raise OrchestratorError(f"--borrow {args.borrow!r}: give a whole number of GPUs or 'any'")
+    result = _orchestrator(args).set_quota(args.team, args.gpu_type, args.nominal, borrow, cluster=args.cluster)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        limit = "any idle quota" if borrow is None else f"up to {borrow} more"
+        print(f"team {result['team']!r} on {result['cluster']!r}: {result['nominal']} {result['gpu_type']}, "
+              f"borrowing {limit}")
+    return 0
+
+
+def _rules_write(args: argparse.Namespace, change: Callable) -> dict[str, Any]:
+    from infra.statedb import write_transaction
+
+    with write_transaction(_orchestrator(args).engine) as conn:
+        return change(conn)
+
+
+def _class_add(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.quotas import add_class
+    from scheduler.orchestrator.service import check_priority
+
+    check_priority(args.value)
+    result = _rules_write(args, lambda conn: add_class(conn, args.name, args.value, args.description))
+    print(json.dumps(result, indent=2) if args.json else f"priority class {result['class']!r} = {result['value']}")
+    return 0
+
+
+def _team_cap(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.quotas import set_cap
+
+    result = _rules_write(args, lambda conn: set_cap(conn, args.team, args.priority_class))
+    print(json.dumps(result, indent=2) if args.json
+          else f"team {result['team']!r} may submit up to class {result['cap']!r} ({result['value']})")
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from scheduler.orchestrator.usage import parse_since, usage
+
+    report = usage(_orchestrator(args).engine, args.cluster, since_s=parse_since(args.since), by=args.by)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    table = Table(title=_plain(f"{report['cluster']}: usage over the last {args.since}"))
+    for col in (args.by, "GPU-hours", "by GPU type", "admissions", "mean queue"):
+        table.add_column(col)
+    for r in report["rows"]:
+        types = ", ".join(f"{t} {h:.2f}" for t, h in sorted(r["gpu_hours"].items()))
+        mean = "-" if r["queue_s_mean"] is None else _ago(r["queue_s_mean"])
+        table.add_row(*map(_plain, (r[args.by] or "(none)", f"{r['gpu_hours_total']:.2f}", types or "-",
+                                    str(r["admissions"]), mean)))
+    Console().print(table)
+    return 0
+
+
+def _register_team_commands(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    team = sub.add_parser(
+        "team", help="teams (an operator's): add a team with its weight, put database roles in it, list them",
+        description="Teams share the cluster. On PostgreSQL a member is a database role (the role a person or "
+                    "a team's flow worker connects as); a team admin may change every job of the team. Only the "
+                    "operator role may change teams. SQLite is single-user: teams are recorded, no identity "
+                    "is checked.")
+    team_sub = team.add_subparsers(dest="team_command", metavar="ACTION")
+    add = team_sub.add_parser("add", parents=[common], help="add a team, or set an existing team's weight")
+    add.add_argument("name", help="team name (letters, digits, '.', '_', '-')")
+    add.add_argument("--weight", type=float, default=1.0, help="fair-share weight (default 1)")
+    add.set_defaults(func=_guard(_team_add))
+    listed = team_sub.add_parser("list", parents=[common], help="teams, weights and members")
+    listed.set_defaults(func=_guard(_team_list))
+    member = team_sub.add_parser("member", help="team membership").add_subparsers(
+        dest="member_command", metavar="ACTION")
+    madd = member.add_parser("add", parents=[common], help="put a database role in a team")
+    madd.add_argument("team", help="team name (see `forgeflow cluster team list`)")
+    madd.add_argument("role", help="the database role (PostgreSQL: it must exist)")
+    madd.add_argument("--admin", action="store_true", help="may change every job of the team")
+    madd.set_defaults(func=_guard(_member_add))
+    team.set_defaults(func=lambda args: (team.print_help(), 2)[1])
+
 
 
 def _guard(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:

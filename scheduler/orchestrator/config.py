@@ -23,7 +23,8 @@ class OrchestratorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    policy: Literal["fcfs", "has", "ect"] = "has"
+    # None: the policy the cluster file chose (`policy:` in the inventory, stored by register)
+    policy: Literal["fcfs", "has", "ect", "easy"] | None = None
     lease_s: float = Field(default=60.0, gt=0, description="how long one renewal holds the GPUs")
     grace_s: float = Field(default=30.0, ge=0, description="extra time before an expired lease is reclaimed")
     on_lost: Literal["requeue", "fail"] = "requeue"

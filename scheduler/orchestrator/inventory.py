@@ -45,11 +45,14 @@ def register(conn: Connection, cluster: Cluster, *, source: str | None, by: str)
         conn.execute(sa.delete(allocations).where(leaving, allocations.c.released_at.is_not(None)))
     if row is None:
         conn.execute(sa.insert(clusters).values(name=cluster.name, generation=1, registered_at=now, source=source,
-                                                inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps))
+                                                inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps,
+                                                policy=cluster.policy,
+                                                usage_half_life_s=cluster.usage_half_life_hours * 3600))
     else:
         conn.execute(sa.update(clusters).where(clusters.c.name == cluster.name).values(
             generation=row.generation + 1, registered_at=now, source=source,
-            inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps))
+            inter_node_bandwidth_gbps=cluster.inter_node_bandwidth_gbps, policy=cluster.policy,
+            usage_half_life_s=cluster.usage_half_life_hours * 3600))
     if removed:
         conn.execute(sa.delete(gpus).where(gpus.c.cluster == cluster.name, gpus.c.node.in_(removed)))
         conn.execute(sa.delete(nodes).where(nodes.c.cluster == cluster.name, nodes.c.name.in_(removed)))

@@ -34,7 +34,8 @@ def _by_policy(sized: list[Option], fastest_type_first: list[str]) -> dict[str, 
     rank = {t: i for i, t in enumerate(fastest_type_first)}
     fcfs = sorted(smallest.values(), key=lambda o: rank.get(o.gpu_type, len(rank)))
     ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
-    return {"fcfs": fcfs, "has": has, "ect": ect}
+    # the Slurm-style baselines run what was asked for, like FCFS (as in the simulator's catalogue)
+    return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs}
 
 
 def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus: int | None = None,

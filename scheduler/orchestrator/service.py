@@ -61,6 +61,7 @@ from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
 import scheduler.orchestrator.inventory as inventory
+import scheduler.orchestrator.quotas as quotas
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.options import options_to_json, placement_from_dict
 
@@ -81,7 +82,7 @@ _DECIDER_STATE = sa.select(clusters.c.pass_pending, clusters.c.decider_seen_at).
     clusters.c.name == sa.bindparam("cname"))
 _INSERT_JOB = sa.insert(jobs).values(
     {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_at", "queued_at",
-                                     "submitted_by")}, "state": "queued", "attempts": 0, "lost_count": 0}
+                                     "submitted_by", "team")}, "state": "queued", "attempts": 0, "lost_count": 0}
 ).returning(jobs.c.id)
 _JOB_STATE = sa.select(jobs.c.state, jobs.c.attempts).where(jobs.c.id == sa.bindparam("jid"))
 # (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
@@ -128,8 +129,13 @@ _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where
 PRIORITY_RANGE = (-1000, 1000)
 
 
-def check_priority(priority: int) -> None:
-    """OrchestratorError for a priority outside PRIORITY_RANGE (higher goes first)."""
+def check_priority(priority: int | str) -> None:
+    """OrchestratorError for a priority outside PRIORITY_RANGE (higher goes first). A class name
+    is checked when the job is submitted (`quotas.resolve_priority`)."""
+    if isinstance(priority, str):
+        if not priority.lstrip("-").isdigit():
+            return
+        priority = int(priority)
     low, high = PRIORITY_RANGE
     if not low <= priority <= high:
         raise OrchestratorError(f"priority {priority} is out of range; give a whole number from {low} to {high} "
@@ -177,6 +183,7 @@ class _View:
     # No live lease on the cluster expires before this (leases are only made by a decision, which
     # lowers it, or renewed, which never shortens one): a pass skips the expiry UPDATE until then.
     lease_floor: float = float("inf")
+    teams: quotas.TeamState | None = None  # while teams are defined: quotas, fair share (`quotas`)
 
     key_of: dict[int, tuple] = field(default_factory=dict)
 
@@ -196,9 +203,11 @@ class _View:
             del self.keys[at], self.queue[at]
 
     # Changes as the log records them (`Orchestrator._record`), applied in order by `replay`.
-    def end(self, job_id: int, gpus: list) -> None:
-        """The job ended (released or cancelled): its GPUs [[node, index], ...] are idle again."""
+    def end(self, job_id: int, gpus: list, at: float | None = None) -> None:
+        """The job ended (released or cancelled) at `at`: its GPUs [[node, index], ...] are idle again."""
         self.running.pop(job_id, None)
+        if self.teams is not None:
+            self.teams.ended(job_id, time.time() if at is None else at)
         self.unqueue(job_id)
         by_node: dict[str, list[int]] = {}
         for node, gpu in gpus:
@@ -209,8 +218,10 @@ class _View:
                 self.free.give_back(self.cluster.node(node).gpu_type, len(freed))
 
     def admit(self, job_id: int, gpu_type: str, world_size: int, end_s: float, lease: float,
-              assignments: list) -> None:
-        """A pass admitted the job onto `assignments` [[node, [indices]], ...]."""
+              assignments: list, at: float | None = None) -> None:
+        """A pass admitted the job onto `assignments` [[node, [indices]], ...] at `at`."""
+        if self.teams is not None:
+            self.teams.admitted(job_id, gpu_type, world_size, time.time() if at is None else at)
         for node, gpus in assignments:
             self.cluster.allocate(node, gpus)
             self.free.by_type[gpu_type] = self.free.by_type.get(gpu_type, 0) - len(gpus)
@@ -227,6 +238,7 @@ class Orchestrator:
         self.engine = engine or open_state_db(url)
         self.url = str(self.engine.url)
         self.config = config or OrchestratorConfig()
+        self.policy: str | None = self.config.policy  # else the cluster file's (`_resolve_policy`)
         self.actor = actor or default_actor()
         self._options: dict[int, tuple[Option, ...]] = {}  # per job, immutable after submit, interned
         self._interned: dict[tuple, tuple[Option, ...]] = {}
@@ -403,7 +415,7 @@ class Orchestrator:
         try:
             for op in ops:
                 if op[0] == "free":
-                    view.end(op[1], op[2])
+                    view.end(*op[1:])
                     self._options.pop(op[1], None)  # an ended job never comes back (a re-queue is
                     self._names.pop(op[1], None)    # not replayed): a long-lived decider forgets it
                 elif op[0] == "admit":
@@ -444,11 +456,12 @@ class Orchestrator:
             version, generation = conn.execute(sa.select(clusters.c.state_version, clusters.c.generation)
                                                .where(clusters.c.name == cname)).one()
             cluster = inventory.load_cluster(conn, cname, generation=generation, url=self.url).copy_state()
+            self._resolve_policy(conn, cname, reread=True)
             queue, keys = self._load_queue(conn, cname)
             running = self._load_running(conn, cname)
             floor = conn.execute(_LIVE_LEASE_FLOOR, {"cname": cname}).scalar()
             self._pending = _View(version, generation, cluster, FreeGpus(cluster), queue, keys, running,
-                                  float("inf") if floor is None else floor)
+                                  float("inf") if floor is None else floor, quotas.TeamState.load(conn, cname))
         return self._pending
 
     def _forget_view(self) -> None:
@@ -519,25 +532,40 @@ class Orchestrator:
     def uncordon(self, node: str, reason: str = "", **kw: Any) -> dict[str, Any]:
         return self.set_health(node, "ready", reason=reason, **kw)
 
+    def set_quota(self, team: str, gpu_type: str, nominal: int, borrowing_limit: int | None = 0, *,
+                  cluster: str | None = None) -> dict[str, Any]:
+        """Set a team's quota of a GPU type (`quotas.set_quota` checks it); every process's view
+        is read back (the change log marks it), and a pass admits what the new quota allows."""
+        with self._locked(cluster) as (conn, cname):
+            result = quotas.set_quota(conn, cname, team, gpu_type, nominal, borrowing_limit)
+            self._forget_view()
+            self._pass(conn, cname)
+        return result
+
     # ---------------------------------------------------------------- the queue
     def submit(self, name: str, options: dict[str, list[Option]], *, cluster: str | None = None,
-               spec: dict[str, Any] | None = None, priority: int = 0) -> int:
+               spec: dict[str, Any] | None = None, priority: int | str = 0, team: str | None = None) -> int:
         """Queue a job with its options (see `options.job_options` / `demand_options`); returns its id.
 
-        The same transaction makes a policy pass, so a job that fits starts at once.
+        `priority`: a priority class's name, or (while no class is defined) a whole number; a
+        class above the team's cap is refused. The same transaction makes a policy pass, so a
+        job that fits starts at once.
         """
         if not any(options.values()):
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
+        if priority != 0 or team is not None:  # (the default needs no read: 0 is always allowed)
+            with read_transaction(self.engine) as conn:
+                priority = quotas.resolve_priority(conn, priority, team)
         check_priority(priority)
         now = time.time()
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock and the new row in one round trip on PostgreSQL.
             inserted = self._batch.add(_INSERT_JOB, dict(
                 cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
-                submitted_at=now, queued_at=now, submitted_by=self.actor))
+                submitted_at=now, queued_at=now, submitted_by=self.actor, team=team))
             self._settle()
             job_id = inserted.scalar()
-            self._options[job_id] = self._intern(options.get(self.config.policy, []))
+            self._options[job_id] = self._intern(options.get(self._resolve_policy(conn, cname), []))
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
             self._record(["queue", job_id, name, priority, now])
@@ -547,7 +575,9 @@ class Orchestrator:
                 self._pass(conn, cname)
                 return job_id
             view = self._view(conn, cname)  # when read back now, it holds this job already
-            if self._options[job_id] and current:
+            if view.teams is not None:
+                view.teams.team_of[job_id] = team or ""
+            if self._options.get(job_id) and current:
                 view.enqueue((-priority, now, job_id), QueuedJob(str(job_id), now, self._options[job_id]))
             self._pass(conn, cname)
         return job_id
@@ -664,7 +694,8 @@ class Orchestrator:
             state, attempts = rows[0]
             if not freed and (state in DONE or (attempt is not None and attempts != attempt)):
                 return state  # already ended, or admitted again since this holder's admission
-            self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed]])
+            ended_at = time.time()
+            self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed], ended_at])
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
             if self._pending is None:
@@ -672,7 +703,7 @@ class Orchestrator:
                     self._view(conn, cname)
             else:
                 try:
-                    self._pending.end(job_id, [(node, gpu) for _, node, gpu in freed])
+                    self._pending.end(job_id, [(node, gpu) for _, node, gpu in freed], ended_at)
                 except ClusterError:  # the view disagrees with the database: trust the database
                     self._settle()
                     self._pending = None
@@ -910,8 +941,23 @@ class Orchestrator:
     def _policy_options_text(self, conn: Connection) -> sa.ColumnElement:
         """The job's options for this process's policy as JSON text (not decoded by the driver)."""
         if is_postgres(conn):
-            return sa.cast(jobs.c.options.op("->")(sa.literal(self.config.policy)), sa.Text)
-        return sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{self.config.policy}")
+            return sa.cast(jobs.c.options.op("->")(sa.literal(self.policy)), sa.Text)
+        return sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{self.policy}")
+
+    def _resolve_policy(self, conn: Connection, cname: str, *, reread: bool = False) -> str:
+        """The policy this process decides with: the config's, else the cluster file's (read once,
+        and again whenever the view is read back: a re-registered file may name another one, and
+        then the jobs' options are read again for it)."""
+        if self.config.policy is not None:
+            self.policy = self.config.policy
+        elif self.policy is None or reread:
+            policy = conn.execute(sa.select(clusters.c.policy).where(clusters.c.name == cname)).scalar() or "has"
+            if self.policy is not None and policy != self.policy:
+                self._options.clear()
+                self._by_text.clear()
+                self._jobs_since = None
+            self.policy = policy
+        return self.policy
 
     def _intern_text(self, text: str | None) -> tuple[Option, ...]:
         """A stored option list (JSON text) as the shared tuple `_intern` gives; parsed once per distinct text."""
@@ -960,9 +1006,14 @@ class Orchestrator:
         free = view.free
         if not free.any():
             return result
-        started, result.considered = schedule_pass(
-            self.config.policy, now, view.queue, list(view.running.values()), free,
-            reservation_depth=self.config.reservation_depth)
+        if view.teams is not None:  # fair-share order and the teams' quotas
+            started, result.considered = view.teams.decide(
+                conn, self.policy, now, view.queue, view.keys, list(view.running.values()), free,
+                reservation_depth=self.config.reservation_depth)
+        else:
+            started, result.considered = schedule_pass(
+                self.policy, now, view.queue, list(view.running.values()), free,
+                reservation_depth=self.config.reservation_depth)
         if not started:
             return result
         lease = now + self.config.lease_s
@@ -975,9 +1026,11 @@ class Orchestrator:
                              lease_expires_at=lease) for a in placement.assignments for g in a.gpus)
             updates.append(dict(jid=job_id, now=now, placement=placement.to_dict(), predicted_run_s=opt.run_s))
             view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + opt.run_s)
+            if view.teams is not None:
+                view.teams.admitted(job_id, opt.gpu_type, placement.world_size, now)
             result.admitted.append(job_id)
             self._record(["admit", job_id, opt.gpu_type, placement.world_size, now + opt.run_s, lease,
-                          [[a.node, list(a.gpus)] for a in placement.assignments]])
+                          [[a.node, list(a.gpus)] for a in placement.assignments], now])
         # Every job this pass admits, in one multi-row statement each (the history rows come from
         # the database's trigger on allocations).
         # These writes are the decision's last statements: queued, they go out with the COMMIT.

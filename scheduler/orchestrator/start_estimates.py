@@ -39,7 +39,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from infra.statedb import read_transaction
-from infra.statedb.schema import jobs, nodes
+from infra.statedb.schema import clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.policy import USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, expected_end, schedule_pass
 import scheduler.orchestrator.inventory as inventory
@@ -97,7 +97,7 @@ class QueueState:
     waiting: list[WaitingJob]
     running: list[RunningJob]
     health: dict[str, tuple[str, str | None]] = field(default_factory=dict)
-    policy: str = OrchestratorConfig().policy
+    policy: str = "has"
 
 
 @dataclass(frozen=True)
@@ -272,10 +272,11 @@ def _health_text(health: tuple[str, str | None] | None) -> str:
 
 def read_queue_state(engine: Engine, cluster: str | None = None, *, policy: str | None = None) -> QueueState:
     """The cluster, its queue (in queue order, with each job's options under `policy`, default
-    the orchestrator's) and its running jobs, read in one transaction."""
+    the cluster file's) and its running jobs, read in one transaction."""
     policy = policy or OrchestratorConfig().policy
     with read_transaction(engine) as conn:
         name = inventory.resolve_cluster(conn, cluster)
+        policy = policy or conn.execute(sa.select(clusters.c.policy).where(clusters.c.name == name)).scalar() or "has"
         current = inventory.load_cluster(conn, name).copy_state()
         health = {n: (s, r) for n, s, r in conn.execute(sa.select(nodes.c.name, nodes.c.state, nodes.c.reason).where(
             nodes.c.cluster == name, nodes.c.state != "ready"))}
