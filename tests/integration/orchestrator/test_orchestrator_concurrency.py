@@ -37,7 +37,7 @@ JOBS_PER_CLIENT = 2
 _fork = multiprocessing.get_context("fork")
 
 
-def _client(url: str, seed: int) -> None:
+def _client(url: str, seed: int, team: str | None = None) -> None:
     """One user: submit a job, wait for it, renew its lease while it 'runs', release it; twice."""
     code = 1
     try:
@@ -47,7 +47,7 @@ def _client(url: str, seed: int) -> None:
         for k in range(JOBS_PER_CLIENT):
             options = demand_options(cluster, rng.choice([1, 2, 4, 8]), min_memory_gib=rng.choice([0, 30, 60]),
                                      duration_s=rng.uniform(10, 100))
-            job = orch.submit(f"c{seed}-{k}", options)
+            job = orch.submit(f"c{seed}-{k}", options, team=team)
             orch.wait_admitted(job, poll_s=0.2, timeout_s=240)
             for _ in range(2):
                 orch.renew(job)
@@ -87,6 +87,39 @@ def test_32_processes_never_double_book_a_gpu(state_db_url):
     assert states == {"finished": CLIENTS * JOBS_PER_CLIENT}  # every job admitted and released
     assert once == 1 and live == 0
     assert events["allocate"] == events["release"] > CLIENTS * JOBS_PER_CLIENT
+    assert double_booked(orch.engine) == 0
+
+
+@pytest.mark.slow
+def test_32_processes_of_three_teams_keep_to_their_quotas(state_db_url):
+    """The same 32 clients, of teams A, B, C (quotas 8/4/4 of each type, borrowing up to as much
+    again): no allocation in the history takes a team past its quota and borrowing limit."""
+    from infra.statedb import write_transaction
+    from infra.statedb.schema import teams
+    from scheduler.orchestrator.history import over_quota
+
+    orch = Orchestrator(state_db_url)
+    orch.register(parse_cluster(INVENTORY))
+    with write_transaction(orch.engine) as conn:
+        conn.execute(sa.insert(teams), [{"name": "A", "weight": 2.0}, {"name": "B", "weight": 1.0},
+                                        {"name": "C", "weight": 1.0}])
+    for gpu_type in ("A100-80G", "V100-32G", "A10", "A40"):
+        for team, nominal in (("A", 8), ("B", 4), ("C", 4)):
+            orch.set_quota(team, gpu_type, nominal, nominal)
+    forget_engines()
+    procs = [_fork.Process(target=_client, args=(state_db_url, seed, "ABC"[seed % 3])) for seed in range(CLIENTS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0] * CLIENTS
+    orch = Orchestrator(state_db_url)
+    with read_transaction(orch.engine) as conn:
+        states = dict(conn.execute(sa.select(jobs.c.state, sa.func.count()).group_by(jobs.c.state)).all())
+        by_team = dict(conn.execute(sa.select(jobs.c.team, sa.func.count()).group_by(jobs.c.team)).all())
+    assert states == {"finished": CLIENTS * JOBS_PER_CLIENT}
+    assert by_team == {"A": 22, "B": 22, "C": 20}
+    assert over_quota(orch.engine, "shared") == 0
     assert double_booked(orch.engine) == 0
 
 
