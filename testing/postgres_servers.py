@@ -29,6 +29,13 @@ def _bin(name: str) -> str:
     return str(POSTGRES_BIN_PATH / name)
 
 
+def _run(args: list[str], user: str | None, timeout: float) -> None:
+    """Run a PostgreSQL tool; its own error output in the exception when it fails."""
+    done = subprocess.run(args, user=user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{Path(args[0]).name} {' '.join(args[1:])} failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+
+
 def _run_as() -> str | None:
     """The system user PostgreSQL runs as (not root)."""
     if os.geteuid() != 0:
@@ -63,8 +70,7 @@ class PostgresServer:
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)
         _own(data, user)
-        subprocess.run([_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "--encoding=utf8"],
-                       check=True, user=user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=120)
+        _run([_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "--encoding=utf8"], user, 120)
         server = cls(data, free_ports(1)[0], user, max_connections)
         server.start()
         return server
@@ -77,8 +83,7 @@ class PostgresServer:
         return f"127.0.0.1:{self.port}"
 
     def _pg_ctl(self, *args: str, timeout: float = 60) -> None:
-        subprocess.run([_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", str(int(timeout)), *args], check=True,
-                       user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout + 10)
+        _run([_bin("pg_ctl"), "-D", str(self.data), "-w", "-t", str(int(timeout)), *args], self.user, timeout + 10)
 
     def start(self) -> None:
         options = (f"-h 127.0.0.1 -p {self.port} -k {self.data} -c max_connections={self.max_connections} "
@@ -100,9 +105,8 @@ class PostgresServer:
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)
         _own(data, self.user)
-        subprocess.run([_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-                        "-D", str(data), "-R", "-X", "stream", "-c", "fast"],
-                       check=True, user=self.user, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=300)
+        _run([_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
+              "-D", str(data), "-R", "-X", "stream", "-c", "fast"], self.user, 300)
         standby = PostgresServer(data, free_ports(1)[0], self.user, self.max_connections)
         standby.start()
         return standby

@@ -114,7 +114,7 @@ class StateDbRetry:
             except OUTAGE_ERRORS as e:
                 failures += 1
                 waited = time.monotonic() - started
-                self._failed(e, what)
+                self.failed(e, what)
                 if limit is not None and waited >= limit:
                     self.log.error("state database: %s gave up after %.0f s: %s", what, waited, _one_line(e))
                     raise
@@ -125,10 +125,13 @@ class StateDbRetry:
                                  "down %.0f s)", _one_line(e), what, wait, failures + 1, self.down_s)
                 self._sleep(wait)
                 continue
-            self._answered(what)
+            self.answered(what)
             return result
 
-    def _failed(self, e: BaseException, what: str) -> None:
+    def failed(self, e: BaseException | str, what: str) -> None:
+        """Count one failed call towards the outage (and alert once it lasts): what `call` does
+        after each outage error, and what a loop that retries by itself reports through
+        (`Orchestrator.wait_admitted`'s `on_unreachable`)."""
         with self._lock:
             now = time.monotonic()
             if self._down_since is None:
@@ -144,7 +147,8 @@ class StateDbRetry:
                                        "what happens": "the flow waits and retries; its jobs keep training"},
                              link=self.link))
 
-    def _answered(self, what: str) -> None:
+    def answered(self, what: str) -> None:
+        """The database answered: an outage, if one was counted, is over (said, and alerted if it was)."""
         with self._lock:
             if self._down_since is None:
                 return
@@ -165,6 +169,7 @@ class StateDbRetry:
                 self.log.warning("could not send the state database alert: %s", e)
 
 
-def _one_line(e: BaseException) -> str:
+def _one_line(e: BaseException | str) -> str:
     text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+    first = text[0] if text else ""
+    return first if isinstance(e, str) else f"{type(e).__name__}: {first}"

@@ -187,8 +187,17 @@ def admitted_placement(orch: Orchestrator, job_id: int, plans: list, *, poll_s: 
     nodes it got. A database outage meanwhile is waited out (`db`, default: logged only) and the
     wait goes on where it was: admission is a row in the database, not a message to miss."""
     db = db or StateDbRetry()
-    admission = db.call(lambda: orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait, timeout_s=timeout_s),
-                        f"job {job_id} waiting for GPUs")
+    what = f"job {job_id} waiting for GPUs"
+
+    def on_unreachable(message: str) -> None:  # wait_admitted retries by itself; the outage is counted here
+        db.log.warning(message)
+        if "answers again" in message:
+            db.answered(what)
+        else:
+            db.failed(message, what)
+
+    admission = db.call(lambda: orch.wait_admitted(job_id, poll_s=poll_s, on_wait=on_wait, timeout_s=timeout_s,
+                                                   on_unreachable=on_unreachable), what)
     placement = admission.placement
     layout = (placement.gpu_type, placement.world_size, placement.dp, placement.tp, placement.pp)
     placement.plan = next((p for p in plans if (p.gpu_type, p.num_gpus, p.dp, p.tp, p.pp) == layout), None)
