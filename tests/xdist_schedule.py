@@ -21,6 +21,7 @@ guess by kind (GUESS_S).
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from pathlib import Path
 
@@ -49,7 +50,8 @@ def uses_shared_prefect_server(root: Path, path: str) -> bool:
         source = (root / path).read_text()
     except OSError:
         return False
-    return "prefect_server" in source and "def prefect_server(" not in source
+    source = source.replace("testing.prefect_server", "")  # the module of that name, not the fixture
+    return re.search(r"\b(use_)?prefect_server\b", source) is not None and "def prefect_server(" not in source
 
 
 def unit_of(nodeid: str, root: Path) -> str:

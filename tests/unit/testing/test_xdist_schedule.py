@@ -16,7 +16,8 @@ def test_units_follow_the_suite_layout(tmp_path):
     flows = tmp_path / "tests/integration/flows"
     flows.mkdir(parents=True)
     (flows / "test_on_server.py").write_text("def test_x(use_prefect_server): pass\n")
-    (flows / "test_in_process.py").write_text("def test_x(prefect_api): pass\n")
+    (flows / "test_in_process.py").write_text("from testing.prefect_server import LocalPrefectServer\n"
+                                              "def test_x(prefect_api): pass\n")
     (flows / "test_own_server.py").write_text("@pytest.fixture(scope='module')\ndef prefect_server(): ...\n"
                                               "def test_x(use_prefect_server): pass\n")
     assert unit_of("tests/integration/checkpoint/test_a.py::test_x", tmp_path) == "tests/integration/checkpoint/test_a.py"
