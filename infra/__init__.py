@@ -9,6 +9,7 @@
     kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,
                   evaluation Jobs, the Prefect kubernetes work pool's base job template
     reaper        run a command so none of its descendants outlives its starter
+    lease_guard   a node's own check of its job's lease (database or lease file): ranks stop once the holder is gone
     stop_signal   stop a loop on SIGTERM/SIGINT: a handler that only flags (and wakes a pipe), never locks
     watch         follow a launched job until it finishes, fails, hangs or spikes
     nodecheck     two-round pairwise collective tests that find faulty and slow nodes

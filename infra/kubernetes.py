@@ -4,7 +4,10 @@
                           <job>-a<K>-0.<job>-a<K>, the rendezvous host of every node
     Job     <job>-a<K>   completionMode: Indexed, completions = parallelism = nodes,
                           backoffLimit 0 (a restart is the flow's decision, after diagnosis);
-                          pod i runs torchrun --node-rank=$(JOB_COMPLETION_INDEX)
+                          pod i runs torchrun --node-rank=$(JOB_COMPLETION_INDEX) under
+                          infra.reaper, which also follows the attempt's lease file (the
+                          flow renews it while it polls the pods; a dead flow cannot
+                          delete the Job, so the pods stop themselves: infra.lease_guard)
                           with nvidia.com/gpu: G, a memory-backed /dev/shm, the run
                           directory on a shared volume and S3 credentials from a Secret
 
@@ -33,6 +36,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.launch import LaunchRequest, node_log_path, wait_for_exit
+from infra.lease_guard import FILE_LEASE_S, LeaseFileRenewer, lease_file_path
 
 RENDEZVOUS_PORT = 29500  # each pod has its own network namespace: a fixed port is free there
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -121,8 +125,10 @@ def torchrun_container_args(request: LaunchRequest, settings: KubernetesSettings
             *request.worker_args]
 
 
-def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu") -> dict:
-    """One indexed Job: pod i is node rank i (hostname <name>-i under the headless Service)."""
+def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu",
+                          grace_s: float = 10.0) -> dict:
+    """One indexed Job: pod i is node rank i (hostname <name>-i under the headless Service); its
+    torchrun runs under the reaper, which stops it once the attempt's lease file goes stale."""
     name = object_name(request)
     nodes = len(request.nodes)
     gpus = 0 if gpu_type == "cpu" else max(n.nproc_per_node for n in request.nodes)
@@ -132,7 +138,9 @@ def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, 
         "subdomain": name, "restartPolicy": "Never",
         "containers": [{
             "name": "torchrun", "image": settings.image,
-            "command": torchrun_container_args(request, settings),
+            "command": [settings.python, "-m", "infra.reaper", f"--grace={grace_s}",
+                        f"--lease-file={lease_file_path(request.run_dir, request.attempt)}", "--",
+                        *torchrun_container_args(request, settings)],
             "env": env, "envFrom": env_from, "resources": _resources(gpus, settings),
             "volumeMounts": mounts, "ports": [{"containerPort": RENDEZVOUS_PORT, "name": "rendezvous"}],
         }],
@@ -257,6 +265,7 @@ class KubernetesJob:
     api: Any = None  # kubernetes.client.ApiClient
     poll_s: float = 2.0
     api_calls: int = 0
+    lease: LeaseFileRenewer | None = None  # renewed on each poll: the pods stop the ranks once it goes stale
     _exit: dict[int, int] = field(default_factory=dict)
     _captured: set[int] = field(default_factory=set)
     _read_at: float = -1e9
@@ -295,6 +304,8 @@ class KubernetesJob:
 
     def poll(self) -> dict[str, int | None]:
         """Exit code per node from its pod's container; its log is captured as it ends."""
+        if self.lease is not None:
+            self.lease.renew()
         if time.monotonic() - self._read_at >= self.poll_s:
             for pod in self._pods():
                 index = pod_index(pod)
@@ -315,6 +326,8 @@ class KubernetesJob:
         delete the Job (its pods with it) and the Service; gone already is fine."""
         from kubernetes import client
 
+        if self.lease is not None:  # the pods stop too should the deletion not reach them
+            self.lease.release("the flow stopped the attempt")
         try:
             for pod in self._pods():
                 index = pod_index(pod)
@@ -342,22 +355,26 @@ class KubernetesJob:
 class KubernetesLauncher:
     """Create the attempt's headless Service and indexed Job through the cluster's API server."""
 
-    def __init__(self, settings: KubernetesSettings, gpu_type: str = "cpu", grace_s: float = 10.0):
+    def __init__(self, settings: KubernetesSettings, gpu_type: str = "cpu", grace_s: float = 10.0,
+                 lease_s: float = FILE_LEASE_S):
         self.settings = settings
         self.gpu_type = gpu_type
         self.grace_s = grace_s
+        self.lease_s = lease_s  # the pods stop the ranks once the flow has not renewed the lease file this long
 
     def start(self, request: LaunchRequest) -> KubernetesJob:
         from kubernetes import client
 
         api = api_client(self.settings)
-        job = KubernetesJob(request, self.settings, object_name(request), api=api)
+        lease = LeaseFileRenewer(lease_file_path(request.run_dir, request.attempt), self.lease_s)
+        lease.renew()  # written before any pod reads it
+        job = KubernetesJob(request, self.settings, object_name(request), api=api, lease=lease)
         client.CoreV1Api(api).create_namespaced_service(self.settings.namespace,
                                                         headless_service_manifest(request, self.settings))
         job.api_calls += 1
         try:
             client.BatchV1Api(api).create_namespaced_job(
-                self.settings.namespace, training_job_manifest(request, self.settings, self.gpu_type))
+                self.settings.namespace, training_job_manifest(request, self.settings, self.gpu_type, self.grace_s))
             job.api_calls += 1
         except BaseException:
             job.terminate(grace_s=0)  # no Service left behind

@@ -340,9 +340,12 @@ def resolve_rendezvous(spec: NodeLaunch, request: LaunchRequest, timeout_s: floa
                        f"{timeout_s:.0f}s; did node 0 start? (see its log)")
 
 
-def node_command(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> list[str]:
-    """One node's torchrun under the reaper (so no rank outlives whoever started it)."""
-    return [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", "--", *torchrun_command(spec, request)]
+def node_command(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0,
+                 lease_file: Path | None = None) -> list[str]:
+    """One node's torchrun under the reaper (so no rank outlives whoever started it); with
+    `lease_file`, the reaper also stops it once the job's holder is gone (infra.lease_guard)."""
+    lease = [f"--lease-file={lease_file}"] if lease_file is not None else []
+    return [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", *lease, "--", *torchrun_command(spec, request)]
 
 
 def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> subprocess.Popen:

@@ -14,7 +14,10 @@ grandchildren. The reaper closes both holes:
 - it asks the kernel to SIGTERM it when its parent dies (PR_SET_PDEATHSIG) and
   also polls `getppid()` as a second line of defence;
 - on SIGTERM/SIGINT, on its parent's death, or when the command exits, it
-  terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s).
+  terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s);
+- with `--lease-file PATH` (the Slurm and Kubernetes launchers), also once the job's
+  lease file says its holder is gone (infra.lease_guard: the flow that renews it died
+  or released the attempt); a file it cannot read stops nothing.
 
 It exits with the command's exit code (128+signal for a signal, as a shell does).
 """
@@ -30,6 +33,8 @@ import sys
 import time
 
 import psutil
+
+from infra.lease_guard import LeaseFile, LeaseGuard, look_every_s
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infra.reaper")
     parser.add_argument("--grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--lease-file", default=None,
+                        help="stop the command once this lease file (infra.lease_guard) says its holder is gone")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -100,12 +107,18 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, on_signal)
 
     child = subprocess.Popen(command)
+    guard = None
+    if args.lease_file:
+        lease = LeaseFile(args.lease_file)
+        every_s = look_every_s(float((lease.read() or {}).get("valid_s") or 30.0))
+        guard = LeaseGuard(lease.look, every_s, lambda why: print(
+            f"forgeflow reaper: {why}; stopping the ranks", file=sys.stderr, flush=True)).start()
     returncode: int | None = None
     while returncode is None:
         returncode = child.poll()
         if returncode is not None:
             break
-        if stop_signal or os.getppid() != parent:
+        if stop_signal or os.getppid() != parent or (guard is not None and guard.gone_because is not None):
             kill_tree(os.getpid(), args.grace)
             returncode = child.wait()
             break
@@ -113,6 +126,10 @@ def main(argv: list[str] | None = None) -> int:
         _reap_zombies(keep=child.pid)
 
     # The command is gone; anything it left behind (re-parented to us) goes too.
+    if guard is not None:
+        guard.close()
+        if guard.gone_because is not None and returncode == 0:  # torchrun exits 0 when told to stop:
+            returncode = 128 + signal.SIGTERM  # the node was stopped, it did not finish
     kill_tree(os.getpid(), args.grace)
     _reap_zombies()
     if returncode < 0:

@@ -18,7 +18,9 @@ The job is watched with `squeue` (then `scontrol show job`, then `sacct`, since 
 finished job leaves squeue and sacct needs slurmdbd) at most every `poll_s`,
 plus forgeflow's own heartbeats (infra.watch), and stopped with `scancel`: Slurm
 sends SIGTERM to every step, the reaper stops torchrun's ranks, and Slurm sends
-SIGKILL after its KillWait.
+SIGKILL after its KillWait. A flow that dies cannot scancel: each node's reaper also
+follows the attempt's lease file, which the flow renews while it polls the job, and stops
+the ranks once it goes stale (infra.lease_guard).
 
 Nodes drained or down in Slurm are refused before anything is submitted, and
 `drain_node` is how a cordon reaches Slurm: forgeflow and Slurm never disagree
@@ -47,6 +49,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from infra.atomic_write import atomic_write
+from infra.lease_guard import FILE_LEASE_S, LeaseFileRenewer, lease_file_path
 from infra.launch import (
     LaunchRequest,
     clear_rendezvous,
@@ -251,6 +254,7 @@ class SlurmJob:
     _job_exit: int | None = None
     _polled_at: float = field(default=-1e9)
     calls: int = 0  # Slurm commands issued (the watcher's load on slurmctld)
+    lease: LeaseFileRenewer | None = None  # renewed on each poll: the nodes stop the ranks once it goes stale
 
     def state(self, fresh: bool = False) -> str:
         """The job's Slurm state, asking Slurm at most every `settings.poll_s` unless `fresh`."""
@@ -288,6 +292,8 @@ class SlurmJob:
         return "UNKNOWN", None  # slurmctld forgot it and there is no accounting: treat as gone
 
     def poll(self) -> dict[str, int | None]:
+        if self.lease is not None:
+            self.lease.renew()
         codes: dict[str, int | None] = {}
         for spec in self.request.nodes:
             marker = exit_code_path(self.request, spec.node)
@@ -320,6 +326,8 @@ class SlurmJob:
                 time.sleep(0.5)
             if self._state in FINAL_STATES:
                 return
+        if self.lease is not None:  # the nodes stop too should scancel not reach them
+            self.lease.release("the flow stopped the attempt")
         slurm_command(["scancel", self.job_id], self.settings, check=False)
         deadline = time.monotonic() + grace_s + 60  # plus Slurm's KillWait
         while time.monotonic() < deadline:
@@ -339,10 +347,12 @@ class SlurmJob:
 class SlurmLauncher:
     """Submit each attempt as one batch job; see the module docstring for its shape."""
 
-    def __init__(self, settings: SlurmSettings | None = None, gpu_type: str = CPU_DEVICE, grace_s: float = 10.0):
+    def __init__(self, settings: SlurmSettings | None = None, gpu_type: str = CPU_DEVICE, grace_s: float = 10.0,
+                 lease_s: float = FILE_LEASE_S):
         self.settings = settings or SlurmSettings()
         self.gpu_type = gpu_type
         self.grace_s = grace_s
+        self.lease_s = lease_s  # the nodes stop the ranks once the flow has not renewed the lease file this long
 
     def check_nodes(self, request: LaunchRequest) -> None:
         """Refuse a placement Slurm would not run: a node unknown, drained or down there."""
@@ -368,6 +378,8 @@ class SlurmLauncher:
         for spec in request.nodes:  # a resubmitted attempt must not read the last one's codes
             exit_code_path(request, spec.node).unlink(missing_ok=True)
         clear_rendezvous(request)
+        lease = LeaseFileRenewer(lease_file_path(request.run_dir, request.attempt), self.lease_s)
+        lease.renew()  # written before any node reads it
         request_file = folder / "request.json"
         request_file.write_text(json.dumps(request.to_dict(), indent=1))
         script = folder / "job.sbatch"
@@ -376,7 +388,7 @@ class SlurmLauncher:
         # sbatch exports its environment to the job: only what the ranks need
         job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         (folder / "slurm-job-id").write_text(job_id)
-        return SlurmJob(request, job_id, self.settings)
+        return SlurmJob(request, job_id, self.settings, lease=lease)
 
 
 # --- on each node: `python -m infra.slurm node request.json` ------------------------
@@ -399,7 +411,8 @@ def run_node(request_file: Path, grace_s: float) -> int:
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
     print(f"forgeflow: node {name} node-rank {spec.node_rank}/{spec.nnodes}, {spec.nproc_per_node} process(es), "
           f"rendezvous {spec.master_addr}:{spec.master_port}", flush=True)
-    proc = subprocess.Popen(node_command(spec, request, grace_s), env=env, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(node_command(spec, request, grace_s, lease_file_path(request.run_dir, request.attempt)),
+                            env=env, stdin=subprocess.DEVNULL)
 
     stopped_by: list[int] = []
 
