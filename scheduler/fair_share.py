@@ -119,12 +119,14 @@ def holdings(running: Iterable[RunningJob]) -> dict[tuple[str, str], int]:
 
 
 def fair_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of: Mapping[str, int],
-               usage: Mapping[str, float], rules: TeamRules) -> list[Waiting]:
+               usage: Mapping[str, float], rules: TeamRules, head: str | None = None) -> list[Waiting]:
     """The queue by priority class (highest first), then team usage over weight (lowest first),
-    then arrival. `queue` in arrival order within a class already: the sort is stable."""
+    then arrival. `queue` in arrival order within a class already: the sort is stable. `head`:
+    the job an earlier pass reserved GPUs for stays first of its class until it starts, so
+    usage moving on never lets later jobs overtake it past its predicted start."""
     def key(job: Waiting) -> tuple:
         team = team_of.get(job.job_id, NO_TEAM)
-        return (-priority_of.get(job.job_id, 0), usage.get(team, 0.0) / rules.weight(team))
+        return (-priority_of.get(job.job_id, 0), job.job_id != head, usage.get(team, 0.0) / rules.weight(team))
     return sorted(queue, key=key)
 
 
@@ -167,6 +169,18 @@ class QuotaGate:
         idle_after = self.free.by_type.get(opt.gpu_type, 0) - opt.num_gpus
         return idle_after >= self.claimed(opt.gpu_type, team)
 
+    def may_reserve(self, job_id: str, opt: Option) -> bool:
+        """Whether the option may hold a reservation: within the team's nominal quota."""
+        if not self.rules.enforced:
+            return True
+        team = self.team_of.get(job_id, NO_TEAM)
+        return self.held.get((team, opt.gpu_type), 0) + opt.num_gpus <= self.rules.quota(team, opt.gpu_type).nominal
+
+    def reserve(self, job_id: str, opt: Option) -> None:
+        """The head's GPUs count against its team's quota for the rest of the pass."""
+        team = self.team_of.get(job_id, NO_TEAM)
+        self.held[(team, opt.gpu_type)] = self.held.get((team, opt.gpu_type), 0) + opt.num_gpus
+
     def took(self, job_id: str, opt: Option) -> None:
         team = self.team_of.get(job_id, NO_TEAM)
         key = (team, opt.gpu_type)
@@ -190,14 +204,17 @@ class Snapshot:
     held: Mapping[tuple[str, str], int] = field(default_factory=dict)
     usage: Mapping[str, float] = field(default_factory=dict)  # decayed GPU-seconds per team
     reservation_depth: int = 8
+    head: str | None = None  # the job the last pass reserved GPUs for (`FreeGpus.reservation`)
 
 
 def decide(snap: Snapshot):
     """(started jobs with option and placement, jobs considered): fair-share order, quota gate,
-    then the policy pass. With one team and no quota this is the plain policy pass."""
+    then the policy pass. With one team and no quota this is the plain policy pass. The job it
+    reserves GPUs for, if any, is `snap.free.reservation` afterwards: the next pass's `head`."""
     teams = set(snap.team_of.values())
-    queue = (fair_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules)
+    queue = (fair_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
              if len(teams) > 1 or snap.rules.enforced else snap.queue)
+    snap.free.reservation = None
     if snap.rules.enforced:
         snap.free.gate = QuotaGate(snap.rules, snap.held, queue, snap.team_of, snap.free)
     try:

@@ -22,7 +22,9 @@ the cluster's free lists; the pass allocates on the `Cluster` object it is given
           GPUs free up, read off the running jobs' *predicted* ends — and a later
           job may start now only if it does not delay that reservation (it is
           predicted to end before it, or it uses GPUs the head job will not need,
-          or another GPU type).
+          or another GPU type). With teams' quotas (`scheduler.fair_share`), only a job within its
+          team's nominal quota reserves (a borrower takes idle GPUs only), and the job
+          reserved for stays first of the queue in the next passes (`FreeGpus.reservation`).
 ``sjf``   shortest job first on estimates (a baseline): the queue ordered by each
           job's shortest predicted run time, opportunistic, requested GPUs, first-fit.
 
@@ -126,6 +128,9 @@ class FreeGpus:
         # team, not about room: passes must not conclude that equal options find no room).
         self.gate = None
         self.refused = 0
+        # what the pass promised the job it could not start (EASY's head): (job id, GPU type, shadow
+        # time); a caller keeps that job first in its order until it starts (`scheduler.fair_share`)
+        self.reservation: tuple[str, str, float] | None = None
 
     def any(self) -> bool:
         return any(self.by_type.values())
@@ -305,7 +310,9 @@ def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
                     break
             else:
                 if free.refused == refused:  # a job its team's quota holds back reserves nothing
-                    shadow = _shadow(now, job.options, free, ends)
+                    shadow = _shadow(now, job, free, ends)
+                    if shadow is not None:
+                        free.reservation = (job.job_id, shadow[0], shadow[1])
             continue
         gpu_type, shadow_s, extra = shadow
         for opt in job.options:
@@ -325,11 +332,16 @@ def _easy_pass(now: float, queue: Sequence[Waiting], running: Iterable[Busy],
     return started, considered
 
 
-def _shadow(now: float, options: Sequence[Option], free: FreeGpus,
+def _shadow(now: float, job: Waiting, free: FreeGpus,
             ends: dict[str, list[tuple[float, int]]]) -> tuple[str, float, int] | None:
-    """The head job's reservation: its option whose GPUs are predicted free first."""
-    best: tuple[float, int, str, int] | None = None  # (time, preference, type, extra)
-    for rank, opt in enumerate(options):
+    """The head job's reservation: its option whose GPUs are predicted free first. With teams'
+    quotas, only an option within the team's nominal quota reserves (a borrower only takes idle
+    GPUs, it holds no one back), and its GPUs count against that quota for the rest of the pass
+    (so the team's own backfilled jobs cannot use up what the head will need)."""
+    best: tuple[float, int, str, int, Option] | None = None  # (time, preference, type, extra, option)
+    for rank, opt in enumerate(job.options):
+        if free.gate is not None and not free.gate.may_reserve(job.job_id, opt):
+            continue
         free_now = free.by_type.get(opt.gpu_type, 0)
         releases = sorted(ends.get(opt.gpu_type, ()))
         avail, t = free_now, now
@@ -343,8 +355,12 @@ def _shadow(now: float, options: Sequence[Option], free: FreeGpus,
         # Free at the shadow time: everything released by then, not only what the head needs.
         avail = free_now + sum(n for end, n in releases if end <= t)
         if best is None or (t, rank) < best[:2]:
-            best = (t, rank, opt.gpu_type, avail - opt.num_gpus)
-    return None if best is None else (best[2], best[0], best[3])
+            best = (t, rank, opt.gpu_type, avail - opt.num_gpus, opt)
+    if best is None:
+        return None
+    if free.gate is not None:
+        free.gate.reserve(job.job_id, best[4])
+    return (best[2], best[0], best[3])
 
 
 class FreeProfile:

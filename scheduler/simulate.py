@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from scheduler.cluster import Cluster
+from scheduler.fair_share import DecayedUsage, RunningJob, Snapshot, TeamRules, decide, holdings, team_usage
 from scheduler.gpus import gpu_spec
 from scheduler.placement import Placement, placed_step_time, release_placement
 from scheduler.planner import (
@@ -291,7 +292,7 @@ class Simulator:
 
     def __init__(self, cluster: Cluster, jobs: Iterable[TraceJob], policy: str,
                  catalogue: JobCatalogue | None = None, options: dict[str, dict[str, list[Option]]] | None = None,
-                 reservation_depth: int = 8):
+                 reservation_depth: int = 8, teams: TeamRules | None = None, team_of: dict[str, str] | None = None):
         if policy not in POLICIES:
             raise SimulationError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
         self.policy = policy
@@ -304,6 +305,10 @@ class Simulator:
         self.total_gpus = sum(n.gpu_count for n in self.cluster.schedulable_nodes())
         self.free = FreeGpus(self.cluster)
         self.reservation_depth = reservation_depth
+        # teams (`scheduler.fair_share`): each pass is `decide` (fair-share order, quota gate), as live
+        self.teams = teams
+        self.team_of = team_of or {}
+        self.promised: dict[str, float] = {}  # job -> the start its first reservation promised it
         self.shortest_run = {
             j: min((o.run_s for o in opts["ect"]), default=math.inf) for j, opts in self.options.items()
         }
@@ -332,6 +337,9 @@ class Simulator:
         last_t = self.jobs[0].arrival_s
         decisions = passes = 0
         decision_seconds = 0.0
+        held: dict[str, RunningJob] = {}  # running jobs' teams, while teams are simulated
+        usage = DecayedUsage(self.teams.half_life_s if self.teams else 1.0)
+        head = None
 
         while events:
             now = events[0][0]
@@ -345,6 +353,9 @@ class Simulator:
                     self.free.give_back(done.placement.gpu_type, done.placement.world_size)
                     busy -= done.placement.world_size
                     done.record.end_s = now
+                    if job_id in held:
+                        gone = held.pop(job_id)
+                        usage.add(gone.team, gone.num_gpus, gone.admitted_s, now)
                 else:
                     job = by_id[job_id]
                     if not self.options[job_id][self.policy]:
@@ -353,11 +364,20 @@ class Simulator:
                         queue.append(QueuedJob(job_id, job.arrival_s, self.options[job_id][self.policy],
                                                self.shortest_run[job_id]))
             t0 = time.perf_counter()
-            started, considered = schedule_pass(
-                self.policy, now, queue,
-                [Busy(r.placement.gpu_type, r.placement.world_size, r.predicted_end_s) for r in running.values()]
-                if self.policy in USES_RUNNING else (),
-                self.free, reservation_depth=self.reservation_depth)
+            busy_now = ([Busy(r.placement.gpu_type, r.placement.world_size, r.predicted_end_s) for r in running.values()]
+                        if self.policy in USES_RUNNING else ())
+            if self.teams is None:
+                started, considered = schedule_pass(self.policy, now, queue, busy_now, self.free,
+                                                    reservation_depth=self.reservation_depth)
+            else:
+                snap = Snapshot(self.policy, now, queue, busy_now, self.free, self.teams,
+                                {j.job_id: self.team_of.get(j.job_id, "") for j in queue}, {},
+                                holdings(held.values()), team_usage(usage, held.values(), now),
+                                self.reservation_depth, head)
+                started, considered = decide(snap)
+                head = self.free.reservation[0] if self.free.reservation else head
+                if self.free.reservation:
+                    self.promised.setdefault(head, self.free.reservation[2])
             decision_seconds += time.perf_counter() - t0
             decisions += considered
             passes += 1
@@ -370,6 +390,10 @@ class Simulator:
                 predicted = self._run_seconds(job, opt, placement)
                 end = now + predicted * job.runtime_factor
                 running[job.job_id] = _Running(rec, placement, end, now + predicted)
+                if self.teams is not None:
+                    held[job.job_id] = RunningJob(self.team_of.get(job.job_id, ""), opt.gpu_type,
+                                                  placement.world_size, now)
+                    head = None if head == job.job_id else head
                 busy += placement.world_size
                 heapq.heappush(events, (end, 0, seq, job.job_id))
                 seq += 1

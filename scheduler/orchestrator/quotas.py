@@ -140,6 +140,7 @@ class TeamState:
         self.usage = usage
         self.team_of: dict[int, str] = {}  # queued and running jobs' teams ("" without one)
         self.unknown: set[int] = set()  # running jobs admitted by another process, team not read yet
+        self.head: int | None = None  # the job the last pass reserved GPUs for (kept first until it starts)
 
     @classmethod
     def load(cls, conn: Connection, cluster: str) -> "TeamState | None":
@@ -167,11 +168,15 @@ class TeamState:
     def admitted(self, job_id: int, gpu_type: str, num_gpus: int, at: float) -> None:
         if job_id not in self.team_of:
             self.unknown.add(job_id)
+        if self.head == job_id:
+            self.head = None
         self.running[job_id] = RunningJob(self.team_of.get(job_id, NO_TEAM), gpu_type, num_gpus, at)
 
     def ended(self, job_id: int, at: float) -> None:
         self.team_of.pop(job_id, None)
         self.unknown.discard(job_id)
+        if self.head == job_id:
+            self.head = None
         job = self.running.pop(job_id, None)
         if job is not None:
             self.usage.add(job.team, job.num_gpus, job.admitted_s, max(at, job.admitted_s))
@@ -197,5 +202,6 @@ class TeamState:
         priority_of = {str(k[2]): -k[0] for k in keys}
         current = list(self.running.values())
         snap = Snapshot(policy, now, queue, running, free, self.rules, team_of, priority_of,
-                        holdings(current), team_usage(self.usage, current, now), reservation_depth)
+                        holdings(current), team_usage(self.usage, current, now), reservation_depth,
+                        None if self.head is None else str(self.head))
         return decide(snap)

@@ -167,6 +167,8 @@ class PassResult:
     expired_jobs: list[int]
     considered: int
     seconds: float = 0.0  # the whole transaction, when the decider (`serve`) made it
+    # (job id, GPU type, shadow time) the pass reserved GPUs for (EASY's head), while teams exist
+    reservation: tuple | None = None
 
 
 @dataclass
@@ -420,6 +422,9 @@ class Orchestrator:
                     self._names.pop(op[1], None)    # not replayed): a long-lived decider forgets it
                 elif op[0] == "admit":
                     view.admit(*op[1:])
+                elif op[0] == "head":  # the job a pass reserved GPUs for stays first (`quotas`)
+                    if view.teams is not None:
+                        view.teams.head = op[1]
                 elif op[0] == "queue":
                     _, job_id, name, priority, queued_at = op
                     self._names.setdefault(job_id, name)
@@ -1010,6 +1015,10 @@ class Orchestrator:
             started, result.considered = view.teams.decide(
                 conn, self.policy, now, view.queue, view.keys, list(view.running.values()), free,
                 reservation_depth=self.config.reservation_depth)
+            if free.reservation is not None and int(free.reservation[0]) != view.teams.head:
+                view.teams.head = int(free.reservation[0])
+                self._record(["head", view.teams.head])
+            result.reservation = free.reservation
         else:
             started, result.considered = schedule_pass(
                 self.policy, now, view.queue, list(view.running.values()), free,

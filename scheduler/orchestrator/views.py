@@ -1,6 +1,10 @@
 """Snapshots a person reads: nodes with health and who holds each GPU; the queue; the jobs
 (`forgeflow jobs`); a markdown table.
 
+On PostgreSQL every read is the caller's role's: row-level security (migration 0008) shows it
+its own jobs, its teams' and, to an operator, every job; nodes and which GPUs are busy are
+visible to all (a GPU held by a job the role may not see shows as held, without the job's name).
+
 Plain data (dicts) so the CLI prints them as JSON or rich tables and the flows
 publish them as Prefect artifacts.
 """
@@ -19,6 +23,7 @@ import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.start_estimates import queue_estimates
 
 RECENT_S = 3600.0  # `forgeflow jobs` without --all shows jobs that ended this recently
+HIDDEN_JOB = "(another team's)"  # the name shown for a GPU's holder the caller may not see
 
 
 def cluster_status(engine: Engine, cluster: str | None = None) -> dict[str, Any]:
@@ -29,9 +34,9 @@ def cluster_status(engine: Engine, cluster: str | None = None) -> dict[str, Any]
         for node, gpu, job_id, job_name, lease in conn.execute(
                 sa.select(allocations.c.node, allocations.c.gpu_index, allocations.c.job_id, jobs.c.name,
                           allocations.c.lease_expires_at)
-                .join(jobs, jobs.c.id == allocations.c.job_id)
+                .outerjoin(jobs, jobs.c.id == allocations.c.job_id)  # a hidden job's GPUs are still busy
                 .where(allocations.c.cluster == name, allocations.c.released_at.is_(None))):
-            holders[(node, gpu)] = (job_id, job_name, lease)
+            holders[(node, gpu)] = (job_id, HIDDEN_JOB if job_name is None else job_name, lease)
         rows = conn.execute(sa.select(nodes).where(nodes.c.cluster == name).order_by(nodes.c.position)).all()
         counts = dict(conn.execute(sa.select(jobs.c.state, sa.func.count()).where(jobs.c.cluster == name)
                                    .group_by(jobs.c.state)).all())
@@ -100,23 +105,27 @@ def display_state(row: Any) -> str:
 
 
 def job_list(engine: Engine, *, cluster: str | None = None, user: str | None = None, include_all: bool = False,
-             now: float | None = None) -> dict[str, Any]:
-    """Jobs for `forgeflow jobs`: every queued and running job and those that ended in the last
-    RECENT_S (every ended one with `include_all`), oldest first; `user` keeps the jobs submitted by
-    that user (`submitted_by` is user@host). A queued job carries its position, why it waits and
-    its estimated start (`start_estimates`); a running one its step, loss and last diagnosis."""
+             now: float | None = None, exact_owner: bool = False) -> dict[str, Any]:
+    """Jobs for `forgeflow jobs`: every queued and running job the caller may see and those that
+    ended in the last RECENT_S (every ended one with `include_all`), oldest first, with owner and
+    team; `user` keeps the jobs submitted by that user (`exact_owner`: the database role
+    `submitted_by` names, on PostgreSQL; else the user of user@host, on SQLite). A queued job
+    carries its position, why it waits and its estimated start (`start_estimates`); a running
+    one its step, loss and last diagnosis."""
     now = time.time() if now is None else now
     cols = [jobs.c.id, jobs.c.cluster, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at,
             jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
-            jobs.c.lost_count, jobs.c.placement, jobs.c.progress, jobs.c.runner, jobs.c.stop_requested]
+            jobs.c.lost_count, jobs.c.placement, jobs.c.progress, jobs.c.runner, jobs.c.stop_requested, jobs.c.team]
     query = sa.select(*cols).order_by(jobs.c.id)
+    if user is not None and exact_owner:
+        query = query.where(jobs.c.submitted_by == user)
     if not include_all:
         query = query.where(sa.or_(jobs.c.state.in_(("queued", "running")), jobs.c.finished_at >= now - RECENT_S))
     with read_transaction(engine) as conn:
         if cluster is not None:
             query = query.where(jobs.c.cluster == inventory.resolve_cluster(conn, cluster))
         rows = conn.execute(query).all()
-    if user is not None:
+    if user is not None and not exact_owner:
         rows = [r for r in rows if (r.submitted_by or "").split("@")[0] == user]
     estimates = {}
     for name in sorted({r.cluster for r in rows if r.state == "queued"}):
@@ -126,7 +135,7 @@ def job_list(engine: Engine, *, cluster: str | None = None, user: str | None = N
 
 def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
     progress = r.progress or {}
-    entry = {"job_id": r.id, "name": r.name, "cluster": r.cluster, "owner": r.submitted_by,
+    entry = {"job_id": r.id, "name": r.name, "cluster": r.cluster, "owner": r.submitted_by, "team": r.team,
              "state": display_state(r), "priority": r.priority, "gpus": None,
              "step": progress.get("step"), "steps": progress.get("steps"), "loss": progress.get("loss"),
              "step_s": progress.get("step_s"), "diagnosis": progress.get("diagnosis"),

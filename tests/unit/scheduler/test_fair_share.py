@@ -104,3 +104,34 @@ def test_decayed_usage_halves_every_half_life():
     assert got["A"] == pytest.approx(usage.at("A", now) + decayed_gpu_s(1, 50, now, now, h))
     assert holdings(running) == {("B", "cpu"): 4, ("A", "cpu"): 1}
     assert math.isfinite(DecayedUsage(1.0).at("x", 1e9))
+
+
+def test_the_reserved_head_stays_first_of_its_class():
+    queue = [QueuedJob("a1", 1, ONE), QueuedJob("b1", 2, ONE)]
+    team_of = {"a1": "A", "b1": "B"}
+    usage = {"A": 100.0, "B": 0.0}
+    assert [j.job_id for j in fair_order(queue, team_of, {}, usage, TeamRules())] == ["b1", "a1"]
+    assert [j.job_id for j in fair_order(queue, team_of, {}, usage, TeamRules(), head="a1")] == ["a1", "b1"]
+    assert [j.job_id for j in fair_order(queue, team_of, {"b1": 5}, usage, TeamRules(), head="a1")] == ["b1", "a1"]
+
+
+def test_easy_reserves_only_within_nominal_quota():
+    two = (Option("cpu", 2, 1, 0, 10.0),)
+    cluster = _cluster(2)
+    cluster.allocate("n", [0])
+    running = [Busy("cpu", 1, 5.0)]
+    rules = TeamRules({("A", "cpu"): Quota(1, 1), ("B", "cpu"): Quota(1, 1)})
+    # A's 2-CPU job would borrow: no reservation, so B's short job is not held back by it
+    snap = Snapshot("easy", 0.0, [QueuedJob("a1", 1, two), QueuedJob("b1", 2, ONE)], running, FreeGpus(cluster),
+                    rules, {"a1": "A", "b1": "B"}, {}, {("A", "cpu"): 0}, {})
+    started, _ = decide(snap)
+    assert [j.job_id for j, _, _ in started] == ["b1"] and snap.free.reservation is None
+    # within quota, the head reserves the CPU that frees at t=5: a long job behind it waits
+    long = (Option("cpu", 1, 1, 0, 100.0),)
+    cluster = _cluster(2)
+    cluster.allocate("n", [0])
+    rules = TeamRules({("A", "cpu"): Quota(2, 0), ("B", "cpu"): Quota(0, None)})
+    snap = Snapshot("easy", 0.0, [QueuedJob("a1", 1, two), QueuedJob("b1", 2, long)], running, FreeGpus(cluster),
+                    rules, {"a1": "A", "b1": "B"}, {}, {}, {})
+    started, _ = decide(snap)
+    assert started == [] and snap.free.reservation == ("a1", "cpu", 5.0)
