@@ -63,8 +63,10 @@ Goodput (the old headline) = W0 / W_faults. Last line, one JSON object: the old 
 
 `--smoke` (not a figure; the same flows, baseline and keys): one oom_kill, checkpoints every 4
 steps, no calibration run (`--calibrate-steps 0`: faults at the smallest spacing, 6 steps), a
-2-layer 64-wide model on 1 MB of the corpus, so each of the three runs is 16 short steps. The
-keys of the last line: HEADLINE_KEYS.
+2-layer 64-wide model on 1 MB of the corpus, and no fault-free run (the run with the fault runs
+the same flow; the placement is its first attempt's, and the goodput key is null), so two runs
+of 16 short steps: the flow with the fault and the torchrun baseline. The keys of the last
+line: HEADLINE_KEYS.
 
 With `--launcher slurm` every forgeflow attempt (and node check) is a Slurm batch job on the
 cluster SLURM_CONF names, or on a single-host Slurm this script starts (root, Debian's
@@ -209,6 +211,7 @@ class Fault:
     rank: int = 1
     fired_at: float | None = None  # time.time()
     fired_step: int | None = None
+    resume_from: int = 0  # the checkpoint step the job should resume from: the fault waits for its commit
 
 
 def schedule(kinds: list[str], steps_per_fault: int, interval: int) -> tuple[list[Fault], int]:
@@ -220,20 +223,33 @@ def schedule(kinds: list[str], steps_per_fault: int, interval: int) -> tuple[lis
         if kind == "oom_kill":
             rank = 1 if killed % 2 == 0 else 0
             killed += 1
-        faults.append(Fault(kind, at, rank))
         resume = at // interval * interval
+        faults.append(Fault(kind, at, rank, resume_from=resume))
     return faults, resume + 2 * steps_per_fault
 
 
 class FaultDriver(threading.Thread):
     """Fires the faults in order when the job reaches their step (heartbeats), from outside the
     job: SIGKILL (oom_kill), SIGSTOP (hang), the node's death (node_loss). The cuda_error drill
-    fires inside the worker (FORGEFLOW_FAULT); its time comes from its fired record."""
+    fires inside the worker (FORGEFLOW_FAULT); its time comes from its fired record.
 
-    def __init__(self, run_dir: Path, faults: list[Fault], node_loss, skip: set[str] = frozenset()):
+    A fault also waits for the commit of the checkpoint it is to resume from (`checkpoints`,
+    the job's checkpoint root): the job checkpoints asynchronously, and on a loaded machine a
+    kill two steps after a checkpoint could land before its commit, so the job would restart
+    from the one before (seen with --smoke's 4-step interval: "never resumed")."""
+
+    def __init__(self, run_dir: Path, faults: list[Fault], node_loss, skip: set[str] = frozenset(),
+                 checkpoints: str | None = None):
         super().__init__(daemon=True, name="fault-driver")
         self.run_dir, self.faults, self.node_loss, self.skip = run_dir, faults, node_loss, skip
+        self.checkpoints = checkpoints
         self.stop = threading.Event()
+
+    def _committed(self, step: int) -> bool:
+        from checkpoint.manifest import committed_checkpoints
+
+        return step == 0 or self.checkpoints is None or any(
+            r.step == step for r in committed_checkpoints(self.checkpoints))
 
     def _step_pids(self) -> tuple[int, dict[int, int]]:
         from infra import runfiles
@@ -259,7 +275,7 @@ class FaultDriver(threading.Thread):
                         break
                 else:
                     step, pids = self._step_pids()
-                    if step >= fault.at_step:
+                    if step >= fault.at_step and self._committed(fault.resume_from):
                         if fault.kind == "node_loss":
                             fault.fired_step, fault.fired_at = step, time.time()
                             self.node_loss.lost_now()
@@ -337,7 +353,7 @@ def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_resta
     logs = run_dir.parent / "torchrun-baseline"
     logs.mkdir(parents=True, exist_ok=True)
     with NodeLoss("node-b", trigger=lambda: False) as node_loss:
-        driver = FaultDriver(run_dir, faults, node_loss, skip)
+        driver = FaultDriver(run_dir, faults, node_loss, skip, load_job_spec(job).checkpoint.url)
         started = time.time()
         for node in ("node-a", "node-b"):  # node-a first: it hosts the rendezvous store
             env = dict(os.environ, FORGEFLOW_NODE_NAME=node, PYTHONUNBUFFERED="1")
@@ -549,23 +565,26 @@ def main() -> None:
     print(f"{measured}: a fault every {spf} steps of training, {steps} steps in all; faults at "
           + ", ".join(f"{f.kind}@{f.at_step}:{f.rank}" for f in faults), flush=True)
 
-    free_job = write_job(args.config, work, "fault-free", steps, args.interval, overrides)
-    free, wall_free = run_flow(free_job, [], args.hang_timeout_s, 0)
-    assert free.finished, free
-    placement = placement or free.placements[0]  # the baseline's layout: the flow's own
+    wall_free = None  # --smoke: no fault-free run (the run with faults runs the same flow), no goodput
+    if not args.smoke:
+        free_job = write_job(args.config, work, "fault-free", steps, args.interval, overrides)
+        free, wall_free = run_flow(free_job, [], args.hang_timeout_s, 0)
+        assert free.finished, free
+        placement = placement or free.placements[0]  # the baseline's layout: the flow's own
 
     # forgeflow with the faults: the cuda_error drill rides on its attempt's environment
     drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
     faulty_job = write_job(args.config, work, "with-faults", steps, args.interval, overrides)
     faulty_dir = load_job_spec(faulty_job).resolved_run_dir
     with NodeLoss("node-b", trigger=lambda: False) as node_loss:
-        driver = FaultDriver(faulty_dir, faults, node_loss)
+        driver = FaultDriver(faulty_dir, faults, node_loss, checkpoints=load_job_spec(faulty_job).checkpoint.url)
         driver.start()
         try:
             faulty, wall_faults = run_flow(faulty_job, drills, args.hang_timeout_s, len(faults) + 2)
         finally:
             driver.stop.set()
     assert faulty.finished, faulty
+    placement = placement or faulty.placements[0]  # its first attempt's: the fault-free layout
     unfired = [f"{f.kind}@{f.at_step}" for f in faults if f.fired_at is None]
     if unfired:
         raise SystemExit(f"the faults {unfired} never fired: the job finished before the driver saw their step "
@@ -575,7 +594,7 @@ def main() -> None:
 
     # the baseline: the same faults at the same steps, plain torchrun restarting in place
     # (without --baseline-hang the hang is left out and the other faults keep their steps)
-    base_faults = [Fault(f.kind, f.at_step, f.rank) for f in faults]
+    base_faults = [Fault(f.kind, f.at_step, f.rank, resume_from=f.resume_from) for f in faults]
     skip = set() if args.baseline_hang else {"hang"}
     base_job = write_job(args.config, work, "torchrun-baseline", steps, args.interval, overrides)
     wall_torchrun, base_dir = torchrun_baseline(
@@ -590,7 +609,8 @@ def main() -> None:
             print(f"{who:>9} {p['kind']:>10} {p['fault_step']:>5} {p['resumed_from_step']:>5} {p['lost_steps']:>5} "
                   f"{p['world_size_after'] or '-':>5} {p.get('detect_s', '-'):>7} {p.get('diagnose_s', '-'):>8} "
                   f"{p.get('act_s', '-'):>6} {p.get('restart_s', '-'):>8} {p['seconds_to_resume']:>9.2f}")
-    print(f"\nforgeflow fault-free: {wall_free:.1f} s wall for {steps} steps; with {len(ours)} faults: "
+    print(f"\nforgeflow fault-free: {'-' if wall_free is None else f'{wall_free:.1f} s'} wall for {steps} steps; "
+          f"with {len(ours)} faults: "
           f"{wall_faults:.1f} s; plain torchrun with {len(theirs)} faults: {wall_torchrun:.1f} s")
     if not args.baseline_hang and "hang" in kinds:
         print(f"(torchrun's hang not run: it would wait for a collective timeout, {WORKER_PG_TIMEOUT_S:.0f} s for "
@@ -607,7 +627,7 @@ def main() -> None:
         "seconds_to_resume_p50": _p50(ours_main),
         "lost_steps_max": max(p["lost_steps"] for p in ours),
         "checkpoint_interval_steps": args.interval,
-        "goodput_with_faults_over_fault_free": round(wall_free / wall_faults, 3),
+        "goodput_with_faults_over_fault_free": round(wall_free / wall_faults, 3) if wall_free else None,
         "phases_p50_s": {k: _p50([p[k] for p in ours if p["kind"] != "hang" and k in p])
                          for k in ("detect_s", "diagnose_s", "act_s", "restart_s")},
         "fault_every_s": args.fault_every_s,

@@ -15,7 +15,9 @@ machine they own: no queue, no flow, no Prefect) from its start to its first ste
 difference is what submitting costs: the runner's start, Prefect's temporary server, planning,
 queueing, placement and the launch. `submit_overhead_s_p50` is that difference of medians.
 
-`--smoke`: one repeat of each, same keys. The last line is the JSON object of HEADLINE_KEYS.
+`--smoke`: one repeat of each, on tests/tiny_job.py's model shape and 1 MB of the corpus (SMOKE_SETS:
+less tokenizer to train and model to build; the same submit and torchrun paths), same keys. The
+last line is the JSON object of HEADLINE_KEYS.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ from training.runlog import read_steps  # noqa: E402
 
 HEADLINE_KEYS = ("submit_to_running_s_p50", "torchrun_to_first_step_s_p50", "submit_overhead_s_p50", "repeats")
 STEPS = 3
+# --smoke's overrides, after the others: tests/tiny_job.py's model shape on 1 MB of the corpus
+SMOKE_SETS = ["data.max_corpus_mb=1", "model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=4",
+              "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=512",
+              "model.seq_length=64"]
+EXTRA_SETS: list[str] = []  # SMOKE_SETS under --smoke
 
 
 def _step_time(record) -> float:
@@ -61,7 +68,7 @@ def _first_step_at(run_dir: Path, timeout_s: float) -> float:
 def _sets(work: Path, data_dir: Path) -> list[str]:
     return [f"training.steps={STEPS}", "training.log_interval=1", f"data.data_dir={data_dir}",
             "data.max_corpus_mb=2", f"run_dir={work}/runs/{{name}}/{{job}}", "checkpoint.url={run_dir}/checkpoints",
-            f"checkpoint.interval={STEPS}"]
+            f"checkpoint.interval={STEPS}", *EXTRA_SETS]
 
 
 def submit_once(config: str, work: Path, env: dict, data_dir: Path) -> float:
@@ -105,6 +112,8 @@ def main() -> int:
     p.add_argument("--smoke", action="store_true", help="one repeat of each (same keys)")
     args = p.parse_args()
     repeats = 1 if args.smoke else args.repeats
+    if args.smoke:
+        EXTRA_SETS.extend(SMOKE_SETS)
     work = Path(tempfile.mkdtemp(prefix="forgeflow-submit-latency-"))
     data_dir = work / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "FORGEFLOW_DB_URL", "FORGEFLOW_FAULT")}
