@@ -70,7 +70,8 @@ class PostgresServer:
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o700)
         _own(data, user)
-        _run([_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "--encoding=utf8"], user, 120)
+        _run([_bin("initdb"), "-D", str(data), "--auth=trust", "-U", "postgres", "--encoding=utf8",
+              "--no-sync", "--wal-segsize=1"], user, 120)  # a test server: no fsync, small WAL files
         server = cls(data, free_ports(1)[0], user, max_connections)
         server.start()
         return server
@@ -106,7 +107,7 @@ class PostgresServer:
         data.chmod(0o700)
         _own(data, self.user)
         _run([_bin("pg_basebackup"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres",
-              "-D", str(data), "-R", "-X", "stream", "-c", "fast"], self.user, 300)
+              "-D", str(data), "-R", "-X", "stream", "-c", "fast", "--no-sync"], self.user, 300)
         standby = PostgresServer(data, free_ports(1)[0], self.user, self.max_connections)
         standby.start()
         return standby
