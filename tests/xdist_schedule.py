@@ -16,7 +16,7 @@ local Slurm. Here a test's unit of work is derived from its node id's path on th
 Units go out longest first (longest-processing-time first), so the short ones fill the end and
 both workers finish together. A unit's length is the sum of its tests' durations in the last run
 that recorded them (pytest's cache, DURATIONS_KEY; tests/conftest.py records them), else a
-guess by kind (GUESS_S).
+guess by kind (GUESS_S: a file that trains or runs flows counts as heavy).
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ from pathlib import Path
 from xdist.scheduler import LoadScopeScheduling
 
 DURATIONS_KEY = "forgeflow/test-durations"
-# Seconds per test where no earlier run recorded one: a benchmark smoke starts whole flows and
-# torchrun worlds, an integration test servers and processes, a unit test little.
-GUESS_S = {"benchmark": 40.0, "integration": 15.0, "unit": 0.5}
+# Seconds per test where no earlier run recorded one (a fresh checkout): a benchmark smoke starts
+# whole flows and torchrun worlds; an integration test that trains or runs flows ("heavy": its
+# file names one of HEAVY_MARKS) tens of seconds, another servers and processes; a unit test little.
+GUESS_S = {"benchmark": 40.0, "heavy": 45.0, "integration": 10.0, "unit": 0.5}
+HEAVY_MARKS = ("torch.distributed.run", "torchrun", "training.train", "pretrain(", "LocalLauncher",
+               "run_deployment", "two_round_check", "prefect_server", "prefect_api")
 SHARED_PREFECT_SERVER_GROUP = "tests/integration/flows (shared Prefect server)"
 
 
@@ -42,15 +45,26 @@ def kind(nodeid: str) -> str:
 
 
 @cache
+def _source(root: Path, path: str) -> str:
+    try:
+        return (root / path).read_text()
+    except OSError:
+        return ""
+
+
+def guess_kind(nodeid: str, root: Path) -> str:
+    """kind(), with the integration tests whose file trains or runs flows told apart."""
+    found = kind(nodeid)
+    if found == "integration" and any(mark in _source(root, nodeid.split("::", 1)[0]) for mark in HEAVY_MARKS):
+        return "heavy"
+    return found
+
+
 def uses_shared_prefect_server(root: Path, path: str) -> bool:
     """A flow test file whose tests take the folder's shared server (prefect_server or
     use_prefect_server) and do not start their own (a module fixture named prefect_server, as
     on PostgreSQL), read from its source: the controller does not collect."""
-    try:
-        source = (root / path).read_text()
-    except OSError:
-        return False
-    source = source.replace("testing.prefect_server", "")  # the module of that name, not the fixture
+    source = _source(root, path).replace("testing.prefect_server", "")  # the module of that name, not the fixture
     return re.search(r"\b(use_)?prefect_server\b", source) is not None and "def prefect_server(" not in source
 
 
@@ -78,7 +92,8 @@ class GroupedScheduling(LoadScopeScheduling):
         return unit_of(nodeid, self.root)
 
     def estimate_s(self, nodeid: str) -> float:
-        return self.durations.get(nodeid, GUESS_S[kind(nodeid)])
+        recorded = self.durations.get(nodeid)
+        return recorded if recorded is not None else GUESS_S[guess_kind(nodeid, self.root)]
 
     def schedule(self) -> None:
         # LoadScopeScheduling.schedule fills self.workqueue in collection order and hands out
