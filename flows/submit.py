@@ -63,6 +63,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_job_options(p)
     p.add_argument("--gpu-type", default=None, help="only this GPU type (default: any that holds the job)")
     p.add_argument("--gpus", type=int, default=None, help="exactly this many GPUs (default: MARP sizes it)")
+    p.add_argument("--team", default=None, help="the team the job runs for (default: $FORGEFLOW_TEAM, else the "
+                                                "database role's only team; needed for a role in several)")
     p.add_argument("--db", default=None, help="state database URL (default: $FORGEFLOW_DB_URL, else SQLite "
                                               "in the forgeflow state dir)")
     p.set_defaults(func=_submit)
@@ -97,11 +99,18 @@ def queue_from_args(args: argparse.Namespace, by: str):
 
 
 def _submit(args: argparse.Namespace) -> int:
+    from infra.statedb import read_transaction
     from infra.statedb.url import DB_URL_ENV
+    from scheduler.orchestrator.identity import TEAM_ENV, submit_team
     from scheduler.orchestrator.seat import cluster_orchestrator
 
     if args.db:
         os.environ[DB_URL_ENV] = args.db  # the runner (a child of this process) uses it too
+    if args.team:
+        os.environ[TEAM_ENV] = args.team  # read by the orchestrator's submit (and the runner)
+    orch = cluster_orchestrator()
+    with read_transaction(orch.engine) as conn:  # an unknown team, a role in none: one line, before
+        submit_team(conn, orch.identity, args.team)  # anything is planned or registered
     submitted, flow_options = queue_from_args(args, by="forgeflow submit")
     job_id, spec = submitted.job_id, submitted.spec
     orch = cluster_orchestrator()

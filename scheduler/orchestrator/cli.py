@@ -1,10 +1,12 @@
-"""`forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`, and a job's
-`forgeflow jobs`, `forgeflow cancel` and `forgeflow logs`.
+"""`forgeflow cluster register|status|queue|cordon|drain|uncordon|serve`, an operator's
+`forgeflow cluster team add|list` and `cluster team member add`, and a job's `forgeflow jobs`,
+`forgeflow cancel` and `forgeflow logs`.
 
 Each prints a readable table, or one JSON object with `--json`. Bad input (an
-unknown node, cluster or job, a job no GPU type can hold, cancelling a job that
-ended, an unreachable database, a schema from a newer forgeflow) prints one error
-and exits 2; nothing is changed, since every change is one transaction.
+unknown node, cluster, team or job, a job no GPU type can hold, cancelling a job that
+ended, an unreachable database, a schema from a newer forgeflow) and what the state database
+refuses the caller's role (PostgreSQL's row-level security and privileges) print one error
+and exit 2; nothing is changed, since every change is one transaction.
 """
 
 from __future__ import annotations
@@ -53,17 +55,21 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "Run one per cluster (a second is harmless).")
     sv.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until signalled)")
     sv.set_defaults(func=_guard(_serve))
+    _register_team_commands(sub, common)
     cluster.set_defaults(func=lambda args: (cluster.print_help(), 2)[1])
 
     jobs = subparsers.add_parser(
         "jobs", parents=[common], help="jobs on the shared clusters: state, GPUs, step and loss; when a queued "
                                        "one starts and why it waits",
-        description="Queued and running jobs, and those that ended in the last hour (--all: every job). A queued "
+        description="Queued and running jobs, and those that ended in the last hour (--all: every job), with "
+                    "owner and team. On PostgreSQL a role sees its own jobs and its teams' (an operator every "
+                    "job): the database's row-level security decides. A queued "
                     "job shows its place in the queue, why it waits and when it is expected to start: the "
                     "cluster's policy run forward over the running jobs' expected ends (their measured step "
                     "time when they report one, else the cost model's prediction).")
     jobs.add_argument("--cluster", default=None, help="only this cluster's jobs (default: every cluster)")
-    jobs.add_argument("--mine", action="store_true", help="only jobs I submitted (my user name, on any host)")
+    jobs.add_argument("--mine", action="store_true", help="only jobs I submitted (PostgreSQL: my database role; "
+                                                           "SQLite: my user name, on any host)")
     jobs.add_argument("--all", action="store_true", help="every ended job too, not only the last hour's")
     jobs.set_defaults(func=_guard(_jobs))
 
@@ -222,29 +228,90 @@ def _register_team_commands(sub: argparse._SubParsersAction, common: argparse.Ar
     team.set_defaults(func=lambda args: (team.print_help(), 2)[1])
 
 
-
 def _guard(command: Callable[[argparse.Namespace], Any]) -> Callable[[argparse.Namespace], int]:
-    """Turn the typed errors of bad input into one message and exit status 2."""
+    """Turn the typed errors of bad input, and the database's refusals of the caller's role,
+    into one message and exit status 2."""
 
     def run(args: argparse.Namespace) -> int:
+        import sqlalchemy as sa
+
         from infra.statedb import StateDbError
         from training.config import ConfigError
 
         try:
             return int(command(args) or 0)
         except (ConfigError, StateDbError) as e:  # ClusterError, OrchestratorError, InfeasibleJobError are ConfigErrors
-            from infra.yaml_config import report_error  # imported on error only: --help stays fast
+            return _report(e, args)
+        except sa.exc.DBAPIError as e:  # a refusal sent in a statement batch (the engine's translation misses it)
+            from scheduler.orchestrator.identity import refusal_of
 
-            alternatives = getattr(e, "alternatives", None)
-            return report_error(e, args.json, **({"alternatives": alternatives} if alternatives else {}))
+            refusal = refusal_of(e)
+            if refusal is None:
+                raise
+            return _report(refusal, args)
 
     return run
+
+
+def _report(e: Exception, args: argparse.Namespace) -> int:
+    from infra.yaml_config import report_error  # imported on error only: --help stays fast
+
+    alternatives = getattr(e, "alternatives", None)
+    return report_error(e, args.json, **({"alternatives": alternatives} if alternatives else {}))
 
 
 def _orchestrator(args: argparse.Namespace):
     from scheduler.orchestrator import Orchestrator
 
     return Orchestrator(args.db)
+
+
+def _single_user_note(orch) -> str:  # noqa: ANN001 - Orchestrator
+    return ("" if orch.identity is not None else
+            "\n  (SQLite is single-user: teams are recorded for quotas and fair share, nobody's identity is "
+            "checked; use PostgreSQL for roles and row-level security)")
+
+
+def _team_add(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.teams import add_team
+
+    orch = _orchestrator(args)
+    out = add_team(orch.engine, args.name, args.weight)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    elif out["previous_weight"] is None:
+        print(f"team {out['team']!r} added, weight {out['weight']:g}" + _single_user_note(orch))
+    else:
+        print(f"team {out['team']!r}: weight {out['previous_weight']:g} -> {out['weight']:g}")
+    return 0
+
+
+def _member_add(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.teams import add_member
+
+    orch = _orchestrator(args)
+    out = add_member(orch.engine, args.team, args.role, admin=args.admin)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"role {out['member']!r} {'is now' if out['was_member'] else 'added to'} team {out['team']!r}"
+              + (" as its admin" if out["admin"] else "") + _single_user_note(orch))
+    return 0
+
+
+def _team_list(args: argparse.Namespace) -> int:
+    from scheduler.orchestrator.teams import list_teams
+
+    out = list_teams(_orchestrator(args).engine)
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    if not out["teams"]:
+        print("no teams; an operator adds one with `forgeflow cluster team add NAME`")
+    for t in out["teams"]:
+        members = ", ".join(m["member"] + (" (admin)" if m["admin"] else "") for m in t["members"]) or "no members"
+        print(f"{t['team']} (weight {t['weight']:g}): {members}")
+    return 0
 
 
 def _when(ts: float | None) -> str:
@@ -397,18 +464,22 @@ def _jobs(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from scheduler.orchestrator.service import default_actor
     from scheduler.orchestrator.start_estimates import in_words
     from scheduler.orchestrator.views import RECENT_S, job_list
 
-    user = default_actor().split("@")[0] if args.mine else None
-    listing = job_list(_orchestrator(args).engine, cluster=args.cluster, user=user, include_all=args.all)
+    orch = _orchestrator(args)
+    # PostgreSQL: the database role, exactly (the rows another role may not see never arrive);
+    # SQLite: the user name of user@host, on any host
+    user = (orch.actor if orch.identity is not None else orch.actor.split("@")[0]) if args.mine else None
+    listing = job_list(orch.engine, cluster=args.cluster, user=user, include_all=args.all,
+                       exact_owner=orch.identity is not None)
     if args.json:
         print(json.dumps(listing, indent=2))
         return 0
     shown = "every job" if args.all else f"active and ended in the last {RECENT_S / 3600:g} h"
     table = Table(title=_plain(f"jobs{' of ' + user if user else ''} ({shown}): {len(listing['jobs'])}"))
-    for col in ("id", "name", "owner", "state", "GPUs", "step", "loss", "queue / start", "why / last diagnosis"):
+    for col in ("id", "name", "owner", "team", "state", "GPUs", "step", "loss", "queue / start",
+                "why / last diagnosis"):
         table.add_column(col)
     style = {"running": "green", "finished": "blue", "failed": "red", "cancelled": "yellow",
              "recovering": "magenta", "preempted": "magenta"}
@@ -430,9 +501,9 @@ def _jobs(args: argparse.Namespace) -> int:
         if j.get("runner_alive") is False:
             note = (f"its runner (pid {j['runner']['pid']}) is gone, nothing runs it: "
                     f"`forgeflow cancel {j['job_id']}` and submit it again") + (f"; {note}" if note else "")
-        cells = (str(j["job_id"]), j["name"], (j["owner"] or "").split("@")[0], j["state"], j["gpus"] or "",
-                 step, loss, when, note)
-        table.add_row(*(_plain(c, style.get(c, "") if i == 3 else "") for i, c in enumerate(cells)))
+        cells = (str(j["job_id"]), j["name"], (j["owner"] or "").split("@")[0], j["team"] or "", j["state"],
+                 j["gpus"] or "", step, loss, when, note)
+        table.add_row(*(_plain(c, style.get(c, "") if i == 4 else "") for i, c in enumerate(cells)))
     Console(width=220).print(table)
     return 0
 

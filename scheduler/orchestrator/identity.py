@@ -142,3 +142,11 @@ def no_such_job(job_id: int, identity: DatabaseIdentity | None) -> OrchestratorE
         return OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
     return OrchestratorError(f"no job with id {job_id} that role {identity.role!r} may see (the state database "
                              "shows a role its own jobs and its teams'); `forgeflow jobs --all` lists them")
+
+
+def team_for_submit(engine: Engine, identity: DatabaseIdentity | None, requested: str | None) -> str | None:
+    """`submit_team` in its own read (none on SQLite when no team is named: single user)."""
+    if identity is None and not (requested or os.environ.get(TEAM_ENV)):
+        return None
+    with read_transaction(engine) as conn:
+        return submit_team(conn, identity, requested)

@@ -60,6 +60,7 @@ from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
+import scheduler.orchestrator.identity as identity
 import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
@@ -241,7 +242,12 @@ class Orchestrator:
         self.url = str(self.engine.url)
         self.config = config or OrchestratorConfig()
         self.policy: str | None = self.config.policy  # else the cluster file's (`_resolve_policy`)
-        self.actor = actor or default_actor()
+        # who this process is: the database role on PostgreSQL (`identity`), user@host on SQLite
+        self.identity = identity.engine_identity(self.engine)
+        self.actor = self.identity.role if self.identity is not None else actor or default_actor()
+        # whether its policy passes see the whole queue; a role that sees only its teams' jobs
+        # leaves every pass to the decider (`forgeflow cluster serve`, run as an operator)
+        self._decides = self.identity is None or self.identity.sees_everything
         self._options: dict[int, tuple[Option, ...]] = {}  # per job, immutable after submit, interned
         self._interned: dict[tuple, tuple[Option, ...]] = {}
         self._by_text: dict[str | None, tuple[Option, ...]] = {}  # stored JSON text -> the interned tuple
@@ -328,8 +334,8 @@ class Orchestrator:
         version, generation, decider_seen_at = rows[0]
         # a live decider keeps a current view: a process whose view is stale leaves the pass to it
         self._decider_known = decider_seen_at is not None
-        self._delegate = (not self._serving and decider_seen_at is not None
-                          and decider_seen_at > time.time() - DECIDER_TTL_S)
+        self._delegate = not self._decides or (not self._serving and decider_seen_at is not None
+                                               and decider_seen_at > time.time() - DECIDER_TTL_S)
         if cached is not None:
             self._expect_stale = cached.version != version - 1
             if self._expect_stale and self._since is None:  # skipped on a guess that was wrong:
@@ -479,7 +485,7 @@ class Orchestrator:
         query = sa.select(jobs).where(jobs.c.id == job_id)
         row = conn.execute(query.with_for_update() if lock and is_postgres(conn) else query).one_or_none()
         if row is None:
-            raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
+            raise identity.no_such_job(job_id, self.identity)
         return row
 
     def _cluster_of(self, job_id: int) -> str:
@@ -488,7 +494,7 @@ class Orchestrator:
         with read_transaction(self.engine) as conn:
             name = conn.execute(sa.select(jobs.c.cluster).where(jobs.c.id == job_id)).scalar_one_or_none()
         if name is None:
-            raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
+            raise identity.no_such_job(job_id, self.identity)
         return name
 
     # ---------------------------------------------------------------- inventory and health
@@ -521,7 +527,7 @@ class Orchestrator:
                 shown = ", ".join(known[:12]) + (" ..." if len(known) > 12 else "")
                 raise OrchestratorError(f"no node named {node!r} in cluster {name!r}; nodes: {shown}")
             conn.execute(sa.update(nodes).where(nodes.c.cluster == name, nodes.c.name == node).values(
-                state=state, reason=reason or None, changed_by=by or self.actor, changed_at=time.time()))
+                state=state, reason=reason or None, changed_by=identity.acting(self.actor, self.identity, by), changed_at=time.time()))
             running = inventory.live_jobs_on(conn, name, node)
             self._forget_view()
             result = self._pass(conn, name) if state == "ready" else None
@@ -558,6 +564,7 @@ class Orchestrator:
         """
         if not any(options.values()):
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
+        team = identity.team_for_submit(self.engine, self.identity, team)  # one line, exit 2, if none fits
         if priority != 0 or team is not None:  # (the default needs no read: 0 is always allowed)
             with read_transaction(self.engine) as conn:
                 priority = quotas.resolve_priority(conn, priority, team)
@@ -598,7 +605,7 @@ class Orchestrator:
         stay held until then, so no other job is placed where its ranks still run (a flow that
         died ends it when its lease runs out). Returns the state the job was in;
         OrchestratorError for an unknown job or one that already ended."""
-        by = by or self.actor
+        by = identity.acting(self.actor, self.identity, by)
         request = {"by": by, "reason": reason, "at": time.time()}
         with write_transaction(self.engine) as conn:
             row = self._job_row(conn, job_id)
@@ -695,7 +702,7 @@ class Orchestrator:
             self._settle()
             rows, freed = prior.all(), released.all()
             if not rows:
-                raise OrchestratorError(f"no job with id {job_id}; `forgeflow jobs --all` lists the jobs")
+                raise identity.no_such_job(job_id, self.identity)
             state, attempts = rows[0]
             if not freed and (state in DONE or (attempt is not None and attempts != attempt)):
                 return state  # already ended, or admitted again since this holder's admission
@@ -850,6 +857,8 @@ class Orchestrator:
             name = inventory.resolve_cluster(conn, cluster)
             oldest = conn.execute(_LIVE_LEASE_FLOOR, {"cname": name}).scalar()
             pending, seen = conn.execute(_DECIDER_STATE, {"cname": name}).one()
+        if not self._decides:
+            return False  # the decider (an operator) makes every pass for this role
         if oldest is not None and oldest < now - self.config.grace_s:
             return True
         return bool(pending) and (seen is None or seen < now - DECIDER_TTL_S)
