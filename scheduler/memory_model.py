@@ -44,11 +44,13 @@ whichever is larger):
   table and the token ids still alive) — and reports the largest as `peak_event`. Which tensors exist at each moment was
   read off MemTracker's per-operator timeline of the real model.
 * **Persistent buffers**: megatron's global memory buffer for attention
-  scores (b·a/t·s² elements, allocated once, kept) and, on CPU, the cached
-  boolean causal mask (s² bytes).
-* **Overhead**: the runtime's own memory — CUDA context, NCCL buffers,
-  allocator fragmentation — a fixed term plus a fraction of the dynamic part,
-  zero in the CPU measurement profile (MemTracker counts tensors only).
+  scores (b·a/t·s² elements, allocated once, kept), on CPU the cached
+  boolean causal mask (s² bytes), on CUDA the cuBLAS workspaces the caching
+  allocator hands out.
+* **Overhead**: the runtime's own memory — outside the caching allocator the
+  CUDA context, cuBLAS handles and NCCL buffers (a fixed term), inside it the
+  reservation beyond the allocated bytes (fragmentation, a fraction of every
+  allocated byte) — zero in the CPU measurement profile (MemTracker counts tensors only).
 
 How the stack stores things differs between the CPU measurement setting and
 a GPU run (precision, softmax in fp32, optimizer kernels, runtime overhead);
@@ -63,11 +65,18 @@ mean 0.9993, under-predicted 12.5 %, largest -0.53 %; the old held-out set mean 
 2 of 9 under (largest -0.37 %); a fresh held-out set frozen before the change, mean 0.9955,
 2 of 10 under (largest -0.11 %, both bf16 with full recompute: the calibration rows show
 one fp32 s x s tensor not yet accounted for at the MLP backward under full recompute).
-`MEGATRON_GPU` is the
-default for GPUs (same model code, bf16, torch's fused RMSNorm on CUDA, fused
-Adam, a fixed + proportional runtime overhead); its kernel-level differences
-and its overhead constants come from reading the code, not from a GPU
-measurement — re-check them with the CUDA allocator's peak on a GPU.
+`MEGATRON_GPU` (and `MEGATRON_SDPA_GPU`, the fused-SDPA variant `training.attention: auto`
+builds on a GPU) is the default for GPUs: the same model code in bf16 on the stack
+forgeflow's worker image installs (megatron-core without TE/apex, so torch's foreach AdamW),
+cuBLAS workspaces inside the caching allocator, its fragmentation, and the CUDA context and
+NCCL outside it. First checked on a GPU on 2026-11-28 (one H200, torch 2.11+cu130,
+benchmarks/data/gpu_h200_2026-11-28): with fused Adam assumed and the overhead constants
+read, not measured (1.5 GiB + 8 %), the estimate was short on all 11 calibration rows
+(allocated part 0.5-20 % short: the foreach Adam temporaries) and all 12 held-out rows.
+The foreach term, the workspace bytes, the fixed bytes outside the allocator and the
+fragmentation fraction were then taken from the 11 calibration rows only
+(benchmarks/gpu_check.py `GRID`); `benchmarks/gpu_check.py --score-recorded` scores them
+against the recorded measurements.
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ from training.config import (Attention, ModelConfig, Precision, Recompute, Train
 GIB = 1024**3
 
 AttentionKernel = Literal["unfused", "flash"]
+AdamKernel = Literal["single-tensor", "foreach", "fused"]
 
 
 class MemoryModelError(ValueError):
@@ -103,14 +113,20 @@ class RuntimeProfile:
     # With half-precision activations, megatron's unfused softmax runs in fp32 and keeps
     # the fp32 probabilities as well as the half copy the next matmul saves.
     softmax_in_fp32: bool = True
-    # torch's single-tensor AdamW (megatron's fallback without TE/apex, the CPU case)
-    # allocates parameter-sized temporaries per step; fused Adam (TE/apex) none.
-    adam_kernel: Literal["single-tensor", "fused"] = "single-tensor"
+    # Which Adam megatron steps with. Without TE/apex it falls back to torch.optim.AdamW with
+    # torch's default kernel choice (foreach=None): the single-tensor loop on CPU (parameter-
+    # sized temporaries, one parameter at a time) and the multi-tensor `foreach` kernel on
+    # CUDA (one fp32 sqrt(v) per parameter of a parameter group, all alive at once). With TE
+    # or apex installed it is their FusedAdam, which allocates nothing. See `_adam_temporaries`.
+    adam_kernel: AdamKernel = "single-tensor"
     # training/megatron_compat.py caches the s×s boolean causal mask on CPU (upstream
     # megatron rebuilds it per call on GPU, a short-lived tensor).
     cached_causal_mask: bool = True
+    # Bytes the caching allocator hands out besides tensors (cuBLAS workspaces on CUDA).
+    allocator_workspace_bytes: int = 0
     fixed_overhead_bytes: int = 0
-    dynamic_overhead_fraction: float = 0.0
+    # The allocator's reserved bytes beyond its allocated ones, as a fraction of the latter.
+    fragmentation_fraction: float = 0.0
 
 
 CPU_MEASURED = RuntimeProfile(name="megatron-local-cpu")
@@ -125,21 +141,39 @@ MEGATRON_GPU = RuntimeProfile(
     # intermediates; counting them raised the H100 accuracy of benchmarks/gpu_check.py
     # from 0.863 to 0.887 mean.
     rmsnorm_composite=True,
-    adam_kernel="fused",
+    # The stack forgeflow's worker image installs (megatron-core without Transformer Engine
+    # or apex): megatron falls back to torch.optim.AdamW, which picks `foreach` on CUDA.
+    # A worker with TE or apex gets their FusedAdam: `profile_for_device(fused_adam=True)`.
+    adam_kernel="foreach",
     cached_causal_mask=False,
-    # CUDA context + cuBLAS workspace + NCCL communicators ~ 1.5 GiB on A100/H100 class GPUs.
-    fixed_overhead_bytes=int(1.5 * GIB),
-    # The caching allocator's fragmentation on transformer training is typically 5-10 % of
-    # the dynamically allocated memory; 8 % is the planning margin.
-    dynamic_overhead_fraction=0.08,
+    # torch's cuBLAS/cuBLASLt workspaces come from the caching allocator (so they are inside
+    # max_memory_allocated): 32 MiB each on Hopper. Inferred, not itemised on the GPU: with
+    # the foreach term the H200 calibration rows whose peak is otherwise accounted for
+    # (grid rows 5, 9, 10 of benchmarks/gpu_check.py) were 58-64 MiB short, the others
+    # 64-173 MiB.
+    allocator_workspace_bytes=64 * 2**20,
+    # Outside the caching allocator: CUDA context, cuBLAS handles, NCCL communicators. The
+    # process's NVML memory less the allocator's reservation was 2,606,759,936 B (2.43 GiB)
+    # in every one of the 12 rows measured on an H200 (driver 580.159.04, CUDA 13.0, torch
+    # 2.11; benchmarks/data/gpu_h200_2026-11-28/grid.jsonl). It depends on the driver, CUDA
+    # and torch versions and the GPU (the context's kernel images, NCCL's buffers); it was
+    # 1.5 GiB by reading before that measurement.
+    fixed_overhead_bytes=2_606_759_936,
+    # The caching allocator's reservation beyond its allocated peak (fragmentation, 2 MiB
+    # rounding of large segments): max_memory_reserved / max_memory_allocated - 1 on the 11
+    # H200 calibration rows (grid rows 0-10) was 0.017-0.139, mean 0.062. The held-out rows
+    # were not used. Applied to every allocated byte, static state included.
+    fragmentation_fraction=0.062,
 )
-"""A GPU run of the same model code: fused Adam, CUDA context/NCCL and fragmentation."""
+"""A GPU run of the same model code without TE/apex: torch's foreach AdamW, the allocator's
+workspaces and fragmentation, and the CUDA context/NCCL outside it (measured on an H200)."""
 
 MEGATRON_TE_FLASH_GPU = replace(
     MEGATRON_GPU, name="megatron-te-flash-gpu", attention="flash", glu_offset_copy=False,
-    rmsnorm_composite=False, softmax_in_fp32=False,
+    rmsnorm_composite=False, softmax_in_fp32=False, adam_kernel="fused",
 )
-"""Transformer Engine layers: flash attention (no s² terms), fused norms and SwiGLU."""
+"""Transformer Engine layers: flash attention (no s² terms), fused norms and SwiGLU, and TE's
+FusedAdam (no temporaries). Not measured on a GPU; its overhead constants are the local stack's."""
 
 
 CPU_SDPA_MEASURED = replace(CPU_MEASURED, name="megatron-local-sdpa-cpu", attention="flash")
@@ -152,16 +186,25 @@ bf16/fp16): no s x s terms; norms, SwiGLU and softmax bookkeeping as the local s
 
 
 def profile_for_device(gpu_type: str, precision: Precision = "bf16",
-                       attention: Attention = "auto") -> RuntimeProfile:
+                       attention: Attention = "auto", *, fused_adam: bool = False) -> RuntimeProfile:
     """The profile a plan on this device type should be sized with: the attention kernel
     the worker will build there (`training.config.resolve_attention`) decides the s x s terms.
     Flash kernels need an Ampere-or-newer GPU, the GPUs with bf16; a GPU type the catalogue
-    does not know is sized unfused (the larger estimate)."""
+    does not know is sized unfused (the larger estimate).
+
+    `fused_adam` says whether the worker's Python environment has Transformer Engine or apex
+    (megatron then steps with their FusedAdam, no temporaries). The planner runs elsewhere
+    than the worker, so it cannot import-check it: the default is the stack forgeflow's worker
+    image installs (no TE/apex: torch's foreach AdamW, 4 bytes per matrix parameter at the
+    step), the larger estimate; a deployment whose workers ship TE or apex passes True."""
     spec = None if gpu_type == "cpu" else lookup_gpu(gpu_type)
     kernel = resolve_attention(attention, precision, flash_device=spec is not None and spec.supports_bf16)
     if gpu_type == "cpu":
         return CPU_SDPA_MEASURED if kernel == "sdpa" else CPU_MEASURED
-    return MEGATRON_SDPA_GPU if kernel == "sdpa" else MEGATRON_GPU
+    profile = MEGATRON_SDPA_GPU if kernel == "sdpa" else MEGATRON_GPU
+    if fused_adam:
+        return replace(profile, name=f"{profile.name}-fused-adam", adam_kernel="fused")
+    return profile
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -429,8 +472,11 @@ def _estimate_stage(
     if not optimizer:
         opt_state = 0
     elif profile.adam_kernel == "single-tensor":
-        # torch's single-tensor AdamW keeps each parameter's `step` as its own 0-dim fp32
-        # tensor: 6 parameter tensors per layer, the embedding, the final norm and output layer.
+        # torch's AdamW keeps each parameter's `step` as its own 0-dim fp32 tensor on the host
+        # (not capturable): counted where the parameters are host tensors too, the CPU case
+        # whose kernel is single-tensor (a CPU run forced to foreach holds the same bytes; on
+        # a GPU they are not device memory): 6 parameter tensors per layer, the embedding,
+        # the final norm and output layer.
         tensors = 6 * layers + (1 if stage == 0 else 0)
         if last:
             tensors += 2 if (m.untie_embeddings_and_output_weights or plan.pp > 1) else 1
@@ -518,9 +564,10 @@ def _estimate_stage(
         # calibration row h1024-l2-s128 held exactly these 33,792 B at its Adam peak.
         events["optimizer step"] = (rope_table + tokens * 8, 0, _adam_temporaries(m, plan, profile, stage))
 
+    persistent += profile.allocator_workspace_bytes
     name, (acts, logit_bytes, transient) = max(events.items(), key=lambda kv: sum(kv[1]))
-    dynamic = acts + logit_bytes + transient + persistent
-    overhead = profile.fixed_overhead_bytes + int(profile.dynamic_overhead_fraction * dynamic)
+    allocated = weights + grads + opt_state + acts + logit_bytes + transient + persistent
+    overhead = profile.fixed_overhead_bytes + int(profile.fragmentation_fraction * allocated)
     return MemoryBreakdown(
         weights=weights, gradients=grads, optimizer_states=opt_state, activations=acts,
         logits=logit_bytes, transient=transient, persistent_buffers=persistent,
@@ -684,9 +731,28 @@ def _adam_temporaries(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfil
     is the larger qkv; the model said proj, 2 MiB short on the calibration row
     h1024-l2-s128). The norms are another parameter group, stepped on their own.
     Fused Adam kernels allocate nothing.
+
+    torch's multi-tensor AdamW (`foreach`, torch's default on CUDA, so megatron's fallback on
+    a GPU without TE/apex) steps each parameter group with list ops (torch/optim/adam.py
+    `_multi_tensor_adam`, torch 2.11 and 2.13 alike): with decoupled weight decay, a float
+    beta2 and no amsgrad every op is in place except `exp_avg_sq_sqrt =
+    torch._foreach_sqrt(exp_avg_sqs)`, one fp32 tensor per parameter of the group, all alive
+    until the group's update is done. megatron hands AdamW its fp32 main parameters (the
+    mixed-precision optimizer's copies, or with the distributed optimizer this rank's shards
+    of them) in two groups: with weight decay (every matrix) and without (the 1-D norm
+    weights, wd_mult 0), so the larger group's 4 bytes per parameter (per shard) are the
+    temporaries. The H200 calibration rows whose peak is the step (grid rows 7-10 of
+    benchmarks/gpu_check.py) were 1.7-8.0 GiB above the fused-Adam prediction; 4 bytes per
+    matrix parameter accounts for all but 0.1-0.7 % of their allocated peaks.
     """
     if profile.adam_kernel == "fused":
         return 0
+    shard = plan.dp if plan.distributed_optimizer else 1
+    if profile.adam_kernel == "foreach":
+        params, _ = stage_parameters(m, plan.tp, plan.pp, stage)
+        layers = stage_layers(m.num_layers, plan.pp, stage)
+        norms = layers * 2 * m.hidden_size + (m.hidden_size if stage == plan.pp - 1 else 0)
+        return 4 * -(-(params - norms) // shard)
     t = plan.tp
     h, f, v = m.hidden_size, m.ffn_size, m.vocab_size
     k = m.kv_heads * m.head_dim
@@ -700,7 +766,6 @@ def _adam_temporaries(m: ModelConfig, plan: ParallelPlan, profile: RuntimeProfil
         order.append(vocab_shard)
     worst = max((2 * size + (order[i - 1] if i else 0) for i, size in enumerate(order)), default=0)
     state_bytes = 4  # Adam runs on fp32 (master) parameters
-    shard = plan.dp if plan.distributed_optimizer else 1
     return worst * state_bytes // shard
 
 

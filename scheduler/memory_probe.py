@@ -141,6 +141,7 @@ def measure_training_peak(
     steps: int = 2,
     fake: bool = False,
     with_optimizer: bool = True,
+    adam_foreach: bool = False,
 ) -> MeasuredPeak:
     """Peak bytes of `steps` training steps on this rank (see the module docstring).
 
@@ -150,7 +151,8 @@ def measure_training_peak(
 
     `with_optimizer=False` runs forward and backward (into DDP's gradient buffers)
     only; that is how bf16/fp16 is measured on CPU, where megatron's mixed-precision
-    optimizer cannot be built.
+    optimizer cannot be built. `adam_foreach=True` makes torch's AdamW take its multi-tensor
+    (foreach) path, its default on CUDA, instead of the single-tensor loop it picks on CPU.
     """
     import torch
 
@@ -198,6 +200,9 @@ def measure_training_peak(
             # nn.Module.buffers, so the inner GPTModel is what gets tracked and called.)
             grad_buffers = [buffer.grad_data for buffer in ddp.buffers]
             inner_optimizers = getattr(optimizer, "chained_optimizers", [optimizer]) if optimizer else []
+            for inner in inner_optimizers if adam_foreach else []:
+                for group in inner.optimizer.param_groups:
+                    group["foreach"] = True
             tracker.track_external(model, *[o.optimizer for o in inner_optimizers], *grad_buffers)
             with tracker:
                 for _ in range(steps):
@@ -286,7 +291,8 @@ def _main(argv: list[str]) -> int:
         model_cfg = ModelConfig(**item["model"])
         training_cfg = TrainingConfig(**item["training"])
         peak = measure_training_peak(model_cfg, training_cfg, steps=item.get("steps", 2),
-                                     with_optimizer=item.get("with_optimizer", True))
+                                     with_optimizer=item.get("with_optimizer", True),
+                                     adam_foreach=item.get("adam_foreach", False))
         gathered: list[Any] = [None] * torch.distributed.get_world_size()
         torch.distributed.all_gather_object(gathered, (peak.total, peak.by_category))
         if torch.distributed.get_rank() == 0:

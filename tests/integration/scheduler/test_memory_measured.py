@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,10 +35,20 @@ CONFIGS = [
 ]
 
 
+# torch's AdamW forced to its multi-tensor (foreach) path, its default on CUDA: few tokens and
+# wide layers, so the step is the peak (one fp32 sqrt(v) per matrix parameter, all at once).
+FOREACH_CONFIGS = [
+    {"id": "foreach-step", "adam_foreach": True,
+     "model": dict(num_layers=2, hidden_size=512, num_attention_heads=8, num_query_groups=2,
+                   ffn_hidden_size=1408, vocab_size=4096, seq_length=64),
+     "training": dict(global_batch_size=2, micro_batch_size=1, steps=2)},
+]
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict[str, int]:
     spec = tmp_path_factory.mktemp("probe") / "configs.json"
-    spec.write_text(json.dumps(CONFIGS))
+    spec.write_text(json.dumps(CONFIGS + FOREACH_CONFIGS))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
@@ -72,3 +83,19 @@ def test_marp_orders_the_configurations_like_the_measurement(measured):
         preds.append(estimate_memory(ModelConfig(**c["model"]), ParallelPlan.from_training(training),
                                      profile_for_device("cpu", training.precision, training.attention)).total)
     assert sorted(range(len(rows)), key=rows.__getitem__) == sorted(range(len(preds)), key=preds.__getitem__)
+
+
+@pytest.mark.parametrize("config", FOREACH_CONFIGS, ids=[c["id"] for c in FOREACH_CONFIGS])
+def test_foreach_adam_temporaries_match_the_measured_step(measured, config):
+    row = measured[config["id"]]
+    model = ModelConfig(**config["model"])
+    training = TrainingConfig(**config["training"])
+    cpu = profile_for_device("cpu", training.precision, training.attention)
+    foreach = estimate_memory(model, ParallelPlan.from_training(training), replace(cpu, adam_kernel="foreach"))
+    assert foreach.peak_event == "optimizer step"
+    # Exact up to the host-side 0-dim `step` tensors (4 B per parameter tensor), which the
+    # foreach profile leaves out because on a GPU they are not device memory.
+    assert 0 <= row["total"] - foreach.total <= 4 * 32, (foreach.as_dict(), row)
+    # The single-tensor sizing (what a CPU run does by default) is far short of this run.
+    single = estimate_memory(model, ParallelPlan.from_training(training), cpu)
+    assert row["total"] - single.total > 0.05 * row["total"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.memory_model import (
@@ -13,6 +15,7 @@ from scheduler.memory_model import (
     MemoryBreakdown,
     MemoryModelError,
     ParallelPlan,
+    _adam_temporaries,
     estimate_memory,
     frenzy_estimate,
     frenzy_parameters,
@@ -175,7 +178,7 @@ def test_flash_profile_has_no_quadratic_attention_terms():
     terms = layer_activation_terms(SEVEN_B, plan, MEGATRON_TE_FLASH_GPU)
     assert not any("probs" in k for k in terms)
     flash = estimate_memory(SEVEN_B, plan, MEGATRON_TE_FLASH_GPU)
-    assert flash.persistent_buffers == 0
+    assert flash.persistent_buffers == MEGATRON_TE_FLASH_GPU.allocator_workspace_bytes  # no score buffer
     assert flash.total < estimate_memory(SEVEN_B, plan, MEGATRON_GPU).total
 
 
@@ -184,7 +187,10 @@ def test_bf16_keeps_fp32_logits_and_softmax_copies():
     scores = 32 * 4096 * 4096
     assert terms["attention_probs"] == 2 * scores and terms["attention_probs_fp32"] == 4 * scores
     short = SEVEN_B.model_copy(update={"seq_length": 256})
-    bd = estimate_memory(short, ParallelPlan(global_batch_size=1, precision="bf16"), MEGATRON_GPU)
+    # With fused Adam the output layer's backward is the peak (with torch's foreach AdamW the
+    # step's 4 bytes per matrix parameter beat it on a 7B model with 256 tokens).
+    bd = estimate_memory(short, ParallelPlan(global_batch_size=1, precision="bf16"),
+                         profile_for_device("A100-80G", "bf16", "local", fused_adam=True))
     assert bd.peak_event == "output-layer backward"
     assert bd.logits == 256 * 32000 * 4  # fp32 whatever the training precision
 
@@ -364,3 +370,65 @@ def test_cross_entropy_forward_counts_its_int64_index_and_the_token_ids():
     # layer input and output 2·16,384 + RoPE table 8,192 + final norm 66,048 + the loss's
     # 128·12 + 8, less the fp32 per-token loss that does not exist yet (128·4)
     assert bd.activations == 32_768 + 8_192 + 66_048 + 1_544 - 512 == 108_040
+
+
+# torch's multi-tensor AdamW (foreach), its default on CUDA and so megatron's without TE/apex.
+WIDE_MATRIX_PARAMS = (256 * 384 + 256 * 256 + 2 * 256 * 1024 + 1024 * 256  # qkv, proj, fc1, fc2
+                      + 2 * 16 * 256)  # untied embedding and output layer; the norms step apart
+FOREACH_CPU = replace(CPU_MEASURED, adam_kernel="foreach")
+
+
+def test_foreach_adam_holds_one_fp32_sqrt_per_matrix_parameter_at_once():
+    assert WIDE_MATRIX_PARAMS == 958_464
+    bd = estimate_memory(WIDE, ParallelPlan(global_batch_size=1, precision="fp32"), FOREACH_CPU)
+    assert bd.peak_event == "optimizer step"
+    # _foreach_sqrt(exp_avg_sqs) over the weight-decayed group: 4 B per matrix parameter, not the
+    # single-tensor kernel's 2 x fc1 + qkv (4,587,520 B above).
+    assert bd.transient == 4 * 958_464 == 3_833_856
+    assert bd.activations == 1_024 + 32
+    # static 16 B x 959,232 parameters (no host-side step tensors counted), the score buffer and
+    # the causal mask (256 + 16). MemTracker measured 19,182,932 B for this case (2 fp32 steps,
+    # AdamW forced to foreach=True): the 9 step tensors' 36 B more.
+    assert bd.static == 16 * 959_232
+    assert bd.total == 15_347_712 + 3_833_856 + 1_056 + 272 == 19_182_932 - 36
+
+
+def test_foreach_adam_temporaries_are_sharded_by_the_distributed_optimizer_and_the_stage():
+    plan = ParallelPlan(global_batch_size=4, dp=4, precision="fp32")
+    plain = estimate_memory(WIDE, plan, FOREACH_CPU)
+    assert plain.peak_event == "optimizer step" and plain.transient == 3_833_856
+    # each rank steps its shard of the fp32 main parameters: 958,464 / 4 of them
+    dist = ParallelPlan(global_batch_size=4, dp=4, precision="fp32", distributed_optimizer=True)
+    assert _adam_temporaries(WIDE, dist, FOREACH_CPU, stage=0) == 958_464
+    assert estimate_memory(WIDE, dist, FOREACH_CPU).total < plain.total
+    # pp=2: stage 0 steps one layer's matrices and the embedding, stage 1 one layer's and the
+    # output layer
+    two = WIDE.model_copy(update={"num_layers": 2})
+    pp = ParallelPlan(global_batch_size=2, pp=2, precision="fp32")
+    one_stage = 4 * (WIDE_MATRIX_PARAMS - 16 * 256)
+    assert _adam_temporaries(two, pp, FOREACH_CPU, stage=0) == one_stage
+    assert _adam_temporaries(two, pp, FOREACH_CPU, stage=1) == one_stage
+
+
+def test_gpu_profiles_pick_the_adam_the_worker_has():
+    assert MEGATRON_GPU.adam_kernel == MEGATRON_SDPA_GPU.adam_kernel == "foreach"  # no TE/apex
+    assert MEGATRON_TE_FLASH_GPU.adam_kernel == "fused"  # Transformer Engine's FusedAdam
+    fused = profile_for_device("A100-80G", fused_adam=True)
+    assert fused.adam_kernel == "fused" and fused.attention == MEGATRON_SDPA_GPU.attention
+    assert profile_for_device("cpu", fused_adam=True) is CPU_MEASURED  # a CPU run never has it
+    plan = ParallelPlan(global_batch_size=1, precision="bf16")
+    small = SEVEN_B.model_copy(update={"seq_length": 256})
+    foreach = estimate_memory(small, plan, MEGATRON_SDPA_GPU)
+    assert foreach.peak_event == "optimizer step"
+    params, _ = stage_parameters(small, tp=1, pp=1, stage=0)
+    matrices = params - (32 * 2 + 1) * 4096
+    assert foreach.transient == 4 * matrices
+    assert estimate_memory(small, plan, fused).total < foreach.total
+
+
+def test_gpu_overhead_is_the_fixed_term_plus_a_fraction_of_every_allocated_byte():
+    bd = estimate_memory(SEVEN_B, ParallelPlan(global_batch_size=8, dp=8, tp=8, distributed_optimizer=True),
+                         MEGATRON_GPU)
+    allocated = bd.total - bd.overhead
+    assert bd.overhead == MEGATRON_GPU.fixed_overhead_bytes + int(MEGATRON_GPU.fragmentation_fraction * allocated)
+    assert bd.persistent_buffers >= MEGATRON_GPU.allocator_workspace_bytes > 0
