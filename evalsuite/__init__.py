@@ -19,5 +19,6 @@
     reporting.py    results beside the checkpoint, score history across checkpoints, trend chart
     cli.py          `forgeflow eval CHECKPOINT --suite SUITE`
     checkpoints.py  from "a checkpoint" (HF folder, committed training checkpoint, URL) to a model folder
+    job_scope.py    what an evaluation created through Prefect's API may name: one job's recorded spec and files
     errors.py       typed errors (EvalConfigError is a config error: one line, exit 2)
 """

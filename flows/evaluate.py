@@ -14,7 +14,11 @@
           a table artifact and a trend artifact (score vs step per dataset, inline chart)
 
 The deployments (on-commit: event-triggered; catch-up: every 15 minutes) are
-defined once, in prefect.yaml, and created by `forgeflow deploy`.
+defined once, in prefect.yaml, and created by `forgeflow deploy`. A run created
+through the API (from a deployment) evaluates one job's own checkpoints with its
+recorded spec, writes only in its run directory and takes suites by name
+(evalsuite.job_scope); a node session is told only its session folder and reads
+what to serve from the record the evaluating flow wrote there.
 
 The runtime history the plans balance on is one file in the state directory
 ($FORGEFLOW_STATE_DIR, default ~/.forgeflow/state: the orchestrator's folder; workers that
@@ -43,8 +47,9 @@ from evalsuite.runner import results_payload
 from evalsuite.suite import load_suite
 from infra.atomic_write import atomic_write
 from tasks.eval_tasks import (NodeSubmitter, PrefectSubmitter, ProgressArtifact, SlurmTaskSubmitter, eval_allocation,
-                              export_checkpoint, jobs_for_evaluation, node_sessions, plan_trials, preload_model,
-                              publish_results, register_for_evaluation, remove_preloaded, slot_processes)
+                              export_checkpoint, jobs_for_evaluation, node_result_path, node_sessions, plan_trials,
+                              preload_model, publish_results, read_session_record, register_for_evaluation,
+                              remove_preloaded, slot_processes)
 from training.config import JobSpec, as_job_spec
 
 
@@ -76,6 +81,36 @@ def _spec(job_spec: str | dict | JobSpec | None) -> JobSpec | None:
     return as_job_spec(job_spec) if job_spec else None
 
 
+def _created_through_the_api() -> bool:
+    """Whether this flow run was created from a deployment (its parameters are whoever could
+    create a flow run's), not by a Python call of the flow (whose caller already runs code here)."""
+    from prefect.context import FlowRunContext
+
+    context = FlowRunContext.get()
+    return bool(context and context.flow_run and context.flow_run.deployment_id)
+
+
+def _orchestrator_engine():
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    return cluster_orchestrator().engine
+
+
+def _confined_to_its_job(checkpoint, suite, job_spec, output_dir, preload_root, history_path,
+                         slurm_cluster_file) -> JobSpec:
+    """An evaluation through the API touches one job's files only (evalsuite.job_scope): the
+    job's recorded spec, which the run uses instead of the content it was given."""
+    from evalsuite import job_scope
+
+    engine = _orchestrator_engine()
+    job_scope.check_not_given(preload_root=preload_root, history_path=history_path)
+    job_scope.check_suite(suite)
+    scope = job_scope.recorded_job(engine, job_spec, checkpoint)
+    job_scope.check_output_dir(scope, output_dir)
+    job_scope.check_cluster_file(engine, slurm_cluster_file)
+    return scope.spec
+
+
 @flow(name="evaluate-checkpoint", log_prints=True, task_runner=ThreadPoolTaskRunner(max_workers=16))
 def evaluate_checkpoint(checkpoint: CheckpointRef | dict | str, suite: str = "quick",
                         job_spec: str | dict | JobSpec | None = None,
@@ -90,6 +125,9 @@ def evaluate_checkpoint(checkpoint: CheckpointRef | dict | str, suite: str = "qu
     a registered cluster, default the only one), held until the evaluation ends.
     `submitter="slurm"`: each trial is a Slurm batch job instead (Slurm places it; the slurm:
     section of `slurm_cluster_file`, default the environment's Slurm); metric jobs stay task runs."""
+    if _created_through_the_api():   # parameters that name files must be its job's (evalsuite.job_scope)
+        job_spec = _confined_to_its_job(checkpoint, suite, job_spec, output_dir, preload_root, history_path,
+                                        slurm_cluster_file)
     slurm = _slurm_settings(submitter, slurm_cluster_file, nodes or node_count)
     spec = _spec(job_spec)
     suite_config = load_suite(suite, spec, {"preload_root": preload_root} if preload_root else None)
@@ -147,17 +185,21 @@ def evaluate_checkpoint(checkpoint: CheckpointRef | dict | str, suite: str = "qu
 
 
 @flow(name="evaluate-node-work", log_prints=True)
-def evaluate_node_work(action: str, node: str, result_path: str, source: str = "", preload_root: str | None = None,
-                       session_dir: str = "", slots: int = 1) -> str:
+def evaluate_node_work(action: str, node: str, session_dir: str) -> str:
     """One node's part of a multi-node evaluation, run on that node's work queue. `serve`: the
     node's session (evalsuite.node_session): preload the model here, run the trials the
-    evaluating flow hands it on `slots` slots, remove the preload at the end."""
+    evaluating flow hands it on its slots, remove the preload at the end. What to serve (the
+    model, the preload root, the slots) is the session's record, which the evaluating flow wrote
+    in `session_dir`; the result goes to that folder too (tasks.eval_tasks.node_result_path):
+    no parameter names a model or a file to write."""
     if action != "serve":
         raise ValueError(f"unknown action {action!r}; expected serve")
-    done = serve_node(session_dir, node, source, preload_root, slots)
-    atomic_write(Path(result_path), done)   # the evaluating flow reads it: whole or absent
+    folder, record = read_session_record(session_dir)
+    result_path = node_result_path(folder, action, node)
+    done = serve_node(folder, node, record["source"], record["preload_root"], record["slots"])
+    atomic_write(result_path, done)   # the evaluating flow reads it: whole or absent
     print(done)
-    return result_path
+    return str(result_path)
 
 
 def pending_checkpoints(checkpoints: list[CheckpointRef | str], suite_name: str) -> list[CheckpointRef | str]:
@@ -170,14 +212,21 @@ def evaluate_catch_up(job_spec: str | JobSpec | None = None, suite: str | None =
     """Evaluate committed checkpoints that have no results yet (missed events, downtime).
 
     With no job_spec: every job registered for evaluation (each on-commit run registers
-    its job), with the suite it registered. With one: that job (and it is registered)."""
+    its job), with the suite it registered. With one: that job (and it is registered).
+    Run from its deployment, the registered jobs (a Prefect Variable) and the parameters
+    are checked like evaluate-checkpoint's: each is a job the orchestrator knows, evaluated
+    with its recorded spec and a suite name (evalsuite.job_scope)."""
+    through_api = _created_through_the_api()
     if job_spec is not None:
-        spec = _spec(job_spec)
+        spec = _recorded_spec(job_spec, suite or "quick") if through_api else _spec(job_spec)
         register_for_evaluation(spec, suite or "quick")
         jobs, bad = [(spec, suite or "quick")], {}
     else:
         jobs, bad = jobs_for_evaluation()
         jobs = [(spec, suite or job_suite) for spec, job_suite in jobs]
+        if through_api:
+            jobs, refused = _recorded_jobs(jobs)
+            bad.update(refused)
     for name, why in bad.items():
         print(f"skipping job {name!r}: its registration is not valid: {why}")
     print(f"catching up on {len(jobs)} job(s): {', '.join(spec.name for spec, _ in jobs) or 'none registered'}")
@@ -191,6 +240,28 @@ def evaluate_catch_up(job_spec: str | JobSpec | None = None, suite: str | None =
             evaluate_checkpoint(ref, suite=job_suite, job_spec=spec)
         evaluated += [ref.step_url for ref in todo]
     return evaluated
+
+
+def _recorded_spec(job_spec: str | dict | JobSpec, suite: str) -> JobSpec:
+    from evalsuite import job_scope
+
+    job_scope.check_suite(suite)
+    return job_scope.job_named(_orchestrator_engine(), job_spec).spec
+
+
+def _recorded_jobs(jobs: list[tuple[JobSpec, str]]) -> tuple[list[tuple[JobSpec, str]], dict[str, Exception]]:
+    """Each (spec, suite) as its job's recorded spec with a suite name; the others, name -> why."""
+    from evalsuite import job_scope
+
+    engine = _orchestrator_engine()
+    kept, refused = [], {}
+    for spec, suite in jobs:
+        try:
+            job_scope.check_suite(suite)
+            kept.append((job_scope.recorded_job(engine, spec, spec.checkpoint.url).spec, suite))
+        except job_scope.EvalScopeError as e:
+            refused[spec.name] = e
+    return kept, refused
 
 
 def evaluate_committed(spec: JobSpec, suite: str = "demo") -> list[str]:

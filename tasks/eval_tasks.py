@@ -261,14 +261,59 @@ def refresh_states(runs: list[_NodeRun]) -> None:
             pending[flow_run.id].state = flow_run.state
 
 
-def run_on_node(node: str, action: str, parameters: dict[str, Any], result_path: str, what: str) -> _NodeRun:
-    """Start the node-work deployment on `node`'s work queue (that node's process worker)."""
+SESSION_RECORD = "session.json"   # in a session folder: what its node sessions serve (written by the evaluator)
+
+
+def write_session_record(session_dir: Path, source: str, preload_root: str | None, slots: int) -> None:
+    """What the node sessions of this evaluation serve: the node-work runs read it here, so their
+    parameters name no model, folder or file (a flow-run parameter is anyone's who can reach the API)."""
+    from infra.atomic_write import atomic_write_json
+
+    session_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(session_dir / SESSION_RECORD, {"source": source, "preload_root": preload_root,
+                                                      "slots": int(slots)})
+
+
+def read_session_record(session_dir: str) -> tuple[Path, dict[str, Any]]:
+    """The session folder (resolved) and its record; EvalConfigError when the folder holds none
+    (it is no evaluation's session folder) or the node name could leave it."""
+    import json
+
+    from evalsuite.errors import EvalConfigError
+
+    folder = Path(session_dir).resolve()
+    try:
+        record = json.loads((folder / SESSION_RECORD).read_text())
+        source, preload_root, slots = record["source"], record["preload_root"], int(record["slots"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise EvalConfigError(f"{session_dir} holds no evaluation session ({SESSION_RECORD} written by the "
+                              "evaluate-checkpoint flow); a node session serves only one of those") from None
+    if not isinstance(source, str) or not (preload_root is None or isinstance(preload_root, str)) or slots < 1:
+        raise EvalConfigError(f"{folder / SESSION_RECORD} is not a session record; it was not written by forgeflow")
+    return folder, {"source": source, "preload_root": preload_root, "slots": slots}
+
+
+def node_result_path(session_dir: Path, action: str, node: str) -> Path:
+    """Where a node run of `action` leaves its result: in the session folder, named by the node."""
+    import re
+
+    from evalsuite.errors import EvalConfigError
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}", node) or not re.fullmatch(r"[a-z]+", action):
+        raise EvalConfigError(f"node {node!r} / action {action!r}: a node is a work queue's name (letters, digits, "
+                              "'.', '_', '-')")
+    return session_dir / "runs" / f"{action}-{node}.txt"
+
+
+def run_on_node(node: str, action: str, session_dir: Path, what: str) -> _NodeRun:
+    """Start the node-work deployment on `node`'s work queue (that node's process worker): it is
+    told the session folder and the node, and reads the rest from the session's record."""
     from prefect.deployments import run_deployment
 
     run = run_deployment(EVAL_NODE_DEPLOYMENT, parameters={"action": action, "node": node,
-                                                          "result_path": result_path, **parameters},
+                                                          "session_dir": str(session_dir)},
                          work_queue_name=node, timeout=0)
-    return _NodeRun(run.id, result_path, what)
+    return _NodeRun(run.id, str(node_result_path(session_dir.resolve(), action, node)), what)
 
 
 def wait_all(runs: list[_NodeRun], poll_s: float = 1.0) -> list[str]:
@@ -282,15 +327,14 @@ def wait_all(runs: list[_NodeRun], poll_s: float = 1.0) -> list[str]:
     return [r.result() for r in runs]
 
 
-def run_on_nodes(nodes: list[str], action: str, parameters: dict[str, Any], result_dir: Path,
-                 what: str) -> list[_NodeRun]:
+def run_on_nodes(nodes: list[str], action: str, session_dir: Path, what: str) -> list[_NodeRun]:
     """The same action on every node, its runs created concurrently (each creation is several
     API calls; one after the other they add up on a busy server)."""
     import contextvars
     from concurrent.futures import ThreadPoolExecutor
 
     def start(node: str) -> _NodeRun:
-        return run_on_node(node, action, parameters, str(result_dir / f"{action}-{node}.txt"), f"{what} on {node}")
+        return run_on_node(node, action, session_dir, f"{what} on {node}")
 
     # Each thread runs in a copy of this context, so the runs are linked to this flow run as subflows.
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(nodes)))) as pool:
@@ -305,9 +349,8 @@ def node_sessions(nodes: list[str], source: str, preload_root: str | None, sessi
     from evalsuite.node_session import open_sessions
 
     def start(sessions) -> FlowRunSessions:
-        return FlowRunSessions(dict(zip(nodes, run_on_nodes(
-            nodes, "serve", {"source": source, "preload_root": preload_root, "session_dir": str(session_dir),
-                             "slots": slots}, session_dir / "runs", "session"))))
+        write_session_record(session_dir, source, preload_root, slots)
+        return FlowRunSessions(dict(zip(nodes, run_on_nodes(nodes, "serve", session_dir, "session"))))
 
     return open_sessions(session_dir, nodes, start, ready_timeout_s)
 
