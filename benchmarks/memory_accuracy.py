@@ -3,8 +3,10 @@
 Headline, and where it is measured. The figure that counts is MARP against the
 CUDA allocator's peak on a GPU (benchmarks/gpu_check.py: bf16 + megatron's
 mixed-precision optimizer, distributed optimizer, recompute) — the headline wherever
-a GPU exists. No GPU was available where this was last run, so this script reports
-what a CPU can say, in three parts:
+a GPU exists. The first GPU figures (one H200, 2026-11-28) are in gpu_check.py's docstring
+(part 5; `gpu_check.py --score-recorded benchmarks/data/gpu_h200_2026-11-28` reprints them):
+they added what a CPU cannot show (torch's foreach Adam on CUDA, the allocator's workspaces
+and fragmentation, the CUDA context). This script reports what a CPU can say, in three parts:
 
 1. **Held-out set (the CPU headline).** `HELDOUT_CASES`, decided and written down
    (2026-11-23, before any further tuning of scheduler/memory_model.py; see the block
