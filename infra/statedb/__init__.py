@@ -8,6 +8,7 @@
     retry       StateDbRetry: a call the database did not answer waits and is retried with
                 backoff, logged, with an alert once the outage lasts
     batch       StatementBatch: a transaction's statements sent together (one round trip on PostgreSQL)
+    clock       db_now(): the database's clock in SQL, which lease, queue and heartbeat times are on
     schema      the tables: clusters, nodes, GPUs, jobs, allocations (+ history), diagnosis rules
     migrate     `open_state_db`: an engine on a database upgraded (Alembic) to this forgeflow's schema;
                 refuses a schema from a newer forgeflow

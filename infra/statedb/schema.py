@@ -1,6 +1,8 @@
 """The state database's tables (SQLAlchemy Core), shared by the orchestrator and the diagnosis rules.
 
-Times are seconds since the epoch (float) from the writer's clock.
+Times are seconds since the epoch (float). Lease, queue, job, allocation (and so history),
+health and heartbeat times are on the database's clock (`infra.statedb.clock.db_now`:
+PostgreSQL's; on SQLite the one host's); `registered_at` and JSON stamps ("at") are the writer's.
 Allocation rows stay after their release (only a GPU that leaves the inventory takes
 its released rows with it): a live allocation has `released_at` NULL, and
 the partial unique index `uq_allocations_live_gpu` lets the database itself refuse

@@ -9,6 +9,12 @@
 A process that dies without reaching the `finally` stops renewing; the lease then
 expires and the GPUs go back to the pool (see `Orchestrator._expire`).
 
+While the state database cannot be reached the holder keeps its work running and retries
+every RETRY_S (at most every lease_s / 3): a renewal that fails is never a reason to stop. When
+the database comes back after an outage longer than a lease, its first writer records an
+epoch and no lease is reclaimed until every holder has had a full lease period to renew
+(`scheduler.orchestrator.epoch`), so the holder's next retry keeps its GPUs.
+
 The holder renews and releases the admission it entered with (`Admission.attempt`), not
 whatever the job id holds now: a holder that stalled past its lease (a long GC pause, a
 network partition) finds `lost` set on waking, even where the job was re-queued and
@@ -27,6 +33,8 @@ from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
 from scheduler.orchestrator.service import Orchestrator
 
 log = logging.getLogger(__name__)
+
+RETRY_S = 2.0  # how soon a holder retries a renewal the database did not take
 
 
 class HeldJob:
@@ -47,9 +55,13 @@ class HeldJob:
         self._thread: threading.Thread | None = None
 
     def _renew_loop(self) -> None:
-        while not self._stop.wait(self.every_s):
+        wait, failing = self.every_s, 0
+        while not self._stop.wait(wait):
             try:
                 self.orchestrator.renew(self.job_id, self.attempt)
+                if failing:
+                    log.warning("lease of job %s renewed again after %d failed tries", self.job_id, failing)
+                wait, failing = self.every_s, 0
                 self.stop_requested = self.orchestrator.stop_request(self.job_id)
                 # keep this process's view of the cluster near current, so the release at the end
                 # replays the last changes instead of reading the whole cluster and queue back
@@ -58,8 +70,12 @@ class HeldJob:
                 self.lost = e
                 log.error("job %s lost its GPUs: %s", self.job_id, e)
                 return
-            except Exception as e:  # a database hiccup: try again next period (the lease has slack)
-                log.warning("lease renewal of job %s failed, retrying: %s", self.job_id, e)
+            except Exception as e:  # the database is out of reach: the work goes on, retry soon
+                failing += 1
+                wait = min(self.every_s, RETRY_S)
+                if failing == 1 or failing % 10 == 0:
+                    log.warning("lease renewal of job %s failed (%d tries so far), its work goes on; "
+                                "retrying every %.0f s: %s", self.job_id, failing, wait, e)
 
     def __enter__(self) -> "HeldJob":
         return self.db.call(self._enter, f"job {self.job_id} taking hold of its GPUs")

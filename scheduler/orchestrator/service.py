@@ -55,11 +55,13 @@ from infra.statedb import (
     write_transaction,
 )
 from infra.statedb.batch import Pending
-from infra.statedb.schema import allocations, cluster_changes, clusters, job_launches, jobs, nodes
+from infra.statedb.clock import db_now
+from infra.statedb.schema import allocations, cluster_changes, clusters, control_plane, job_launches, jobs, nodes
 from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
+import scheduler.orchestrator.epoch as epoch
 import scheduler.orchestrator.identity as identity
 import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
@@ -76,23 +78,24 @@ DONE = ("finished", "failed", "cancelled")
 _BUMP_VERSION = (sa.update(clusters).where(clusters.c.name == sa.bindparam("cname"))
                  # a change waits for a policy pass (only tracked while a decider has beaten)
                  .values(state_version=clusters.c.state_version + 1, pass_pending=clusters.c.decider_seen_at.isnot(None))
-                 .returning(clusters.c.state_version, clusters.c.generation, clusters.c.decider_seen_at))
+                 # and the database's clock: every time this decision writes or compares is on it
+                 .returning(clusters.c.state_version, clusters.c.generation, clusters.c.decider_seen_at, db_now()))
 # a policy pass ran in this transaction (the lock statement marked the change as waiting for one)
 _PASS_DONE = sa.update(clusters).where(clusters.c.name == sa.bindparam("cname")).values(pass_pending=False)
 _DECIDER_STATE = sa.select(clusters.c.pass_pending, clusters.c.decider_seen_at).where(
     clusters.c.name == sa.bindparam("cname"))
 _INSERT_JOB = sa.insert(jobs).values(
-    {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_at", "queued_at",
-                                     "submitted_by", "team")}, "state": "queued", "attempts": 0, "lost_count": 0}
-).returning(jobs.c.id)
+    {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_by", "team")},
+     "submitted_at": db_now(), "queued_at": db_now(), "state": "queued", "attempts": 0, "lost_count": 0}
+).returning(jobs.c.id, jobs.c.queued_at)
 _JOB_STATE = sa.select(jobs.c.state, jobs.c.attempts).where(jobs.c.id == sa.bindparam("jid"))
 # (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
 _JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"),
                                     sa.or_(*(jobs.c.state == s for s in ACTIVE)))
-              .values(state=sa.bindparam("outcome"), finished_at=sa.bindparam("now"), reason=sa.bindparam("why")))
+              .values(state=sa.bindparam("outcome"), finished_at=db_now(), reason=sa.bindparam("why")))
 _RELEASE_JOB = (sa.update(allocations).where(allocations.c.job_id == sa.bindparam("jid"),
                                              allocations.c.released_at.is_(None))
-                .values(released_at=sa.bindparam("now"), release_event="release")
+                .values(released_at=db_now(), release_event="release")
                 .returning(allocations.c.job_id, allocations.c.node, allocations.c.gpu_index))
 # A holder's renewal and release are fenced by the admission it was given (`jobs.attempts`
 # counts admissions): once its lease was reclaimed and the job admitted again, the old holder
@@ -121,8 +124,17 @@ CHANGES_KEPT = 4096
 DECIDER_BEAT_S = 1.0
 DECIDER_TTL_S = 5.0
 REFRESH_EVERY_S = 15.0  # how often a waiting job's process brings its view up to date (`refresh`)
+WAIT_RETRY_MAX_S = 30.0  # a waiting job retries an unreachable database at most this far apart
 CHANGE_PRUNE_EVERY = 256
 _GENERATION = sa.select(clusters.c.generation).where(clusters.c.name == sa.bindparam("cname"))
+# A renewal: the lease runs `lease_s` from now on the database's clock (never shortened: one given
+# with a longer lease_s stays), fenced by the admission when the holder names it.
+_RENEWED_UNTIL = db_now() + sa.bindparam("lease_s")
+_RENEW = (sa.update(allocations).where(allocations.c.job_id == sa.bindparam("jid"), allocations.c.released_at.is_(None))
+          .values(lease_expires_at=sa.case((allocations.c.lease_expires_at < _RENEWED_UNTIL, _RENEWED_UNTIL),
+                                           else_=allocations.c.lease_expires_at))
+          .returning(allocations.c.lease_expires_at))
+_RENEW_ADMISSION = _RENEW.where(_SAME_ADMISSION)
 _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
 
@@ -274,6 +286,7 @@ class Orchestrator:
         # whether this process's view was stale at its last decision: then the change log and new
         # jobs are read in the lock's round trip; a process deciding on its own skips both reads
         self._expect_stale = True
+        self._now = 0.0  # the open transaction's time on the database's clock (read with its lock)
         # what the open transaction changed, in order, for the change log; None: not described
         self._ops: list | None = []
 
@@ -331,11 +344,11 @@ class Orchestrator:
         rows, self._lock_row = self._lock_row.all(), None
         if not rows:
             inventory.resolve_cluster(conn, name)  # raises: says which clusters exist
-        version, generation, decider_seen_at = rows[0]
+        version, generation, decider_seen_at, self._now = rows[0]
         # a live decider keeps a current view: a process whose view is stale leaves the pass to it
         self._decider_known = decider_seen_at is not None
         self._delegate = not self._decides or (not self._serving and decider_seen_at is not None
-                                               and decider_seen_at > time.time() - DECIDER_TTL_S)
+                                               and decider_seen_at > self._now - DECIDER_TTL_S)
         if cached is not None:
             self._expect_stale = cached.version != version - 1
             if self._expect_stale and self._since is None:  # skipped on a guess that was wrong:
@@ -459,6 +472,7 @@ class Orchestrator:
             self._since = self._new_jobs = None
             self._batch = None
             self._tx = None
+            self._now = 0.0
 
     def _view(self, conn: Connection, cname: str) -> _View:
         """The open transaction's view of the cluster, read from the database when not current."""
@@ -527,7 +541,7 @@ class Orchestrator:
                 shown = ", ".join(known[:12]) + (" ..." if len(known) > 12 else "")
                 raise OrchestratorError(f"no node named {node!r} in cluster {name!r}; nodes: {shown}")
             conn.execute(sa.update(nodes).where(nodes.c.cluster == name, nodes.c.name == node).values(
-                state=state, reason=reason or None, changed_by=identity.acting(self.actor, self.identity, by), changed_at=time.time()))
+                state=state, reason=reason or None, changed_by=identity.acting(self.actor, self.identity, by), changed_at=db_now()))
             running = inventory.live_jobs_on(conn, name, node)
             self._forget_view()
             result = self._pass(conn, name) if state == "ready" else None
@@ -569,14 +583,13 @@ class Orchestrator:
             with read_transaction(self.engine) as conn:
                 priority = quotas.resolve_priority(conn, priority, team)
         check_priority(priority)
-        now = time.time()
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock and the new row in one round trip on PostgreSQL.
             inserted = self._batch.add(_INSERT_JOB, dict(
                 cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
-                submitted_at=now, queued_at=now, submitted_by=self.actor, team=team))
+                submitted_by=self.actor, team=team))
             self._settle()
-            job_id = inserted.scalar()
+            job_id, now = inserted.all()[0]
             self._options[job_id] = self._intern(options.get(self._resolve_policy(conn, cname), []))
             self._names[job_id] = name
             self._job_cluster[job_id] = cname
@@ -636,7 +649,7 @@ class Orchestrator:
             conn.execute(sa.delete(job_launches).where(job_launches.c.job_id == job_id,
                                                        job_launches.c.launch == launch))
             conn.execute(sa.insert(job_launches).values(job_id=job_id, launch=launch, request=request,
-                                                        recorded_at=time.time()))
+                                                        recorded_at=db_now()))
 
     def launch_for(self, job_id: int, launch: str, node: str) -> dict[str, Any]:
         """The launch request node `node` may run for the job: the one its flow recorded, and only
@@ -690,14 +703,13 @@ class Orchestrator:
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock, the job's state before this change, freeing its GPUs and ending it: one
             # round trip on PostgreSQL (they run in this order; ending touches only a live job).
-            now = time.time()
             prior = self._batch.add(_JOB_STATE, {"jid": job_id})
             if attempt is None:
-                released = self._batch.add(_RELEASE_JOB, {"jid": job_id, "now": now})
-                self._batch.add(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason})
+                released = self._batch.add(_RELEASE_JOB, {"jid": job_id})
+                self._batch.add(_JOB_ENDED, {"jid": job_id, "outcome": outcome, "why": reason})
             else:
-                released = self._batch.add(_RELEASE_ADMISSION, {"jid": job_id, "now": now, "attempt": attempt})
-                self._batch.add(_ADMISSION_ENDED, {"jid": job_id, "outcome": outcome, "now": now, "why": reason,
+                released = self._batch.add(_RELEASE_ADMISSION, {"jid": job_id, "attempt": attempt})
+                self._batch.add(_ADMISSION_ENDED, {"jid": job_id, "outcome": outcome, "why": reason,
                                                    "attempt": attempt})
             self._settle()
             rows, freed = prior.all(), released.all()
@@ -706,7 +718,7 @@ class Orchestrator:
             state, attempts = rows[0]
             if not freed and (state in DONE or (attempt is not None and attempts != attempt)):
                 return state  # already ended, or admitted again since this holder's admission
-            ended_at = time.time()
+            ended_at = self._now  # the database's clock, as the admission's time is
             self._record(["free", job_id, [[node, gpu] for _, node, gpu in freed], ended_at])
             self._options.pop(job_id, None)
             self._names.pop(job_id, None)
@@ -732,7 +744,7 @@ class Orchestrator:
                 jobs.c.id == job_id)).one()
             if row.state != "running":
                 raise OrchestratorError(f"job {job_id} is {row.state}, not running: nothing to re-queue")
-            self._free_allocations(conn, allocations.c.job_id == job_id, time.time(), "release")
+            self._free_allocations(conn, allocations.c.job_id == job_id, self._now, "release")
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
                 state="queued", queued_at=row.submitted_at, placement=None, reason=reason))
             self._forget_view()
@@ -744,24 +756,30 @@ class Orchestrator:
         `attempt` (the holder's `Admission.attempt`): renew only that admission. Without it, a
         holder whose lease was reclaimed while it stalled would renew the job's next admission
         (other GPUs, perhaps its own old ones given to another job) and never learn it lost them.
+
+        The lease runs `lease_s` from now on the database's clock, whatever this host's clock says;
+        the renewal also records that a writer reached the database (`epoch`: the first one
+        after an outage records the epoch that gives every holder a full lease to renew). Both
+        statements go in one round trip on PostgreSQL. Returns when the lease now runs out.
         """
-        until = time.time() + self.config.lease_s
-        which = [allocations.c.job_id == job_id, allocations.c.released_at.is_(None)]
+        params = {"jid": job_id, "lease_s": self.config.lease_s}
         if attempt is not None:
-            which.append(sa.exists().where(jobs.c.id == job_id, jobs.c.attempts == attempt))
-        with write_transaction(self.engine) as conn:
+            params["attempt"] = attempt
+        with batched_write_transaction(self.engine) as (_conn, batch):
+            touched = batch.add(epoch.TOUCH_UNLESS_BUSY, epoch.touch_params(self.config.lease_s))
             # Never shortens a lease (one given with a longer lease_s stays): a decision's view
             # skips the expiry check until the earliest lease it knows of (`_View.lease_floor`).
-            done = conn.execute(sa.update(allocations).where(*which).values(
-                lease_expires_at=sa.case((allocations.c.lease_expires_at < until, until),
-                                         else_=allocations.c.lease_expires_at))).rowcount
-        if not done:
+            renewed = batch.add(_RENEW if attempt is None else _RENEW_ADMISSION, params)
+            batch.flush()
+            epoch.noted(touched.all())
+            until = [u for (u,) in renewed.all()]
+        if not until:
             admission = "" if attempt is None else f" under admission {attempt}"
             raise LeaseLostError(
                 f"job {job_id} holds no GPUs{admission} any more (its lease expired or it was released); "
                 "stop its work: the GPUs may already run another job"
             )
-        return until
+        return min(until)
 
     def reconcile(self, cluster: str | None = None, *, check_leases: bool = True) -> PassResult:
         """Reclaim expired leases and admit what fits (what a waiting holder calls now and then)."""
@@ -797,7 +815,8 @@ class Orchestrator:
                     if now - beat >= DECIDER_BEAT_S:
                         with write_transaction(self.engine) as conn:
                             conn.execute(sa.update(clusters).where(clusters.c.name == name).values(
-                                decider=self.actor, decider_seen_at=now))
+                                decider=self.actor, decider_seen_at=db_now()))
+                            epoch.touch(conn, self.config.lease_s, wait=False)  # a writer reached it
                         beat = now
                     with read_transaction(self.engine) as conn:
                         pending = conn.execute(_DECIDER_STATE, {"cname": name}).one()[0]
@@ -851,44 +870,66 @@ class Orchestrator:
     def pass_due(self, cluster: str | None = None) -> bool:
         """Whether a waiting job should make a policy pass itself (one read): a live allocation is
         past its lease and grace (the pass reclaims it), or a change waits for a pass that no live
-        decider will make (it stopped beating)."""
-        now = time.time()
+        decider will make (it stopped beating). Times on the database's clock; a lease is overdue
+        only once its holders had a full lease after the last outage (`epoch`). When nobody else
+        wrote lately, the poll records that a writer reached the database (`epoch.touch`)."""
+        lease_s = self.config.lease_s
         with read_transaction(self.engine) as conn:
             name = inventory.resolve_cluster(conn, cluster)
             oldest = conn.execute(_LIVE_LEASE_FLOOR, {"cname": name}).scalar()
             pending, seen = conn.execute(_DECIDER_STATE, {"cname": name}).one()
+            now, seen_at, epoch_at, _ = conn.execute(epoch.STATE).one()
+        if seen_at is None or now - seen_at > epoch.keepalive_after_s(lease_s):
+            with write_transaction(self.engine) as conn:
+                epoch_at = epoch.touch(conn, lease_s, wait=False) or epoch_at
         if not self._decides:
             return False  # the decider (an operator) makes every pass for this role
-        if oldest is not None and oldest < now - self.config.grace_s:
+        if oldest is not None and epoch.reclaim_at(oldest, epoch_at, lease_s, self.config.grace_s) < now:
             return True
         return bool(pending) and (seen is None or seen < now - DECIDER_TTL_S)
 
     def wait_admitted(self, job_id: int, *, poll_s: float = 1.0, timeout_s: float | None = None,
-                      on_wait: Callable[[int, int], None] | None = None) -> Admission:
+                      on_wait: Callable[[int, int], None] | None = None,
+                      on_unreachable: Callable[[str], None] | None = None) -> Admission:
         """Block until the job holds GPUs. `on_wait(position, queue_length)` is called each poll.
 
         While waiting it reclaims overdue leases (a crashed holder frees GPUs even when
-        nothing else touches the orchestrator). Raises OrchestratorError if the job ends
-        without running (cancelled, failed) and TimeoutError after `timeout_s`.
+        nothing else touches the orchestrator). While the state database cannot be reached
+        it keeps waiting, retrying with backoff (1 s doubling to WAIT_RETRY_MAX_S), and says
+        so through `on_unreachable(message)` (default: this module's log) at each retry.
+        Raises OrchestratorError if the job ends without running (cancelled, failed) and
+        TimeoutError after `timeout_s`.
         """
-        cluster = self._cluster_of(job_id)
+        say = on_unreachable or log.warning
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         refreshed = time.monotonic()
+        cluster: str | None = None
+        backoff = 0.0
         while True:
-            admission = self.admission(job_id)
-            if admission is not None:
-                return admission
-            if time.monotonic() - refreshed >= REFRESH_EVERY_S:  # keep this process's view near current
-                self.refresh(cluster)
-                refreshed = time.monotonic()
-            if self.pass_due(cluster):
-                self.reconcile(cluster)
-                continue
-            if on_wait is not None:
-                on_wait(*self.queue_position(job_id))
+            try:
+                cluster = cluster or self._cluster_of(job_id)
+                admission = self.admission(job_id)
+                if admission is not None:
+                    return admission
+                if time.monotonic() - refreshed >= REFRESH_EVERY_S:  # keep this process's view near current
+                    self.refresh(cluster)
+                    refreshed = time.monotonic()
+                if self.pass_due(cluster):
+                    self.reconcile(cluster)
+                    continue
+                if on_wait is not None:
+                    on_wait(*self.queue_position(job_id))
+                if backoff:
+                    say(f"job {job_id}: the state database answers again; still waiting for GPUs")
+                backoff = 0.0
+            except (StateDbError, sa.exc.OperationalError, sa.exc.InterfaceError) as e:
+                backoff = min(WAIT_RETRY_MAX_S, backoff * 2 or 1.0)
+                reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0][:300]
+                say(f"job {job_id}: the state database cannot be reached ({reason}); still waiting for GPUs, "
+                    f"retrying in {backoff:.0f} s")
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still queued after {timeout_s:.0f} s")
-            time.sleep(poll_s)
+            time.sleep(backoff or poll_s)
 
     # ---------------------------------------------------------------- inside the lock
     def _free_allocations(self, conn: Connection, which, now: float, event: str) -> list[tuple]:
@@ -901,11 +942,19 @@ class Orchestrator:
             allocations.c.job_id, allocations.c.node, allocations.c.gpu_index)).all()
 
     def _expire(self, conn: Connection, cname: str, now: float, *, check: bool = False) -> list[int]:
-        """Reclaim leases past their grace; without `check`, only when the view's lease floor says one may be."""
+        """Reclaim leases past their grace; without `check`, only when the view's lease floor says one may be.
+
+        `now` is the database's clock. Before reclaiming anything the pass records that a writer
+        reached the database, and nothing is reclaimed until every holder has had a full lease
+        since the last outage (`epoch`): a pass that is the first writer after one records it
+        and reclaims nothing."""
         cutoff = now - self.config.grace_s
         view = self._pending
         if not check and view is not None and view.lease_floor >= cutoff:
             return []  # no live lease of the cluster runs out before the floor
+        epoch_at = epoch.touch(conn, self.config.lease_s)
+        if epoch.reclaim_at(float("-inf"), epoch_at, self.config.lease_s, self.config.grace_s) >= now:
+            return []  # holders are still renewing after an outage
         freed = self._free_allocations(conn, sa.and_(allocations.c.cluster == cname,
                                                      allocations.c.lease_expires_at < cutoff), now, "expire")
         lost = sorted({j for j, *_ in freed})
@@ -1010,7 +1059,7 @@ class Orchestrator:
             return self.last_pass
         if self._decider_known:
             self._batch.add(_PASS_DONE, {"cname": cname})
-        now = time.time()
+        now = self._now
         expired = self._expire(conn, cname, now, check=check_leases)
         view = self._view(conn, cname)
         result = PassResult([], expired, 0)
