@@ -115,8 +115,10 @@ def _submit(args: argparse.Namespace) -> int:
     job_id, spec = submitted.job_id, submitted.spec
     orch = cluster_orchestrator()
     try:
-        runner = start_prefect_run(job_id, spec, flow_options) if os.environ.get("PREFECT_API_URL") \
-            else start_local_runner(job_id, spec, flow_options)
+        if os.environ.get("PREFECT_API_URL"):  # a team's job waits in its team's work queue
+            runner = start_prefect_run(job_id, spec, flow_options, work_queue=team_work_queue(orch.job(job_id)["team"]))
+        else:
+            runner = start_local_runner(job_id, spec, flow_options)
     except BaseException as e:
         orch.cancel(job_id, reason=f"its runner could not start: {type(e).__name__}: {e}"[:500])
         raise
@@ -156,9 +158,16 @@ def start_local_runner(job_id: int, spec, flow_options: dict) -> dict:
     return {"kind": "local", "host": socket.gethostname(), "pid": proc.pid, "log": str(log), "cwd": os.getcwd()}
 
 
-def start_prefect_run(job_id: int, spec, flow_options: dict) -> dict:
+def team_work_queue(team: str | None) -> str | None:
+    """The work queue a team's flow runs go to (`team-NAME`, in the deployment's pool): its worker
+    holds that team's database credentials (README, "Teams: identity"). None: the deployment's own."""
+    return None if team is None else f"team-{team}"
+
+
+def start_prefect_run(job_id: int, spec, flow_options: dict, *, work_queue: str | None = None) -> dict:
     """A flow run of the `pretrain` deployment for the job, named after it; the spec travels as
-    its content. A server without the deployment is one clear error (`forgeflow deploy`)."""
+    its content; `work_queue`: the queue it waits in (a team's, else the deployment's). A server
+    without the deployment is one clear error (`forgeflow deploy`)."""
     from prefect.deployments import run_deployment
     from prefect.exceptions import ObjectNotFound
 
@@ -168,7 +177,8 @@ def start_prefect_run(job_id: int, spec, flow_options: dict) -> dict:
     parameters = {"job_spec": spec.model_dump(mode="json"), "job_id": job_id, **flow_options}
     try:
         run = run_deployment("pretrain/pretrain", parameters=parameters, timeout=0,
-                             flow_run_name=f"{spec.name}-{job_id}", tags=[f"job-{job_id}"])
+                             flow_run_name=f"{spec.name}-{job_id}", tags=[f"job-{job_id}"],
+                             work_queue_name=work_queue)
     except ObjectNotFound:
         raise ConfigError(f"the Prefect server at {os.environ['PREFECT_API_URL']} has no deployment "
                           "'pretrain/pretrain'; run `forgeflow deploy` against it first (or unset "

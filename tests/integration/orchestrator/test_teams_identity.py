@@ -202,10 +202,33 @@ def test_team_commands_take_the_operator_role(site, capsys):
     assert code == 2 and "permission denied for table teams" in err and len(err.strip().splitlines()) == 1
     code, out, err = _cli(capsys, ["cluster", "team", "member", "add", "B", site["roles"]["carol"], *bob])
     assert code == 2 and "permission denied for table team_members" in err
+    code, out, err = _cli(capsys, ["cluster", "quota", "set", "B", "A100-80G", "4", *bob])  # a later revision's table
+    assert code == 2 and "permission denied for table quotas" in err
     olga = ["--db", site["urls"]["olga"]]
+    assert _cli(capsys, ["cluster", "quota", "set", "B", "A100-80G", "2", *olga])[0] == 0
     assert _cli(capsys, ["cluster", "team", "member", "add", "Z", site["roles"]["carol"], *olga])[0] == 2
     code, out, err = _cli(capsys, ["cluster", "team", "member", "add", "B", "nobody_at_all", *olga])
     assert code == 2 and "no database role named 'nobody_at_all'" in err
     teams = json.loads(_cli(capsys, ["cluster", "team", "list", "--json", *bob])[1])["teams"]
     assert [(t["team"], t["weight"], [m["member"] for m in t["members"]]) for t in teams] == [
         ("A", 2.0, sorted([site["roles"]["alice"], site["roles"]["anna"]])), ("B", 1.0, [site["roles"]["bob"]])]
+
+
+def test_the_operators_decider_admits_team_jobs(site, capsys):
+    """A team role's process leaves every pass to the decider; `cluster serve` as the operator admits
+    its job. As a team role, serve is refused by the database (the decider's columns are an operator's)."""
+    import threading
+
+    code, out, err = _cli(capsys, ["cluster", "serve", "--seconds", "1", "--db", site["urls"]["bob"]])
+    assert code == 2 and "permission denied for table clusters" in err
+    stop = threading.Event()
+    decider = threading.Thread(target=_as(site, "olga").serve, kwargs={"stop": stop}, daemon=True)
+    decider.start()
+    try:
+        bob = _as(site, "bob")
+        job = bob.submit("bob-train", demand_options(CLUSTER, 1, duration_s=600))
+        admission = bob.wait_admitted(job, poll_s=0.1, timeout_s=60)
+        assert admission.placement.world_size == 1 and bob.job(job)["submitted_by"] == site["roles"]["bob"]
+    finally:
+        stop.set()
+        decider.join(timeout=30)

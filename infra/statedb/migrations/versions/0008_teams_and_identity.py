@@ -17,13 +17,15 @@ On PostgreSQL a person's or a flow's identity is the database role it connects a
   faulty). Every role may bump a cluster's `state_version` and `pass_pending` (the scheduler
   lock and its change log), nothing else of it.
 - job_launches: only whoever may change the job reads or records what its nodes run.
-- teams and team_members: readable by all, written by an operator.
+- teams and team_members (and 0009's quotas, priority classes and caps): readable by all,
+  written by an operator.
 
 FORCE ROW LEVEL SECURITY: the tables' owner obeys the policies too; the role that runs this
 migration is made an operator (it owns the schema and may run the decider). The operator role
 (FORGEFLOW_OPERATOR_ROLE, default forgeflow_operator) is created NOLOGIN if missing. Roles get
-their table privileges through PUBLIC (and default privileges, so later revisions' tables follow),
-with the row-level security deciding which rows. SQLite is single-user: none of this applies.
+their table privileges through PUBLIC, with the row-level security deciding which rows; a table
+of a later revision is readable by every role and written by the operator role only, unless that
+revision grants more (default privileges). SQLite is single-user: none of this applies.
 
 Revision ID: 0008
 Revises: 0007
@@ -97,7 +99,11 @@ def _postgres_roles_and_policies(operator: str) -> None:
     run("GRANT USAGE ON SCHEMA " + _schema() + " TO PUBLIC")
     run("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA " + _schema() + " TO PUBLIC")
     run("GRANT USAGE, SELECT ON ALL SEQUENCES IN SCHEMA " + _schema() + " TO PUBLIC")
-    run("ALTER DEFAULT PRIVILEGES IN SCHEMA " + _schema() + " GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO PUBLIC")
+    # Tables of later revisions: readable by every role, written by the operator role unless that
+    # revision grants more (the quota and priority-class tables of 0009 are an operator's alone).
+    run("ALTER DEFAULT PRIVILEGES IN SCHEMA " + _schema() + " GRANT SELECT ON TABLES TO PUBLIC")
+    run("ALTER DEFAULT PRIVILEGES IN SCHEMA " + _schema()
+        + f' GRANT SELECT, INSERT, UPDATE, DELETE ON TABLES TO "{operator}"')
     run("ALTER DEFAULT PRIVILEGES IN SCHEMA " + _schema() + " GRANT USAGE, SELECT ON SEQUENCES TO PUBLIC")
     run("REVOKE INSERT, UPDATE, DELETE ON alembic_version, teams, team_members FROM PUBLIC")
     run("REVOKE UPDATE ON clusters FROM PUBLIC")
