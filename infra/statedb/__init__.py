@@ -13,6 +13,8 @@
     migrate     `open_state_db`: an engine on a database upgraded (Alembic) to this forgeflow's schema;
                 refuses a schema from a newer forgeflow
     migrations  the Alembic revisions (one file per schema change)
+    identity    who a PostgreSQL connection is (its role, operator standing, teams); the operator
+                role's name (FORGEFLOW_OPERATOR_ROLE); none of it on single-user SQLite
 
 `open_state_db(url)` is the one entry point: an engine on a migrated database.
 """

@@ -14,9 +14,12 @@
     start_estimates  when each queued job is expected to start and why it waits (the policy run forward)
     job_logs    a job's logs found from its row (node consoles, rank logs, runner log) and followed
     history     double-booking and over-quota checks over the allocation history
+    identity    who the caller is (the database role on PostgreSQL, user@host on SQLite), its team
+                for a submit, and the database's refusals as one line (AccessRefused)
+    teams       an operator's teams: add a team (weight), put a database role in it (admin), list
     quotas      teams' quotas, priority classes and caps (operator changes, checks), and a view's team state
     usage       `forgeflow cluster usage`: GPU-hours by GPU type and queue time per team or user
-    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve|quota|class|usage`, `forgeflow jobs|cancel|logs`
+    cli         `forgeflow cluster register|status|queue|cordon|drain|uncordon|serve|team|quota|class|usage`, `forgeflow jobs|cancel|logs`
 
 State lives in the state database (`infra.statedb`: SQLite by default, PostgreSQL
 through FORGEFLOW_DB_URL). Every change is one write transaction that holds the
