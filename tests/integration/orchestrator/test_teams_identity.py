@@ -232,3 +232,27 @@ def test_the_operators_decider_admits_team_jobs(site, capsys):
     finally:
         stop.set()
         decider.join(timeout=30)
+
+
+def test_a_role_cannot_shadow_the_membership_the_policies_read(site):
+    """The policies' functions name their tables and functions with the schema: a role with a schema
+    of its own (per-user schemas are common) cannot put a team_members or forgeflow_is_operator of
+    its own first in its search_path and so join team A or become an operator."""
+    job = _running_job_of_alice(site)
+    bob = site["roles"]["bob"]
+    owner = sa.create_engine(site["owner"])
+    with owner.begin() as conn:
+        conn.execute(sa.text(f'CREATE SCHEMA "{bob}" AUTHORIZATION "{bob}"'))
+    owner.dispose()
+    engine = sa.create_engine(site["urls"]["bob"])
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f'SET search_path = "{bob}", public'))
+            conn.execute(sa.text(f'CREATE TABLE "{bob}".team_members (member text, team text, is_admin boolean)'))
+            conn.execute(sa.text(f"INSERT INTO \"{bob}\".team_members VALUES ('{bob}', 'A', true)"))
+            conn.execute(sa.text(f'CREATE FUNCTION "{bob}".forgeflow_is_operator() RETURNS boolean '
+                                 "LANGUAGE sql AS $$ SELECT true $$"))
+            assert conn.execute(sa.text("SELECT id FROM jobs WHERE id = :j"), {"j": job}).all() == []
+            assert conn.execute(sa.text("UPDATE jobs SET stop_requested = '{}' WHERE id = :j"), {"j": job}).rowcount == 0
+    finally:
+        engine.dispose()

@@ -73,27 +73,32 @@ def _postgres_roles_and_policies(operator: str) -> None:
             EXECUTE 'GRANT "{operator}" TO ' || quote_ident(current_user);
         END IF;
     END $$""")
-    # Who the caller is to the policies. (SELECT f()) in a policy is evaluated once per statement.
-    run(f"CREATE OR REPLACE FUNCTION forgeflow_operator_role() RETURNS text LANGUAGE sql IMMUTABLE "
+    # Who the caller is to the policies. Inside the functions every name is schema-qualified, so a
+    # role cannot shadow team_members (or a function) with its own in an earlier schema of its
+    # search_path; in a policy, ((SELECT forgeflow_is_operator())) is evaluated once per statement.
+    s = _schema()
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_operator_role() RETURNS text LANGUAGE sql IMMUTABLE "
         f"AS $$ SELECT '{operator}'::text $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_is_operator() RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT pg_has_role(current_user, forgeflow_operator_role(), 'MEMBER') $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_in_team(t text) RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT EXISTS (SELECT 1 FROM team_members m WHERE m.team = t AND m.member = current_user::text) $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_team_admin(t text) RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT EXISTS (SELECT 1 FROM team_members m WHERE m.team = t AND m.member = current_user::text "
-        "AND m.is_admin) $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_may_see_job(owner text, t text) RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT owner = current_user::text OR forgeflow_in_team(t) OR forgeflow_is_operator() $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_may_change_job(owner text, t text) RETURNS boolean LANGUAGE sql "
-        "STABLE AS $$ SELECT owner = current_user::text OR forgeflow_team_admin(t) OR forgeflow_is_operator() $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_may_change_job_id(job integer) RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT EXISTS (SELECT 1 FROM jobs j WHERE j.id = job "
-        "AND forgeflow_may_change_job(j.submitted_by, j.team)) $$")
-    run("CREATE OR REPLACE FUNCTION forgeflow_holds_node(c text, n text) RETURNS boolean LANGUAGE sql STABLE "
-        "AS $$ SELECT EXISTS (SELECT 1 FROM allocations a JOIN jobs j ON j.id = a.job_id "
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_is_operator() RETURNS boolean LANGUAGE sql STABLE "
+        f"AS $$ SELECT pg_catalog.pg_has_role(current_user, {s}.forgeflow_operator_role(), 'MEMBER') $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_in_team(t text) RETURNS boolean LANGUAGE sql STABLE "
+        f"AS $$ SELECT EXISTS (SELECT 1 FROM {s}.team_members m WHERE m.team = t "
+        "AND m.member = current_user::text) $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_team_admin(t text) RETURNS boolean LANGUAGE sql STABLE "
+        f"AS $$ SELECT EXISTS (SELECT 1 FROM {s}.team_members m WHERE m.team = t "
+        "AND m.member = current_user::text AND m.is_admin) $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_may_see_job(owner text, t text) RETURNS boolean LANGUAGE sql "
+        f"STABLE AS $$ SELECT owner = current_user::text OR {s}.forgeflow_in_team(t) OR {s}.forgeflow_is_operator() $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_may_change_job(owner text, t text) RETURNS boolean LANGUAGE sql "
+        f"STABLE AS $$ SELECT owner = current_user::text OR {s}.forgeflow_team_admin(t) "
+        f"OR {s}.forgeflow_is_operator() $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_may_change_job_id(job integer) RETURNS boolean LANGUAGE sql "
+        f"STABLE AS $$ SELECT EXISTS (SELECT 1 FROM {s}.jobs j WHERE j.id = job "
+        f"AND {s}.forgeflow_may_change_job(j.submitted_by, j.team)) $$")
+    run(f"CREATE OR REPLACE FUNCTION {s}.forgeflow_holds_node(c text, n text) RETURNS boolean LANGUAGE sql STABLE "
+        f"AS $$ SELECT EXISTS (SELECT 1 FROM {s}.allocations a JOIN {s}.jobs j ON j.id = a.job_id "
         "WHERE a.cluster = c AND a.node = n AND a.released_at IS NULL "
-        "AND forgeflow_may_change_job(j.submitted_by, j.team)) $$")
+        f"AND {s}.forgeflow_may_change_job(j.submitted_by, j.team)) $$")
 
     # Privileges: every role through PUBLIC, the rows decided by the policies below.
     run("GRANT USAGE ON SCHEMA " + _schema() + " TO PUBLIC")
@@ -116,12 +121,13 @@ def _postgres_roles_and_policies(operator: str) -> None:
     operator_only = "((SELECT forgeflow_is_operator()))"
     policies = [
         # jobs
-        "CREATE POLICY jobs_see ON jobs FOR SELECT USING (forgeflow_may_see_job(submitted_by, team))",
+        f"CREATE POLICY jobs_see ON jobs FOR SELECT USING ({operator_only} OR "
+        "forgeflow_may_see_job(submitted_by, team))",
         "CREATE POLICY jobs_submit ON jobs FOR INSERT WITH CHECK (submitted_by = current_user::text AND "
         "(forgeflow_in_team(team) OR (team IS NULL AND (NOT EXISTS (SELECT 1 FROM teams) "
         f"OR {operator_only}))))",
-        "CREATE POLICY jobs_change ON jobs FOR UPDATE USING (forgeflow_may_see_job(submitted_by, team)) "
-        "WITH CHECK (forgeflow_may_change_job(submitted_by, team))",
+        f"CREATE POLICY jobs_change ON jobs FOR UPDATE USING ({operator_only} OR "
+        f"forgeflow_may_see_job(submitted_by, team)) WITH CHECK ({operator_only} OR forgeflow_may_change_job(submitted_by, team))",
         f"CREATE POLICY jobs_delete ON jobs FOR DELETE USING {operator_only}",
         # allocations
         "CREATE POLICY allocations_see ON allocations FOR SELECT USING (true)",
@@ -143,8 +149,8 @@ def _postgres_roles_and_policies(operator: str) -> None:
         "CREATE POLICY clusters_lock ON clusters FOR UPDATE USING (true) WITH CHECK (true)",
         f"CREATE POLICY clusters_remove ON clusters FOR DELETE USING {operator_only}",
         # job_launches: what a job's nodes run, for whoever may change the job
-        "CREATE POLICY job_launches_own ON job_launches FOR ALL USING (forgeflow_may_change_job_id(job_id)) "
-        "WITH CHECK (forgeflow_may_change_job_id(job_id))",
+        f"CREATE POLICY job_launches_own ON job_launches FOR ALL USING ({operator_only} OR "
+        f"forgeflow_may_change_job_id(job_id)) WITH CHECK ({operator_only} OR forgeflow_may_change_job_id(job_id))",
     ]
     for policy in policies:
         run(policy)
