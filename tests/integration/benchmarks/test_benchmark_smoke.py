@@ -29,7 +29,9 @@ NOT_BENCHMARKS = {
     "headline.py": "the last-line helper every benchmark imports (checked_headline); it measures nothing",
 }
 # The heaviest smokes (each several worlds of torchrun ranks) go first, so that under xdist the
-# light ones fill in around them and both workers finish together; the rest by name.
+# light ones fill in around them and both workers finish together; the rest by name. (Once a run
+# has recorded their durations, tests/xdist_schedule.py orders by those; this order is for a run
+# without them.)
 HEAVIEST_FIRST = ("recovery.py", "reshard.py", "train_throughput.py", "eval_makespan.py", "mobius.py")
 SCRIPTS = sorted((p.name for p in BENCHMARKS.glob("*.py") if p.name not in NOT_BENCHMARKS),
                  key=lambda name: (HEAVIEST_FIRST.index(name) if name in HEAVIEST_FIRST else len(HEAVIEST_FIRST),
