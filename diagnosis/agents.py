@@ -87,7 +87,7 @@ class LibraryRules:
     def with_candidate(self, name: str, pattern: str, diagnosis: Diagnosis) -> "LibraryRules":
         from diagnosis.rules import DiagnosisLibrary
 
-        trial = DiagnosisLibrary(list(self.library.learned), path=None)
+        trial = DiagnosisLibrary(list(self.library.learned), path=None, job_family=self.library.job_family)
         self._add(trial, name, pattern, diagnosis, persist=False)
         return LibraryRules(trial)
 

@@ -110,7 +110,7 @@ def compress_log(
         raise ValueError(f"{len(origins)} log origin(s) for {len(paths)} log file(s): give one per file, "
                          "in the same order (None for a file of no known node)")
     rules = FilterRuleSet.load(job_family, state_dir)
-    library = DiagnosisLibrary.load(state_dir)
+    library = DiagnosisLibrary.load(state_dir, job_family=job_family)  # the rules that apply to this family
     compressor = LogCompressor(rules, library.patterns, engine=engine)
     for p, origin in zip(paths, origins or [None] * len(paths)):
         compressor.origin = origin

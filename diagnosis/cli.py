@@ -1,4 +1,8 @@
-"""`forgeflow diagnose` and `forgeflow rules list|add|test`.
+"""`forgeflow diagnose` and `forgeflow rules list|add|approve|reject|test`.
+
+A diagnosis rule the failure agent learns is proposed: it applies only to the job family that
+learned it until an operator approves it (`rules approve NAME`, `--global` for every job) or
+rejects it (`rules reject NAME`); `rules list --learned` shows each rule's review and owner.
 
 Heavy imports (RE2, Hyperscan, the rule libraries) happen inside the command
 functions so `forgeflow --help` stays fast.
@@ -56,12 +60,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add.add_argument("--type", choices=("filter", "diagnosis"), required=True)
     add.add_argument("--pattern", required=True, help="regex (RE2 syntax)")
     add.add_argument("--name", default=None)
-    add.add_argument("--job-family", default=None, help="filter rules: the family to add it to")
+    add.add_argument("--job-family", default=None, help="filter rules: the family to add it to; diagnosis rules: "
+                     "apply it to this family only (default: every job)")
     add.add_argument("--root-cause", default=None, help="diagnosis rules: the root cause it names")
     add.add_argument("--restart-helps", choices=("yes", "no"), default=None, help="diagnosis rules")
     add.add_argument("--mitigation", default="")
     add.add_argument("--state-dir", default=None)
     add.set_defaults(func=_cmd_rules_add)
+
+    for action, verb in (("approve", "approve a proposed learned rule (for its job family, or --global for every job)"),
+                         ("reject", "reject a learned rule: it applies to no job")):
+        review = rules_sub.add_parser(action, help=verb, description=verb + ". The failure agent's rules are "
+                                      "proposed: they apply only to the job family that learned them until approved.")
+        review.add_argument("name", metavar="NAME", help="the rule's name (forgeflow rules list --learned)")
+        if action == "approve":
+            review.add_argument("--global", dest="scope", action="store_const", const="global", default=None,
+                                help="apply it to every job, not only its family's")
+        review.add_argument("--state-dir", default=None)
+        review.add_argument("--json", action="store_true")
+        review.set_defaults(func=_cmd_rules_review, review={"approve": "approved", "reject": "rejected"}[action])
 
     test = rules_sub.add_parser("test", help="show which rules match the lines of a log (or what one pattern would)")
     test.add_argument("logfile", metavar="LOGFILE")
@@ -161,9 +178,12 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
 
             rules = [r.model_dump() for r in FilterRuleSet.load(args.job_family, args.state_dir).rules]
         else:
-            from diagnosis.rules import DiagnosisLibrary
+            from diagnosis.rules import DiagnosisLibrary, learned_rules
 
-            rules = [r.model_dump() for r in DiagnosisLibrary.load(args.state_dir).rules]
+            # every learned rule with its review (--job-family: those that apply to that family), then the seeds
+            library = DiagnosisLibrary.load(args.state_dir, job_family=args.job_family)
+            learned = library.learned if args.job_family else learned_rules(args.state_dir)
+            rules = [r.model_dump() for r in learned + ([] if args.learned else library.rules[len(library.learned):])]
     except ValueError as exc:
         return _fail(args, str(exc))
     if args.learned:
@@ -173,9 +193,34 @@ def _cmd_rules_list(args: argparse.Namespace) -> int:
         return 0
     for r in rules:
         target = f" -> {r['root_cause']}" if "root_cause" in r else ""
+        review = ""
+        if r.get("review") is not None and r["source"] != "seed":
+            where = "every job" if r["scope"] == "global" and r["review"] == "approved" else \
+                f"job family {r['job_family']}" if r["job_family"] else "diagnoses of no job family"
+            review = f"  [{r['review']}: {'applies to ' + where if r['review'] != 'rejected' else 'applies to none'}; " \
+                     f"by {r['owner']}]"
         # a learned rule's pattern may be an LLM's: shown without escape sequences
-        print(printable(f"{r['source']:5} {r['name']:32}{target}\n      {r['pattern']}"))
+        print(printable(f"{r['source']:5} {r['name']:32}{target}{review}\n      {r['pattern']}"))
     print(f"{len(rules)} {args.type} rules")
+    return 0
+
+
+def _cmd_rules_review(args: argparse.Namespace) -> int:
+    import getpass
+
+    from diagnosis.state import LearnedRuleStore
+
+    try:
+        rule = LearnedRuleStore(args.state_dir).review(args.name, args.review, scope=getattr(args, "scope", None),
+                                                       by=getpass.getuser())
+    except ValueError as exc:
+        return _fail(args, str(exc))
+    if args.json:
+        print(json.dumps(rule, indent=2))
+        return 0
+    where = "every job" if rule["scope"] == "global" else f"job family {rule['job_family']}"
+    print(printable(f"rule {rule['name']!r} {rule['review']}" + (f": it applies to {where}" if rule["review"] == "approved"
+                                                                  else ": it applies to no job")))
     return 0
 
 
@@ -194,12 +239,15 @@ def _cmd_rules_add(args: argparse.Namespace) -> int:
 
             if not args.root_cause or args.restart_helps is None:
                 return _fail(args, "a diagnosis rule needs --root-cause and --restart-helps yes|no")
-            library = DiagnosisLibrary.load(args.state_dir)
+            import getpass
+
+            library = DiagnosisLibrary.load(args.state_dir, job_family=args.job_family)
             rule = library.add_rule(
                 args.pattern, args.root_cause, args.restart_helps == "yes",
-                mitigation=args.mitigation, name=args.name, source="user",
+                mitigation=args.mitigation, name=args.name, source="user", owner=getpass.getuser(),
             )
-            print(f"added diagnosis rule {rule.name!r} -> {rule.root_cause}")
+            where = f"job family {rule.job_family}" if rule.job_family else "every job"
+            print(f"added diagnosis rule {rule.name!r} -> {rule.root_cause} (applies to {where})")
     except (RegexError, ValueError) as exc:
         return _fail(args, str(exc))
     return 0

@@ -1,9 +1,10 @@
 """Rule-based diagnosis: an ordered library of regex → root cause rules, and the choice
 of *the* root cause when a log holds several errors.
 
-``DiagnosisLibrary`` = learned rules (the state database, ``diagnosis.state.LearnedRuleStore``;
-checked first: they exist because the seeds got a failure wrong or missed it) followed
-by the seeds of ``rule_seeds.py``. Each line of the compressed log is named by the first rule
+``DiagnosisLibrary`` = the learned rules that apply to the job family diagnosed (the state
+database, ``diagnosis.state.LearnedRuleStore``; checked first: they exist because the seeds
+got a failure wrong or missed it; the agent's apply only to the family that learned them until
+an operator approves them for every job) followed by the seeds of ``rule_seeds.py``. Each line of the compressed log is named by the first rule
 that matches it.
 
 Choosing the root cause among all matched lines (``diagnose_compressed``):
@@ -52,6 +53,8 @@ from diagnosis.state import LearnedRuleStore
 from diagnosis.vocabulary import Diagnosis, Kind, RootCause, VocabularyError, kind_of
 
 RuleSource = Literal["seed", "agent", "user"]
+Review = Literal["proposed", "approved", "rejected"]
+Scope = Literal["family", "global"]
 
 # Lower is more fundamental. Hardware faults explain everything above them.
 _TIER: dict[str, float] = {
@@ -81,6 +84,22 @@ class DiagnosisRule(BaseModel):
     confidence: float = Field(default=0.9, ge=0.0, le=1.0)
     source: RuleSource = "user"
     added_at: float = Field(default_factory=time.time)
+    # Who added it and where it applies (learned rules; a seed is approved for every job):
+    owner: str = "seed"
+    job_family: str | None = None     # the family whose failure taught it
+    review: Review = "approved"
+    scope: Scope = "global"
+    reviewed_by: str | None = None
+    reviewed_at: float | None = None
+
+    def applies_to(self, job_family: str | None) -> bool:
+        """Whether it names lines of a diagnosis of `job_family`: a proposed rule only in the
+        family that learned it, an approved one in its family or (scope global) everywhere."""
+        if self.review == "rejected":
+            return False
+        if self.review == "approved" and self.scope == "global":
+            return True
+        return self.job_family == job_family
 
     @property
     def kind(self) -> Kind:
@@ -125,23 +144,31 @@ def seed_rules() -> list[DiagnosisRule]:
 
 
 class DiagnosisLibrary:
-    """Learned rules (persisted in the state database of a state dir) followed by the seeds.
+    """The learned rules that apply to one job family (persisted in the state database of a
+    state dir) followed by the seeds.
 
-    `store` is where learned rules persist; a library without one (tests, what-if
-    trials of a candidate rule) keeps them in memory only.
+    A rule the failure agent learns is `proposed`: it applies to diagnoses of the family that
+    learned it (`job_family`), and to other jobs only once an operator approves it with scope
+    global (`forgeflow rules approve NAME --global`); a rejected rule applies to none. A rule
+    a person adds is approved (global, or for the family given). `store` is where learned rules
+    persist; a library without one (tests, what-if trials of a candidate rule) keeps them in
+    memory only.
     """
 
     def __init__(self, learned: list[DiagnosisRule] | None = None, path: Path | None = None,
-                 store: LearnedRuleStore | None = None):
+                 store: LearnedRuleStore | None = None, job_family: str | None = None):
         self.learned: list[DiagnosisRule] = list(learned or [])
         self.path = path  # kept for callers that pass path=None for an in-memory library
         self.store = store
+        self.job_family = job_family
         self._seeds = seed_rules()
 
     @classmethod
-    def load(cls, state: str | os.PathLike | None = None, *, db_url: str | None = None) -> "DiagnosisLibrary":
+    def load(cls, state: str | os.PathLike | None = None, *, db_url: str | None = None,
+             job_family: str | None = None) -> "DiagnosisLibrary":
+        """The learned rules that apply to `job_family` (None: diagnoses named no family)."""
         store = LearnedRuleStore(state, db_url)
-        return cls(_validated(store.load(), store.url), store=store)
+        return cls(_applying(_validated(store.load(), store.url), job_family), store=store, job_family=job_family)
 
     @property
     def rules(self) -> list[DiagnosisRule]:
@@ -169,8 +196,13 @@ class DiagnosisLibrary:
         confidence: float = 0.8,
         must_match: list[str] | tuple[str, ...] = (),
         persist: bool = True,
+        owner: str | None = None,
     ) -> DiagnosisRule:
         """Adopt a learned rule; refuses invalid or catch-all regexes with ``RegexError``.
+
+        The agent's rule (``source="agent"``) is proposed for this library's job family; a
+        person's (``source="user"``, ``owner`` their name) is approved, for this library's
+        family when it has one, else for every job.
 
         ``must_match`` are the culprit lines the rule was written for: it must match at
         least one of them when given. Checking that it does not change past diagnoses is
@@ -193,6 +225,7 @@ class DiagnosisLibrary:
                 name=name or f"{source}-{root_cause}-{learned_count + 1}",
                 pattern=pattern, root_cause=root_cause, restart_helps=restart_helps,
                 mitigation=mitigation, symptom=symptom, source=source, confidence=confidence,
+                **_review_of_new_rule(source, self.job_family, owner),
             )
 
         if persist and self.store is not None:
@@ -201,11 +234,29 @@ class DiagnosisLibrary:
                 raw, everything = self.store.add(lambda count: make(count).model_dump())
             except ValueError as exc:
                 raise RegexError(f"pattern {pattern!r}: {exc}") from None
-            self.learned = _validated(everything, self.store.url)
+            self.learned = _applying(_validated(everything, self.store.url), self.job_family)
             return DiagnosisRule.model_validate(raw)
         rule = make(len(self.learned))
         self.learned.insert(0, rule)  # newest first: it was learned because others missed
         return rule
+
+
+def learned_rules(state: str | os.PathLike | None = None, *, db_url: str | None = None) -> list[DiagnosisRule]:
+    """Every learned rule, whatever its review and family (what `forgeflow rules list` shows)."""
+    store = LearnedRuleStore(state, db_url)
+    return _validated(store.load(), store.url)
+
+
+def _review_of_new_rule(source: str, job_family: str | None, owner: str | None) -> dict:
+    if source == "user":
+        return {"owner": owner or "user", "job_family": job_family, "review": "approved",
+                "scope": "family" if job_family else "global", "reviewed_by": owner or "user",
+                "reviewed_at": time.time()}
+    return {"owner": owner or source, "job_family": job_family, "review": "proposed", "scope": "family"}
+
+
+def _applying(rules: list[DiagnosisRule], job_family: str | None) -> list[DiagnosisRule]:
+    return [r for r in rules if r.applies_to(job_family)]
 
 
 def _validated(raw_rules: list[dict], where: str) -> list[DiagnosisRule]:

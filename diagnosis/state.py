@@ -51,6 +51,16 @@ def read_json(path: Path) -> object | None:
 
 # --------------------------------------------------------------------------- learned diagnosis rules
 LEGACY_RULES_FILE = "diagnosis_rules.json"  # before the state database: one JSON file rewritten whole
+# A rule's owner and review, kept in their own columns (migration 0010), not in its JSON.
+REVIEW_FIELDS = ("owner", "job_family", "review", "scope", "reviewed_by", "reviewed_at")
+
+
+def legacy_review(raw: dict) -> dict:
+    """The owner and review of a rule stored before rules had them (as migration 0010 sets them):
+    a person's applied everywhere and still does; the agent's is proposed, for no family."""
+    if isinstance(raw, dict) and raw.get("source") == "user":
+        return {"owner": "user (before review states)", "review": "approved", "scope": "global"}
+    return {"owner": "agent", "review": "proposed", "scope": "family"}
 
 
 class LearnedRuleStore:
@@ -58,7 +68,8 @@ class LearnedRuleStore:
 
     Each add or remove is its own transaction, so processes learning at once keep
     every rule (the old JSON file was read once and rewritten whole: the last writer
-    won). Rules come back newest first. The database of a state dir is the SQLite
+    won). Rules come back newest first, each with its owner, the job family that learned
+    it and its review (`review`: an operator approves or rejects a proposed rule). The database of a state dir is the SQLite
     file in it unless FORGEFLOW_DB_URL names another; nothing is created until the
     first rule is written. A `diagnosis_rules.json` left by an older forgeflow is
     imported once (then renamed `*.imported`).
@@ -91,7 +102,7 @@ class LearnedRuleStore:
             return
         with self.transaction() as conn:
             for raw in reversed(data.get("rules", [])):  # the file is newest first; ids grow with age
-                self._insert(conn, raw, skip_existing=True)
+                self._insert(conn, {**raw, **legacy_review(raw)}, skip_existing=True)
         os.replace(legacy, legacy.with_name(legacy.name + ".imported"))
 
     @contextmanager
@@ -116,15 +127,46 @@ class LearnedRuleStore:
                 return False
             what = "pattern" if clash.pattern == raw["pattern"] else "name"
             raise ValueError(f"a learned rule with this {what} exists already ({clash.name!r})")
-        conn.execute(sa.insert(table).values(name=raw["name"], pattern=raw["pattern"], rule=raw))
+        review = {k: raw[k] for k in REVIEW_FIELDS if raw.get(k) is not None}
+        rule = {k: v for k, v in raw.items() if k not in REVIEW_FIELDS}
+        conn.execute(sa.insert(table).values(name=raw["name"], pattern=raw["pattern"], rule=rule, **review))
         return True
 
     @staticmethod
     def rows(conn) -> list[dict]:
+        """Every rule, newest first, with its owner, family and review (the columns of migration 0010)."""
         import sqlalchemy as sa
         from infra.statedb.schema import diagnosis_rules as table
 
-        return [r for (r,) in conn.execute(sa.select(table.c.rule).order_by(table.c.id.desc()))]
+        columns = [table.c[k] for k in REVIEW_FIELDS]
+        return [{**rule, **dict(zip(REVIEW_FIELDS, review))}
+                for rule, *review in conn.execute(sa.select(table.c.rule, *columns).order_by(table.c.id.desc()))]
+
+    def review(self, name: str, review: str, *, scope: str | None, by: str) -> dict:
+        """Set a learned rule's review (approved | rejected) and, for an approval, its scope
+        (family | global; None: as it is, global for a rule of no family); the rule after.
+        ValueError naming the rules there are when there is no rule `name`."""
+        import time
+
+        import sqlalchemy as sa
+        from infra.statedb.schema import diagnosis_rules as table
+
+        if not self._exists():
+            raise ValueError(f"no learned rule {name!r}: nothing was learned yet in {self.state}")
+        with self.transaction() as conn:
+            row = conn.execute(sa.select(table.c.id, table.c.job_family, table.c.scope)
+                               .where(table.c.name == name)).first()
+            if row is None:
+                names = [r["name"] for r in self.rows(conn)]
+                raise ValueError(f"no learned rule {name!r}; learned rules: {', '.join(names) or 'none'} "
+                                 "(forgeflow rules list --learned)")
+            if scope == "family" and row.job_family is None:
+                raise ValueError(f"rule {name!r} was learned for no job family: approve it with --global or reject it")
+            values = {"review": review, "reviewed_by": by, "reviewed_at": time.time()}
+            if review == "approved":
+                values["scope"] = scope or ("global" if row.job_family is None else row.scope)
+            conn.execute(sa.update(table).where(table.c.id == row.id).values(**values))
+            return next(r for r in self.rows(conn) if r["name"] == name)
 
     @staticmethod
     def count(conn) -> int:

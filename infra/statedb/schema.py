@@ -196,6 +196,14 @@ diagnosis_rules = sa.Table(
     sa.Column("name", sa.String(300), nullable=False, unique=True),
     sa.Column("pattern", sa.Text, nullable=False, unique=True),
     sa.Column("rule", JSON, nullable=False),  # diagnosis.rules.DiagnosisRule.model_dump()
+    # who added it, which family's failure taught it, and its review (migration 0010): a proposed
+    # rule applies to its family only, an approved one to its family or (scope global) every job
+    sa.Column("owner", sa.Text, nullable=False, server_default="agent"),
+    sa.Column("job_family", sa.String(200), nullable=True),
+    sa.Column("review", sa.String(20), nullable=False, server_default="proposed"),  # proposed|approved|rejected
+    sa.Column("scope", sa.String(20), nullable=False, server_default="family"),    # family|global
+    sa.Column("reviewed_by", sa.Text, nullable=True),
+    sa.Column("reviewed_at", sa.Float, nullable=True),
 )
 
 # Quotas and priority classes (migration 0009; `scheduler.fair_share`): per cluster, team and GPU

@@ -137,7 +137,10 @@ def test_unknown_failure_is_diagnosed_learned_and_then_known_by_rule(tmp_path, l
     llm_server.reset()
     second = diagnose_log(log, job_family="llama-test", state_dir=state, agent=None)
     assert (second.root_cause, second.source, second.rule_name) == ("ValueError", "rule", report.learned_rule)
-    assert DiagnosisLibrary.load(state).learned[0].source == "agent"
+    learned = DiagnosisLibrary.load(state, job_family="llama-test").learned[0]
+    assert (learned.source, learned.review, learned.job_family) == ("agent", "proposed", "llama-test")
+    # proposed: only the job family that learned it uses it until an operator approves it
+    assert DiagnosisLibrary.load(state, job_family="other-job").learned == []
     assert llm_server.requests == []
 
 
