@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 from urllib.parse import urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from diagnosis.state import state_dir
 from diagnosis.vocabulary import Diagnosis
@@ -35,6 +35,7 @@ from diagnosis.vocabulary import Diagnosis
 logger = logging.getLogger(__name__)
 
 ENV_CHROMA_URL = "FORGEFLOW_CHROMA_URL"
+ENV_CHROMA_TOKEN = "FORGEFLOW_CHROMA_TOKEN"  # sent as "Authorization: Bearer TOKEN" to the Chroma server
 DEFAULT_COLLECTION = "forgeflow-failures"
 
 # all-MiniLM-L6-v2 reads at most 256 word pieces; more text is silently cut, so the
@@ -58,6 +59,10 @@ class MemoryConfig(BaseModel):
     server_url: str | None = Field(
         default=None, description="Chroma server (http://host:port); overrides path when set"
     )
+    token: SecretStr | None = Field(
+        default=None, description="the Chroma server's token, sent as 'Authorization: Bearer TOKEN' (a reverse "
+        "proxy in front of the server, or a server with token authentication, checks it)"
+    )
     collection: str = Field(default=DEFAULT_COLLECTION, min_length=3, max_length=512)
     top_k: int = Field(default=5, ge=1, le=50)
 
@@ -76,6 +81,8 @@ class MemoryConfig(BaseModel):
         values: dict[str, Any] = {}
         if os.environ.get(ENV_CHROMA_URL):
             values["server_url"] = os.environ[ENV_CHROMA_URL]
+        if os.environ.get(ENV_CHROMA_TOKEN):
+            values["token"] = os.environ[ENV_CHROMA_TOKEN]
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)
 
@@ -262,7 +269,12 @@ class FailureMemory:
 
         self.config = config or MemoryConfig.from_env()
         self._embedder = embedder
-        settings = Settings(anonymized_telemetry=False)
+        auth = {}
+        if self.config.server_url and self.config.token is not None:
+            auth = {"chroma_client_auth_provider": "chromadb.auth.token_authn.TokenAuthClientProvider",
+                    "chroma_client_auth_credentials": self.config.token.get_secret_value(),
+                    "chroma_auth_token_transport_header": "Authorization"}
+        settings = Settings(anonymized_telemetry=False, **auth)
         try:
             if self.config.server_url:
                 url = urlparse(self.config.server_url)

@@ -97,6 +97,82 @@ def test_memory_on_a_chroma_server(chroma_server, embedder, tmp_path):
     assert not (tmp_path / "unused").exists()  # the server, not a local folder, holds it
 
 
+TOKEN = "chroma-t0ken-for-the-test"
+
+
+@pytest.fixture
+def token_checked_chroma(chroma_server):
+    """The Chroma server behind a reverse proxy that requires `Authorization: Bearer TOKEN` (Chroma
+    1.5.9's own server, `chroma run`, has no token authentication: what the README says to put in
+    front of it). Yields (proxy URL, the Authorization headers it saw)."""
+    import http.client
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from urllib.parse import urlparse
+
+    upstream = urlparse(chroma_server)
+    seen: list[str | None] = []
+
+    class Proxy(BaseHTTPRequestHandler):
+        def _forward(self):
+            seen.append(self.headers.get("Authorization"))
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                body = b'{"error": "Unauthorized"}'
+                self.send_response(401)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            payload = self.rfile.read(length) if length else None
+            connection = http.client.HTTPConnection(upstream.hostname, upstream.port, timeout=30)
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "authorization")}
+            connection.request(self.command, self.path, body=payload, headers=headers)
+            reply = connection.getresponse()
+            body = reply.read()
+            self.send_response(reply.status)
+            for name, value in reply.getheaders():
+                if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            connection.close()
+
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _forward
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_memory_sends_its_chroma_token(token_checked_chroma, embedder, tmp_path, monkeypatch):
+    from diagnosis.failure_memory import MemoryError_
+
+    url, seen = token_checked_chroma
+    monkeypatch.setenv("FORGEFLOW_CHROMA_URL", url)
+    monkeypatch.setenv("FORGEFLOW_CHROMA_TOKEN", TOKEN)
+    config = MemoryConfig.from_env()
+    assert TOKEN not in repr(config) and TOKEN not in str(config.model_dump())   # never printed
+    remember_three(FailureMemory(config, embedder))
+    assert len(FailureMemory(config, embedder)) == 3
+    assert seen and set(seen) == {f"Bearer {TOKEN}"}      # every request carried it
+
+    monkeypatch.delenv("FORGEFLOW_CHROMA_TOKEN")
+    with pytest.raises(MemoryError_, match=f"cannot open failure memory at {url}") as refused:
+        FailureMemory(MemoryConfig.from_env(), embedder)
+    assert seen[-1] is None and TOKEN not in str(refused.value)
+
+
 def test_memory_config_rejects_a_bad_server_url():
     with pytest.raises(ValueError, match="must look like http://HOST:PORT"):
         MemoryConfig(server_url="chroma.internal:8000")
