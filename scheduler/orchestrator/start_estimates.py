@@ -17,10 +17,16 @@ A job's estimated start is the time of the pass that admits it. Why it waits, on
 
     infeasible        the cluster cannot hold it at all, even with every node in service
     out_of_service    it needs nodes that are cordoned or drained (named, with the reason)
+    quota             GPUs fit it now, but its team holds its nominal quota of them and may not
+                      borrow them now (another team waits for its own quota, or the borrowing
+                      limit is reached)
     behind            GPUs it could use went (or are promised) to job N first: N is ahead of it
                       in the queue (priority, then submission order) or the policy's order
     no_room           no GPU type it can run on has room now; the GPUs come free when job M ends
     next              it fits now: the next policy pass admits it
+
+While teams are defined, each pass of the estimate is the live one, `scheduler.fair_share.decide`
+(fair-share order, quotas), over the teams' holdings and usage as they are now.
 
 `estimate_starts` is a pure function of the cluster, the queue and the running jobs (a test
 builds them by hand); `read_queue_state` reads them from the state database and
@@ -41,12 +47,14 @@ from sqlalchemy.engine import Engine
 from infra.statedb import read_transaction
 from infra.statedb.schema import clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
+from scheduler.fair_share import NO_TEAM, RunningJob as FairRunning, Snapshot, decide, holdings, team_usage
 from scheduler.policy import USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, expected_end, schedule_pass
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import OrchestratorConfig
+import scheduler.orchestrator.quotas as quotas
 from scheduler.orchestrator.options import idle_fit
 
-WAIT_REASONS = ("infeasible", "out_of_service", "behind", "no_room", "next")
+WAIT_REASONS = ("infeasible", "out_of_service", "quota", "behind", "no_room", "next")
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ class QueueState:
     running: list[RunningJob]
     health: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     policy: str = "has"
+    teams: Any = None  # quotas.TeamState (rules, running jobs' teams, usage) while teams are defined
 
 
 @dataclass(frozen=True)
@@ -158,13 +167,28 @@ def estimate_starts(state: QueueState, now: float, *, reservation_depth: int = 8
     behind: dict[int, int] = {}
     fits_now: set[int] = set()
     t, ended, first_pass = now, None, True
+    teams = state.teams
+    team_running = dict(teams.running) if teams is not None else {}
+    head = None if teams is None or teams.head is None else str(teams.head)
+    quota_blocked: dict[int, str] = {}
     while True:
         free = FreeGpus(sim)
         fits = {int(q.job_id): _fits_by_count(free, q.options) for q in queue}
+        running_now = list(busy.values()) if state.policy in USES_RUNNING else ()
+        if teams is None:
+            started, _ = schedule_pass(state.policy, t, queue, running_now, free, reservation_depth=reservation_depth)
+        else:
+            held = holdings(team_running.values())
+            snap = Snapshot(state.policy, t, queue, running_now, free, teams.rules,
+                            {q.job_id: teams.team_of.get(int(q.job_id), NO_TEAM) for q in queue},
+                            {str(w.job_id): w.priority for w in state.waiting}, held,
+                            team_usage(teams.usage, team_running.values(), t), reservation_depth, head)
+            started, _ = decide(snap)
+            head = free.reservation[0] if free.reservation else head
         if first_pass:
             fits_now, first_pass = {j for j, types in fits.items() if types}, False
-        started, _ = schedule_pass(state.policy, t, queue, list(busy.values()) if state.policy in USES_RUNNING else (),
-                                   free, reservation_depth=reservation_depth)
+            if teams is not None and teams.rules.enforced:
+                quota_blocked = _quota_blocked(teams, queue, fits, held, {int(q.job_id) for q, _, _ in started})
         taken: list[tuple[int, str]] = []  # (job, GPU type) admitted by this pass, in pass order
         for q, opt, placement in started:
             job_id = int(q.job_id)
@@ -173,6 +197,10 @@ def estimate_starts(state: QueueState, now: float, *, reservation_depth: int = 8
             heapq.heappush(ends, (t + opt.run_s, seq, job_id, opt.gpu_type,
                                   tuple((a.node, tuple(a.gpus)) for a in placement.assignments)))
             busy[job_id] = Busy(opt.gpu_type, placement.world_size, t + opt.run_s)
+            if teams is not None:
+                team_running[job_id] = FairRunning(teams.team_of.get(job_id, NO_TEAM), opt.gpu_type,
+                                                   placement.world_size, t)
+                head = None if head == q.job_id else head
             seq += 1
         queue = [q for q in queue if int(q.job_id) not in started_at]
         for q in queue:  # GPUs it could have used went to another job first: it waits behind that one
@@ -191,15 +219,44 @@ def estimate_starts(state: QueueState, now: float, *, reservation_depth: int = 8
             break
         t, ended = ends[0][0], ends[0][2]
         while ends and ends[0][0] <= t:
-            _, _, job_id, _, held = heapq.heappop(ends)
+            _, _, job_id, _, held_gpus = heapq.heappop(ends)
             busy.pop(job_id, None)
-            for node, gpus in held:
+            team_running.pop(job_id, None)
+            for node, gpus in held_gpus:
                 try:
                     sim.release(node, gpus)
                 except ClusterError:  # a node that left the inventory, or GPUs already free: nothing to give
                     pass
-    return [_estimate(state, w, position[w.job_id], now, started_at.get(w.job_id), behind.get(w.job_id),
+    return [_quota_estimate(w, position[w.job_id], started_at.get(w.job_id), quota_blocked[w.job_id])
+            if w.job_id in quota_blocked and w.job_id not in behind else
+            _estimate(state, w, position[w.job_id], now, started_at.get(w.job_id), behind.get(w.job_id),
                       w.job_id in fits_now, waiting) for w in state.waiting]
+
+
+def _quota_blocked(teams: Any, queue: list[QueuedJob], fits: dict[int, set[str]], held: dict[tuple[str, str], int],
+                   started: set[int]) -> dict[int, str]:
+    """Jobs GPUs fit now that the first pass left waiting although their team is at its nominal
+    quota of each type that fits: why, in words."""
+    out = {}
+    for q in queue:
+        job_id = int(q.job_id)
+        if job_id in started or not fits[job_id]:
+            continue
+        team = teams.team_of.get(job_id, NO_TEAM)
+        over = [(o, teams.rules.quota(team, o.gpu_type)) for o in q.options if o.gpu_type in fits[job_id]]
+        if over and all(held.get((team, o.gpu_type), 0) + o.num_gpus > quota.nominal for o, quota in over):
+            o, quota = over[0]
+            limit = "any idle quota" if quota.borrowing_limit is None else f"up to {quota.borrowing_limit} more"
+            out[job_id] = (f"team {team or '(none)'!r} holds {held.get((team, o.gpu_type), 0)} of its {quota.nominal} "
+                           f"{o.gpu_type}; it may borrow {limit}, only from idle quota no other team waits for")
+    return out
+
+
+def _quota_estimate(job: WaitingJob, position: int, start: tuple[float, Option, int | None] | None,
+                   why: str) -> StartEstimate:
+    start_s, opt, until_job = start if start is not None else (None, None, None)
+    option = None if opt is None else f"{opt.num_gpus}x {opt.gpu_type}"
+    return StartEstimate(job.job_id, position, "quota", why, start_s, option, None, until_job)
 
 
 def _estimate(state: QueueState, job: WaitingJob, position: int, now: float,
@@ -286,13 +343,16 @@ def read_queue_state(engine: Engine, cluster: str | None = None, *, policy: str 
         running = conn.execute(sa.select(jobs.c.id, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement,
                                          jobs.c.progress).where(
             jobs.c.cluster == name, jobs.c.state == "running")).all()
+        teams = quotas.TeamState.load(conn, name)  # None while no team is defined
+        if teams is not None:
+            teams.learn_teams(conn, [r.id for r in queued])
     waiting = [WaitingJob(r.id, r.name, r.priority, r.queued_at,
                           tuple(Option.from_dict(o) for o in (r.options or {}).get(policy) or ())) for r in queued]
     held = [RunningJob(r.id, r.placement["gpu_type"],
                        tuple((n["node"], tuple(n["gpus"])) for n in r.placement["nodes"]),
                        r.admitted_at or 0.0, r.predicted_run_s, r.progress)
             for r in running if r.placement]
-    return QueueState(current, waiting, held, health, policy)
+    return QueueState(current, waiting, held, health, policy, teams)
 
 
 def queue_estimates(engine: Engine, cluster: str | None = None, *, now: float | None = None,

@@ -139,3 +139,17 @@ def test_usage_is_the_sum_over_the_allocation_history(state_db_url):
     bad = _cli(state_db_url, "cluster", "usage", "--since", "soon")
     assert bad.returncode == 2 and "--since 'soon'" in bad.stderr
     orch.release(b)
+
+
+def test_forgeflow_jobs_says_a_job_waits_for_its_teams_quota(state_db_url):
+    from scheduler.orchestrator.start_estimates import queue_estimates
+
+    orch = _orchestrator(state_db_url)
+    orch.set_quota("A", "cpu", 1, 0)
+    one = demand_options(orch.cluster(), 1, duration_s=10)
+    a1, a2 = orch.submit("a1", one, team="A"), orch.submit("a2", one, team="A")
+    assert orch.job(a2)["state"] == "queued"  # a CPU is idle, but A may not borrow it
+    estimate = queue_estimates(orch.engine, "two")[a2]
+    assert estimate.reason == "quota" and "team 'A' holds 1 of its 1 cpu" in estimate.why
+    orch.release(a1)
+    assert orch.job(a2)["state"] == "running"
