@@ -1,5 +1,6 @@
 """Who a connection to the state database is: on PostgreSQL the database role it connects as
-(`current_user`), whether that role is an operator, and which teams it belongs to.
+(`current_user`) and whether that role is an operator (its teams are read when needed:
+`scheduler.orchestrator.identity.submit_team`).
 
 The operator role's name comes from FORGEFLOW_OPERATOR_ROLE (default `forgeflow_operator`) when
 the schema is created (migration 0008 creates the role, NOLOGIN, and the SQL function
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -41,7 +42,6 @@ class DatabaseIdentity:
     role: str
     operator: bool  # a member of the operator role: sees and changes everything the policies guard
     bypasses_rls: bool  # a superuser or a BYPASSRLS role: row-level security does not apply to it
-    teams: dict[str, bool] = field(default_factory=dict)  # team -> is_admin
 
     @property
     def sees_everything(self) -> bool:
@@ -50,12 +50,10 @@ class DatabaseIdentity:
 
 
 def connection_identity(conn: Connection) -> DatabaseIdentity | None:
-    """The role `conn` acts as, its operator standing and its teams; None on SQLite (single user)."""
+    """The role `conn` acts as and its operator standing; None on SQLite (single user)."""
     if conn.dialect.name != "postgresql":
         return None
     role, operator, bypasses = conn.execute(sa.text(
         "SELECT current_user::text, forgeflow_is_operator(), r.rolsuper OR r.rolbypassrls "
         "FROM pg_roles r WHERE r.rolname = current_user")).one()
-    teams = dict(conn.execute(sa.text("SELECT team, is_admin FROM team_members WHERE member = current_user::text")
-                              ).all())
-    return DatabaseIdentity(role, bool(operator), bool(bypasses), teams)
+    return DatabaseIdentity(role, bool(operator), bool(bypasses))

@@ -430,17 +430,17 @@ def _queue(args: argparse.Namespace) -> int:
     console = Console(width=200)
     table = Table(title=_plain(f"queue of {snap['cluster']}: {len(snap['queued'])} waiting, "
                                f"{len(snap['running'])} running"))
-    for col in ("#", "job id", "name", "state", "priority", "wants / holds", "since", "note"):
+    for col in ("#", "job id", "name", "team", "state", "priority", "wants / holds", "since", "note"):
         table.add_column(col)
     for j in snap["queued"]:
-        table.add_row(*map(_plain, (str(j["position"]), str(j["job_id"]), j["name"], "queued", str(j["priority"]),
-                                    j["wants"] or "", _when(j["submitted_at"]), j["reason"] or "")))
+        table.add_row(*map(_plain, (str(j["position"]), str(j["job_id"]), j["name"], j["team"] or "", "queued",
+                                    str(j["priority"]), j["wants"] or "", _when(j["submitted_at"]), j["reason"] or "")))
     for j in snap["running"] + snap["ended"]:
         p = j.get("placement")
         holds = f"{p['world_size']}x {p['gpu_type']} on {', '.join(p['nodes'])}" if p else ""
         since = _when(j["admitted_at"] if j["state"] == "running" else j["finished_at"])
-        table.add_row(*map(_plain, ("", str(j["job_id"]), j["name"], j["state"], str(j["priority"]), holds, since,
-                                    j["reason"] or "")))
+        table.add_row(*map(_plain, ("", str(j["job_id"]), j["name"], j["team"] or "", j["state"], str(j["priority"]),
+                                    holds, since, j["reason"] or "")))
     console.print(table)
     return 0
 

@@ -64,7 +64,7 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
     """Queued jobs in queue order (with position), running jobs, and the last `include_done` ended ones."""
     cols = [jobs.c.id, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at, jobs.c.queued_at,
             jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
-            jobs.c.lost_count, jobs.c.placement, jobs.c.options]
+            jobs.c.lost_count, jobs.c.placement, jobs.c.options, jobs.c.team]
     with read_transaction(engine) as conn:
         name = inventory.resolve_cluster(conn, cluster)
         queued = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "queued")
@@ -80,6 +80,7 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
         e = {"job_id": r.id, "name": r.name, "state": r.state, "priority": r.priority,
              "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
              "attempts": r.attempts, "lost": r.lost_count, "reason": r.reason, "submitted_by": r.submitted_by,
+             "team": r.team,
              "wants": f"{first.get('num_gpus', '?')}x {first.get('gpu_type', '?')}" if first else None,
              "options": sum(len(v) for v in r.options.values())}
         if position is not None:

@@ -172,6 +172,8 @@ def test_jobs_shows_owner_and_team_and_only_what_the_role_may_see(site, capsys):
     assert set(listed("anna", "--mine")) == set() and set(listed("alice", "--mine")) == {a_job}
     code, table, _ = _cli(capsys, ["jobs", "--db", site["urls"]["bob"]])
     assert "bob-train" in table and "alice-train" not in table and " B " in table
+    queue = json.loads(_cli(capsys, ["cluster", "queue", "--json", "--db", site["urls"]["olga"]])[1])
+    assert {j["job_id"]: j["team"] for j in queue["running"] + queue["queued"]} == {a_job: "A", b_job: "B"}
     # cluster status shows the GPUs alice's job holds as busy to bob, without its name
     status = json.loads(_cli(capsys, ["cluster", "status", "--json", "--db", site["urls"]["bob"]])[1])
     held = [g for n in status["nodes"] for g in n["gpus"] if g["job_id"] == a_job]
