@@ -8,6 +8,12 @@ node's torchrun under the reaper (infra.launch.start_node) and waits for it.
 Cancelling or crashing the run kills every rank of the node: the reaper dies
 with the flow-run process (PR_SET_PDEATHSIG) and takes its tree with it.
 
+The run also outlives the pretrain flow that started it, so it checks the job's lease
+itself (infra.lease_guard, scheduler.orchestrator.node_lease): once the database confirms
+the lease gone (the flow died and stopped renewing it, or the job was released, reclaimed
+or admitted again), it stops the ranks gracefully (they commit the step they are on), then
+SIGKILLs what is left after `grace_s`. A look that does not reach the database stops nothing.
+
 A node whose torchrun exits non-zero ends its run Failed. When the failure was
 another node's (its ranks lost the peer, or the watcher stopped them), the
 pretrain flow's diagnosis names that peer and the run is then marked Cancelled,
@@ -17,10 +23,13 @@ run stays red.
 
 from __future__ import annotations
 
+import signal
+
 from prefect import flow, get_run_logger
 
 from infra.atomic_write import atomic_write
 from infra.launch import LaunchRequest, exit_code_path, node_log_path, start_node
+from infra.lease_guard import LeaseGuard, look_every_s
 
 
 @flow(name="node-launch", log_prints=True)
@@ -38,16 +47,33 @@ def node_launch(job_id: int, launch: str, node: str, grace_s: float = 10.0) -> i
         node: which of the launch's nodes this is (the work queue it was sent to).
         grace_s: seconds the ranks get between SIGTERM and SIGKILL when stopped.
     """
+    from scheduler.orchestrator.node_lease import NodeLease
     from scheduler.orchestrator.seat import cluster_orchestrator
 
-    launch_request = LaunchRequest.from_dict(cluster_orchestrator().launch_for(job_id, launch, node))
+    orchestrator = cluster_orchestrator()
+    launch_request = LaunchRequest.from_dict(orchestrator.launch_for(job_id, launch, node))
+    admission = orchestrator.admission(job_id)  # the admission this launch runs under
+    if admission is None:
+        raise RuntimeError(f"refusing to run launch {launch!r} of job {job_id} on node {node!r}: "
+                           "the job was queued again, it holds no GPUs")
     spec = launch_request.node(node)
     logger = get_run_logger()
     logger.info("job %s, launch %s, node %s: node rank %d of %d, %d process(es), rendezvous %s:%d", job_id, launch,
                 node, spec.node_rank, spec.nnodes, spec.nproc_per_node, spec.master_addr, spec.master_port)
     proc = start_node(spec, launch_request, grace_s)
-    code = proc.wait()
+    # SIGTERM to the reaper: the ranks commit their step and exit, SIGKILL after grace_s
+    lease_s = orchestrator.config.lease_s
+    guard = LeaseGuard(NodeLease(orchestrator.engine, lease_s, job_id, node, admission.attempt).look,
+                       look_every_s(lease_s), lambda _why: proc.send_signal(signal.SIGTERM))
+    guard.start()
+    try:
+        code = proc.wait()
+    finally:
+        guard.close()
     atomic_write(exit_code_path(launch_request, node), str(code))  # the launcher polls it: whole or absent
+    if guard.gone_because is not None:
+        raise RuntimeError(f"stopped the ranks on node {node}: {guard.gone_because} (torchrun exited with "
+                           f"code {code}; see {node_log_path(launch_request, node)})")
     if code != 0:
         # A failed run (not a completed one) so the Prefect UI shows which node failed; a
         # peer's failure relabels it later (see the module docstring).

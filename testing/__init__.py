@@ -5,6 +5,7 @@
     postgres_servers PostgreSQL servers to stop, start, replicate (pg_basebackup -R) and promote, and PgBouncer
     prefect_server   a local `prefect server start` with process workers, pinned to cores if asked
     node_faults      physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
+    orphan_drill     a job's flow SIGKILLed while its ranks train through node-launch: how long until they are gone
     tiny_checkpoint  a tiny Llama checkpoint in Hugging Face format, built locally in seconds
 
 Not part of the installed package (pyproject lists the product packages only): run from the

@@ -7,6 +7,7 @@
                 expire leases, cordon / drain / uncordon, wait for admission; a job's stop request
                 (`forgeflow cancel`), progress and runner
     lease       HeldJob: renew an admitted job's lease in the background, release it on every exit
+    node_lease  a node's look at its job's lease in the database (infra.lease_guard runs it): held, gone or unknown
     epoch       the outage epoch: after the database was out of reach, every holder has a full lease to renew
     seat        a flow's job on the cluster: join, plan and queue (or adopt a submitted job), wait,
                 cordon, placed again (Seat), report progress

@@ -1,0 +1,116 @@
+"""A job whose flow process dies keeps no GPUs: the node stops its ranks itself (issue 28 item 7).
+
+The holder of a one-node job (what the pretrain flow does around a Prefect launch: admitted,
+launch recorded, lease held by HeldJob) is SIGKILLed while the real node-launch flow's torchrun
+trains; the node's lease check (infra.lease_guard over scheduler.orchestrator.node_lease) sees the
+lease run out and stops the ranks the graceful way: they commit the step they are on. And a
+check that cannot reach the state database stops nothing: the same ranks keep training. On
+Slurm and Kubernetes the node's reaper follows the attempt's lease file instead, renewed by the
+flow while it polls the job: ranks train on while it is renewed and stop once it is not.
+Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+import sqlalchemy as sa
+
+from infra import runfiles
+from infra.launch import (CHOOSE_ON_NODE_0, LaunchRequest, LocalJob, local_node_launches, node_command, node_env,
+                          node_log_path, resolve_rendezvous, start_node)
+from infra.lease_guard import LeaseFileRenewer, LeaseGuard, lease_file_path
+from scheduler.orchestrator.node_lease import NodeLease
+from testing.orphan_drill import run_orphan_drill
+from training.config import load_job_spec
+
+LEASE_S = 3.0
+LONG = {"training": {"steps": 5000, "lr_decay_steps": 5000}, "checkpoint": {"interval": 10000}}
+
+
+def test_the_ranks_of_a_job_whose_flow_was_killed_stop_and_commit_their_step(prefect_api, make_job):
+    job = make_job("orphaned", **LONG)
+    drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=2, cluster="orphan-ranks", timeout_s=400)
+
+    assert drill.gone_s is not None, f"ranks {drill.ranks} still run {drill.stop_reason}"
+    assert "lease ran out" in drill.stop_reason and "did not renew" in drill.stop_reason, drill.stop_reason
+    # the graceful stop: the step the ranks were on when stopped is committed (not SIGKILLed mid-step)
+    assert drill.stop_step is not None and drill.stop_step >= drill.killed_step, drill
+    assert drill.stop_step in drill.committed_steps, drill
+    log = node_log_path(LaunchRequest("orphaned", local_node_launches(["orphan-node"], 2, 0), [],
+                                      load_job_spec(job).resolved_run_dir), "orphan-node").read_text()
+    assert "stop requested (SIGTERM)" in log, log[-3000:]
+
+
+def test_a_check_that_cannot_reach_the_database_does_not_stop_the_ranks(make_job):
+    job = make_job("outage", **LONG)
+    run_dir = load_job_spec(job).resolved_run_dir
+    request = LaunchRequest("outage", local_node_launches(["solo"], 1, CHOOSE_ON_NODE_0),
+                            ["-m", "training.train", str(job)], run_dir)
+    with socket.socket() as s:  # the state database's port, nothing answering there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    down = sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/state", connect_args={"connect_timeout": 2})
+    proc = start_node(request.nodes[0], request, grace_s=10.0)
+    launched = LocalJob(request, {"solo": proc}, {})
+    stopped: list[str] = []
+    guard = LeaseGuard(NodeLease(down, LEASE_S, job_id=1, node="solo", attempt=1).look, 0.5, stopped.append)
+    try:
+        deadline = time.monotonic() + 300
+        while not runfiles.read_heartbeats(run_dir) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        guard.start()
+        while guard.looks < 6 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        step_then = max(b.step for b in runfiles.read_heartbeats(run_dir).values())
+        while max(b.step for b in runfiles.read_heartbeats(run_dir).values()) <= step_then + 2 \
+                and time.monotonic() < deadline:
+            time.sleep(0.2)
+        # every look was unknown (the database did not answer), none stopped the ranks, and they still train
+        assert guard.looks >= 6 and guard.unknown_looks == guard.looks and not stopped, (guard.looks, stopped)
+        assert proc.poll() is None
+        assert max(b.step for b in runfiles.read_heartbeats(run_dir).values()) > step_then + 2
+    finally:
+        guard.close()
+        launched.terminate(grace_s=10.0)
+
+
+def _newest_step(run_dir) -> int:
+    return max((b.step for b in runfiles.read_heartbeats(run_dir).values()), default=0)
+
+
+def test_the_reaper_stops_the_ranks_once_the_lease_file_is_no_longer_renewed(make_job):
+    """What a Slurm batch job's node task and a Kubernetes pod run: torchrun under the reaper
+    with --lease-file (infra.slurm.run_node, infra.kubernetes.training_job_manifest)."""
+    job = make_job("lease-file", **LONG)
+    run_dir = load_job_spec(job).resolved_run_dir
+    request = LaunchRequest("lease-file", local_node_launches(["solo"], 2, CHOOSE_ON_NODE_0),
+                            ["-m", "training.train", str(job)], run_dir)
+    lease = LeaseFileRenewer(lease_file_path(run_dir, request.attempt), valid_s=LEASE_S, every_s=0.5)
+    lease.renew()  # the launcher writes it before the nodes start
+    spec = resolve_rendezvous(request.nodes[0], request)
+    proc = subprocess.Popen(node_command(spec, request, 10.0, lease_file_path(run_dir, request.attempt)),
+                            env=node_env(spec, request), stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 300
+        while _newest_step(run_dir) < 2 and time.monotonic() < deadline:
+            lease.renew()
+            time.sleep(0.2)
+        renewed_until = time.monotonic() + 3 * LEASE_S  # renewed for three lease periods: it trains on
+        while time.monotonic() < renewed_until:
+            lease.renew()
+            time.sleep(0.2)
+        assert proc.poll() is None, "the ranks stopped although the flow renewed the lease file"
+        step_renewed = _newest_step(run_dir)
+        # the flow dies: nobody renews the file any more
+        code = proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    stop = runfiles.read_stop_marker(run_dir)
+    assert stop is not None and stop.checkpoint_step >= step_renewed, (code, stop, step_renewed)
+    from checkpoint.manifest import committed_checkpoints
+
+    assert stop.checkpoint_step in [c.step for c in committed_checkpoints(load_job_spec(job).checkpoint)]
