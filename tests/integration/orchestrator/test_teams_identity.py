@@ -258,3 +258,17 @@ def test_a_role_cannot_shadow_the_membership_the_policies_read(site):
             assert conn.execute(sa.text("UPDATE jobs SET stop_requested = '{}' WHERE id = :j"), {"j": job}).rowcount == 0
     finally:
         engine.dispose()
+
+
+def test_a_role_in_two_teams_says_which(site, capsys, monkeypatch):
+    for name in (TEAM_ENV, DB_URL_ENV):  # `forgeflow submit` sets both for its runner: removed after the test
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
+    assert main(["cluster", "team", "member", "add", "B", site["roles"]["anna"], "--db", site["urls"]["olga"]]) == 0
+    capsys.readouterr()
+    code, out, err = _cli(capsys, ["submit", str(REPO / "configs" / "tiny-cpu.yaml"), "--cluster",
+                                   str(site["inventory"]), "--db", site["urls"]["anna"]])
+    assert code == 2 and "is in teams A, B; say which with --team" in err and len(err.strip().splitlines()) == 1
+    assert _raw(site, "olga", "SELECT count(*) FROM jobs") == [(0,)]
+    job = _as(site, "anna").submit("anna-train", demand_options(CLUSTER, 1), team="B")
+    assert _as(site, "olga").job(job)["team"] == "B"
