@@ -35,8 +35,8 @@ Last line: JSON with ``second_look_batches``, ``second_look_logs``, ``generic_an
 (logs the old rules answered with a generic rule), ``without_*`` and ``with_*`` root cause /
 kind / restart accuracy pooled, ``second_look_changed``, ``second_look_fixes``,
 ``second_look_breaks`` (root cause) and ``second_look_sign_test_p`` (HEADLINE_KEYS). ``--smoke``
-scores the latest batch with 1 template case and 1 real log per earlier batch in the memory: seconds, the same code
-path and keys, not a figure.
+scores the latest batch with 1 template case and 1 real log of the batch before it in the memory: seconds, the same
+code path and keys, not a figure.
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="at most this many template cases and real logs of each earlier batch in the memory")
     parser.add_argument("--smoke", action="store_true",
-                        help="the latest batch, 1 template and 1 log per earlier batch in the memory: seconds, same keys")
+                        help="the latest batch, 1 template and 1 log of the batch before in the memory: seconds, same keys")
     args = parser.parse_args()
 
     import diagnosis.rules as rules_module
@@ -103,8 +103,10 @@ def main() -> None:
     labels = json.loads((args.corpus / "labels.json").read_text())
     batches = json.loads((args.corpus / "batches.json").read_text())
     templates = json.loads((TEMPLATES / "labels.json").read_text())
+    earliest = 1  # the first batch whose logs the memory holds
     if args.smoke:
         args.from_batch, args.limit = max(int(b) for b in batches), 1
+        earliest = args.from_batch - 1
     today = rules_module.SEED_DIAGNOSIS_RULES
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ff-second-look-") as tmp:
@@ -128,12 +130,12 @@ def main() -> None:
         confirmed_of: dict[int, int] = {}
         for name, label in sorted(labels.items()):  # what was confirmed before the scored batches
             batch = label.get("batch", 1)
-            if batch < args.from_batch and confirmed_of.get(batch, 0) < (args.limit or len(labels)):
+            if earliest <= batch < args.from_batch and confirmed_of.get(batch, 0) < (args.limit or len(labels)):
                 confirmed_of[batch] = confirmed_of.get(batch, 0) + 1
                 confirm(args.corpus / name, label, tmp / "early")
         templates_kept = min(len(templates), args.limit or len(templates))
         print(f"memory: {len(memory)} past failures ({templates_kept} templates, "
-              f"{len(memory) - templates_kept} real logs of batches < {args.from_batch}) "
+              f"{len(memory) - templates_kept} real logs of batches {earliest}-{args.from_batch - 1}) "
               f"in {time.perf_counter() - started:.0f} s")
 
         def without_second_look(context):
