@@ -66,7 +66,7 @@ import scheduler.orchestrator.identity as identity
 import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
-from scheduler.orchestrator.options import options_to_json, placement_from_dict
+from scheduler.orchestrator.options import REQUESTED_AS, options_to_json, placement_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -1002,10 +1002,21 @@ class Orchestrator:
                 self._names[job_id] = name
 
     def _policy_options_text(self, conn: Connection) -> sa.ColumnElement:
-        """The job's options for this process's policy as JSON text (not decoded by the driver)."""
+        """The job's options for this process's policy as JSON text (not decoded by the driver).
+        Jobs queued before the EASY/SJF lists were stored have empty ones: those run what FCFS
+        runs (the requested count, as `options._by_policy` now stores for them)."""
+        fallback = REQUESTED_AS.get(self.policy)
         if is_postgres(conn):
-            return sa.cast(jobs.c.options.op("->")(sa.literal(self.policy)), sa.Text)
-        return sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{self.policy}")
+            mine = sa.cast(jobs.c.options.op("->")(sa.literal(self.policy)), sa.Text)
+            if fallback is None:
+                return mine
+            return sa.func.coalesce(sa.func.nullif(mine, "[]"),
+                                    sa.cast(jobs.c.options.op("->")(sa.literal(fallback)), sa.Text))
+        mine = sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{self.policy}")
+        if fallback is None:
+            return mine
+        return sa.func.coalesce(sa.func.nullif(mine, "[]"),
+                                sa.func.json_extract(sa.cast(jobs.c.options, sa.Text), f"$.{fallback}"))
 
     def _resolve_policy(self, conn: Connection, cname: str, *, reread: bool = False) -> str:
         """The policy this process decides with: the config's, else the cluster file's (read once,

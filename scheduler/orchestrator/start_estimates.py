@@ -52,7 +52,7 @@ from scheduler.policy import USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, ex
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import OrchestratorConfig
 import scheduler.orchestrator.quotas as quotas
-from scheduler.orchestrator.options import idle_fit
+from scheduler.orchestrator.options import REQUESTED_AS, idle_fit
 
 WAIT_REASONS = ("infeasible", "out_of_service", "quota", "behind", "no_room", "next")
 
@@ -347,7 +347,8 @@ def read_queue_state(engine: Engine, cluster: str | None = None, *, policy: str 
         if teams is not None:
             teams.learn_teams(conn, [r.id for r in queued])
     waiting = [WaitingJob(r.id, r.name, r.priority, r.queued_at,
-                          tuple(Option.from_dict(o) for o in (r.options or {}).get(policy) or ())) for r in queued]
+                          tuple(Option.from_dict(o) for o in (r.options or {}).get(policy)
+                                or (r.options or {}).get(REQUESTED_AS.get(policy, policy)) or ())) for r in queued]
     held = [RunningJob(r.id, r.placement["gpu_type"],
                        tuple((n["node"], tuple(n["gpus"])) for n in r.placement["nodes"]),
                        r.admitted_at or 0.0, r.predicted_run_s, r.progress)

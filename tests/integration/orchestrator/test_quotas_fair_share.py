@@ -153,3 +153,19 @@ def test_forgeflow_jobs_says_a_job_waits_for_its_teams_quota(state_db_url):
     assert estimate.reason == "quota" and "team 'A' holds 1 of its 1 cpu" in estimate.why
     orch.release(a1)
     assert orch.job(a2)["state"] == "running"
+
+
+def test_a_job_queued_before_easy_lists_existed_runs_when_the_cluster_switches_to_easy(state_db_url):
+    orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))
+    orch.register(parse_cluster(TWO_CPUS))
+    both = demand_options(orch.cluster(), 2, duration_s=10)
+    first, old = orch.submit("first", both), orch.submit("old", both)
+    with write_transaction(orch.engine) as conn:  # stored as before issue 30: no EASY/SJF list
+        stored = dict(conn.execute(sa.select(jobs.c.options).where(jobs.c.id == old)).scalar())
+        conn.execute(sa.update(jobs).where(jobs.c.id == old).values(options={**stored, "easy": [], "sjf": []}))
+    switched = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))
+    switched.register(parse_cluster({**TWO_CPUS, "policy": "easy"}))
+    from scheduler.orchestrator.start_estimates import queue_estimates
+    assert queue_estimates(switched.engine, "two")[old].reason == "no_room"  # not 'infeasible'
+    switched.release(first)
+    assert switched.policy == "easy" and switched.job(old)["state"] == "running"
