@@ -199,9 +199,11 @@ def check_suite(suite: str) -> None:
 
     if not isinstance(suite, str) or not suite:
         raise EvalScopeError(f"suite must be a suite name, got {suite!r}")
-    if (SUITES_DIR / f"{suite}.yaml").is_file() and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", suite):
+    if (SUITES_DIR / f"{suite}.yaml").is_file() and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", suite) \
+            and not Path(suite).exists():
         return
-    if "/" in suite or "\\" in suite or suite.endswith((".yaml", ".yml")) or suite.startswith((".", "~")):
+    if ("/" in suite or "\\" in suite or suite.endswith((".yaml", ".yml")) or suite.startswith((".", "~"))
+            or Path(suite).exists()):   # load_suite would read a file of that name in the working directory
         raise EvalScopeError(f"suite {suite!r} is a path; an evaluation through the API takes a suite name of "
                              f"this checkout ({', '.join(sorted(p.stem for p in SUITES_DIR.glob('*.yaml')))}) "
                              "or a comma list of dataset names")

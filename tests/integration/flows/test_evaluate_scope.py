@@ -75,6 +75,7 @@ def test_the_jobs_own_checkpoint_is_evaluated_with_its_recorded_spec(prefect_api
 @pytest.mark.parametrize("case, message", [
     ("output_dir outside", "is outside job {job}'s run directory"),
     ("suite file", "is a path; an evaluation through the API takes a suite name"),
+    ("suite file by a bare name", "is a path; an evaluation through the API takes a suite name"),
     ("checkpoint outside", "is outside job {job}'s checkpoints"),
     ("spec as a path", "not a file path"),
     ("unknown job", "names job 99999, which the cluster orchestrator does not know"),
@@ -84,7 +85,7 @@ def test_the_jobs_own_checkpoint_is_evaluated_with_its_recorded_spec(prefect_api
     ("checkpoint of no job", "is in no job's checkpoints"),
     ("cluster file", "is not the inventory of a cluster registered"),
 ])
-def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny_model, case, message):
+def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny_model, monkeypatch, case, message):
     from evalsuite.job_scope import EvalScopeError
     from flows.evaluate import evaluate_checkpoint
 
@@ -97,6 +98,7 @@ def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny
     parameters |= {
         "output_dir outside": {"output_dir": str(tmp_path / "out")},
         "suite file": {"suite": str(suite_file)},
+        "suite file by a bare name": {"suite": "capitals-mc"},   # a file of that name where the worker runs
         "checkpoint outside": {"checkpoint": str(tiny_model)},
         "spec as a path": {"job_spec": "configs/tiny-cpu.yaml"},
         "unknown job": {"job_spec": json.dumps(submitted.spec.model_dump(mode="json") | {"job": "99999"})},
@@ -106,6 +108,9 @@ def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny
         "checkpoint of no job": {"checkpoint": str(tiny_model), "job_spec": None},
         "cluster file": {"submitter": "slurm", "slurm_cluster_file": str(tmp_path / "cluster.yaml")},
     }[case]
+    if case == "suite file by a bare name":
+        monkeypatch.chdir(tmp_path)
+        (tmp_path / "capitals-mc").write_text(suite_file.read_text())
     with pytest.raises(EvalScopeError, match=message.format(job=submitted.job_id).replace("(", r"\(")):
         _through_the_api(evaluate_checkpoint, parameters)
     assert not (tmp_path / "out").exists() and not (submitted.spec.resolved_run_dir / "eval").exists()
