@@ -334,7 +334,7 @@ def read_queue_state(engine: Engine, cluster: str | None = None, *, policy: str 
     with read_transaction(engine) as conn:
         name = inventory.resolve_cluster(conn, cluster)
         policy = policy or conn.execute(sa.select(clusters.c.policy).where(clusters.c.name == name)).scalar() or "has"
-        current = inventory.load_cluster(conn, name).copy_state()
+        current = inventory.load_cluster(conn, name, url=str(engine.url)).copy_state()
         health = {n: (s, r) for n, s, r in conn.execute(sa.select(nodes.c.name, nodes.c.state, nodes.c.reason).where(
             nodes.c.cluster == name, nodes.c.state != "ready"))}
         queued = conn.execute(sa.select(jobs.c.id, jobs.c.name, jobs.c.priority, jobs.c.queued_at, jobs.c.options).where(
