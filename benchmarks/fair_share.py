@@ -32,11 +32,15 @@ Run:  .venv/bin/python benchmarks/fair_share.py [--jobs 200] [--seed 0] [--smoke
 (--smoke: 30 jobs, seconds; same keys; its figures mean nothing: the shares may never be measured.)
 
 Measured 2026-11-28 (200 jobs, seed 0, a 2-core box shared with other work; ~1 min wall):
-live share_max_error_pts 0.67 (A 49.8, B 25.7, C 24.5 %), over_quota 0, double_booked 0,
-head_overtaken 0, usage_matches_history 1, makespan 17.4 s; the simulator on the same trace
+live share_max_error_pts 1.2 (A 48.8, B 25.8, C 25.4 %), over_quota 0, double_booked 0,
+head_overtaken 0, usage_matches_history 1, makespan 17.2 s (an earlier run: 0.67 pts; the live
+order moves with the driver's timing); the simulator on the same trace
 0.76 pts (A 49.6, B 25.8, C 24.6 %), 0 over quota, 0 overtaken, 17.8 s; the baseline without
 teams 17.61 pts (A 32.4, B 39.2, C 28.4 %) with 32 allocations past what the quotas allow.
-Simulated seeds 1-5: 0.86, 2.02, 1.41, 0.93, 0.79 pts (baseline 13-20), 0 over quota, 0 overtaken.
+Simulated seeds 1-7: 0.43-2.55 pts (baseline 13-20), 0 over quota, 0 overtaken; and with A
+submitting half the jobs (seeds 0-7) 0.92-3.45 pts, 0 over quota, 0 overtaken (before the head's
+team kept the head's quota, 1 head in those 16 runs was overtaken: its team's 1-GPU jobs kept
+refilling the team's quota ahead of its 2-GPU head).
 """
 
 from __future__ import annotations

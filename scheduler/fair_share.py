@@ -17,6 +17,10 @@ Quotas (Kueue's ClusterQueue nominal quota and borrowingLimit, in a single cohor
   stay idle after it still cover the unused quota of every other team that has work of that
   type waiting. So an owner's waiting job is never blocked by a new borrower; it waits at most
   for running borrowers to end.
+- Under a reserving policy (EASY), only a job within its team's nominal quota gets a
+  reservation; it stays first of its class until it starts (`fair_order`'s head), and while it
+  waits the rest of its team neither borrows nor takes the quota it needs, so its own team's
+  later jobs cannot keep it over quota whenever its GPUs come free.
 - Without any quota row on the cluster the gate is off (one team, or teams without quotas).
 
 Fair share (Slurm's fair-share factor, Kueue's admission fair sharing): within a priority
@@ -134,11 +138,17 @@ class QuotaGate:
     """The quota check of one pass (`FreeGpus.gate`): holdings move as jobs start."""
 
     def __init__(self, rules: TeamRules, held: Mapping[tuple[str, str], int], queue: Iterable[Waiting],
-                 team_of: Mapping[str, str], free: FreeGpus):
+                 team_of: Mapping[str, str], free: FreeGpus, head: str | None = None):
         self.rules = rules
         self.held = dict(held)
         self.team_of = team_of
         self.free = free
+        # the job reserved for (EASY's head) and its team: while it waits, the rest of its team
+        # neither borrows nor takes the nominal quota it needs, or the team's own later jobs could
+        # keep it over quota whenever its GPUs come free
+        self.head = head
+        self.head_team = None if head is None else team_of.get(head, NO_TEAM)
+        self.options_of = {job.job_id: job.options for job in queue}
         # queued jobs per (team, type) they could run on: whose unused quota is claimed
         self.waiting: dict[tuple[str, str], int] = {}
         self.types_of: dict[str, set[str]] = {}
@@ -162,12 +172,22 @@ class QuotaGate:
         team = self.team_of.get(job_id, NO_TEAM)
         quota = self.rules.quota(team, opt.gpu_type)
         after = self.held.get((team, opt.gpu_type), 0) + opt.num_gpus
+        if team == self.head_team and job_id != self.head:
+            # while its head waits, the rest of the team neither borrows nor takes the quota it needs
+            return after + self._head_need(opt.gpu_type) <= quota.nominal
         if after <= quota.nominal:
             return True
         if quota.borrowing_limit is not None and after - quota.nominal > quota.borrowing_limit:
             return False
         idle_after = self.free.by_type.get(opt.gpu_type, 0) - opt.num_gpus
         return idle_after >= self.claimed(opt.gpu_type, team)
+
+    def _head_need(self, gpu_type: str) -> int:
+        """GPUs of a type the waiting head needs of its team's nominal quota (0: none it could use)."""
+        team = self.head_team or NO_TEAM
+        need = [o.num_gpus for o in self.options_of.get(self.head, ()) if o.gpu_type == gpu_type
+                and o.num_gpus <= self.rules.quota(team, gpu_type).nominal]
+        return min(need, default=0)
 
     def may_reserve(self, job_id: str, opt: Option) -> bool:
         """Whether the option may hold a reservation: within the team's nominal quota."""
@@ -177,9 +197,8 @@ class QuotaGate:
         return self.held.get((team, opt.gpu_type), 0) + opt.num_gpus <= self.rules.quota(team, opt.gpu_type).nominal
 
     def reserve(self, job_id: str, opt: Option) -> None:
-        """The head's GPUs count against its team's quota for the rest of the pass."""
-        team = self.team_of.get(job_id, NO_TEAM)
-        self.held[(team, opt.gpu_type)] = self.held.get((team, opt.gpu_type), 0) + opt.num_gpus
+        """The job is the head now: its team keeps the quota it needs (`allows`)."""
+        self.head, self.head_team = job_id, self.team_of.get(job_id, NO_TEAM)
 
     def took(self, job_id: str, opt: Option) -> None:
         team = self.team_of.get(job_id, NO_TEAM)
@@ -216,7 +235,7 @@ def decide(snap: Snapshot):
              if len(teams) > 1 or snap.rules.enforced else snap.queue)
     snap.free.reservation = None
     if snap.rules.enforced:
-        snap.free.gate = QuotaGate(snap.rules, snap.held, queue, snap.team_of, snap.free)
+        snap.free.gate = QuotaGate(snap.rules, snap.held, queue, snap.team_of, snap.free, snap.head)
     try:
         return schedule_pass(snap.policy, snap.now, queue, snap.running, snap.free,
                              reservation_depth=snap.reservation_depth)

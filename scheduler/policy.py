@@ -336,8 +336,8 @@ def _shadow(now: float, job: Waiting, free: FreeGpus,
             ends: dict[str, list[tuple[float, int]]]) -> tuple[str, float, int] | None:
     """The head job's reservation: its option whose GPUs are predicted free first. With teams'
     quotas, only an option within the team's nominal quota reserves (a borrower only takes idle
-    GPUs, it holds no one back), and its GPUs count against that quota for the rest of the pass
-    (so the team's own backfilled jobs cannot use up what the head will need)."""
+    GPUs, it holds no one back), and the gate keeps that quota for it (`QuotaGate.reserve`: the
+    team's own later jobs cannot use up what the head will need)."""
     best: tuple[float, int, str, int, Option] | None = None  # (time, preference, type, extra, option)
     for rank, opt in enumerate(job.options):
         if free.gate is not None and not free.gate.may_reserve(job.job_id, opt):

@@ -135,3 +135,20 @@ def test_easy_reserves_only_within_nominal_quota():
                     rules, {"a1": "A", "b1": "B"}, {}, {}, {})
     started, _ = decide(snap)
     assert started == [] and snap.free.reservation == ("a1", "cpu", 5.0)
+
+
+def test_a_waiting_head_keeps_its_teams_quota_from_the_teams_later_jobs():
+    two = (Option("cpu", 2, 1, 0, 10.0),)
+    rules = TeamRules({("A", "cpu"): Quota(2, 2), ("B", "cpu"): Quota(2, 2)})
+    cluster = _cluster(4)
+    cluster.allocate("n", [0, 1, 2])  # A holds 1 (its 2-CPU head waits), B holds 2
+    queue = [QueuedJob("a-head", 1, two), QueuedJob("a-small", 2, ONE)]
+    snap = Snapshot("easy", 0.0, queue, [Busy("cpu", 1, 5.0), Busy("cpu", 2, 9.0)], FreeGpus(cluster), rules,
+                    {"a-head": "A", "a-small": "A"}, {}, {("A", "cpu"): 1, ("B", "cpu"): 2}, {}, head="a-head")
+    started, _ = decide(snap)
+    # the idle CPU would keep A at 2 of 2 until a-small ends, over quota for the head when A's
+    # running job ends; the head (over its quota now) reserves nothing yet
+    assert started == [] and snap.free.reservation is None
+    snap.head = None  # without a head, the small job takes A's last nominal CPU
+    started, _ = decide(snap)
+    assert [j.job_id for j, _, _ in started] == ["a-small"]
