@@ -169,3 +169,22 @@ def test_a_job_queued_before_easy_lists_existed_runs_when_the_cluster_switches_t
     assert queue_estimates(switched.engine, "two")[old].reason == "no_room"  # not 'infeasible'
     switched.release(first)
     assert switched.policy == "easy" and switched.job(old)["state"] == "running"
+
+
+def test_submit_at_a_class_above_the_teams_cap_is_one_line_and_queues_nothing(state_db_url, tmp_path):
+    import os
+    from pathlib import Path
+
+    orch = _orchestrator(state_db_url)
+    with write_transaction(orch.engine) as conn:
+        conn.execute(sa.insert(priority_classes), [{"name": "normal", "value": 0}, {"name": "urgent", "value": 100}])
+    assert _cli(state_db_url, "cluster", "team", "cap", "B", "normal").returncode == 0
+    repo = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "FORGEFLOW_DB_URL": state_db_url, "FORGEFLOW_STATE_DIR": str(tmp_path / "state")}
+    out = subprocess.run([sys.executable, "-m", "flows.cli", "submit", str(repo / "configs" / "tiny-cpu.yaml"),
+                          "--team", "B", "--priority", "urgent"], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path, env=env)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == ["error: team 'B' may submit at most at class 'normal'; give one of: normal"]
+    with read_transaction(orch.engine) as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0
