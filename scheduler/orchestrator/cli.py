@@ -277,6 +277,7 @@ def _team_add(args: argparse.Namespace) -> int:
 
     orch = _orchestrator(args)
     out = add_team(orch.engine, args.name, args.weight)
+    orch.rules_changed()  # every cached view reads the new team or weight back (fair share)
     if args.json:
         print(json.dumps(out, indent=2))
     elif out["previous_weight"] is None:

@@ -567,6 +567,16 @@ class Orchestrator:
             self._pass(conn, cname)
         return result
 
+    def rules_changed(self) -> None:
+        """After a change of teams or weights (`teams.add_team`): every process's view of every
+        cluster is read back (the change log marks it), so the next pass uses the new weights."""
+        with read_transaction(self.engine) as conn:
+            names = [n for (n,) in conn.execute(sa.select(clusters.c.name))]
+        for name in names:
+            with self._locked(name) as (conn, cname):
+                self._forget_view()
+                self._pass(conn, cname)
+
     # ---------------------------------------------------------------- the queue
     def submit(self, name: str, options: dict[str, list[Option]], *, cluster: str | None = None,
                spec: dict[str, Any] | None = None, priority: int | str = 0, team: str | None = None) -> int:

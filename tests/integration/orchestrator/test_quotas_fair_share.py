@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 import sqlalchemy as sa
@@ -188,3 +189,24 @@ def test_submit_at_a_class_above_the_teams_cap_is_one_line_and_queues_nothing(st
     assert out.stderr.strip().splitlines() == ["error: team 'B' may submit at most at class 'normal'; give one of: normal"]
     with read_transaction(orch.engine) as conn:
         assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar() == 0
+
+
+def test_a_new_weight_reaches_a_process_that_keeps_its_view(state_db_url):
+    from scheduler.orchestrator.teams import add_team
+
+    orch = _orchestrator(state_db_url)  # teams A and B, weight 1 each, no quota
+    cluster = orch.cluster()
+    two = demand_options(cluster, 2, duration_s=100)
+    a_used, b_used = orch.submit("a-used", demand_options(cluster, 1, duration_s=9), team="A"), \
+        orch.submit("b-used", demand_options(cluster, 1, duration_s=9), team="B")
+    time.sleep(0.3)
+    orch.release(b_used)  # B used 1 CPU for 0.3 s, A keeps going: A has used more
+    time.sleep(0.3)
+    orch.release(a_used)
+    holder = orch.submit("holder", two)
+    b = orch.submit("b", two, team="B")  # first in arrival order; only one of the two fits after holder
+    a = orch.submit("a", two, team="A")
+    add_team(orch.engine, "A", 1000.0)  # now A's usage over its weight is below B's
+    orch.rules_changed()  # what `forgeflow cluster team add` calls: this process's view reads it back
+    orch.release(holder)
+    assert orch.job(a)["state"] == "running" and orch.job(b)["state"] == "queued"
