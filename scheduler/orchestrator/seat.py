@@ -316,7 +316,7 @@ class Seat:
         out_of_service = {n["node"]: f"{n['state']}: {n['reason'] or 'no reason given'}"
                           for n in cluster_status(self.orchestrator.engine, self.cluster)["nodes"]
                           if n["state"] != "ready"}
-        require_idle_fit(options.get(self.orchestrator.config.policy) or options["has"], cluster, job=self.job,
+        require_idle_fit(options.get(self.orchestrator.policy or "") or options["has"], cluster, job=self.job,
                          out_of_service=out_of_service)
 
 
