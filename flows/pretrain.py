@@ -2,14 +2,16 @@
 
     plan and queue  →  hold GPUs  →  launch  →  watch  →  done?  →  diagnose  →  act  →  launch again …
 
-It stops when training finishes, when the job is asked to stop (SIGTERM, e.g. a
-cancellation: the ranks commit a checkpoint of their current step first and the
-next run resumes there), when the diagnosis says a restart cannot help,
+It stops when training finishes, when the job is asked to stop (`forgeflow cancel`, or a
+cancellation of this flow: the ranks commit a checkpoint of their current step first and
+the next run resumes there), when the diagnosis says a restart cannot help,
 or when the restart budget or the circuit breaker says so; every failure, its
 diagnosis and the action taken are alerted (Slack, or printed) and kept as
-artifacts. The decisions themselves (including which checkpoint the next attempt
-resumes from and what it skips) are made by `diagnosis.recovery.next_attempt`, a
-unit-tested table, not here.
+artifacts. The decisions themselves are made in the libraries, not here: what an attempt's
+end was (`infra.watch.exit_verdict`: ranks that stopped on a signal nobody asked for failed,
+and are recovered like any failure) and the next attempt (`diagnosis.recovery.next_attempt`,
+a unit-tested table: which checkpoint it resumes from, what it skips, whether the nodes are
+checked first, how long it waits).
 
 Run it without a server:  python -m flows.pretrain configs/tiny-cpu.yaml
 """
@@ -253,8 +255,9 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
             logger.warning("attempt %d evicted at step %d", attempt, outcome.last_step)
             attempt += 1
             continue
-        if outcome.status == "stopped":  # stopped by request: not a failure, nothing to diagnose
-            why = outcome.requested_stop or f"stopped by request ({outcome.stop.signal if outcome.stop else 'SIGTERM'})"
+        if outcome.status == "stopped":  # the watcher stopped it on `forgeflow cancel`: nothing to diagnose
+            # (ranks that stopped on a signal nobody recorded asking for are a failure: below)
+            why = outcome.requested_stop or "stopped by request"
             result.stopped_because = (f"{why}; stopped after step {outcome.stop.step} with checkpoint "
                                       f"{outcome.stop.checkpoint_step} committed in {spec.checkpoint.url}"
                                       if outcome.stop else f"{why}; no checkpoint was committed on the way out")

@@ -10,10 +10,14 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   heartbeat of this attempt, `startup_timeout_s` applies instead: start-up
   (imports, building the model, loading a checkpoint) is slow and silent;
 - the loss-spike marker, written before the worker exits with EXIT_LOSS_SPIKE;
-- the stop marker: after a SIGTERM (Prefect cancellation, preemption) the ranks commit
-  a checkpoint, rank 0 writes markers/stopped.json and they exit EXIT_STOPPED, which
-  torchrun turns into a plain non-zero exit: with this attempt's marker present the
-  outcome is "stopped" (by request, resumable from `stop.checkpoint_step`), not a failure.
+- the stop marker: after a SIGTERM the ranks commit a checkpoint, rank 0 writes
+  markers/stopped.json and they exit EXIT_STOPPED, which torchrun turns into a plain
+  non-zero exit. Who sent the SIGTERM decides what it was (`exit_verdict`): a stop counts
+  as requested only when it was recorded before it happened — this watcher's own stop on
+  `stop_requested()` or `stop_when()` below, or a lost lease (the orchestrator's record
+  that the node-side guard acts on). Any other stop (torchrun's agent or the reaper killed
+  and the ranks stopped on the way out, a node shutting down, a stray `kill`) is a
+  failure, to diagnose and recover from its committed step (`AttemptOutcome.unrequested_stop`).
 
 - a reason to stop from outside (`stop_when()`: the job's GPU lease was reclaimed while
   its flow stalled), checked while every rank runs: the GPUs may already run another job,
@@ -65,6 +69,16 @@ class AttemptOutcome:
     @property
     def ok(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def unrequested_stop(self) -> str | None:
+        """What the ranks did when they stopped on a signal nobody recorded asking for (a failure:
+        `exit_verdict`), or None."""
+        if self.status != "failed" or self.stop is None:
+            return None
+        return (f"the ranks were stopped by {self.stop.signal or 'a signal'} after step {self.stop.step} "
+                f"(checkpoint {self.stop.checkpoint_step} committed), and neither the flow nor `forgeflow "
+                f"cancel` asked for it: a process of the job's tree or its node stopped them")
 
 
 @dataclass(frozen=True)
@@ -136,6 +150,29 @@ class StragglerDetector:
         return found
 
 
+def exit_verdict(spike: runfiles.SpikeMarker | None, stop: runfiles.StopMarker | None,
+                 lease_lost: str | None) -> Status:
+    """What an attempt that some node left with a non-zero exit was, unless the watcher had stopped it
+    itself (then it is "stopped" or "evicted" and this is not asked).
+
+    | what the ranks left              | recorded before the stop                      | verdict |
+    |----------------------------------|-----------------------------------------------|---------|
+    | the loss-spike marker            | -                                             | spike   |
+    | the stop marker (a graceful stop)| the job's lease was lost (the node-side guard | evicted |
+    |                                  | stops the ranks once the orchestrator says so)|         |
+    | the stop marker                  | nothing                                       | failed  |
+    | neither                          | -                                             | failed  |
+
+    A `forgeflow cancel` stops ranks only through the watcher (its own "stopped" verdict), so a
+    cancel recorded while the ranks stopped on their own did not cause it: the stop is a failure
+    (the flow still ends the job as cancelled before it relaunches anything)."""
+    if spike is not None:
+        return "spike"
+    if stop is not None and lease_lost:
+        return "evicted"
+    return "failed"
+
+
 def _rank_nodes(job) -> dict[int, str]:
     """global rank -> node name, from the launch request when the job carries one."""
     request = getattr(job, "request", None)
@@ -193,16 +230,19 @@ def watch(
             codes = job.poll()
             spike = runfiles.read_spike_marker(run_dir, since=started_wall)
             stop = runfiles.read_stop_marker(run_dir, since=started_wall)
+            lease_lost = stop_when() if stop is not None and stop_when is not None else None
+            status = exit_verdict(spike, stop, lease_lost)
             return AttemptOutcome(
-                status="spike" if spike else "stopped" if stop else "failed",
+                status=status,
                 exit_codes=codes,
-                last_step=last_step,
+                last_step=max(last_step, stop.step if stop else 0),
                 seconds=time.monotonic() - started,
                 log_paths=job.log_paths(),
-                failed_nodes=[] if stop and not spike else failed,
+                failed_nodes=[] if status == "evicted" else failed,
                 spike=spike,
                 stop=stop,
                 stragglers=list(stragglers.reported.values()),
+                evicted=lease_lost if status == "evicted" else None,
             )
         if codes and all(code == 0 for code in codes.values()):
             finished = runfiles.finished_marker_path(run_dir)

@@ -188,6 +188,8 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
         # a log that is no node's (a Slurm batch script's output) gets no origin
         origins=[LogOrigin(node, first_rank.get(node)) if node in outcome.exit_codes else None
                  for node, _ in node_logs] if node_logs else None)
+    if outcome.unrequested_stop:  # the watcher's finding comes first in the alert and the report
+        diagnosis.culprit_lines.insert(0, outcome.unrequested_stop)
     try:
         stopped = mark_stopped_by_peer(spec.resolved_run_dir, attempt, diagnosis.suspect_nodes, diagnosis.root_cause)
     except Exception as e:  # the runs' labels are for people: never let them stop the recovery

@@ -175,20 +175,73 @@ def test_a_torn_heartbeat_file_is_read_on_the_next_poll(tmp_path):
     assert runfiles.read_heartbeat(path) is None and runfiles.read_heartbeats(tmp_path) == {}
 
 
-def test_a_graceful_stop_is_stopped_not_failed(tmp_path):
+def _stops_by_itself_at_step_4(job, n):
+    """The ranks get a SIGTERM the watcher did not send (torchrun's agent was killed and the reaper
+    stopped the orphaned ranks, a node shutting down, a stray `kill`): they commit step 4, write the
+    marker, and torchrun exits 1."""
+    from training.control import write_stop_marker
+
+    for beat in job.beats.values():
+        beat.beat(min(n, 4), phase="stopping" if n >= 4 else "train")
+    if n == 6:
+        write_stop_marker(job.run_dir, 4, "SIGTERM")
+        job.codes = {node: 1 for node in NODES}
+
+
+def test_a_stop_nobody_asked_for_is_a_failure_with_its_committed_step(tmp_path):
+    # a cancel recorded meanwhile did not cause it (only the watcher acts on one): still a failure
+    cancel = lambda: "cancelled by ana: make room" if job_ref and job_ref[0].polls >= 6 else None  # noqa: E731
+    job_ref: list = []
+    job = ScriptedJob(tmp_path, _stops_by_itself_at_step_4)
+    job_ref.append(job)
+    outcome = watch(job, tmp_path, world_size=2, stop_requested=cancel, **FAST)
+    assert outcome.status == "failed" and not outcome.ok and outcome.requested_stop is None
+    assert outcome.stop.checkpoint_step == 4 and outcome.last_step == 4
+    assert outcome.failed_nodes == list(NODES)  # diagnosed like any failure
+    assert "stopped by SIGTERM after step 4 (checkpoint 4 committed)" in outcome.unrequested_stop
+    assert "neither the flow nor `forgeflow cancel` asked for it" in outcome.unrequested_stop
+
+
+def test_a_stop_after_the_lease_was_lost_is_an_eviction(tmp_path):
+    # the node-side guard stopped the ranks once the orchestrator recorded the lease gone
+    outcome, _, _ = _watch(tmp_path, _stops_by_itself_at_step_4, stop_when=lambda: None)
+    assert outcome.status == "failed"
+    job = ScriptedJob(tmp_path, _stops_by_itself_at_step_4)
+    lost = lambda: "the job's GPU lease was lost" if job.polls >= 6 else None  # noqa: E731
+    outcome = watch(job, tmp_path, world_size=2, stop_when=lost, **FAST)
+    assert outcome.status == "evicted" and outcome.evicted == "the job's GPU lease was lost"
+    assert outcome.failed_nodes == [] and outcome.unrequested_stop is None
+
+
+def test_a_cancel_stops_the_ranks_gracefully_and_is_a_requested_stop(tmp_path):
     from training.control import write_stop_marker
 
     def script(job, n):
-        for beat in job.beats.values():
-            beat.beat(min(n, 4), phase="stopping" if n >= 4 else "train")
-        if n == 6:  # SIGTERM at step 4: checkpoint committed, marker, then torchrun exits 1
-            write_stop_marker(job.run_dir, 4, "SIGTERM")
-            job.codes = {n: 1 for n in NODES}
+        job.beats[0].beat(n)
+        job.beats[1].beat(n)
 
-    outcome, job, _ = _watch(tmp_path, script)
-    assert outcome.status == "stopped" and not outcome.ok
-    assert outcome.stop.checkpoint_step == 4 and outcome.stop.signal == "SIGTERM"
-    assert outcome.failed_nodes == []  # nothing to diagnose
+    class Committing(ScriptedJob):
+        def terminate(self, grace_s: float = 10.0) -> None:  # the ranks commit, then exit
+            write_stop_marker(self.run_dir, 5, "SIGTERM")
+            super().terminate(grace_s)
+
+    job = Committing(tmp_path, script)
+    asked = lambda: "cancelled by ana: make room" if job.polls >= 5 else None  # noqa: E731
+    outcome = watch(job, tmp_path, world_size=2, stop_requested=asked, stop_grace_s=7.0, **FAST)
+    assert outcome.status == "stopped" and outcome.requested_stop == "cancelled by ana: make room"
+    assert job.grace_s == 7.0 and outcome.stop.checkpoint_step == 5 and outcome.unrequested_stop is None
+
+
+def test_the_exit_verdict_table():
+    from infra.watch import exit_verdict
+
+    stop = runfiles.StopMarker(step=4, checkpoint_step=4, signal="SIGTERM", time=0.0)
+    spike = SimpleNamespace(onset_step=3)
+    assert exit_verdict(None, stop, lease_lost=None) == "failed"
+    assert exit_verdict(None, stop, lease_lost="lease lost") == "evicted"
+    assert exit_verdict(None, None, lease_lost="lease lost") == "failed"  # a crash is what it is
+    assert exit_verdict(spike, stop, lease_lost=None) == "spike"
+    assert exit_verdict(None, None, lease_lost=None) == "failed"
 
 
 def test_a_lost_lease_stops_the_ranks_and_the_attempt_is_evicted_not_failed(tmp_path):
