@@ -7,13 +7,20 @@
 | loss spike (marker or LossSpike diagnosis)             | roll back before the onset, skip the spike's batches, set aside the checkpoints after the one resumed from |
 |   ... but no checkpoint was committed before the onset  | stop                            |
 | hang (stale heartbeats)                                | node check, then restart        |
-| transient infrastructure fault (connection, S3, NCCL   | restart in place after backoff  |
+| transient infrastructure fault (connection, S3, NCCL   | restart in place                |
 |   timeout) with no suspect node                        |                                 |
-| any other infrastructure fault                         | node check, cordon, re-place, restart |
+| any other infrastructure fault (hardware, interconnect)| node check, cordon, re-place, restart |
 | out of memory                                          | stop; suggest the next plan     |
 | script / framework error that a restart cannot fix     | stop                            |
-| framework error the diagnosis says a restart fixes     | restart in place after backoff  |
-| unknown                                                | restart in place after backoff (the breaker stops a repeat) |
+| framework error the diagnosis says a restart fixes     | restart in place                |
+| unknown (e.g. a stop nobody asked for: infra.watch)    | restart in place (the breaker stops a repeat) |
+
+Act only as much as the diagnosis needs: the node check runs only for a hang or an
+infrastructure fault that points at hardware or the interconnect (a software failure
+goes straight to the restart), the job is re-placed only when the check cordoned a node
+(the flow's part), and a restart in place waits no backoff the first time its failure
+happens: `backoff_s` only before a repeat of the same failure at the same step (then
+doubling), when the first restart did not fix it.
 
 `decide` is a pure function of the diagnosis, the attempt and the history, so the
 table is unit-tested without launching anything. `next_attempt` turns the decision
@@ -51,7 +58,7 @@ class Action(str, Enum):
 class RecoveryPolicy:
     max_restarts: int = 5
     breaker_count: int = 3  # the same failure at the same step this many times → stop
-    backoff_s: float = 5.0  # first backoff of a restart in place; doubles per repeat
+    backoff_s: float = 5.0  # backoff before the first repeat of a failure; doubles per repeat after
     max_backoff_s: float = 300.0
     skip_batches: int = 10  # batches skipped after a spike rollback (PaLM skipped ~200-500)
 
@@ -125,8 +132,12 @@ def decide(
 
 
 def _backoff(history: RecoveryHistory, record: FailureRecord, policy: RecoveryPolicy) -> float:
-    earlier = max(0, history.repeats(record) - 1)
-    return min(policy.max_backoff_s, policy.backoff_s * (2**earlier))
+    """None the first time this failure happens (a restart usually fixes it: waiting only delays
+    the resume); `backoff_s` before its first repeat, doubling on each later one."""
+    earlier = history.repeats(record) - 1
+    if earlier <= 0:
+        return 0.0
+    return min(policy.max_backoff_s, policy.backoff_s * (2 ** (earlier - 1)))
 
 
 def rollback_step(committed_steps: list[int], spike_onset_step: int) -> int | None:
@@ -273,7 +284,8 @@ def next_attempt(
     overrides = rollback.overrides if rollback is not None else AttemptOverrides()
     text = action.value
     if action is Action.RESTART:
-        text = f"{action.value} after {decision.backoff_s:.0f}s backoff"
+        text = (f"{action.value} after {decision.backoff_s:.0f}s backoff" if decision.backoff_s > 0
+                else f"{action.value} at once (first time)")
     if rollback is not None:
         text += (f" — still skipping {overrides.skip_batches} batches from the one step "
                  f"{overrides.skip_from_step} trained (the rollback to step {rollback.from_step} "

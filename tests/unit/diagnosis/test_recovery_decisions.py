@@ -78,11 +78,33 @@ def test_circuit_breaker_counts_same_failure_same_step_only():
     assert _decide(_diag("CUDAError"), step=60, history=other_step, breaker_count=3).action is not Action.STOP
 
 
-def test_backoff_doubles_for_repeats():
+def test_no_backoff_before_the_first_restart_then_doubling_for_repeats():
     first = _decide(_diag("ConnectionError"), backoff_s=2)
     history = RecoveryHistory(failures=[FailureRecord("ConnectionError", 40)])
     second = _decide(_diag("ConnectionError"), history=history, backoff_s=2)
-    assert (first.backoff_s, second.backoff_s) == (2, 4)
+    history = RecoveryHistory(failures=[FailureRecord("ConnectionError", 40)] * 2)
+    third = _decide(_diag("ConnectionError"), history=history, backoff_s=2, breaker_count=5)
+    assert (first.backoff_s, second.backoff_s, third.backoff_s) == (0, 2, 4)
+    # the same cause at another step is another failure: its first restart waits for nothing
+    elsewhere = RecoveryHistory(failures=[FailureRecord("ConnectionError", 12)])
+    assert _decide(_diag("ConnectionError"), history=elsewhere, backoff_s=2).backoff_s == 0
+
+
+@pytest.mark.parametrize("root,restart_helps", [("Unknown", True), ("DataloaderKilled", True),
+                                                 ("RuntimeError", True), ("S3StorageError", True),
+                                                 ("NCCLTimeoutError", True)])
+def test_a_failure_that_points_at_no_hardware_restarts_at_once_without_a_node_check(root, restart_helps):
+    # e.g. ranks stopped by a signal nobody asked for (infra.watch): the logs name no cause
+    attempt, _ = _next(_diag(root, restart_helps=restart_helps), backoff_s=5)
+    assert attempt.action is Action.RESTART and not attempt.checks_nodes and not attempt.stops
+    assert attempt.backoff_s == 0 and attempt.text == "restart in place at once (first time)"
+
+
+@pytest.mark.parametrize("root", ["CUDAError", "ECCError", "NVLinkError", "NodeFailure", "NetworkError",
+                                  "NCCLRemoteError", "Hang"])
+def test_only_hardware_or_interconnect_checks_the_nodes(root):
+    attempt, _ = _next(_diag(root), backoff_s=5)
+    assert attempt.checks_nodes and attempt.backoff_s == 0
 
 
 def test_rollback_goes_strictly_before_the_onset():
@@ -135,7 +157,10 @@ def test_restart_resumes_from_the_newest_checkpoint_without_listing_storage():
     attempt, listed = _next(_diag("S3StorageError"), backoff_s=3)
     assert not listed
     assert (attempt.action, attempt.resume_from, attempt.overrides) == (Action.RESTART, None, AttemptOverrides())
-    assert attempt.backoff_s == 3 and attempt.text == "restart in place after 3s backoff"
+    assert attempt.backoff_s == 0  # the first time: at once
+    history = RecoveryHistory(failures=[FailureRecord("S3StorageError", 40)] * 2)
+    again = next_attempt(_diag("S3StorageError"), 40, history, RecoveryPolicy(backoff_s=3))
+    assert again.backoff_s == 3 and again.text == "restart in place after 3s backoff"
 
 
 def test_node_check_attempt_says_what_the_check_found():
