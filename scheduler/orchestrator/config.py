@@ -30,3 +30,6 @@ class OrchestratorConfig(BaseModel):
     on_lost: Literal["requeue", "fail"] = "requeue"
     max_requeues: int = Field(default=3, ge=0, description="a job lost more often than this fails")
     reservation_depth: int = Field(default=8, ge=0, description="ECT: waiting jobs that reserve their slot")
+    # (issue 31) the decider (`serve`) preempts for waiting jobs of a higher class or on their own
+    # quota (`scheduler.preemption`), giving each victim this long to stop; None: no preemption
+    preempt_stop_s: float | None = Field(default=None, gt=0, description="a preempted job's time to stop")

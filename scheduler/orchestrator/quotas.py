@@ -192,6 +192,12 @@ class TeamState:
     def decide(self, conn: Connection, policy: str, now: float, queue, keys, running, free, *,
                reservation_depth: int):
         """The pass with fair-share order and the quota gate (`scheduler.fair_share.decide`)."""
+        return decide(self.snapshot(conn, policy, now, queue, keys, running, free,
+                                    reservation_depth=reservation_depth))
+
+    def snapshot(self, conn: Connection, policy: str, now: float, queue, keys, running, free, *,
+                 reservation_depth: int) -> Snapshot:
+        """What a pass (and `scheduler.preemption.plan`) decides over."""
         self.learn_teams(conn, [k[2] for k in keys] + sorted(self.unknown))
         for job_id in self.unknown:
             job = self.running[job_id]
@@ -201,7 +207,6 @@ class TeamState:
         team_of = {str(k[2]): self.team_of.get(k[2], NO_TEAM) for k in keys}
         priority_of = {str(k[2]): -k[0] for k in keys}
         current = list(self.running.values())
-        snap = Snapshot(policy, now, queue, running, free, self.rules, team_of, priority_of,
+        return Snapshot(policy, now, queue, running, free, self.rules, team_of, priority_of,
                         holdings(current), team_usage(self.usage, current, now), reservation_depth,
                         None if self.head is None else str(self.head))
-        return decide(snap)

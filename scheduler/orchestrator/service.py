@@ -60,11 +60,13 @@ from infra.statedb.schema import allocations, cluster_changes, clusters, control
 from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
+from scheduler.fair_share import NO_TEAM, Snapshot
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
 import scheduler.orchestrator.epoch as epoch
 import scheduler.orchestrator.identity as identity
 import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
+import scheduler.preemption as preemption
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.options import REQUESTED_AS, options_to_json, placement_from_dict
 
@@ -707,8 +709,10 @@ class Orchestrator:
         admission (running, or queued again after its lease was reclaimed); a holder whose job
         was admitted again since changes nothing (the new admission's holder ends it).
         """
+        if outcome == "preempted":
+            return self._release_preempted(job_id, attempt)
         if outcome not in DONE:
-            raise OrchestratorError(f"outcome must be one of {DONE} (got {outcome!r})")
+            raise OrchestratorError(f"outcome must be one of {DONE} or 'preempted' (got {outcome!r})")
         cluster = self._cluster_of(job_id)
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock, the job's state before this change, freeing its GPUs and ending it: one
@@ -759,6 +763,82 @@ class Orchestrator:
                 state="queued", queued_at=row.submitted_at, placement=None, reason=reason))
             self._forget_view()
             self._pass(conn, cname)
+
+    # ---------------------------------------------------------------- preemption (issue 31)
+    def preempt(self, cluster: str | None = None, *, stop_s: float | None = None) -> dict[str, list]:
+        """The decider's preemption pass (`serve` makes one every DECIDER_BEAT_S while
+        `preempt_stop_s` is set): first every victim past its deadline is force-released
+        (its allocations end, so its lease is gone: its holder's renewal fails and the nodes'
+        lease check stops its ranks) and re-queued; then `scheduler.preemption.plan` picks new
+        victims for the waiting jobs, and each is asked to stop (`stop_requested` with
+        "preempted by job N", `preempted_by` and a `deadline` `stop_s` from now on the
+        database's clock). Its flow stops the ranks gracefully (they commit the step they are
+        on) and releases it with outcome "preempted": it is queued again at its submit time.
+        Returns {"asked": [[victim, for job], ...], "forced": [victim, ...]}."""
+        stop_s = self.config.preempt_stop_s if stop_s is None else stop_s
+        if stop_s is None or stop_s <= 0:
+            raise OrchestratorError("preemption needs a stop deadline: give stop_s (seconds) or set "
+                                    "OrchestratorConfig.preempt_stop_s")
+        out: dict[str, list] = {"asked": [], "forced": []}
+        with self._locked(cluster) as (conn, cname):
+            now = self._now
+            rows = conn.execute(sa.select(
+                jobs.c.id, jobs.c.team, jobs.c.priority, jobs.c.submitted_at, jobs.c.admitted_at,
+                jobs.c.placement["gpu_type"].as_string().label("gpu_type"),
+                jobs.c.placement["world_size"].as_integer().label("world_size"), jobs.c.progress,
+                jobs.c.stop_requested).where(jobs.c.cluster == cname, jobs.c.state == "running")).all()
+            for r in rows:
+                request = r.stop_requested or {}
+                if request.get("preempted_by") is not None and request.get("deadline", float("inf")) <= now:
+                    self._requeue_preempted(conn, r.id, r.submitted_at,
+                                            f"{request['reason']} (forced: not stopped by its deadline)")
+                    out["forced"].append(r.id)
+            if out["forced"]:
+                self._pass(conn, cname)  # the freed GPUs go to the jobs waiting for them
+            view = self._view(conn, cname)
+            if not view.queue:
+                return out
+            holders = [preemption.Holder(
+                str(r.id), r.team or NO_TEAM, r.priority, r.gpu_type, r.world_size,
+                float((r.progress or {}).get("committed_at") or r.admitted_at), stopping=r.stop_requested is not None)
+                for r in rows if r.id not in out["forced"] and r.id in view.running]
+            if view.teams is not None:
+                snap = view.teams.snapshot(conn, self.policy, now, view.queue, view.keys, list(view.running.values()),
+                                           view.free, reservation_depth=self.config.reservation_depth)
+            else:
+                snap = Snapshot(self.policy, now, view.queue, list(view.running.values()), view.free,
+                                priority_of={str(k[2]): -k[0] for k in view.keys})
+            for p in preemption.plan(snap, holders):
+                for victim in p.victims:
+                    conn.execute(sa.update(jobs).where(
+                        jobs.c.id == int(victim), jobs.c.state == "running", jobs.c.stop_requested.is_(None)).values(
+                        stop_requested={"by": "preemption", "reason": f"preempted by job {p.job_id}", "at": now,
+                                        "deadline": now + stop_s, "preempted_by": int(p.job_id)}))
+                    out["asked"].append([int(victim), int(p.job_id)])
+                log.info("preempting %s for job %s (%.0f GPU-s since their checkpoints)",
+                         ", ".join(p.victims), p.job_id, p.lost_gpu_s)
+        return out
+
+    def _release_preempted(self, job_id: int, attempt: int | None) -> str:
+        """The flow of a job asked to stop for another released it (its ranks committed their
+        step): queue it again at its submit time. Returns the state it was in (a job already
+        force-released, or admitted again since `attempt`, is left as it is)."""
+        cluster = self._cluster_of(job_id)
+        with self._locked(cluster) as (conn, cname):
+            row = self._job_row(conn, job_id, lock=True)
+            if row.state != "running" or (attempt is not None and row.attempts != attempt):
+                return row.state
+            self._requeue_preempted(conn, job_id, row.submitted_at,
+                                    (row.stop_requested or {}).get("reason") or "preempted")
+            self._pass(conn, cname)
+            return "running"
+
+    def _requeue_preempted(self, conn: Connection, job_id: int, submitted_at: float, why: str) -> None:
+        """End the job's allocations (history event `preempt`) and queue it at its submit time."""
+        self._free_allocations(conn, allocations.c.job_id == job_id, self._now, "preempt")
+        conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+            state="queued", queued_at=submitted_at, placement=None, reason=why, stop_requested=sa.null()))
+        self._forget_view()
 
     def renew(self, job_id: int, attempt: int | None = None) -> float:
         """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed.
@@ -834,6 +914,8 @@ class Orchestrator:
                         t0 = time.perf_counter()
                         result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
                         result.seconds = time.perf_counter() - t0
+                        if self.config.preempt_stop_s is not None and now - checked >= DECIDER_BEAT_S:
+                            self.preempt(name)
                         if now - checked >= DECIDER_BEAT_S:
                             checked = now
                         if on_pass is not None:
@@ -978,11 +1060,12 @@ class Orchestrator:
             if row.state != "running":
                 continue
             # a job asked to stop ends cancelled: its holder died before it could end it
+            preempted = bool((row.stop_requested or {}).get("preempted_by"))
             requeue = (self.config.on_lost == "requeue" and row.lost_count < self.config.max_requeues
-                       and not row.stop_requested)
+                       and (not row.stop_requested or preempted))
             why = f"lost: lease expired at {time.strftime('%H:%M:%S', time.gmtime(now))} UTC (holder stopped renewing)"
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
-                state="queued" if requeue else "cancelled" if row.stop_requested else "failed",
+                state="queued" if requeue else "cancelled" if row.stop_requested and not preempted else "failed",
                 lost_count=row.lost_count + 1,
                 queued_at=now, placement=None if requeue else row.placement,
                 finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else "")))
