@@ -245,7 +245,8 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         outcome = run_attempt(spec, placement, attempt, resume_from, overrides,
                               hang_timeout_s, env, progress, launcher, announcer, cluster=inventory,
                               stop_when=seat.lease_lost, stop_requested=seat.stop_requested,
-                              on_step=report.step)
+                              on_step=report.step,  # and Slurm's reason while it keeps the job queued:
+                              on_waiting=lambda why: report.phase("waiting" if why else "training", waiting=why))
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)

@@ -1,15 +1,33 @@
 """The Slurm launcher: each training attempt is one batch job.
 
-    sbatch --nodes=N --nodelist=<placement> --ntasks-per-node=1 [--gpus-per-node=G | --gres=gpu:G]
-           [--partition] [--account] [--time]  job.sbatch
+Two modes (`SlurmSettings.mode`):
+
+- **delegate** (the default; a site's Slurm, shared with people who never use forgeflow): Slurm
+  decides where and when. The flow plans the layout (nodes x ranks per node, GPU type) and asks
+  for it without naming nodes:
+
+    sbatch --nodes=N --ntasks-per-node=1 [--gpus-per-node=[type:]G | --gres=gpu:[type:]G]
+           --signal=B:TERM@<signal_s> [--exclude=<nodes a node check found faulty>]
+           [--partition] [--account] [--qos] [--time]  job.sbatch
+
+  Inside the job each node's task builds its launch from Slurm's environment (node rank
+  SLURM_NODEID, rendezvous on node rank 0 = the job's first node, the GPUs Slurm bound) and
+  writes it to `launch/attempt-K/placement/`; the watcher's `SlurmJob` gathers them into
+  `placement.json` and names Slurm's nodes from then on. While the job is PENDING,
+  `SlurmJob.waiting()` says why ("waiting in Slurm: Priority"), and the watcher's start-up
+  timeout starts only once it runs. `--signal` (and a preemption's SIGTERM) reaches the batch
+  script's trap, which records it (`slurm-signalled`) and passes it on: the ranks commit.
+
+- **pin** (a cluster forgeflow owns, where its orchestrator places): as before, the placement's
+  nodes by `--nodelist`, and each node's task looks itself up in the placement by
+  `SLURMD_NODENAME`.
+
       └─ srun (one task per node, output to logs/node-<node>.attempt-K.out)
-           └─ python -m infra.slurm node request.json   (this module, on each node)
+           └─ python -m infra.slurm node request.json [--delegated]  (this module, on each node)
                 └─ reaper → torchrun --node-rank=R --master-addr=<node 0> --master-port=<chosen on node 0>
 
-Each node's task looks itself up in the placement by `SLURMD_NODENAME`, so the
-rank map is the placement's (static rendezvous, as with every launcher), not
-Slurm's task order. Node rank 0 chooses the rendezvous port on itself
-(infra.launch.resolve_rendezvous). The task writes torchrun's exit code next to
+Either way the rank map is static (as with every launcher). Node rank 0 chooses the rendezvous
+port on itself (infra.launch.resolve_rendezvous). The task writes torchrun's exit code next to
 the run's other launch files, so exit codes are known per node, also while the
 job still runs; when a node never wrote one, Slurm's job state stands in for it
 (CANCELLED → 143, NODE_FAIL/OUT_OF_MEMORY → 137, FAILED → the job's exit code).
@@ -22,7 +40,7 @@ SIGKILL after its KillWait. A flow that dies cannot scancel: each node's reaper 
 follows the attempt's lease file, which the flow renews while it polls the job, and stops
 the ranks once it goes stale (infra.lease_guard).
 
-Nodes drained or down in Slurm are refused before anything is submitted, and
+Pinned, nodes drained or down in Slurm are refused before anything is submitted, and
 `drain_node` is how a cordon reaches Slurm: forgeflow and Slurm never disagree
 about which nodes may run work.
 
@@ -38,20 +56,22 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.atomic_write import atomic_write
+from infra.atomic_write import atomic_write, atomic_write_json
 from infra.lease_guard import FILE_LEASE_S, LeaseFileRenewer, lease_file_path
 from infra.launch import (
     LaunchRequest,
+    NodeLaunch,
     clear_rendezvous,
     exit_code_path,
     node_command,
@@ -66,6 +86,7 @@ CPU_DEVICE = "cpu"  # scheduler.gpus.CPU_DEVICE; infra does not import the sched
 # Node states in which Slurm will not start new work (sinfo's long names, suffixes stripped).
 UNSCHEDULABLE = ("drain", "drained", "draining", "down", "fail", "failing", "maint", "inval",
                  "future", "reboot", "power_down", "powered_down", "not_responding")
+SLURM_ENDED = {"TIMEOUT", "PREEMPTED", "NODE_FAIL", "DEADLINE"}  # Slurm ended it, not the job's code
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
                 "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"}
 
@@ -83,11 +104,21 @@ class SlurmSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    mode: Literal["delegate", "pin"] = Field(
+        default="delegate", description="delegate: Slurm chooses the nodes (no --nodelist; the placement is "
+        "read back from the job); pin: --nodelist=<forgeflow's placement>, for clusters forgeflow owns")
     partition: str | None = Field(default=None, description="sbatch --partition; None: the cluster's default")
     account: str | None = Field(default=None, description="sbatch --account")
+    qos: str | None = Field(default=None, description="sbatch --qos")
     time_limit: str | None = Field(default=None, description="sbatch --time, e.g. '2-00:00:00'; None: partition's")
     gpu_request: Literal["gpus-per-node", "gres"] = Field(
         default="gpus-per-node", description="how GPUs are asked for: --gpus-per-node=G or --gres=gpu:G")
+    gres_types: dict[str, str] = Field(
+        default_factory=dict, description="forgeflow GPU type -> Slurm's GPU type name, for a typed request "
+        "(--gpus-per-node=h100:8, --gres=gpu:h100:8); a type not listed is asked for untyped")
+    signal_s: int = Field(
+        default=120, ge=0, description="--signal=B:TERM@S: the ranks get SIGTERM S seconds before the time "
+        "limit and commit their step; Slurm sends SIGTERM at a preemption too; 0: no early signal")
     cpus_per_gpu: int = Field(default=8, gt=0, description="CPUs asked per GPU rank (data loaders, checkpoint writer)")
     extra_sbatch_args: list[str] = Field(default_factory=list, description="e.g. ['--qos=high', '--mem=0']")
     slurm_conf: str | None = Field(default=None, description="SLURM_CONF for the clients; None: the environment's")
@@ -178,13 +209,23 @@ def batch_log_path(request: LaunchRequest) -> Path:
     return request.run_dir / "logs" / f"slurm-batch.attempt-{request.attempt}.out"
 
 
-def sbatch_args(request: LaunchRequest, settings: SlurmSettings, gpu_type: str) -> list[str]:
+def sbatch_args(request: LaunchRequest, settings: SlurmSettings, gpu_type: str,
+                exclude: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """sbatch's options for one attempt. Delegated (the default): N nodes of Slurm's choosing,
+    never `--nodelist`, with `--signal=B:TERM@signal_s` so the ranks commit before a time limit;
+    `exclude`: nodes this job must not get again (a node check found them faulty). Pinned: on
+    the placement's nodes."""
     nodes = sorted(request.nodes, key=lambda n: n.node_rank)
     per_node = max(n.nproc_per_node for n in nodes)
-    args = [
-        f"--job-name=forgeflow-{request.job_name}-a{request.attempt}",
-        f"--nodes={len(nodes)}",
-        f"--nodelist={','.join(n.node for n in nodes)}",
+    args = [f"--job-name=forgeflow-{request.job_name}-a{request.attempt}", f"--nodes={len(nodes)}"]
+    if settings.mode == "pin":
+        args.append(f"--nodelist={','.join(n.node for n in nodes)}")
+    else:
+        if exclude:
+            args.append(f"--exclude={','.join(sorted(exclude))}")
+        if settings.signal_s:
+            args.append(f"--signal=B:TERM@{settings.signal_s}")  # the batch script's trap passes it on
+    args += [
         "--ntasks-per-node=1",  # one torchrun per node; torchrun starts the ranks
         f"--output={batch_log_path(request)}",
         "--open-mode=append",
@@ -195,37 +236,55 @@ def sbatch_args(request: LaunchRequest, settings: SlurmSettings, gpu_type: str) 
     if gpu_type == CPU_DEVICE:
         args.append(f"--cpus-per-task={per_node}")  # CPU ranks: one CPU each
     else:
-        args.append(f"--gpus-per-node={per_node}" if settings.gpu_request == "gpus-per-node"
-                    else f"--gres=gpu:{per_node}")
+        typed = f"{settings.gres_types[gpu_type]}:" if gpu_type in settings.gres_types else ""
+        args.append(f"--gpus-per-node={typed}{per_node}" if settings.gpu_request == "gpus-per-node"
+                    else f"--gres=gpu:{typed}{per_node}")
         args.append(f"--cpus-per-task={per_node * settings.cpus_per_gpu}")
     return args + site_args(settings)
 
 
 def site_args(settings: SlurmSettings) -> list[str]:
-    """The site's sbatch options every submission carries: partition, account, time, extra."""
+    """The site's sbatch options every submission carries: partition, account, QOS, time, extra."""
     args = [f"--partition={settings.partition}"] if settings.partition else []
     if settings.account:
         args.append(f"--account={settings.account}")
+    if settings.qos:
+        args.append(f"--qos={settings.qos}")
     if settings.time_limit:
         args.append(f"--time={settings.time_limit}")
     return args + list(settings.extra_sbatch_args)
 
 
-def batch_script(request: LaunchRequest, request_file: Path, grace_s: float) -> str:
-    """The script sbatch runs on the first node of the allocation: one srun step, one task per node."""
+def signalled_path(request: LaunchRequest) -> Path:
+    """Written by the batch script when Slurm signals the job (`--signal`: the time limit is near;
+    a preemption): the ranks were told to commit and stop by Slurm, not by a fault."""
+    return attempt_dir(request) / "slurm-signalled"
+
+
+def batch_script(request: LaunchRequest, request_file: Path, grace_s: float, delegated: bool = False) -> str:
+    """The script sbatch runs on the first node of the allocation: one srun step, one task per node.
+    srun runs in the background so the script's trap can pass Slurm's SIGTERM (`--signal=B:TERM`)
+    on to the step (srun forwards it to every node's task, whose reaper stops torchrun's ranks:
+    they commit their step), and record that Slurm asked."""
     output = request.run_dir / "logs" / f"node-%N.attempt-{request.attempt}.out"
     step = [
         "srun", f"--nodes={len(request.nodes)}", f"--ntasks={len(request.nodes)}", "--ntasks-per-node=1",
         "--kill-on-bad-exit=0",  # the watcher gives the other nodes time to print their errors
         f"--output={output}", "--open-mode=append",
         sys.executable, "-m", "infra.slurm", "node", str(request_file), f"--grace={grace_s}",
+        *(["--delegated"] if delegated else []),
     ]
+    marker = shlex.quote(str(signalled_path(request)))
     return "\n".join([
         "#!/bin/bash",
         f"# forgeflow attempt {request.attempt} of {request.job_name}: one torchrun per node",
         'echo "forgeflow: job $SLURM_JOB_ID on $SLURM_JOB_NODELIST (batch host $(hostname))"',
-        shlex.join(step),
-        "code=$?",
+        shlex.join(step) + " &",
+        "step=$!",
+        f"trap 'echo \"forgeflow: Slurm signalled the job (time limit or preemption): the ranks commit and stop\"; "
+        f"date +%s > {marker}; kill -TERM $step' TERM",
+        "wait $step; code=$?",
+        "while kill -0 $step 2>/dev/null; do wait $step; code=$?; done  # a trapped signal ends `wait` early",
         'echo "forgeflow: srun exited with $code"',
         "exit $code",
         "",
@@ -251,7 +310,9 @@ class SlurmJob:
     job_id: str
     settings: SlurmSettings
     _state: str = "PENDING"
+    _reason: str = ""  # squeue's reason while PENDING (Priority, Resources, ...)
     _job_exit: int | None = None
+    _placed: bool = False  # delegated: the request names the nodes Slurm gave
     _polled_at: float = field(default=-1e9)
     calls: int = 0  # Slurm commands issued (the watcher's load on slurmctld)
     lease: LeaseFileRenewer | None = None  # renewed on each poll: the nodes stop the ranks once it goes stale
@@ -264,10 +325,11 @@ class SlurmJob:
             return self._state
         self._polled_at = time.monotonic()
         self.calls += 1
-        out = slurm_command(["squeue", "-h", "-j", self.job_id, "-o", "%T"], self.settings, check=False)
-        state = out.stdout.strip().upper() if out.returncode == 0 else ""
+        out = slurm_command(["squeue", "-h", "-j", self.job_id, "-o", "%T|%r"], self.settings, check=False)
+        state, _, reason = (out.stdout.strip() if out.returncode == 0 else "").partition("|")
+        state = state.upper()
         if state and state not in FINAL_STATES:
-            self._state = state
+            self._state, self._reason = state, reason.strip()
             return state
         self._state, self._job_exit = self._final_state()
         return self._state
@@ -291,9 +353,26 @@ class SlurmJob:
             return state.split()[0], int(code.split(":")[0])
         return "UNKNOWN", None  # slurmctld forgot it and there is no accounting: treat as gone
 
+    def waiting(self) -> str | None:
+        """Why Slurm has not started the job yet ("waiting in Slurm: Priority"), None once it runs
+        (or ended). The start-up timeout starts only when this turns None (`wait_until_started`).
+        Renews the lease file: a job that waits in the queue must not start with a stale one."""
+        if self.lease is not None:
+            self.lease.renew()
+        if self.state() != "PENDING":
+            return None
+        return f"waiting in Slurm: {self._reason or 'no reason given'} (job {self.job_id})"
+
+    def signalled(self) -> bool:
+        """Whether Slurm signalled the job (time limit near, or a preemption) and the ranks stopped
+        because of it, or it ended in a state Slurm chose (TIMEOUT, PREEMPTED, NODE_FAIL)."""
+        return signalled_path(self.request).exists() or self._state in SLURM_ENDED
+
     def poll(self) -> dict[str, int | None]:
         if self.lease is not None:
             self.lease.renew()
+        if self.settings.mode == "delegate":
+            self._read_placement()
         codes: dict[str, int | None] = {}
         for spec in self.request.nodes:
             marker = exit_code_path(self.request, spec.node)
@@ -337,11 +416,47 @@ class SlurmJob:
         raise SlurmError(f"Slurm job {self.job_id} ({self.request.job_name}) still {self._state} "
                          f"{grace_s + 60:.0f}s after scancel; check `scontrol show job {self.job_id}`")
 
+    def _read_placement(self) -> None:
+        """Once every node's task has said where it runs, the request names Slurm's nodes (exit
+        codes and logs are found by them) and the placement is written for the flow and diagnosis."""
+        if self._placed:
+            return
+        placed = read_node_placements(self.request)
+        if placed is None:
+            return
+        self.request = replace(self.request, nodes=placed)
+        atomic_write_json(placement_path(self.request), {
+            "slurm_job_id": self.job_id, "master_addr": placed[0].address,
+            "nodes": [{"node": n.node, "node_rank": n.node_rank, "nproc_per_node": n.nproc_per_node,
+                       "gpus": n.cuda_visible_devices, "first_global_rank": n.first_global_rank} for n in placed]})
+        self._placed = True
+
     def log_paths(self) -> dict[str, Path]:
         """Each node's console (its Slurm step output) and the batch script's output."""
         paths = {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
         paths["slurm-batch"] = batch_log_path(self.request)
         return paths
+
+
+def wait_until_started(job, on_waiting: Callable[[str | None], None] | None = None,
+                       stop_requested: Callable[[], str | None] | None = None, poll_s: float = 1.0) -> str | None:
+    """Wait while the batch system keeps `job` queued (a job without `waiting()` has started).
+    `on_waiting(reason)` at each new reason and `on_waiting(None)` once it runs, if it waited; a
+    queued job is never a hang: the watcher (and its start-up timeout) begins after this returns.
+    Returns the stop request that ended the wait (`forgeflow cancel`), else None."""
+    waiting = getattr(job, "waiting", None)
+    said = None
+    while waiting is not None and (reason := waiting()):
+        if reason != said and on_waiting is not None:
+            on_waiting(reason)
+        said = reason
+        requested = stop_requested() if stop_requested is not None else None
+        if requested:
+            return requested
+        time.sleep(poll_s)
+    if said is not None and on_waiting is not None:
+        on_waiting(None)
+    return None
 
 
 class SlurmLauncher:
@@ -353,6 +468,7 @@ class SlurmLauncher:
         self.gpu_type = gpu_type
         self.grace_s = grace_s
         self.lease_s = lease_s  # the nodes stop the ranks once the flow has not renewed the lease file this long
+        self.exclude: list[str] = []  # delegated: nodes this job's later attempts must not get (--exclude)
 
     def check_nodes(self, request: LaunchRequest) -> None:
         """Refuse a placement Slurm would not run: a node unknown, drained or down there."""
@@ -371,7 +487,9 @@ class SlurmLauncher:
                 "`scontrol update NodeName=NAME State=RESUME` once it is healthy.")
 
     def start(self, request: LaunchRequest) -> SlurmJob:
-        self.check_nodes(request)
+        delegated = self.settings.mode == "delegate"
+        if not delegated:  # Slurm chooses the nodes when delegated, and skips drained ones itself
+            self.check_nodes(request)
         folder = attempt_dir(request)
         folder.mkdir(parents=True, exist_ok=True)
         (request.run_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -383,8 +501,12 @@ class SlurmLauncher:
         request_file = folder / "request.json"
         request_file.write_text(json.dumps(request.to_dict(), indent=1))
         script = folder / "job.sbatch"
-        script.write_text(batch_script(request, request_file, self.grace_s))
-        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type), str(script)]
+        shutil.rmtree(node_placements_dir(request), ignore_errors=True)
+        placement_path(request).unlink(missing_ok=True)
+        signalled_path(request).unlink(missing_ok=True)
+        script.write_text(batch_script(request, request_file, self.grace_s, delegated=delegated))
+        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type, self.exclude),
+                str(script)]
         # sbatch exports its environment to the job: only what the ranks need
         job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         (folder / "slurm-job-id").write_text(job_id)
@@ -394,18 +516,70 @@ class SlurmLauncher:
 # --- on each node: `python -m infra.slurm node request.json` ------------------------
 
 
-def run_node(request_file: Path, grace_s: float) -> int:
+def node_placements_dir(request: LaunchRequest) -> Path:
+    return attempt_dir(request) / "placement"
+
+
+def placement_path(request: LaunchRequest) -> Path:
+    """Where a delegated attempt really ran (Slurm's nodes, node ranks, rendezvous host, GPUs),
+    written once every node's task has reported: what the flow, the watcher and diagnosis read."""
+    return attempt_dir(request) / "placement.json"
+
+
+def slurm_gpus(environ: dict[str, str]) -> str | None:
+    """The GPU indices Slurm bound to this step (its CUDA_VISIBLE_DEVICES under gres), or None."""
+    if (environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")) and "CUDA_VISIBLE_DEVICES" in environ:
+        return environ["CUDA_VISIBLE_DEVICES"]
+    return None
+
+
+def node_launch_from_slurm(request: LaunchRequest, environ: dict[str, str], name: str) -> NodeLaunch:
+    """A delegated attempt's launch on this node, from Slurm's environment: node rank SLURM_NODEID
+    (the allocation's order), the placement's layout for that rank, the rendezvous on node rank 0
+    (the job's first node, which publishes itself: infra.launch.resolve_rendezvous), the GPUs
+    Slurm bound."""
+    slots = sorted(request.nodes, key=lambda n: n.node_rank)
+    rank = int(environ["SLURM_NODEID"])
+    if not 0 <= rank < len(slots):
+        raise ValueError(f"SLURM_NODEID={rank}, but the attempt has {len(slots)} node(s)")
+    slot = slots[rank]
+    gpus = slurm_gpus(environ)
+    return replace(slot, node=name, address=name, cuda_visible_devices=gpus if gpus is not None else "",
+                   master_addr=name if rank == 0 else slot.master_addr)
+
+
+def write_node_placement(request: LaunchRequest, spec: NodeLaunch) -> None:
+    atomic_write_json(node_placements_dir(request) / f"node-{spec.node_rank}.json", asdict(spec))
+
+
+def read_node_placements(request: LaunchRequest) -> list[NodeLaunch] | None:
+    """Every node's launch as its task reported it (node rank order), or None until all have."""
+    placed = []
+    for rank in range(len(request.nodes)):
+        try:
+            placed.append(NodeLaunch(**json.loads((node_placements_dir(request) / f"node-{rank}.json").read_text())))
+        except (OSError, ValueError, TypeError):
+            return None
+    return placed
+
+
+def run_node(request_file: Path, grace_s: float, delegated: bool = False) -> int:
     """One node's task of the srun step: its torchrun (under the reaper) until it exits."""
     request = LaunchRequest.from_dict(json.loads(Path(request_file).read_text()))
     name = os.environ.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
-    try:
-        spec = request.node(name)
-    except KeyError as e:
-        print(f"forgeflow: {e}; the job's --nodelist and the placement disagree", flush=True)
-        return 2
+    if delegated:
+        spec = node_launch_from_slurm(request, dict(os.environ), name)
+        write_node_placement(request, spec)  # before the rendezvous: where this rank really is
+        request = replace(request, nodes=[spec if n.node_rank == spec.node_rank else n for n in request.nodes])
+    else:
+        try:
+            spec = request.node(name)
+        except KeyError as e:
+            print(f"forgeflow: {e}; the job's --nodelist and the placement disagree", flush=True)
+            return 2
     spec = resolve_rendezvous(spec, request)
     env = node_env(spec, request)
-    if (os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")) and "CUDA_VISIBLE_DEVICES" in os.environ:
+    if slurm_gpus(dict(os.environ)) is not None:
         # Slurm chose this step's GPUs (gres) and set their visibility: use those. The
         # placement's GPU count per node holds; its GPU indices only when Slurm agrees.
         env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -441,8 +615,10 @@ def main(argv: list[str] | None = None) -> int:
     node = sub.add_parser("node", help="run this node's share of an attempt (inside an srun step)")
     node.add_argument("request_file")
     node.add_argument("--grace", type=float, default=10.0)
+    node.add_argument("--delegated", action="store_true", help="Slurm chose the nodes: build the launch "
+                      "from Slurm's environment")
     args = parser.parse_args(argv)
-    return run_node(Path(args.request_file), args.grace)
+    return run_node(Path(args.request_file), args.grace, args.delegated)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest
+from infra.slurm import wait_until_started
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
@@ -74,10 +75,12 @@ def run_attempt(
     stop_when: Callable[[], str | None] | None = None,
     stop_requested: Callable[[], str | None] | None = None,
     on_step: Callable[[int], None] | None = None,
+    on_waiting: Callable[[str | None], None] | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
     `stop_when()` gives a reason: the job's GPU lease was lost; or `stop_requested()` does:
-    `forgeflow cancel`, the ranks commit the step they are on). `on_step(step)`: each new step.
+    `forgeflow cancel`, the ranks commit the step they are on). `on_step(step)`: each new step;
+    `on_waiting(reason)`: while a batch system (Slurm) keeps the job queued, and None once it runs.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
     event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
@@ -110,7 +113,16 @@ def run_attempt(
         logger.warning("straggler: %s", found.summary())
         report_straggler(spec.name, attempt, found)
 
+    def waiting(reason: str | None) -> None:
+        logger.info("attempt %d: %s", attempt, reason or "started by the batch system")
+        if on_waiting is not None:
+            on_waiting(reason)
+
     try:
+        # A job the batch system keeps queued is no hang: the watcher's start-up timeout starts once it runs.
+        requested = wait_until_started(job, on_waiting=waiting, stop_requested=stop_requested)
+        if requested:
+            return AttemptOutcome("stopped", job.poll(), 0, 0.0, job.log_paths(), requested_stop=requested)
         return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
                      stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when,
                      stop_requested=stop_requested)

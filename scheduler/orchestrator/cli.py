@@ -483,7 +483,7 @@ def _jobs(args: argparse.Namespace) -> int:
                 "why / last diagnosis"):
         table.add_column(col)
     style = {"running": "green", "finished": "blue", "failed": "red", "cancelled": "yellow",
-             "recovering": "magenta", "preempted": "magenta"}
+             "recovering": "magenta", "preempted": "magenta", "waiting": "yellow"}
     for j in listing["jobs"]:
         step = f"{j['step']}/{j['steps']}" if j["step"] is not None else ""
         loss = f"{j['loss']:.4f}" if isinstance(j["loss"], (int, float)) else ""
@@ -494,8 +494,8 @@ def _jobs(args: argparse.Namespace) -> int:
             note = j["why"]
         else:
             when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])
-            note = j["diagnosis"] or ""
-            if j["stop_requested"] and j["state"] in ("running", "recovering"):
+            note = j.get("waiting") or j["diagnosis"] or ""  # waiting: "waiting in Slurm: Priority (job N)"
+            if j["stop_requested"] and j["state"] in ("running", "recovering", "waiting"):
                 note = f"cancel requested by {j['stop_requested']['by']}" + (f"; {note}" if note else "")
             elif j["state"] in ("finished", "failed", "cancelled") and j["reason"]:
                 note = j["reason"] + (f" (last diagnosis: {note})" if note else "")

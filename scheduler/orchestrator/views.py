@@ -96,10 +96,11 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
 
 def display_state(row: Any) -> str:
     """The state a person reads: the database's, plus `recovering` (running while its flow
-    recovers from a failure: `progress.phase`) and `preempted` (queued again after it ran: its
+    recovers from a failure: `progress.phase`), `waiting` (running, its batch job queued in Slurm)
+    and `preempted` (queued again after it ran: its
     lease was lost, a node check or a preemption put it back; `jobs.attempts` counts admissions)."""
-    if row.state == "running" and (row.progress or {}).get("phase") == "recovering":
-        return "recovering"
+    if row.state == "running" and (row.progress or {}).get("phase") in ("recovering", "waiting"):
+        return (row.progress or {})["phase"]  # waiting: Slurm keeps its batch job queued
     if row.state == "queued" and (row.attempts or row.lost_count):
         return "preempted"
     return row.state
@@ -140,6 +141,7 @@ def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
              "state": display_state(r), "priority": r.priority, "gpus": None,
              "step": progress.get("step"), "steps": progress.get("steps"), "loss": progress.get("loss"),
              "step_s": progress.get("step_s"), "diagnosis": progress.get("diagnosis"),
+             "waiting": progress.get("waiting") if progress.get("phase") == "waiting" else None,
              "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
              "reason": r.reason, "attempts": r.attempts, "runner": r.runner, "stop_requested": r.stop_requested}
     if r.state in ("queued", "running"):

@@ -1,5 +1,5 @@
 """The Slurm launcher against a real slurmctld/slurmd on this machine: scancel leaves no
-rank behind, and a node drained (or unknown) in Slurm is refused before submitting.
+rank behind, and (pinned) a node drained or unknown in Slurm is refused before submitting.
 Training through Slurm (finish, crash diagnosed from the Slurm output, cancellation from
 Prefect) is in test_slurm_pretrain_flow.py."""
 
@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, NodeLaunch
-from infra.slurm import SlurmLauncher, SlurmNodeUnavailable, drain_node, node_states, resume_node
+from infra.slurm import SlurmLauncher, SlurmNodeUnavailable, SlurmSettings, drain_node, node_states, resume_node
 
 RANK_WORKER = str(Path(__file__).resolve().parents[1] / "launch" / "rank_worker.py")
 
@@ -82,7 +82,7 @@ def test_a_node_drained_in_slurm_is_refused(slurm, tmp_path):
         state = node_states()[slurm.node]
         assert not state.schedulable and "node check" in state.reason
         with pytest.raises(SlurmNodeUnavailable, match=f"'{slurm.node}' is drain.*node check.*State=RESUME"):
-            SlurmLauncher().start(_request(slurm.node, tmp_path / "run", [RANK_WORKER]))
+            SlurmLauncher(SlurmSettings(mode="pin")).start(_request(slurm.node, tmp_path / "run", [RANK_WORKER]))
         assert _squeue(slurm) == ""  # nothing was submitted
     finally:
         resume_node(slurm.node)
@@ -91,4 +91,4 @@ def test_a_node_drained_in_slurm_is_refused(slurm, tmp_path):
 
 def test_an_unknown_node_is_refused_before_submitting(slurm, tmp_path):
     with pytest.raises(SlurmNodeUnavailable, match="'no-such-node' is not a Slurm node"):
-        SlurmLauncher().start(_request("no-such-node", tmp_path / "run", [RANK_WORKER]))
+        SlurmLauncher(SlurmSettings(mode="pin")).start(_request("no-such-node", tmp_path / "run", [RANK_WORKER]))

@@ -20,7 +20,7 @@ def _request(tmp_path: Path, nodes=("gpu-a", "gpu-b"), nproc=4) -> LaunchRequest
 
 
 def test_sbatch_asks_for_the_placement_nodes_gpus_partition_account_and_time(tmp_path):
-    settings = SlurmSettings(partition="h100", account="llm-team", time_limit="2-00:00:00",
+    settings = SlurmSettings(mode="pin", partition="h100", account="llm-team", time_limit="2-00:00:00",
                              extra_sbatch_args=["--qos=high"], cpus_per_gpu=6)
     args = sbatch_args(_request(tmp_path), settings, gpu_type="H100-80G")
     assert "--nodes=2" in args and "--nodelist=gpu-a,gpu-b" in args and "--ntasks-per-node=1" in args

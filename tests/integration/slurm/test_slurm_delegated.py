@@ -1,0 +1,87 @@
+"""Delegated mode on the session's real Slurm: Slurm chooses the node (no --nodelist), the
+placement is read back from the job, and a job Slurm keeps PENDING behind another job shows
+Slurm's reason in the flow's log and `forgeflow jobs`, spends no restart, and trains once it starts."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+
+from flows.pretrain import pretrain
+
+STARTUP_S = 40.0  # the watcher's start-up timeout here: long enough for tiny-cpu to start on a busy machine
+
+
+def _slurm(slurm, *args: str) -> str:
+    return subprocess.run(list(args), env={**os.environ, **slurm.env()}, capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _until(what: str, check, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def sleeper(slurm):
+    """Another job that takes every CPU of the one node until scancelled."""
+    job_id = _slurm(slurm, "sbatch", "--parsable", "--exclusive", "--job-name=someone-else",
+                    "--output=/dev/null", "--wrap", "sleep 900").split(";")[0]
+    _until("the sleeper to run", lambda: _slurm(slurm, "squeue", "-h", "-j", job_id, "-o", "%T") == "RUNNING")
+    yield job_id
+    subprocess.run(["scancel", job_id], env={**os.environ, **slurm.env()}, check=False)
+
+
+def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_it_starts(
+        prefect_api, slurm, slurm_job, slurm_cluster, sleeper, caplog, monkeypatch):
+    from infra.watch import watch
+    from scheduler.orchestrator.seat import cluster_orchestrator
+    from scheduler.orchestrator.views import job_list
+
+    # A start-up timeout (600 s by default) shorter than the time the job waits in the queue
+    monkeypatch.setattr("tasks.pretrain_tasks.watch", functools.partial(watch, startup_timeout_s=STARTUP_S))
+    job = slurm_job("slurm-pending")
+    results: list = []
+    flow = threading.Thread(target=lambda: results.append(pretrain(
+        str(job), cluster=str(slurm_cluster), launcher="slurm", max_restarts=0)), daemon=True)
+    flow.start()
+    run_dir = job.parent / "slurm-pending" / "run"
+    job_id_file = run_dir / "launch" / "attempt-0" / "slurm-job-id"
+    ours = _until("the flow's batch job", lambda: job_id_file.exists() and job_id_file.read_text().strip())
+    state, reason = _until("Slurm to hold it PENDING with a reason", lambda: (
+        lambda out: out.split("|") if out.startswith("PENDING|") and not out.endswith("|None") else None)(
+        _slurm(slurm, "squeue", "-h", "-j", ours, "-o", "%T|%r")))
+    assert reason in ("Resources", "Priority")
+    sbatch = (run_dir / "launch" / "attempt-0" / "job.sbatch").read_text()
+    assert "--delegated" in sbatch
+
+    def listed():
+        mine = [j for j in job_list(cluster_orchestrator().engine)["jobs"] if j["name"] == "slurm-pending"]
+        return mine[0] if mine and mine[0]["state"] == "waiting" else None
+
+    entry = _until("forgeflow jobs to show it waiting in Slurm", listed)
+    assert entry["waiting"] == f"waiting in Slurm: {reason} (job {ours})"
+    time.sleep(STARTUP_S + 10)  # longer than the start-up timeout: a queued job is no hang
+    assert flow.is_alive() and not (run_dir / "launch" / "attempt-1").exists()
+
+    subprocess.run(["scancel", sleeper], env={**os.environ, **slurm.env()}, check=True)
+    flow.join(timeout=300)
+    assert not flow.is_alive()
+    result = results[0]
+    assert result.finished and result.final_step == 12 and result.attempts == 1 and not result.failures, result
+    assert f"waiting in Slurm: {reason}" in caplog.text
+    # The placement the job really had, built inside it from Slurm's environment.
+    placement = json.loads((run_dir / "launch" / "attempt-0" / "placement.json").read_text())
+    assert placement["slurm_job_id"] == ours and placement["master_addr"] == slurm.node
+    assert [(n["node"], n["node_rank"], n["nproc_per_node"]) for n in placement["nodes"]] == [(slurm.node, 0, 2)]
