@@ -14,6 +14,7 @@ run on a machine that has no such file.
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from checkpoint.manifest import CheckpointRef, committed_checkpoints
 from training.config import JobSpec
@@ -41,9 +42,11 @@ class CommitAnnouncer:
     would re-trigger their evaluation.
     """
 
-    def __init__(self, spec: JobSpec, every_s: float = 30.0):
+    def __init__(self, spec: JobSpec, every_s: float = 30.0,
+                 on_commit: Callable[[int, float], None] | None = None):
         self.spec = spec
         self.every_s = every_s
+        self.on_commit = on_commit  # (step, commit time) of the newest new one (the job's progress)
         self.announced: set[int] = {record.step for record in _list_or_empty(spec)}
         self._last = 0.0
 
@@ -55,6 +58,9 @@ class CommitAnnouncer:
         for record in new:
             emit_checkpoint_committed(record.ref, self.spec)
             self.announced.add(record.step)
+        if new and self.on_commit is not None:
+            newest = max(new, key=lambda r: r.step)
+            self.on_commit(newest.step, newest.time)
         return [record.step for record in new]
 
 

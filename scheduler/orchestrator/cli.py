@@ -492,11 +492,15 @@ def _jobs(args: argparse.Namespace) -> int:
             when = (f"#{j['position']}, " + (f"{time.strftime('%H:%M', time.gmtime(start))} UTC "
                                             f"({in_words(j['estimated_start_in_s'])})" if start is not None else "not yet"))
             note = j["why"]
+            if j["state"] == "preempted" and (j["reason"] or "").startswith("preempted by job"):
+                note = f"{j['reason']}; {note}" if note else j["reason"]
         else:
             when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])
             note = j.get("waiting") or j["diagnosis"] or ""  # waiting: "waiting in Slurm: Priority (job N)"
             if j["stop_requested"] and j["state"] in ("running", "recovering", "waiting"):
-                note = f"cancel requested by {j['stop_requested']['by']}" + (f"; {note}" if note else "")
+                asked = (f"{j['stop_requested']['reason']}: stopping" if j["stop_requested"].get("preempted_by")
+                         else f"cancel requested by {j['stop_requested']['by']}")
+                note = asked + (f"; {note}" if note else "")
             elif j["state"] in ("finished", "failed", "cancelled") and j["reason"]:
                 note = j["reason"] + (f" (last diagnosis: {note})" if note else "")
         if j.get("runner_alive") is False:

@@ -297,11 +297,35 @@ class Seat:
         self.held.resume()
         return placement
 
-    def stop_requested(self) -> str | None:
-        """Who asked the job to stop and why (`forgeflow cancel`), or None (the watcher's
-        `stop_requested`)."""
+    def yield_to_preemption(self) -> Placement:
+        """After a preemption stop (`preempted_by`; the ranks committed the step they were on):
+        release the job as preempted — the orchestrator queues it again at its submit time —
+        wait until it is admitted again and hold the new admission. A job force-released at
+        its deadline meanwhile is queued already (the release changes nothing); one an operator
+        cancelled while it waited ended: OrchestratorError says so."""
+        attempt = self.held.attempt
+        self.held.hand_back()
+        self.db.call(lambda: self.orchestrator.release(self.job_id, outcome="preempted", attempt=attempt),
+                     f"job {self.job_id} released as preempted")
+        self.held.stop_requested = None
+        placement = self.wait_for_gpus()
+        self.held.resume()
+        return placement
+
+    def preempted_by(self) -> int | None:
+        """The job the orchestrator asked this one to stop for (`Orchestrator.preempt`), or None."""
         request = self.held.stop_requested
-        return None if request is None else f"cancelled by {request['by']}: {request['reason']}"
+        return None if not request else request.get("preempted_by")
+
+    def stop_requested(self) -> str | None:
+        """Who asked the job to stop and why (`forgeflow cancel`, or "preempted by job N"), or None
+        (the watcher's `stop_requested`)."""
+        request = self.held.stop_requested
+        if not request:
+            return None
+        if request.get("preempted_by") is not None:
+            return request["reason"]
+        return f"cancelled by {request['by']}: {request['reason']}"
 
     def lease_lost(self) -> str | None:
         """Why the job no longer holds its GPUs, or None (the watcher's `stop_when`)."""
@@ -334,6 +358,11 @@ class ProgressReport:
 
     def phase(self, phase: str, **fields) -> None:
         self._write(phase=phase, **fields)
+
+    def committed(self, step: int, at: float) -> None:
+        """A checkpoint of `step` committed at `at`: what a preemption of the job would lose is
+        the work since (`scheduler.preemption`)."""
+        self._write(committed_step=step, committed_at=at)
 
     def step(self, step: int) -> None:
         if time.monotonic() - self._written < self.every_s:

@@ -800,7 +800,9 @@ class Orchestrator:
                 return out
             holders = [preemption.Holder(
                 str(r.id), r.team or NO_TEAM, r.priority, r.gpu_type, r.world_size,
-                float((r.progress or {}).get("committed_at") or r.admitted_at), stopping=r.stop_requested is not None)
+                # work since its last committed checkpoint, or since this admission if it committed none since
+                max(float((r.progress or {}).get("committed_at") or 0.0), r.admitted_at),
+                stopping=r.stop_requested is not None)
                 for r in rows if r.id not in out["forced"] and r.id in view.running]
             if view.teams is not None:
                 snap = view.teams.snapshot(conn, self.policy, now, view.queue, view.keys, list(view.running.values()),

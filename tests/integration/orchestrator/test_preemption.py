@@ -125,3 +125,64 @@ def test_a_cancel_while_preempted_ends_the_job_and_bad_outcomes_are_refused(stat
         orch.release(b, outcome="paused")
     with pytest.raises(OrchestratorError, match="stop deadline"):
         Orchestrator(state_db_url, OrchestratorConfig()).preempt()
+
+
+def test_forgeflow_jobs_says_preempted_by_job_n(state_db_url, capsys):
+    from flows.cli import main
+
+    orch = _orchestrator(state_db_url)
+    one = demand_options(orch.cluster(), 1, duration_s=10)
+    a = orch.submit("victim", one, priority=0)
+    attempt = orch.admission(a).attempt
+    b = orch.submit("urgent", one, priority=10)
+    orch.preempt()
+    assert main(["jobs", "--db", state_db_url]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if "victim" in row)
+    assert f"preempted by job {b}: stopping" in line and "running" in line
+    orch.release(a, outcome="preempted", attempt=attempt)
+    assert main(["jobs", "--db", state_db_url]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if "victim" in row)
+    assert "preempted" in line.split(f"preempted by job {b}")[0] and f"preempted by job {b}" in line
+
+
+def _until(check, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_decider_preempts_and_the_victims_seat_yields_then_holds_its_next_admission(state_db_url):
+    import threading
+
+    from scheduler.orchestrator.lease import HeldJob
+    from scheduler.orchestrator.seat import Seat
+
+    orch = _orchestrator(state_db_url)  # preempt_stop_s set: its serve() preempts
+    flow = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))  # the victim's flow
+    one = demand_options(orch.cluster(), 1, duration_s=10)
+    a = flow.submit("a", one, priority=0)
+    stop = threading.Event()
+    decider = threading.Thread(target=orch.serve, kwargs={"stop": stop}, daemon=True)
+    decider.start()
+    try:
+        with HeldJob(flow, a) as held:
+            seat = Seat(flow, a, held, "one", [], "a", poll_s=0.05)
+            b = flow.submit("b", one, priority=10)
+            _until(lambda: flow.stop_request(a) is not None, "the decider to ask A to stop")
+            held.stop_requested = flow.stop_request(a)  # what the holder's next renewal reads
+            assert seat.preempted_by() == b and seat.stop_requested() == f"preempted by job {b}"
+            placed = []
+            yielding = threading.Thread(target=lambda: placed.append(seat.yield_to_preemption()), daemon=True)
+            yielding.start()
+            _until(lambda: flow.job(b)["state"] == "running", "B to be admitted")
+            assert flow.job(a)["state"] == "queued" and not placed
+            flow.release(b)
+            yielding.join(timeout=60)
+            assert placed and placed[0].world_size == 1
+            assert held.attempt == 2 and seat.preempted_by() is None and flow.job(a)["state"] == "running"
+        assert flow.job(a)["state"] == "finished"
+    finally:
+        stop.set()
+        decider.join(timeout=30)
+    assert double_booked(orch.engine) == 0

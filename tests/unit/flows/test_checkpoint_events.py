@@ -65,3 +65,17 @@ def test_a_storage_error_is_retried_on_the_next_poll(job, monkeypatch):
     assert announcer.poll(force=True) == []  # the outage costs nothing
     monkeypatch.setattr(LocalStorage, "list", real_list)
     assert announcer.poll(force=True) == [10] and emitted[0].endswith("/step-00000010")
+
+
+def test_on_commit_gets_the_newest_new_commit_and_its_time(job, monkeypatch):
+    """What the flow records as the job's progress (`ProgressReport.committed`): the work a
+    preemption would lose is the work since this commit (scheduler/preemption.py)."""
+    spec, engine = job
+    monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda ref, spec: None)
+    seen = []
+    announcer = checkpoint_events.CommitAnnouncer(spec, every_s=3600, on_commit=lambda s, t: seen.append((s, t)))
+    _commit(engine, 10)
+    _commit(engine, 20)
+    assert announcer.poll(force=True) == [10, 20]
+    assert [s for s, _ in seen] == [20] and seen[0][1] > 0
+    assert announcer.poll(force=True) == [] and len(seen) == 1  # nothing new: not called
