@@ -33,12 +33,16 @@ child process that stands for its training ranks; a waiting job waits in `wait_a
    slow holder's lease would look expired to the fast clock, then ends the holders.
    `skew_evictions`: leases reclaimed while both holders were alive and renewing.
 
-Baseline (why the goals are fair): the same drills against forgeflow before this change
-(lease times from each writer's clock, no outage epoch, `wait_admitted` not retrying) give
-evicted_by_outage 1 (the decider's first pass after the restart reclaims the holder's
-lease), flows_crashed 1 (the waiting job's read fails while the database is down) and
-skew_evictions 1 (the fast clock's pass reclaims the slow holder's lease). A drill never
-waits on a wall-clock figure: the goals are counts.
+Baseline (why the goals are fair): the same drills, full scale, against forgeflow before this
+change (85e9b8c~1: lease times from each writer's clock, no outage epoch, `wait_admitted` not
+retrying) measured evicted_by_outage 2 (the decider's first pass after the restart reclaims
+the holder's lease; the job, re-queued and admitted again with nobody holding it, is reclaimed
+once more), flows_crashed 1 (the waiting job's read fails while the database is down) and
+skew_evictions 3 (the fast clock's passes reclaim the slow holder's lease, again after each
+re-admission); --smoke gave the same 2, 1, 3. After it, full scale (2026-11-28, 120.1 s
+outage): evicted_by_outage 0, flows_crashed 0 (the waiting job said 8 times that it was
+still waiting for the database, and was admitted after the holder ended), skew_evictions 0.
+A drill never waits on a wall-clock figure: the goals are counts.
 
 Other drills (`run(smoke) -> dict` in benchmarks/control_plane_failover.py and
 benchmarks/control_plane_orphans.py) are imported and run when present; their keys are
