@@ -83,6 +83,9 @@ class PretrainResult:
     # "micro_batch_size"};
     # after a cordon and re-placement the layout changes (the checkpoint reshards on load)
     placements: list[dict] = field(default_factory=list)
+    # attempts ended from outside the job (its lease lost; Slurm's time limit, preemption or node
+    # failure), each resumed from the newest committed checkpoint: not failures, no restart spent
+    interruptions: list[str] = field(default_factory=list)
 
 
 @flow(name="pretrain", log_prints=True)
@@ -252,8 +255,10 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         result.final_step = max(result.final_step, outcome.last_step)
         if outcome.ok:
             break
-        if outcome.status == "evicted":  # the lease was lost: the ranks are stopped (see the loop's top)
-            logger.warning("attempt %d evicted at step %d", attempt, outcome.last_step)
+        if outcome.status == "evicted":  # lease lost (see the loop's top) or Slurm ended the job: ranks stopped
+            logger.warning("attempt %d evicted at step %d: %s", attempt, outcome.last_step, outcome.evicted)
+            result.interruptions.append(f"attempt {attempt}: {outcome.evicted}")
+            resume_from = None  # the newest committed checkpoint, on whatever the next allocation gives
             attempt += 1
             continue
         if outcome.status == "stopped":  # the watcher stopped it on `forgeflow cancel`: nothing to diagnose

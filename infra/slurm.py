@@ -363,10 +363,17 @@ class SlurmJob:
             return None
         return f"waiting in Slurm: {self._reason or 'no reason given'} (job {self.job_id})"
 
-    def signalled(self) -> bool:
-        """Whether Slurm signalled the job (time limit near, or a preemption) and the ranks stopped
-        because of it, or it ended in a state Slurm chose (TIMEOUT, PREEMPTED, NODE_FAIL)."""
-        return signalled_path(self.request).exists() or self._state in SLURM_ENDED
+    def ended_by_slurm(self) -> str | None:
+        """Why the job ended, when Slurm ended it rather than its code: it signalled the job (its
+        time limit was near, or a preemption) and the ranks committed and stopped, or the job
+        ended TIMEOUT, PREEMPTED, NODE_FAIL or DEADLINE. None otherwise (asks Slurm once more)."""
+        state = self.state(fresh=True)
+        if state in SLURM_ENDED:
+            return f"Slurm ended job {self.job_id}: {state}"
+        if signalled_path(self.request).exists():
+            return (f"Slurm signalled job {self.job_id} (its time limit was near, or a preemption): "
+                    f"the ranks committed and stopped; it ended {state}")
+        return None
 
     def poll(self) -> dict[str, int | None]:
         if self.lease is not None:

@@ -81,6 +81,7 @@ def run_attempt(
     `stop_when()` gives a reason: the job's GPU lease was lost; or `stop_requested()` does:
     `forgeflow cancel`, the ranks commit the step they are on). `on_step(step)`: each new step;
     `on_waiting(reason)`: while a batch system (Slurm) keeps the job queued, and None once it runs.
+    An attempt Slurm ended (time limit, preemption, node failure) comes back "evicted", with why.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
     event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
@@ -123,9 +124,14 @@ def run_attempt(
         requested = wait_until_started(job, on_waiting=waiting, stop_requested=stop_requested)
         if requested:
             return AttemptOutcome("stopped", job.poll(), 0, 0.0, job.log_paths(), requested_stop=requested)
-        return watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
-                     stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when,
-                     stop_requested=stop_requested)
+        outcome = watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
+                        stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when,
+                        stop_requested=stop_requested)
+        ended_by = job.ended_by_slurm() if outcome.status in ("failed", "hang") and hasattr(job, "ended_by_slurm") \
+            else None
+        if ended_by:  # a time limit, a preemption, a node failure: not the job's fault, not a failure
+            outcome = replace(outcome, status="evicted", evicted=ended_by, failed_nodes=[])
+        return outcome
     finally:
         # no-op when already gone; never leave ranks behind. On a cancellation of this flow
         # the ranks get SIGTERM here and commit the current step before the grace runs out.
