@@ -42,7 +42,9 @@ the ranks once it goes stale (infra.lease_guard).
 
 Pinned, nodes drained or down in Slurm are refused before anything is submitted, and
 `drain_node` is how a cordon reaches Slurm: forgeflow and Slurm never disagree
-about which nodes may run work.
+about which nodes may run work. Delegated, forgeflow is usually no Slurm operator:
+`drain_node_if_allowed` drains where it may and otherwise returns the command an operator
+should run, and `exclude_nodes` keeps the node out of the job's later attempts (`--exclude`).
 
 Like the other launchers, this assumes the run directory is on storage every
 node sees (NFS, Lustre) and that the Python environment has the same path on
@@ -182,6 +184,38 @@ def drain_node(name: str, reason: str, settings: SlurmSettings | None = None) ->
     """Drain a node in Slurm: running jobs finish, no new job starts on it."""
     slurm_command(["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason=forgeflow: {reason}"],
                   settings or SlurmSettings())
+
+
+def drain_node_if_allowed(name: str, reason: str, settings: SlurmSettings | None = None) -> str | None:
+    """Drain a node where this user may (Slurm operators and admins; root on a cluster it owns);
+    else returns what an operator should run, and raises nothing: a flow must never fail for lack of
+    Slurm privileges. None: drained."""
+    try:
+        drain_node(name, reason, settings)
+        return None
+    except SlurmError as e:
+        said = str(e).rsplit("): ", 1)[-1]  # what scontrol said
+        return (f"forgeflow may not drain {name} in Slurm ({said}); an operator should run: "
+                f"scontrol update NodeName={name} State=DRAIN Reason={shlex.quote('forgeflow: ' + reason)}")
+
+
+def excluded_nodes_path(run_dir: Path) -> Path:
+    """Nodes this job's later attempts must not get (`--exclude`): a node check found them faulty."""
+    return Path(run_dir) / "launch" / "slurm-exclude.json"
+
+
+def excluded_nodes(run_dir: Path) -> list[str]:
+    try:
+        return sorted(json.loads(excluded_nodes_path(run_dir).read_text()))
+    except (OSError, ValueError):
+        return []
+
+
+def exclude_nodes(run_dir: Path, nodes: list[str]) -> list[str]:
+    """Add `nodes` to the job's exclusion list; returns the whole list."""
+    now = sorted(set(excluded_nodes(run_dir)) | set(nodes))
+    atomic_write_json(excluded_nodes_path(run_dir), now)
+    return now
 
 
 def resume_node(name: str, settings: SlurmSettings | None = None, timeout_s: float = 30.0) -> SlurmNode:
@@ -475,7 +509,8 @@ class SlurmLauncher:
         self.gpu_type = gpu_type
         self.grace_s = grace_s
         self.lease_s = lease_s  # the nodes stop the ranks once the flow has not renewed the lease file this long
-        self.exclude: list[str] = []  # delegated: nodes this job's later attempts must not get (--exclude)
+        # delegated: nodes this launcher's jobs must not get (--exclude), with the run's `exclude_nodes`
+        self.exclude: list[str] = []
 
     def check_nodes(self, request: LaunchRequest) -> None:
         """Refuse a placement Slurm would not run: a node unknown, drained or down there."""
@@ -512,8 +547,8 @@ class SlurmLauncher:
         placement_path(request).unlink(missing_ok=True)
         signalled_path(request).unlink(missing_ok=True)
         script.write_text(batch_script(request, request_file, self.grace_s, delegated=delegated))
-        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type, self.exclude),
-                str(script)]
+        exclude = sorted(set(self.exclude) | set(excluded_nodes(request.run_dir))) if delegated else []
+        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type, exclude), str(script)]
         # sbatch exports its environment to the job: only what the ranks need
         job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         (folder / "slurm-job-id").write_text(job_id)

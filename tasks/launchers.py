@@ -202,6 +202,18 @@ def _slurm_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu", job_id:
     return SlurmLauncher(settings=settings, gpu_type=gpu_type, grace_s=grace_s)
 
 
+def node_check_launcher(name: str, grace_s: float = 2.0, cluster=None, gpu_type: str = "cpu",
+                        job_id: int | None = None):
+    """The launcher a node check runs on: the training one, except that on Slurm the check's jobs
+    name their nodes (`--nodelist`) even when training delegates: a check tests given nodes."""
+    slurm = getattr(cluster, "slurm", None)
+    if name == "slurm" and slurm is not None and slurm.mode != "pin":
+        from infra.slurm import SlurmLauncher
+
+        return SlurmLauncher(settings=slurm.model_copy(update={"mode": "pin"}), gpu_type=gpu_type, grace_s=grace_s)
+    return make_launcher(name, grace_s=grace_s, cluster=cluster, gpu_type=gpu_type, job_id=job_id)
+
+
 def _kubernetes_launcher(grace_s: float, cluster=None, gpu_type: str = "cpu", job_id: int | None = None):
     from infra.kubernetes import KubernetesLauncher
 

@@ -28,7 +28,8 @@ from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, sl
 from scheduler.placement import Placement
 from infra.watch import AttemptOutcome, watch
 from scheduler.worker_command import worker_args, write_attempt_spec
-from tasks.launchers import STOPPED_BY_PEER, make_launcher, mark_stopped_by_peer
+from tasks.launchers import (STOPPED_BY_PEER, get_run_logger_or_print, make_launcher, mark_stopped_by_peer,
+                             node_check_launcher)
 from training.config import JobSpec
 
 
@@ -222,15 +223,40 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
 def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str],
                launcher: str = "local", cluster: Cluster | None = None, job_id: int | None = None) -> NodeCheckReport:
     """Two-round pairwise collective test of the placement's nodes, run through the
-    same launcher as training (on a cluster: on the nodes themselves)."""
+    same launcher as training (on a cluster: on the nodes themselves). On Slurm, a faulty node is
+    also kept out of the job's later attempts, and, where the flow may not drain it, an alert names
+    the node and the operator's command (`slurm_faulty_nodes`)."""
     addresses = {launch.node: launch.address for launch in placement.launch_specs()}
     runner = LauncherWorldRunner(
-        make_launcher(launcher, grace_s=2.0, cluster=cluster, gpu_type=placement.gpu_type, job_id=job_id),
+        node_check_launcher(launcher, grace_s=2.0, cluster=cluster, gpu_type=placement.gpu_type, job_id=job_id),
         Path(run_dir) / "nodecheck" / f"attempt-{attempt}", timeout_s=60.0, env=env,
         rendezvous_host=lambda node: addresses.get(node, "127.0.0.1"),
         free_port=lambda: CHOOSE_ON_NODE_0,  # each world's first node picks its own port
     )
-    return two_round_check(placement.nodes, runner)
+    report = two_round_check(placement.nodes, runner)
+    if report.faulty and getattr(cluster, "slurm", None) is not None:
+        slurm_faulty_nodes(report.faulty, cluster.slurm, Path(run_dir), report.summary())
+    return report
+
+
+def slurm_faulty_nodes(faulty: list[str], settings, job_run_dir: Path, why: str,
+                       notifier: Notifier | None = None) -> list[str]:
+    """Faulty nodes on Slurm: drained where the flow may; otherwise one alert per node with the
+    operator's command. Either way `--exclude`d from this job's later attempts. Never raises for
+    lack of Slurm privileges. Returns the operators' commands that were alerted."""
+    from infra.slurm import drain_node_if_allowed, exclude_nodes
+
+    exclude_nodes(job_run_dir, faulty)
+    alerted = []
+    for node in faulty:
+        not_drained = drain_node_if_allowed(node, f"failed the node check: {why}", settings)
+        if not_drained:
+            get_run_logger_or_print(not_drained)
+            send_alert(notifier or build_notifier(), Alert(f"node {node} failed the node check; drain it in Slurm", "warning",
+                                               {"node": node, "operator": not_drained,
+                                                "this job": f"excludes {node} from its later attempts"}))
+            alerted.append(not_drained)
+    return alerted
 
 
 def build_notifier() -> Notifier:

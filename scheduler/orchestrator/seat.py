@@ -211,14 +211,17 @@ def cordon_nodes(orch: Orchestrator, cluster: str, inventory: Cluster, nodes: li
                  by: str = "pretrain flow") -> None:
     """Cordon `nodes` in the orchestrator (for every flow, across restarts), in the flow's
     inventory and, on a Slurm cluster that drains on cordon, in Slurm too so no other Slurm job
-    lands there."""
+    lands there, where this user may drain (else a warning with the operator's command: the pretrain
+    flow's node check alerts with it, `tasks.pretrain_tasks.node_check`)."""
     for name in nodes:
         orch.cordon(name, reason=why, cluster=cluster, by=by)
         inventory.cordon(name)
         if inventory.slurm is not None and inventory.slurm.drain_on_cordon:
-            from infra.slurm import drain_node
+            from infra.slurm import drain_node_if_allowed
 
-            drain_node(name, f"forgeflow: {why}", inventory.slurm)
+            not_drained = drain_node_if_allowed(name, why, inventory.slurm)
+            if not_drained:
+                log.warning("%s", not_drained)
 
 
 WITHDRAW_GIVES_UP_S = 60.0  # then the job stays queued; `forgeflow cancel` takes it out

@@ -92,3 +92,22 @@ def test_the_batch_script_passes_slurms_signal_on_and_records_it(tmp_path):
     assert proc.returncode == 42, out
     assert "Slurm signalled the job" in out and "step-got-term" in out and "srun exited with 42" in out
     assert signalled_path(request).read_text().strip().isdigit()
+
+
+def test_excluded_nodes_accumulate_over_node_checks(tmp_path):
+    from infra.slurm import exclude_nodes, excluded_nodes
+
+    assert excluded_nodes(tmp_path / "run") == []
+    exclude_nodes(tmp_path / "run", ["gpu-9"])
+    assert exclude_nodes(tmp_path / "run", ["gpu-2", "gpu-9"]) == ["gpu-2", "gpu-9"] == excluded_nodes(tmp_path / "run")
+
+
+def test_a_node_check_names_the_nodes_it_checks_even_when_training_delegates():
+    from tasks.launchers import make_launcher, node_check_launcher
+
+    nodes = [{"name": "vm", "gpu_type": "cpu", "gpu_count": 2, "gpu_memory_gib": 4, "peak_tflops": 0.05}]
+    cluster = parse_cluster({"nodes": nodes, "slurm": {"partition": "gpu"}})
+    assert make_launcher("slurm", cluster=cluster).settings.mode == "delegate"
+    check = node_check_launcher("slurm", cluster=cluster)
+    assert check.settings.mode == "pin" and check.settings.partition == "gpu"
+    assert cluster.slurm.mode == "delegate"  # the training launcher's settings are not changed
