@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,29 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 _durations: dict[str, float] = {}
+_STARTED = time.monotonic()
+_workers: dict[str, dict[str, float]] = {}  # xdist worker -> tests, busy seconds, last report
 
 
 def pytest_runtest_logreport(report):
-    """Each test's seconds (set-up, call, tear-down) for the next run's scheduling order."""
+    """Each test's seconds (set-up, call, tear-down) for the next run's scheduling order, and
+    on the xdist controller each worker's share (pytest_terminal_summary prints it)."""
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    node = getattr(report, "node", None)  # the worker that ran it, on the controller
+    if node is not None:
+        worker = _workers.setdefault(node.gateway.id, {"tests": 0, "busy_s": 0.0, "last_s": 0.0})
+        worker["tests"] += report.when == "call"
+        worker["busy_s"] += report.duration
+        worker["last_s"] = time.monotonic() - _STARTED
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line per xdist worker: its tests, the seconds it was busy and when it ran its last
+    one, so a run shows whether both workers finished together (tests/xdist_schedule.py)."""
+    if _workers:
+        terminalreporter.write_line("xdist workers: " + "; ".join(
+            f"{name} {w['tests']:.0f} tests, {w['busy_s']:.0f} s busy, last at {w['last_s']:.0f} s"
+            for name, w in sorted(_workers.items())))
 
 
 def pytest_sessionfinish(session):
