@@ -194,6 +194,24 @@ def _name_this_run(orchestrator, job_id: int, name: str, db) -> None:
     db.call(lambda: orchestrator.set_runner(job_id, runner), f"job {job_id} recording its flow run")
 
 
+def _preempted(seat: Seat, outcome, job: str, notifier, link, report: ProgressReport):
+    """Yield the GPUs to the job this one was preempted for (released as preempted, queued again
+    at its submit time), say so, and wait to be placed again: (placement, None), or (None, why)
+    when it was not placed again (cancelled meanwhile)."""
+    by = seat.preempted_by()
+    stop = outcome.stop if outcome is not None else None
+    where = (f"after step {stop.step} with checkpoint {stop.checkpoint_step} committed" if stop
+             else "between attempts")
+    get_run_logger().warning("%s preempted by job %s %s; waiting to be placed again", job, by, where)
+    report.phase("preempted", preempted_by=by)
+    send_alert(notifier, Alert(f"{job} preempted by job {by}: stopped {where}, queued again at its submit time",
+                               "warning", {"preempted by": f"job {by}"}, link=link))
+    try:
+        return seat.yield_to_preemption(), None
+    except OrchestratorError as e:
+        return None, f"preempted by job {by} and not placed again: {e}"
+
+
 def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, max_restarts: int, hang_timeout_s: float,
            skip_batches: int, breaker_count: int, backoff_s: float, drill_faults: list[str] | None,
            launcher: str) -> PretrainResult:
@@ -210,7 +228,9 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
-    announcer = CommitAnnouncer(spec)  # triggers the evaluate-checkpoint deployment
+    # triggers the evaluate-checkpoint deployment; each commit's time goes to the job's progress
+    # (what a preemption would lose is the work since: scheduler/preemption.py)
+    announcer = CommitAnnouncer(spec, on_commit=report.committed)
     if spec.eval.suite:  # the job asked for evaluation: the catch-up deployment covers it from now on
         register_for_evaluation(spec, ",".join(spec.eval.suite))
     resume_from: int | None = None  # None: the newest committed checkpoint
@@ -259,6 +279,16 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
             logger.warning("attempt %d evicted at step %d: %s", attempt, outcome.last_step, outcome.evicted)
             result.interruptions.append(f"attempt {attempt}: {outcome.evicted}")
             resume_from = None  # the newest committed checkpoint, on whatever the next allocation gives
+            attempt += 1
+            continue
+        if outcome.status == "stopped" and seat.preempted_by() is not None:
+            # preempted for a job that needs the GPUs: the ranks committed the step they were on;
+            # queued again at its submit time, it goes on from that checkpoint once placed again
+            placement, stopped = _preempted(seat, outcome, job, notifier, link, report)
+            if stopped:
+                result.stopped_because = stopped
+                break
+            resume_from, overrides = None, AttemptOverrides()
             attempt += 1
             continue
         if outcome.status == "stopped":  # the watcher stopped it on `forgeflow cancel`: nothing to diagnose
@@ -322,7 +352,12 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
             result.stopped_because = decided.reason
             break
         wait(decided.backoff_s)
-        if seat.stop_requested():  # cancelled while it recovered: launch nothing more
+        if seat.preempted_by() is not None:  # preempted while it recovered: yield, then relaunch
+            placement, stopped = _preempted(seat, None, job, notifier, link, report)
+            if stopped:
+                result.stopped_because = stopped
+                break
+        elif seat.stop_requested():  # cancelled while it recovered: launch nothing more
             result.stopped_because, result.cancelled = seat.stop_requested(), True
             break
         history.restarts += 1
