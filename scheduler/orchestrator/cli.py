@@ -54,6 +54,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "read-back under the scheduler lock); if it stops or dies, flows pass themselves again. "
                     "Run one per cluster (a second is harmless).")
     sv.add_argument("--seconds", type=float, default=None, help="stop after this long (default: until signalled)")
+    sv.add_argument("--preempt-stop-s", type=float, default=None, metavar="SECONDS",
+                    help="also preempt for waiting jobs of a higher priority class, or on their team's own quota: "
+                         "the running jobs that lose the least work since their last checkpoint are asked to "
+                         "stop (they commit the step they are on) and are queued again at their submit time; one "
+                         "that has not stopped after SECONDS is force-released (default: no preemption)")
     sv.set_defaults(func=_guard(_serve))
     _register_team_commands(sub, common)
     cluster.set_defaults(func=lambda args: (cluster.print_help(), 2)[1])
@@ -351,7 +356,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from infra.stop_signal import stop_on_signals
 
-    orch = _orchestrator(args)
+    from scheduler.orchestrator import Orchestrator, OrchestratorConfig, OrchestratorError
+
+    if args.preempt_stop_s is not None and not args.preempt_stop_s > 0:
+        raise OrchestratorError(f"--preempt-stop-s is the seconds a preempted job has to stop: give a number "
+                                f"above 0 (got {args.preempt_stop_s:g})")
+    orch = Orchestrator(args.db, OrchestratorConfig(preempt_stop_s=args.preempt_stop_s))
     name = orch.cluster(args.cluster).name  # an unknown or missing cluster is one error, before anything
     totals = {"passes": 0, "admitted": 0, "expired": 0}
 

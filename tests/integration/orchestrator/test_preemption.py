@@ -186,3 +186,21 @@ def test_the_decider_preempts_and_the_victims_seat_yields_then_holds_its_next_ad
         stop.set()
         decider.join(timeout=30)
     assert double_booked(orch.engine) == 0
+
+
+def test_forgeflow_cluster_serve_preempts_with_preempt_stop_s(state_db_url, capsys):
+    from flows.cli import main
+
+    orch = _orchestrator(state_db_url)
+    one = demand_options(orch.cluster(), 1, duration_s=10)
+    a = orch.submit("a", one, priority=0)
+    b = orch.submit("b", one, priority=10)
+    assert main(["cluster", "serve", "--seconds", "1", "--db", state_db_url]) == 0
+    assert orch.stop_request(a) is None  # without the option the decider preempts nothing
+    assert main(["cluster", "serve", "--seconds", "1.5", "--preempt-stop-s", "30", "--db", state_db_url]) == 0
+    request = orch.stop_request(a)
+    assert request["reason"] == f"preempted by job {b}" and request["deadline"] - request["at"] == pytest.approx(30)
+    capsys.readouterr()
+    assert main(["cluster", "serve", "--seconds", "1", "--preempt-stop-s", "0", "--db", state_db_url]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--preempt-stop-s" in err[0] and "above 0" in err[0]
