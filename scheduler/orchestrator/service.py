@@ -821,6 +821,16 @@ class Orchestrator:
                          ", ".join(p.victims), p.job_id, p.lost_gpu_s)
         return out
 
+    def _preemption_due(self, cname: str) -> bool:
+        """Whether a preemption pass has anything to look at: a queued job, or a running job asked
+        to stop (a victim's deadline). One read, without the scheduler lock: an idle cluster's
+        decider does not take the lock (and bump the cluster's version) every beat for nothing."""
+        with read_transaction(self.engine) as conn:
+            return conn.execute(sa.select(sa.literal(1)).where(
+                jobs.c.cluster == cname,
+                sa.or_(jobs.c.state == "queued",
+                       sa.and_(jobs.c.state == "running", jobs.c.stop_requested.is_not(None)))).limit(1)).first() is not None
+
     def _release_preempted(self, job_id: int, attempt: int | None) -> str:
         """The flow of a job asked to stop for another released it (its ranks committed their
         step): queue it again at its submit time. Returns the state it was in (a job already
@@ -916,7 +926,8 @@ class Orchestrator:
                         t0 = time.perf_counter()
                         result = self.reconcile(name, check_leases=now - checked >= DECIDER_BEAT_S)
                         result.seconds = time.perf_counter() - t0
-                        if self.config.preempt_stop_s is not None and now - checked >= DECIDER_BEAT_S:
+                        if (self.config.preempt_stop_s is not None and now - checked >= DECIDER_BEAT_S
+                                and self._preemption_due(name)):
                             self.preempt(name)
                         if now - checked >= DECIDER_BEAT_S:
                             checked = now
