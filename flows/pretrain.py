@@ -201,7 +201,8 @@ def _preempted(seat: Seat, outcome, job: str, notifier, link, report: ProgressRe
     by = seat.preempted_by()
     stop = outcome.stop if outcome is not None else None
     where = (f"after step {stop.step} with checkpoint {stop.checkpoint_step} committed" if stop
-             else "between attempts")
+             else "while it recovered from a failure" if outcome is None
+             else "with no new checkpoint committed on the way out")
     get_run_logger().warning("%s preempted by job %s %s; waiting to be placed again", job, by, where)
     report.phase("preempted", preempted_by=by)
     send_alert(notifier, Alert(f"{job} preempted by job {by}: stopped {where}, queued again at its submit time",
