@@ -15,6 +15,8 @@
                   run by simulator and orchestrator
     fair_share    teams: quotas with borrowing, fair-share order, decayed usage; the admission decision
                   over a snapshot (queue, holdings, quotas, usage, policy)
+    preemption    which running jobs give way to a waiting one: the fewest GPU-seconds lost since
+                  their last committed checkpoint (lower class, or another team's borrowed quota)
     simulate      discrete-event cluster simulator running the placement policies
     orchestrator  live cluster state, queue and leases in the state database (SQLite / PostgreSQL)
     cli           `forgeflow plan`, `simulate`, `cluster ...` and `submit`
