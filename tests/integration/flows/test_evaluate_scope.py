@@ -5,7 +5,10 @@ flow runs. Here such runs are created from a real deployment on the (ephemeral) 
 run by Prefect's flow engine, as a worker runs them; the job is a real one queued with the
 orchestrator on a real SQLite state database. Refused: a file path for the spec or the suite, a
 checkpoint or output folder outside the job, a job the orchestrator does not know, preload and
-history paths. A node session reads what to serve from its session folder, never from parameters.
+history paths. Each refusal is checked on the check the flow makes first when the API created
+its run (flows.evaluate._confined_to_its_job, over the real state database); one refused run
+through the API shows the flow makes it and touches nothing. A node session reads what to serve
+from its session folder, never from parameters.
 """
 
 from __future__ import annotations
@@ -85,9 +88,9 @@ def test_the_jobs_own_checkpoint_is_evaluated_with_its_recorded_spec(prefect_api
     ("checkpoint of no job", "is in no job's checkpoints"),
     ("cluster file", "is not the inventory of a cluster registered"),
 ])
-def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny_model, monkeypatch, case, message):
+def test_parameters_outside_the_job_are_refused(job, tmp_path, tiny_model, monkeypatch, case, message):
     from evalsuite.job_scope import EvalScopeError
-    from flows.evaluate import evaluate_checkpoint
+    from flows.evaluate import _confined_to_its_job
 
     submitted, step = job
     spec = _spec_content(submitted)
@@ -111,12 +114,27 @@ def test_parameters_outside_the_job_are_refused(prefect_api, job, tmp_path, tiny
     if case == "suite file by a bare name":
         monkeypatch.chdir(tmp_path)
         (tmp_path / "capitals-mc").write_text(suite_file.read_text())
+    parameters.pop("submitter", None)   # the flow's own parameter; the check reads the cluster file
     with pytest.raises(EvalScopeError, match=message.format(job=submitted.job_id).replace("(", r"\(")):
-        _through_the_api(evaluate_checkpoint, parameters)
+        _confined_to_its_job(**({"output_dir": None, "preload_root": None, "history_path": None,
+                                 "slurm_cluster_file": None} | parameters))
     assert not (tmp_path / "out").exists() and not (submitted.spec.resolved_run_dir / "eval").exists()
 
 
-def test_the_catch_up_through_the_api_skips_a_registered_entry_of_no_job(prefect_api, job, capfd):
+def test_a_run_through_the_api_with_a_parameter_outside_the_job_is_refused_and_touches_nothing(
+        prefect_api, job, tmp_path):
+    from evalsuite.job_scope import EvalScopeError
+    from flows.evaluate import evaluate_checkpoint
+
+    submitted, step = job
+    with pytest.raises(EvalScopeError, match=f"is outside job {submitted.job_id}'s run directory"):
+        _through_the_api(evaluate_checkpoint, {"checkpoint": str(step), "suite": "capitals-mc",
+                                               "job_spec": _spec_content(submitted),
+                                               "output_dir": str(tmp_path / "out")})
+    assert not (tmp_path / "out").exists() and not (submitted.spec.resolved_run_dir / "eval").exists()
+
+
+def test_the_catch_up_through_the_api_skips_a_registered_entry_of_no_job(prefect_api, job, caplog):
     from prefect.variables import Variable
 
     from flows.evaluate import evaluate_catch_up
@@ -129,7 +147,9 @@ def test_the_catch_up_through_the_api_skips_a_registered_entry_of_no_job(prefect
         assert _through_the_api(evaluate_catch_up, {}) == []
     finally:
         Variable.set(EVAL_JOBS_VARIABLE, {}, overwrite=True)
-    printed = capfd.readouterr().err   # the flow's log, on the console
+    # the flow's log (its records: once an earlier test ran a flow in this process, Prefect's
+    # console handler writes to that test's captured stderr, so the console is not read here)
+    printed = caplog.text
     assert "skipping job 'forged'" in printed and "belongs to no orchestrator job" in printed
 
 
