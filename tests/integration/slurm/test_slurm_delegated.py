@@ -85,3 +85,28 @@ def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_i
     placement = json.loads((run_dir / "launch" / "attempt-0" / "placement.json").read_text())
     assert placement["slurm_job_id"] == ours and placement["master_addr"] == slurm.node
     assert [(n["node"], n["node_rank"], n["nproc_per_node"]) for n in placement["nodes"]] == [(slurm.node, 0, 2)]
+
+
+def test_forgeflow_cancel_while_pending_takes_the_job_out_of_slurms_queue(
+        prefect_api, slurm, slurm_job, slurm_cluster, sleeper):
+    from scheduler.orchestrator.seat import cluster_orchestrator
+    from scheduler.orchestrator.views import job_list
+
+    job = slurm_job("slurm-pending-cancel")
+    results: list = []
+    flow = threading.Thread(target=lambda: results.append(pretrain(
+        str(job), cluster=str(slurm_cluster), launcher="slurm")), daemon=True)
+    flow.start()
+    orch = cluster_orchestrator()
+    entry = _until("forgeflow jobs to show it waiting in Slurm", lambda: next(
+        (j for j in job_list(orch.engine)["jobs"] if j["name"] == "slurm-pending-cancel" and j["state"] == "waiting"),
+        None))
+    ours = (job.parent / "slurm-pending-cancel" / "run" / "launch" / "attempt-0" / "slurm-job-id").read_text().strip()
+    orch.request_stop(entry["job_id"], "not needed after all", by="test")
+    flow.join(timeout=180)
+    assert not flow.is_alive()
+    result = results[0]
+    assert result.cancelled and not result.finished and result.attempts == 1 and not result.failures, result
+    assert "not needed after all" in result.stopped_because
+    assert _slurm(slurm, "squeue", "-h", "-j", ours, "-o", "%T") in ("", "CANCELLED")  # out of Slurm's queue
+    assert _slurm(slurm, "squeue", "-h", "-j", sleeper, "-o", "%T") == "RUNNING"  # the other job untouched
