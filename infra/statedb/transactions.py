@@ -37,6 +37,7 @@ from infra.statedb.batch import StatementBatch
 from infra.statedb.url import DB_FILE, DB_URL_ENV, database_url  # noqa: F401  (re-exported)
 
 SQLITE_BUSY_TIMEOUT_S = 60.0
+SQLITE_TX_NOW = "forgeflow_tx_now"  # the SQL function infra.statedb.clock.db_now() calls on SQLite
 PING_AFTER_IDLE_S = 5.0  # a PostgreSQL connection idle in the pool this long is checked before use
 # Connections per process (README, "Sizing the state database"): a flow uses one at a time in its
 # main thread and one in its lease thread; `cluster serve` one. POOL_OVERFLOW more are opened
@@ -95,11 +96,25 @@ def _sqlite_engine(url: sa.URL) -> Engine:
         cur.execute("PRAGMA foreign_keys=ON")
         cur.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: durable at checkpoints, fast commits
         cur.close()
+        # The database's clock (infra.statedb.clock): one time per transaction, as PostgreSQL's
+        # transaction_timestamp(), stamped in "begin" below; the local clock outside a transaction.
+        stamp = _record.info["forgeflow_tx_now"] = [None]
+        dbapi_conn.create_function(SQLITE_TX_NOW, 0, lambda: stamp[0] if stamp[0] is not None else time.time())
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):  # noqa: ANN001
         # Reads (read_transaction) take no write lock; everything else takes it up front.
         conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get("forgeflow_read") else "BEGIN IMMEDIATE")
+        # stamped once the write lock is held: a transaction that waited for it is later than the
+        # one it waited for (a job admitted after a release is never stamped before that release)
+        conn.connection.info["forgeflow_tx_now"][0] = time.time()
+
+    @event.listens_for(engine, "commit")
+    @event.listens_for(engine, "rollback")
+    def _on_end(conn):  # noqa: ANN001
+        stamp = conn.connection.info.get("forgeflow_tx_now")
+        if stamp is not None:
+            stamp[0] = None
 
     return engine
 
