@@ -8,6 +8,8 @@ later), so its world really fails, as a world on a machine that lost power does.
 
 from __future__ import annotations
 
+import time
+
 import psutil
 import pytest
 
@@ -67,12 +69,18 @@ def test_odd_count_puts_three_in_one_world(tmp_path):
 
 
 def test_a_stalled_node_fails_its_world_by_timeout(tmp_path):
-    runner = _runner(tmp_path, "node-b=stall")
     # A stall is only ever seen as a timeout, and the test waits it out twice (round 1, then
-    # node-b alone): long enough for node-a's healthy world alone (torchrun, torch import,
-    # rendezvous, 3 allgathers: ~5 s on a busy 2-core machine, but 12 s ran out once under
-    # the full suite), no longer.
-    runner.timeout_s = 18
+    # node-b alone), so the timeout must outlast node-a's healthy world alone (torchrun, torch
+    # import, rendezvous, 3 allgathers) and no more. That takes ~5 s on an idle 2-core machine
+    # but more than 18 s at a load of 7-12, so it is measured here first: the two round-2 worlds
+    # (each node alone, at once, as round 2 runs them) with nobody stalling, given 3 times as long.
+    started = time.monotonic()
+    calibration = _runner(tmp_path / "calibration", iterations=3)
+    calibration.timeout_s = 300
+    assert all(r.ok for r in calibration([("node-a",), ("node-b",)]))
+    healthy_alone_s = time.monotonic() - started
+    runner = _runner(tmp_path, "node-b=stall")
+    runner.timeout_s = max(18.0, 3 * healthy_alone_s)
     report = two_round_check(["node-a", "node-b"], runner)
     # the runner's deadline or node-a's own collective timeout (same length) ends the world first
     assert report.rounds[0][0].ok is False, report.rounds[0][0]
