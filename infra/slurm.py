@@ -568,6 +568,16 @@ def placement_path(request: LaunchRequest) -> Path:
     return attempt_dir(request) / "placement.json"
 
 
+def placed_first_ranks(run_dir: Path, attempt: int) -> dict[str, int]:
+    """node -> its first global rank where a delegated attempt really ran (`placement.json`);
+    empty when the attempt was not delegated or its nodes never all reported."""
+    try:
+        placed = json.loads((Path(run_dir) / "launch" / f"attempt-{attempt}" / "placement.json").read_text())
+        return {n["node"]: int(n["first_global_rank"]) for n in placed["nodes"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
 def slurm_gpus(environ: dict[str, str]) -> str | None:
     """The GPU indices Slurm bound to this step (its CUDA_VISIBLE_DEVICES under gres), or None."""
     if (environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")) and "CUDA_VISIBLE_DEVICES" in environ:

@@ -22,7 +22,7 @@ from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest
-from infra.slurm import wait_until_started
+from infra.slurm import placed_first_ranks, wait_until_started
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
@@ -196,6 +196,7 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
         for _, path in node_logs:
             out.write(path.read_bytes())
     first_rank = {launch.node: launch.first_global_rank for launch in placement.launch_specs()} if placement else {}
+    first_rank.update(placed_first_ranks(spec.resolved_run_dir, attempt))  # delegated Slurm: where it really ran
     from diagnosis.agents import build_default_agent
 
     # The agent (LLM with retrieval, or a retrieval vote without an LLM) is consulted only

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, NodeLaunch
-from infra.slurm import (SlurmSettings, batch_script, node_launch_from_slurm, read_node_placements, sbatch_args,
+from infra.slurm import (SlurmSettings, batch_script, node_launch_from_slurm, placed_first_ranks,
+                         read_node_placements, sbatch_args,
                          signalled_path, write_node_placement)
 from scheduler.cluster import parse_cluster
 
@@ -64,6 +65,7 @@ def test_each_node_builds_its_launch_from_slurms_environment(tmp_path):
     assert read_node_placements(request) is None  # node rank 0 has not reported yet
     write_node_placement(request, first)
     assert [n.node for n in read_node_placements(request)] == ["gpu-17", "gpu-03"]
+    assert placed_first_ranks(request.run_dir, request.attempt) == {}  # gathered by the watcher's SlurmJob
     with pytest.raises(ValueError, match="SLURM_NODEID=2"):
         node_launch_from_slurm(request, {"SLURM_NODEID": "2"}, "gpu-99")
 
@@ -111,3 +113,20 @@ def test_a_node_check_names_the_nodes_it_checks_even_when_training_delegates():
     check = node_check_launcher("slurm", cluster=cluster)
     assert check.settings.mode == "pin" and check.settings.partition == "gpu"
     assert cluster.slurm.mode == "delegate"  # the training launcher's settings are not changed
+
+
+def test_the_watchers_job_names_slurms_nodes_once_every_node_reported(tmp_path):
+    """Exit codes and logs are found by the nodes Slurm gave; placement.json says where it ran."""
+    from infra.launch import exit_code_path
+    from infra.slurm import SlurmJob
+
+    request = _request(tmp_path)
+    job = SlurmJob(request, "4711", SlurmSettings())
+    for rank, name in enumerate(["gpu-17", "gpu-03"]):
+        spec = node_launch_from_slurm(request, {"SLURM_NODEID": str(rank)}, name)
+        write_node_placement(request, spec)
+        exit_code_path(request, name).parent.mkdir(parents=True, exist_ok=True)
+        exit_code_path(request, name).write_text(str(rank))  # both ended: no need to ask Slurm
+    assert job.poll() == {"gpu-17": 0, "gpu-03": 1}
+    assert set(job.log_paths()) == {"gpu-17", "gpu-03", "slurm-batch"}
+    assert placed_first_ranks(request.run_dir, request.attempt) == {"gpu-17": 0, "gpu-03": 4}
