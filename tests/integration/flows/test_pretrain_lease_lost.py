@@ -41,10 +41,19 @@ def test_a_holder_that_stalls_past_its_lease_stops_its_ranks_and_is_placed_again
     def renew(self, job_id, attempt=None):
         if not stalls and threading.current_thread().name.startswith("lease-") and trained():
             stalls.append({"attempt": attempt})
-            time.sleep(LEASE_S + GRACE_S + 0.5)  # the holder is stuck past lease + grace
-            # meanwhile another flow's pass reclaims the lease (and, the GPU being free, admits
-            # the re-queued job again at once)
-            stalls[0]["pass"] = seat.cluster_orchestrator().reconcile(CLUSTER["name"])
+            # The holder is stuck while the database stays up and the rest of the cluster keeps
+            # reaching it: another flow waiting on this cluster polls (what wait_admitted does),
+            # which keeps the control plane's liveness record fresh, so the stall is no outage
+            # (no epoch) and the lease is overdue at lease + grace. Without such a writer the
+            # stall would read as an outage (epoch.py) and the lease would be kept a lease longer.
+            other = seat.cluster_orchestrator()
+            deadline = time.monotonic() + 20 * (LEASE_S + GRACE_S)
+            while not other.pass_due(CLUSTER["name"]):
+                assert time.monotonic() < deadline, "the stalled holder's lease never became overdue"
+                time.sleep(LEASE_S / 10)
+            # that flow's pass reclaims the lease (and, the GPU being free, admits the re-queued
+            # job again at once)
+            stalls[0]["pass"] = other.reconcile(CLUSTER["name"])
         return real_renew(self, job_id, attempt)
 
     monkeypatch.setattr(service.Orchestrator, "renew", renew)
