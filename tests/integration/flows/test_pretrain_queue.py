@@ -99,16 +99,32 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
 
     first_job, first_id = submit("queue-first", 10)
     _until("the first job to hold the GPU", lambda: (j := _job(orch, "queue-first")) and j["state"] == "running")
-    second_job, second_id = submit("queue-second", 10)
-    _until("the second job to queue", lambda: (j := _job(orch, "queue-second")) and j["state"] == "queued")
+    # The first job must still hold the GPU when the second's flow run shows that it waits, but on
+    # a loaded machine its 10 steps can be over before the second flow run has even started (the
+    # waiting artifact never came): its training ranks are paused from when they start until the
+    # artifact is seen, as on a slow machine (SIGSTOP; the flow's hang timeout is 300 s).
+    paused = _until("the first job's training ranks to start", lambda: _ranks(specs["queue-first"]),
+                    timeout_s=240, every_s=0.2)
+    try:
+        for rank in paused:
+            rank.suspend()
+        second_job, second_id = submit("queue-second", 10)
+        _until("the second job to queue", lambda: (j := _job(orch, "queue-second")) and j["state"] == "queued")
 
+        with get_client(sync_client=True) as client:
+            def waiting_artifact():
+                artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second_id])))
+                return [a for a in artifacts if a.key == f"queue-queue-second-{second_job}"
+                        and "waiting for GPUs, position 1 of 1" in (a.data or "")
+                        and "expected to start" in (a.data or "") and f"job {first_job}" in (a.data or "")]
+            assert _until("the waiting artifact", waiting_artifact, timeout_s=240)
+    finally:
+        for rank in paused:
+            try:
+                rank.resume()
+            except psutil.NoSuchProcess:
+                pass
     with get_client(sync_client=True) as client:
-        def waiting_artifact():
-            artifacts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[second_id])))
-            return [a for a in artifacts if a.key == f"queue-queue-second-{second_job}"
-                    and "waiting for GPUs, position 1 of 1" in (a.data or "")
-                    and "expected to start" in (a.data or "") and f"job {first_job}" in (a.data or "")]
-        assert _until("the waiting artifact", waiting_artifact, timeout_s=120)
         assert _final_state(client, first_id).is_completed()
         assert _final_state(client, second_id).is_completed()
         run = client.read_flow_run(second_id)
