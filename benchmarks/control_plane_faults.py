@@ -45,8 +45,10 @@ still waiting for the database, and was admitted after the holder ended), skew_e
 A drill never waits on a wall-clock figure: the goals are counts.
 
 Other drills (`run(smoke) -> dict` in benchmarks/control_plane_failover.py and
-benchmarks/control_plane_orphans.py) are imported and run when present; their keys are
-merged into this script's last line, null when the module is missing. A drill of this
+benchmarks/control_plane_orphans.py) are imported and run when present in a full run; their keys
+are merged into this script's last line, null when the module is missing. `--smoke` does not run
+them: their keys are null there (each module's own `--smoke` is run by
+tests/integration/benchmarks, so running them here as well only doubled the suite's time). A drill of this
 script is a function `(folder, server, smoke) -> dict` listed in DRILLS (`server`: a
 testing.postgres_servers.PostgresServer the drill may stop and start).
 
@@ -367,10 +369,11 @@ def run(smoke: bool) -> dict:
 
 
 def other_drills(smoke: bool) -> dict:
-    """The figures of the other control-plane drill modules present beside this script (null when absent)."""
+    """The figures of the other control-plane drill modules present beside this script (null when
+    absent, and in a smoke: each module's own --smoke checks its drill)."""
     values: dict = {}
     for module_name, keys in OTHER_DRILLS.items():
-        if not (Path(__file__).parent / f"{module_name}.py").exists():
+        if smoke or not (Path(__file__).parent / f"{module_name}.py").exists():
             values.update(dict.fromkeys(keys))
             continue
         module = importlib.import_module(f"benchmarks.{module_name}")
@@ -386,7 +389,8 @@ def main(argv: list[str] | None = None) -> int:
         return _role(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true",
-                        help="a 6 s lease, the outage and skew in proportion (12 s, 4.5 s): seconds, same keys")
+                        help="a 6 s lease, the outage and skew in proportion (12 s, 4.5 s): seconds, same keys "
+                             "(the other modules' keys null: their own --smoke runs their drills)")
     args = parser.parse_args(argv)
     values = run(args.smoke)
     values.update(other_drills(args.smoke))

@@ -6,7 +6,9 @@ trains; the node's lease check (infra.lease_guard over scheduler.orchestrator.no
 lease run out and stops the ranks the graceful way: they commit the step they are on. A check
 that cannot reach the state database stops nothing: ranks keep training through an outage of
 their real PostgreSQL longer than the lease (the holder renews after it; expiry counts from the
-outage epoch, which the node's own look may record), and still stop once their holder dies. On
+outage epoch, which the node's own look may record), and still stop once their holder dies (one
+drill for both: the outage, then the SIGKILL; benchmarks/control_plane_orphans.py --smoke runs
+the drill without an outage on the SQLite state database). On
 Slurm and Kubernetes the node's reaper follows the attempt's lease file instead, renewed by the
 flow while it polls the job: ranks train on while it is renewed and stop once it is not.
 Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
@@ -31,20 +33,6 @@ from training.config import load_job_spec
 
 LEASE_S = 3.0
 LONG = {"training": {"steps": 5000, "lr_decay_steps": 5000}, "checkpoint": {"interval": 10000}}
-
-
-def test_the_ranks_of_a_job_whose_flow_was_killed_stop_and_commit_their_step(prefect_api, make_job):
-    job = make_job("orphaned", **LONG)
-    drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=2, cluster="orphan-ranks", timeout_s=400)
-
-    assert drill.kept_until_kill and drill.gone_s is not None, f"ranks {drill.ranks}: {drill.stop_reason}"
-    assert "lease ran out" in drill.stop_reason and "did not renew" in drill.stop_reason, drill.stop_reason
-    # the graceful stop: the step the ranks were on when stopped is committed (not SIGKILLed mid-step)
-    assert drill.stop_step is not None and drill.stop_step >= drill.killed_step, drill
-    assert drill.stop_step in drill.committed_steps, drill
-    log = node_log_path(LaunchRequest("orphaned", local_node_launches(["orphan-node"], 2, 0), [],
-                                      load_job_spec(job).resolved_run_dir), "orphan-node").read_text()
-    assert "stop requested (SIGTERM)" in log, log[-3000:]
 
 
 def test_a_check_that_cannot_reach_the_database_does_not_stop_the_ranks(make_job):
@@ -139,23 +127,32 @@ def postgres_state_db(tmp_path, monkeypatch):
         server.destroy()
 
 
-def test_ranks_train_through_a_database_outage_longer_than_the_lease(prefect_api, make_job, postgres_state_db):
-    job = make_job("outage-pg", **LONG)
+def test_ranks_train_through_a_database_outage_then_stop_and_commit_their_step_once_their_flow_is_killed(
+        prefect_api, make_job, postgres_state_db):
+    """The orphan drill (testing/orphan_drill.py, the same as benchmarks/control_plane_orphans.py's)
+    with an outage of two lease periods before the holder is killed: one drill for both claims."""
+    job = make_job("orphaned", **LONG)
     run_dir = load_job_spec(job).resolved_run_dir
     seen: dict[str, int] = {}
 
     def outage() -> None:
         postgres_state_db.stop()
-        time.sleep(3 * LEASE_S)  # nobody renews, nobody reads: every lease has run out by the clock
+        time.sleep(2 * LEASE_S)  # nobody renews, nobody reads: every lease has run out by the clock
         seen["before_restart"] = _newest_step(run_dir)
         postgres_state_db.start()
-        time.sleep(3 * LEASE_S)  # the node looks again; the holder renews within the epoch's lease
+        time.sleep(2 * LEASE_S)  # the node looks again (every lease / 3); the holder renews within the epoch's lease
         seen["after"] = _newest_step(run_dir)
 
-    drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=1, cluster="orphan-outage", timeout_s=400,
+    drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=2, cluster="orphan-ranks", timeout_s=400,
                              before_kill=outage)
-    assert drill.kept_until_kill, f"the outage stopped the ranks: {drill.stop_reason}"
+    assert drill.kept_until_kill, f"the outage stopped the ranks {drill.ranks}: {drill.stop_reason}"
     assert seen["after"] > seen["before_restart"], seen  # and they trained on after it
     # the holder killed after the outage: the node still stops its ranks, gracefully
-    assert drill.gone_s is not None and "lease ran out" in drill.stop_reason, drill.stop_reason
-    assert drill.stop_step is not None and drill.stop_step in drill.committed_steps, drill
+    assert drill.gone_s is not None, f"ranks {drill.ranks}: {drill.stop_reason}"
+    assert "lease ran out" in drill.stop_reason and "did not renew" in drill.stop_reason, drill.stop_reason
+    # the graceful stop: the step the ranks were on when stopped is committed (not SIGKILLed mid-step)
+    assert drill.stop_step is not None and drill.stop_step >= drill.killed_step, drill
+    assert drill.stop_step in drill.committed_steps, drill
+    log = node_log_path(LaunchRequest("orphaned", local_node_launches(["orphan-node"], 2, 0), [],
+                                      run_dir), "orphan-node").read_text()
+    assert "stop requested (SIGTERM)" in log, log[-3000:]
