@@ -26,7 +26,6 @@ from typing import Iterable, Mapping, Protocol
 import psutil
 
 from infra.atomic_write import atomic_write_json
-from infra.reaper import kill_tree
 
 
 
@@ -226,17 +225,33 @@ class LocalJob:
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
         return wait_for_exit(self.poll, timeout, any_exit, interval_s=0.2)
 
-    def pids(self) -> set[int]:
-        """Every live process of this job: reapers, torchruns and ranks."""
-        found: set[int] = set()
-        for proc in self.processes.values():
+    def _tree(self) -> list[psutil.Process]:
+        """Every live process of this job, found even when its reaper is gone: each reaper leads
+        its own process group (`start_node`), which torchrun shares, and the ranks are torchrun's
+        children (in sessions of their own, so not in the group)."""
+        reapers = {proc.pid for proc in self.processes.values()}
+        roots: dict[int, psutil.Process] = {}
+        for p in psutil.process_iter():
             try:
-                root = psutil.Process(proc.pid)
-                found.add(root.pid)
-                found.update(p.pid for p in root.children(recursive=True))
+                if p.pid in reapers or os.getpgid(p.pid) in reapers:
+                    roots[p.pid] = p
+            except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+                continue
+        found = dict(roots)
+        for root in roots.values():
+            try:
+                found.update((c.pid, c) for c in root.children(recursive=True))
             except psutil.NoSuchProcess:
                 continue
-        return found
+        return [p for pid, p in found.items() if self._unreaped(pid)]
+
+    def _unreaped(self, pid: int) -> bool:
+        proc = next((p for p in self.processes.values() if p.pid == pid), None)
+        return proc is None or proc.poll() is None
+
+    def pids(self) -> set[int]:
+        """Every live process of this job: reapers, torchruns and ranks."""
+        return {p.pid for p in self._tree()}
 
     def terminate(self, grace_s: float = 10.0) -> None:
         for proc in self.processes.values():
@@ -250,8 +265,24 @@ class LocalJob:
             try:
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                kill_tree(proc.pid, grace_s=1.0, include_root=True)
-                proc.wait()
+                pass
+        # What a reaper did not stop: one that hung, or one SIGKILLed, whose torchrun (told by
+        # its parent-death signal, infra/reaper.py) may still be stopping its ranks.
+        left = self._tree()
+        for p in left:
+            try:
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(left, timeout=grace_s)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        for proc in self.processes.values():
+            proc.wait()
 
     def log_paths(self) -> dict[str, Path]:
         return dict(self.logs)
@@ -368,6 +399,7 @@ def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) 
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=os.getcwd(),
+            process_group=0,  # torchrun shares it: LocalJob finds it after a SIGKILLed reaper
         )
 
 

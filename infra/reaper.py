@@ -13,6 +13,11 @@ grandchildren. The reaper closes both holes:
   ranks are re-parented to it and stay in its process tree;
 - it asks the kernel to SIGTERM it when its parent dies (PR_SET_PDEATHSIG) and
   also polls `getppid()` as a second line of defence;
+- its command (torchrun) gets the same parent-death SIGTERM, set in the child
+  before exec (`_dies_with`), so a SIGKILLed reaper does not leave torchrun and
+  its ranks training on as orphans: torchrun's agent stops its ranks gracefully
+  (they commit, as on any SIGTERM) and exits; the launcher also finds what is
+  left through the reaper's process group (infra.launch.LocalJob);
 - on SIGTERM/SIGINT, on its parent's death, or when the command exits, it
   terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s);
 - with `--lease-file PATH` (the Slurm and Kubernetes launchers), also once the job's
@@ -45,6 +50,19 @@ def _prctl(option: int, value: int) -> bool:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux
         return False
+
+
+def _dies_with(parent_pid: int):
+    """preexec_fn for the command: SIGTERM it when `parent_pid` (the reaper) dies, even by SIGKILL.
+    (The checkpoint uploader does the same with SIGKILL: checkpoint/writer.py `_die_with_parent`;
+    torchrun gets SIGTERM so that its agent stops the ranks gracefully.)"""
+
+    def set_parent_death_signal() -> None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the reaper died before the signal was set
+            os._exit(128 + signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 def kill_tree(root_pid: int, grace_s: float, include_root: bool = False) -> list[int]:
@@ -106,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    child = subprocess.Popen(command)
+    child = subprocess.Popen(command, preexec_fn=_dies_with(os.getpid()))  # no thread runs yet
     guard = None
     if args.lease_file:
         lease = LeaseFile(args.lease_file)

@@ -113,6 +113,37 @@ def test_ranks_die_with_a_crashed_launcher(tmp_path, free_port):
             parent.kill()
 
 
+def _agent_and_ranks(reaper_pid: int) -> tuple[psutil.Process, list[psutil.Process]]:
+    (agent,) = psutil.Process(reaper_pid).children()
+    return agent, agent.children(recursive=True)
+
+
+def test_a_sigkilled_reaper_takes_its_torchrun_and_ranks_along(tmp_path, free_port):
+    """SIGKILL one node's reaper: its torchrun (parent-death SIGTERM, infra/reaper.py) stops its
+    ranks and exits instead of training on as orphans; the launcher sees that node fail (-9), and
+    terminate() still finds a tree whose reaper is gone (the reaper's process group)."""
+    job = LocalLauncher(grace_s=2).start(_request(tmp_path, free_port))
+    try:
+        _wait_for_pids(tmp_path / "pids", 2)
+        a, b = job.processes["node-a"].pid, job.processes["node-b"].pid
+        agent_a, ranks_a = _agent_and_ranks(a)
+        agent_b, ranks_b = _agent_and_ranks(b)
+        assert ranks_a and ranks_b
+        os.kill(a, signal.SIGKILL)
+        assert _all_gone([agent_a.pid, *(r.pid for r in ranks_a)], timeout=60), "node-a's tree outlived its reaper"
+        assert job.poll()["node-a"] == -signal.SIGKILL  # what the flow reads: a failure, not a finish
+        # node-b: its torchrun cannot act on its parent-death signal (stopped), so only the
+        # launcher can end it and its rank once the reaper is gone
+        agent_b.suspend()
+        os.kill(b, signal.SIGKILL)
+        job.processes["node-b"].wait()
+        assert psutil.pid_exists(agent_b.pid) and {r.pid for r in ranks_b} <= job.pids()
+    finally:
+        job.terminate(grace_s=2)
+    assert _all_gone([agent_b.pid, *(r.pid for r in ranks_b)], timeout=30), "terminate left node-b's tree"
+    assert not job.pids()
+
+
 def test_ranks_get_what_they_need_and_none_of_the_workers_secrets(tmp_path, free_port, monkeypatch):
     secrets = ("SLACK_WEBHOOK_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "OPENAI_API_KEY",
                "FORGEFLOW_DB_URL", "FORGEFLOW_LLM_API_KEY", "PGPASSWORD", "GITHUB_TOKEN")
