@@ -55,6 +55,24 @@ LEGACY_RULES_FILE = "diagnosis_rules.json"  # before the state database: one JSO
 REVIEW_FIELDS = ("owner", "job_family", "review", "scope", "reviewed_by", "reviewed_at")
 
 
+class RuleRightsError(ValueError):
+    """The state database refused the caller's role a change to the learned rules (PostgreSQL's
+    row-level security of migration 0011: reviewing, editing, deleting and adding a rule by hand
+    are the operator role's; another role may only propose a rule for a family of its own job)."""
+
+
+def _refused(what: str) -> RuleRightsError:
+    from infra.statedb.identity import operator_role
+
+    return RuleRightsError(f"the state database refused this role {what}: approving, rejecting, editing or deleting "
+                           f"a learned rule and adding one by hand take the operator role ({operator_role()!r}); "
+                           "another role may only propose a rule for a job family of its own job")
+
+
+def _privilege_refusal(exc: BaseException) -> bool:
+    return getattr(getattr(exc, "orig", exc), "sqlstate", None) == "42501"   # PostgreSQL: insufficient privilege
+
+
 def legacy_review(raw: dict) -> dict:
     """The owner and review of a rule stored before rules had them (as migration 0010 sets them):
     a person's applied everywhere and still does; the agent's is proposed, for no family."""
@@ -69,7 +87,9 @@ class LearnedRuleStore:
     Each add or remove is its own transaction, so processes learning at once keep
     every rule (the old JSON file was read once and rewritten whole: the last writer
     won). Rules come back newest first, each with its owner, the job family that learned
-    it and its review (`review`: an operator approves or rejects a proposed rule). The database of a state dir is the SQLite
+    it and its review (`review`: an operator approves or rejects a proposed rule). On
+    PostgreSQL the database decides who may (migration 0011; refusals are `RuleRightsError`);
+    SQLite is single-user: every process may. The database of a state dir is the SQLite
     file in it unless FORGEFLOW_DB_URL names another; nothing is created until the
     first rule is written. A `diagnosis_rules.json` left by an older forgeflow is
     imported once (then renamed `*.imported`).
@@ -129,7 +149,14 @@ class LearnedRuleStore:
             raise ValueError(f"a learned rule with this {what} exists already ({clash.name!r})")
         review = {k: raw[k] for k in REVIEW_FIELDS if raw.get(k) is not None}
         rule = {k: v for k, v in raw.items() if k not in REVIEW_FIELDS}
-        conn.execute(sa.insert(table).values(name=raw["name"], pattern=raw["pattern"], rule=rule, **review))
+        try:
+            conn.execute(sa.insert(table).values(name=raw["name"], pattern=raw["pattern"], rule=rule, **review))
+        except sa.exc.DBAPIError as exc:
+            if _privilege_refusal(exc):
+                where = f"job family {raw.get('job_family')}" if raw.get("job_family") else "every job"
+                review = raw.get("review", "proposed")
+                raise _refused(f"{'an' if review == 'approved' else 'a'} {review} rule for {where}") from None
+            raise
         return True
 
     @staticmethod
@@ -162,10 +189,14 @@ class LearnedRuleStore:
                                  "(forgeflow rules list --learned)")
             if scope == "family" and row.job_family is None:
                 raise ValueError(f"rule {name!r} was learned for no job family: approve it with --global or reject it")
+            if conn.dialect.name == "postgresql":   # who reviewed it: the role the database knows
+                by = conn.execute(sa.text("SELECT current_user::text")).scalar_one()
             values = {"review": review, "reviewed_by": by, "reviewed_at": time.time()}
             if review == "approved":
                 values["scope"] = scope or ("global" if row.job_family is None else row.scope)
-            conn.execute(sa.update(table).where(table.c.id == row.id).values(**values))
+            changed = conn.execute(sa.update(table).where(table.c.id == row.id).values(**values)).rowcount
+            if changed != 1:   # PostgreSQL's row-level security: the row is not this role's to change
+                raise _refused(f"{'an approval' if review == 'approved' else 'a rejection'} of rule {name!r}")
             return next(r for r in self.rows(conn) if r["name"] == name)
 
     @staticmethod
