@@ -6,7 +6,13 @@
 The pretrain flow diagnoses its own attempts; this deployment is for everything
 else: a job some other launcher ran, a log a person wants a second opinion on.
 
-Run it without a server:  python -m flows.diagnose LOG_URL [JOB_FAMILY]
+The job family (whose learned rules apply, and for which the failure agent proposes what it
+learns) is the name of the job whose run directory holds the log, from the orchestrator's
+record: never a parameter, so a flow run cannot propose a rule for another job's family. A log
+fetched from S3 belongs to no recorded job: it is diagnosed for no family (the agent's rule is
+proposed for none, and on PostgreSQL only an operator's role may store that; issue 29).
+
+Run it without a server:  python -m flows.diagnose LOG_URL
 """
 
 from __future__ import annotations
@@ -24,18 +30,19 @@ from infra.storage import StorageOptions, open_storage
 from infra.untrusted_text import fenced, printable
 
 
+def _is_local(log_url: str) -> bool:
+    return "://" not in log_url or log_url.startswith("file://")
+
+
 @task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
 def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> Path:
     """A local copy of the log (a local path is used where it is, if it is a job's: a flow-run
     parameter must not make a worker read, and post to Slack, any file it can read)."""
-    if "://" not in log_url or log_url.startswith("file://"):
-        from scheduler.orchestrator.job_logs import owning_job
-        from scheduler.orchestrator.seat import cluster_orchestrator
-
+    if _is_local(log_url):
         path = Path(log_url.removeprefix("file://"))
         if not path.is_file():
             raise FileNotFoundError(f"no log file at {log_url}: give a path, file:// or s3:// URL of the log")
-        if owning_job(cluster_orchestrator().engine, path) is None:
+        if log_family(log_url) is None:
             raise PermissionError(f"refusing to read {log_url}: it is in no job's run directory (this flow reads "
                                   "job logs only; on your own machine `forgeflow diagnose FILE` reads any file)")
         return path
@@ -43,6 +50,19 @@ def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> P
     target = Path(work_dir) / key
     open_storage(root, StorageOptions(endpoint_url=endpoint_url)).get_file(key, target)
     return target
+
+
+def log_family(log_url: str) -> str | None:
+    """The job family of a local log: the name of the job whose run directory holds it (symlinks
+    resolved), from the orchestrator's record; None for a file of no job or an S3 log."""
+    if not _is_local(log_url):
+        return None
+    from scheduler.orchestrator.job_logs import owning_job
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    orchestrator = cluster_orchestrator()
+    job_id = owning_job(orchestrator.engine, Path(log_url.removeprefix("file://")))
+    return None if job_id is None else orchestrator.job(job_id)["name"]
 
 
 @task(name="diagnose-log", cache_policy=NO_CACHE)
@@ -54,18 +74,19 @@ def diagnose(path: Path, job_family: str | None):
 
 
 @flow(name="diagnose-failure", log_prints=True)
-def diagnose_failure(log_url: str, job_family: str | None = None, alert: bool = False,
-                     endpoint_url: str | None = None) -> dict:
+def diagnose_failure(log_url: str, alert: bool = False, endpoint_url: str | None = None) -> dict:
     """Diagnose one failed job's log: root cause, kind, whether a restart helps, evidence.
 
     Args:
-        log_url: the log: a path, file:///path or s3://bucket/key.
-        job_family: the job's family (e.g. its config name): its learned filter rules are used.
+        log_url: the log: a path, file:///path (in a job's run directory: that job's name is the
+            family whose learned rules apply) or s3://bucket/key (no family).
         alert: also send the diagnosis to Slack (the Slack webhook block `forgeflow deploy` set up, or SLACK_WEBHOOK_URL).
         endpoint_url: S3 endpoint for S3-compatible stores (AWS S3: leave empty).
     """
     with tempfile.TemporaryDirectory(prefix="forgeflow-diagnose-") as work:
-        diagnosis = diagnose(fetch_log(log_url, work, endpoint_url), job_family)
+        path = fetch_log(log_url, work, endpoint_url)
+        job_family = log_family(log_url)   # the job's record, never a parameter
+        diagnosis = diagnose(path, job_family)
     evidence = "\n".join(printable(line) for line in diagnosis.culprit_lines[:10])
     create_markdown_artifact(
         key="diagnosis",
@@ -85,6 +106,6 @@ def diagnose_failure(log_url: str, job_family: str | None = None, alert: bool = 
 
 
 if __name__ == "__main__":
-    if len(sys.argv) < 2:
+    if len(sys.argv) != 2:
         sys.exit(__doc__)
-    diagnose_failure(sys.argv[1], *(sys.argv[2:3] or [None]))
+    diagnose_failure(sys.argv[1])

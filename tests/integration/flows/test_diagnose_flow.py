@@ -28,10 +28,26 @@ def job_log(tmp_path, monkeypatch) -> Path:
 
 
 def test_diagnoses_a_local_log_and_alerts(prefect_api, slack, job_log):
-    result = diagnose_failure(str(job_log), job_family="diag-flow", alert=True)
+    result = diagnose_failure(str(job_log), alert=True)
     assert (result["root_cause"], result["kind"], result["restart_helps"]) == ("ECCError", "infrastructure", True)
     assert "node-a01" in result["suspect_nodes"]
     assert any("ECCError" in text for text in slack.texts())
+
+
+def test_the_job_family_is_the_logs_job_not_a_parameter(prefect_api, job_log):
+    """The learned rules that apply are those of the job whose run directory holds the log (its
+    recorded name, tiny-cpu), and no parameter can name another family (issue 29)."""
+    from diagnosis.rules import DiagnosisLibrary
+
+    line = "An uncorrectable double bit error (DBE) has been detected on GPU"
+    for family, pattern, cause in (("tiny-cpu", r"uncorrectable double bit error \(DBE\)", "NodeFailure"),
+                                   ("someone-else", r"double bit error \(DBE\) has been", "OutOfMemoryError")):
+        DiagnosisLibrary.load(job_family=family).add_rule(pattern, cause, True, must_match=[line],
+                                                          name=f"dbe-{family}", source="agent")
+    result = diagnose_failure(str(job_log))
+    assert (result["root_cause"], result["rule_name"]) == ("NodeFailure", "dbe-tiny-cpu")
+    with pytest.raises(Exception, match="job_family"):
+        diagnose_failure(str(job_log), job_family="someone-else")
 
 
 def test_reads_no_file_outside_a_job(prefect_api, job_log, tmp_path):
