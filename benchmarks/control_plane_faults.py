@@ -11,7 +11,7 @@ child process that stands for its training ranks; a waiting job waits in `wait_a
    GPUs and its decider (`forgeflow cluster serve`'s loop: it reclaims expired leases every
    second and retries a database that does not answer); a holder runs on all 8 and a second
    job waits for them. PostgreSQL is stopped for two lease periods (120 s of a 60 s lease,
-   grace 30 s, the defaults; --smoke: a 6 s lease, 12 s) and started again. The holder's
+   grace 30 s, the defaults; small scale: a 6 s lease, 12 s) and started again. The holder's
    process is held back (SIGSTOP, its ranks untouched) from just before the restart until the
    decider has made its first passes (2 s and a quarter lease), so the reclaimer is the first
    to reach the database again: the order that would cost the lease (before this change the
@@ -26,7 +26,7 @@ child process that stands for its training ranks; a waiting job waits in `wait_a
    waiting for the database (`outage_waiter_retries_logged`).
 2. Clock skew (`skew_evictions`, goal 0): two holders of 4 GPUs each on the same node, one
    process's clock 45 s ahead and the other's 45 s behind (the whole process's `time.time`
-   offset: what the code would have read on such a host; --smoke: 4.5 s of a 6 s lease, same
+   offset: what the code would have read on such a host; small scale: 4.5 s of a 6 s lease, same
    proportion), and a job waiting for all 8 GPUs. Every holder also makes a reclaiming pass
    every half second or so (what a waiting job or the decider does), so the fast clock gets
    every chance to reclaim the slow one's lease. The drill runs for a lease period and grace past when the
@@ -39,7 +39,7 @@ retrying) measured evicted_by_outage 2 (the decider's first pass after the resta
 the holder's lease; the job, re-queued and admitted again with nobody holding it, is reclaimed
 once more), flows_crashed 1 (the waiting job's read fails while the database is down) and
 skew_evictions 3 (the fast clock's passes reclaim the slow holder's lease, again after each
-re-admission); --smoke gave the same 2, 1, 3. After it, full scale (2026-11-28, 120.1 s
+re-admission); small scale (a 6 s lease) gave the same 2, 1, 3. After it, full scale (2026-11-28, 120.1 s
 outage): evicted_by_outage 0, flows_crashed 0 (the waiting job said 8 times that it was
 still waiting for the database, and was admitted after the holder ended), skew_evictions 0.
 A drill never waits on a wall-clock figure: the goals are counts.
@@ -49,8 +49,11 @@ benchmarks/control_plane_orphans.py) are imported and run when present in a full
 are merged into this script's last line, null when the module is missing. `--smoke` does not run
 them: their keys are null there (each module's own `--smoke` is run by
 tests/integration/benchmarks, so running them here as well only doubled the suite's time). A drill of this
-script is a function `(folder, server, smoke) -> dict` listed in DRILLS (`server`: a
+script is a function `(folder, server, smoke, lease_s=None) -> dict` listed in DRILLS (`server`: a
 testing.postgres_servers.PostgresServer the drill may stop and start).
+
+Small scale (`smoke=True`, a 6 s lease) is what tests/integration/orchestrator/test_control_plane_faults.py
+runs, asserting the goals; `--smoke` is a harness check of this script (a 2 s lease, HARNESS_LEASE_S).
 
     python benchmarks/control_plane_faults.py [--smoke]     # last line: one JSON object
 """
@@ -84,9 +87,16 @@ OTHER_DRILLS = {"control_plane_failover": FAILOVER_KEYS, "control_plane_orphans"
 NODE = {"name": "faults", "nodes": [{"name": "n0", "gpu_type": "A100-80G", "gpu_count": 8}]}
 
 
-def scale(smoke: bool) -> dict:
-    """Lease, grace, outage and skew: the defaults and issue 28's figures, or 1/10 of them."""
-    lease_s = 6.0 if smoke else 60.0
+# `--smoke` is a harness check (same drills, same keys, seconds): a 2 s lease. The drills at
+# small scale with their figures asserted (a 6 s lease, scale(True)) are
+# tests/integration/orchestrator/test_control_plane_faults.py.
+HARNESS_LEASE_S = 2.0
+
+
+def scale(smoke: bool, lease_s: float | None = None) -> dict:
+    """Lease, grace, outage and skew: the defaults and issue 28's figures, or 1/10 of them
+    (`lease_s`: another lease, the rest in proportion)."""
+    lease_s = lease_s or (6.0 if smoke else 60.0)
     return {"lease_s": lease_s, "grace_s": lease_s / 2, "outage_s": 2 * lease_s, "skew_s": 0.75 * lease_s}
 
 
@@ -257,9 +267,9 @@ def _job_times(url: str, job_id: int) -> dict:
 
 
 # ------------------------------------------------------------------ drills
-def outage_drill(root: Path, server, smoke: bool) -> dict:  # noqa: ANN001 - a PostgresServer
+def outage_drill(root: Path, server, smoke: bool, lease_s: float | None = None) -> dict:  # noqa: ANN001
     """PostgreSQL stopped for two lease periods under a holder and a waiting job (see module doc)."""
-    sc = scale(smoke)
+    sc = scale(smoke, lease_s)
     url = _database(server, "outage")
     end_file, served = root / "outage.end", root / "outage.served"
     decider = _Process(root, url, "outage-decider", 0, sc, role="decider", end_file=served)
@@ -312,9 +322,9 @@ def outage_drill(root: Path, server, smoke: bool) -> dict:  # noqa: ANN001 - a P
             "outage_crashed": crashed}
 
 
-def skew_drill(root: Path, server, smoke: bool) -> dict:  # noqa: ANN001 - a PostgresServer
+def skew_drill(root: Path, server, smoke: bool, lease_s: float | None = None) -> dict:  # noqa: ANN001
     """Two holders, one clock ahead and one behind, both reclaiming at each renewal (see module doc)."""
-    sc = scale(smoke)
+    sc = scale(smoke, lease_s)
     url = _database(server, "skew")
     end_file = root / "skew.end"
     fast = _Process(root, url, "skew-ahead", 4, sc, role="holder", end_file=end_file, reclaim=True,
@@ -348,7 +358,7 @@ def skew_drill(root: Path, server, smoke: bool) -> dict:  # noqa: ANN001 - a Pos
 DRILLS = (outage_drill, skew_drill)
 
 
-def run(smoke: bool) -> dict:
+def run(smoke: bool, lease_s: float | None = None) -> dict:
     """This script's drills on one fresh PostgreSQL server (stopped and started by the outage drill)."""
     from testing.postgres_servers import PostgresServer
 
@@ -360,7 +370,7 @@ def run(smoke: bool) -> dict:
         for drill in DRILLS:
             folder = root / drill.__name__
             folder.mkdir()
-            values.update(drill(folder, server, smoke))
+            values.update(drill(folder, server, smoke, lease_s))
             print(f"{drill.__name__}: {json.dumps(values)}", file=sys.stderr, flush=True)
     finally:
         server.destroy()
@@ -389,10 +399,10 @@ def main(argv: list[str] | None = None) -> int:
         return _role(argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true",
-                        help="a 6 s lease, the outage and skew in proportion (12 s, 4.5 s): seconds, same keys "
+                        help=f"a {HARNESS_LEASE_S:g} s lease, the outage and skew in proportion: seconds, same keys "
                              "(the other modules' keys null: their own --smoke runs their drills)")
     args = parser.parse_args(argv)
-    values = run(args.smoke)
+    values = run(args.smoke, HARNESS_LEASE_S if args.smoke else None)
     values.update(other_drills(args.smoke))
     print(json.dumps(checked_headline(values, HEADLINE_KEYS)), flush=True)
     return 0

