@@ -20,7 +20,8 @@ database (`EvalScope`):
 
 Anything else is one `EvalScopeError` naming the parameter and what it may be. A direct Python
 call of the flow (tests, `make demo`, `python flows/evaluate.py`) is not checked: its caller
-already runs code as forgeflow.
+already runs code as forgeflow. The fine-tuning flow confines its API-created runs to one job's
+run directory the same way (`job_holding`, `within`).
 """
 
 from __future__ import annotations
@@ -128,6 +129,22 @@ def recorded_job(engine, job_spec: Any | None, checkpoint: CheckpointRef | dict 
                              f"({scope.checkpoint_root}) and run directory ({scope.run_dir}); an evaluation through "
                              "the API reads only its job's own checkpoints")
     return scope
+
+
+def job_holding(engine, path: str | Path) -> EvalScope | None:
+    """The job whose run directory holds the local file `path` (symlinks resolved:
+    `scheduler.orchestrator.job_logs.owning_job`), with its recorded spec and folders; None for a
+    file of no job. What a fine-tuning run through the API is confined to (flows/finetune.py)."""
+    from scheduler.orchestrator.job_logs import owning_job
+
+    job_id = owning_job(engine, Path(str(path).removeprefix("file://")))
+    return None if job_id is None else _scope(_job_row(engine, job_id))
+
+
+def within(url: str, root: str) -> bool:
+    """Whether `url` (a local path, file:// or object-store URL) names `root` or something under it
+    (symlinks resolved; no '.', '..' or empty key segment in an object-store key)."""
+    return _inside(url, root, None)
 
 
 def job_named(engine, job_spec: Any) -> EvalScope:

@@ -13,6 +13,14 @@ The runbook it replaces:
     7. evaluate   through the evaluation flow, on the fine-tuned HF folder
 
 Run: `forgeflow finetune JOB.yaml` or `python -m flows.finetune JOB.yaml`.
+
+A run created through Prefect's API (the `finetune` deployment: whoever can create a flow run
+chooses `spec_path`) reads and writes one orchestrator job's files only (issue 29): the spec file
+must be in a job's run directory (symlinks resolved; no `base:`), and the folders it names —
+`model_dir`, `data.data_dir`, `run_dir` — inside that same run directory, `checkpoint_url` in it
+or in the job's checkpoint prefix, `eval_suite` a suite name of this checkout
+(`evalsuite.job_scope`). Each refusal is one `ConfigError` before anything else is read. A
+direct Python call (the CLI, tests) is not checked: its caller already runs code as forgeflow.
 """
 
 from __future__ import annotations
@@ -66,15 +74,59 @@ def checkpoint_weights(model_folder: str, url: str, step: int) -> str:
     return url
 
 
+def _confined_to_a_job(spec_path: str) -> None:
+    """A fine-tuning run through the API touches one job's run directory (and checkpoint prefix)
+    only; ConfigError naming the field otherwise, before the spec's folders are looked at."""
+    import yaml
+
+    from evalsuite import job_scope
+    from infra.yaml_config import validate
+    from scheduler.orchestrator.seat import cluster_orchestrator
+    from training.config import ConfigError
+    from training.offload.spec import FinetuneSpec
+
+    scope = job_scope.job_holding(cluster_orchestrator().engine, spec_path)
+    if scope is None:
+        raise ConfigError(f"spec_path {spec_path} is in no job's run directory: a fine-tuning run through the API "
+                          "reads its spec from a job's run directory (write it there, or run `forgeflow finetune`)")
+    where = f"job {scope.job_id}'s run directory ({scope.run_dir})"
+    try:
+        data = yaml.safe_load(Path(spec_path.removeprefix("file://")).read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise ConfigError(f"spec_path {spec_path}: not a readable YAML file ({type(e).__name__})") from None
+    if not isinstance(data, dict) or "base" in data:
+        raise ConfigError(f"spec_path {spec_path}: a fine-tuning spec through the API is one YAML mapping "
+                          "without 'base:' (a base file is another file to read); merge it in")
+    spec = validate(FinetuneSpec, data, source=spec_path, kind="fine-tuning spec", error=ConfigError)
+    folders = {"model_dir": spec.model_dir, "run_dir": str(spec.resolved_run_dir())}
+    if spec.data.data_dir is not None:
+        folders["data.data_dir"] = spec.data.data_dir
+    for field, folder in folders.items():
+        if not job_scope.within(folder, str(scope.run_dir)):
+            raise ConfigError(f"{spec_path}: {field} {folder} is outside {where}; a fine-tuning run through the API "
+                              "reads and writes only its job's folders")
+    if spec.checkpoint_url is not None and not scope.holds_checkpoint(spec.checkpoint_url):
+        raise ConfigError(f"{spec_path}: checkpoint_url {spec.checkpoint_url} is outside {where} and its checkpoint "
+                          f"prefix ({scope.checkpoint_root}); leave it unset (<run_dir>/checkpoints)")
+    if spec.eval_suite is not None:
+        try:
+            job_scope.check_suite(spec.eval_suite)
+        except job_scope.EvalScopeError as e:
+            raise ConfigError(f"{spec_path}: eval_{e}") from None
+
+
 @flow(name="finetune", log_prints=True)
 def finetune(spec_path: str, evaluate: bool = True) -> dict:
     import torch
 
+    from flows.evaluate import _created_through_the_api
     from scheduler.offload.mapping import cross_map
     from scheduler.offload.profile import OffloadHardware
     from training.offload.executor import OffloadRunConfig, committed_checkpoint
     from training.offload.spec import load_finetune_spec
 
+    if _created_through_the_api():   # spec_path is whoever could create a flow run's: one job's files only
+        _confined_to_a_job(spec_path)
     spec = load_finetune_spec(spec_path)
     t, o = spec.training, spec.offload
     run_dir = spec.resolved_run_dir()
