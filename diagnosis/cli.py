@@ -3,6 +3,8 @@
 A diagnosis rule the failure agent learns is proposed: it applies only to the job family that
 learned it until an operator approves it (`rules approve NAME`, `--global` for every job) or
 rejects it (`rules reject NAME`); `rules list --learned` shows each rule's review and owner.
+On PostgreSQL the database decides who may (migration 0011): reviewing, and adding a rule by
+hand, take the operator role; a refusal is one line, exit 2. SQLite is single-user.
 
 Heavy imports (RE2, Hyperscan, the rule libraries) happen inside the command
 functions so `forgeflow --help` stays fast.
