@@ -128,6 +128,24 @@ sa.Index("ix_allocations_job_live", allocations.c.job_id, sqlite_where=live, pos
 sa.Index("ix_allocations_live_lease", allocations.c.cluster, allocations.c.lease_expires_at,
          sqlite_where=live, postgresql_where=live)
 
+# (migration 0012) Who gave way to whom: the decider records each preemption it asks for
+# (`asked_at`); the victim's release as preempted, or the decider's forced release at the
+# deadline, ends it (`ended_at`, `forced`). A victim that finished or was cancelled before it
+# stopped keeps `ended_at` NULL: it was asked, not preempted. `forgeflow cluster usage` counts
+# the ended ones, suffered by the victim's team or user and caused by the preemptor's.
+preemptions = sa.Table(
+    "preemptions", metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("cluster", sa.String(200), nullable=False),
+    sa.Column("job_id", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("preempted_by", sa.Integer, sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("asked_at", sa.Float, nullable=False),
+    sa.Column("ended_at", sa.Float, nullable=True),
+    sa.Column("forced", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+sa.Index("ix_preemptions_job_open", preemptions.c.job_id, sqlite_where=sa.text("ended_at IS NULL"),
+         postgresql_where=sa.text("ended_at IS NULL"))
+
 allocation_events = sa.Table(
     "allocation_events", metadata,
     sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),  # commit order under the scheduler lock

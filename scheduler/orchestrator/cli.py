@@ -137,9 +137,11 @@ def _register_team_rules(sub: argparse._SubParsersAction, common: argparse.Argum
     cap.add_argument("priority_class", metavar="CLASS")
     cap.set_defaults(func=_guard(_team_cap))
 
-    use = sub.add_parser("usage", parents=[common, named], help="GPU-hours by GPU type and queue time per team or user",
+    use = sub.add_parser("usage", parents=[common, named],
+                         help="GPU-hours by GPU type, queue time and preemptions per team or user",
                          description="A direct sum over the allocation history: every GPU's allocations clipped "
-                                     "to the window; queue time of the jobs admitted in it.")
+                                     "to the window; queue time of the jobs admitted in it; preemptions that "
+                                     "ended in it, suffered (the victim's) and caused (the preempting job's).")
     use.add_argument("--since", default="7d", help="window: 7d, 12h, 30m, 2w (default 7d)")
     use.add_argument("--by", choices=("team", "user"), default="team")
     use.set_defaults(func=_guard(_usage))
@@ -198,13 +200,14 @@ def _usage(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     table = Table(title=_plain(f"{report['cluster']}: usage over the last {args.since}"))
-    for col in (args.by, "GPU-hours", "by GPU type", "admissions", "mean queue"):
+    for col in (args.by, "GPU-hours", "by GPU type", "admissions", "mean queue", "preempted", "preempted others"):
         table.add_column(col)
     for r in report["rows"]:
         types = ", ".join(f"{t} {h:.2f}" for t, h in sorted(r["gpu_hours"].items()))
         mean = "-" if r["queue_s_mean"] is None else _ago(r["queue_s_mean"])
         table.add_row(*map(_plain, (r[args.by] or "(none)", f"{r['gpu_hours_total']:.2f}", types or "-",
-                                    str(r["admissions"]), mean)))
+                                    str(r["admissions"]), mean, str(r["preemptions_suffered"]),
+                                    str(r["preemptions_caused"]))))
     Console().print(table)
     return 0
 

@@ -56,7 +56,8 @@ from infra.statedb import (
 )
 from infra.statedb.batch import Pending
 from infra.statedb.clock import db_now
-from infra.statedb.schema import allocations, cluster_changes, clusters, control_plane, job_launches, jobs, nodes
+from infra.statedb.schema import (allocations, cluster_changes, clusters, control_plane, job_launches, jobs, nodes,
+                                  preemptions)
 from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
@@ -791,7 +792,7 @@ class Orchestrator:
                 request = r.stop_requested or {}
                 if request.get("preempted_by") is not None and request.get("deadline", float("inf")) <= now:
                     self._requeue_preempted(conn, r.id, r.submitted_at,
-                                            f"{request['reason']} (forced: not stopped by its deadline)")
+                                            f"{request['reason']} (forced: not stopped by its deadline)", forced=True)
                     out["forced"].append(r.id)
             if out["forced"]:
                 self._pass(conn, cname)  # the freed GPUs go to the jobs waiting for them
@@ -812,10 +813,13 @@ class Orchestrator:
                                 priority_of={str(k[2]): -k[0] for k in view.keys})
             for p in preemption.plan(snap, holders):
                 for victim in p.victims:
-                    conn.execute(sa.update(jobs).where(
+                    asked = conn.execute(sa.update(jobs).where(
                         jobs.c.id == int(victim), jobs.c.state == "running", jobs.c.stop_requested.is_(None)).values(
                         stop_requested={"by": "preemption", "reason": f"preempted by job {p.job_id}", "at": now,
                                         "deadline": now + stop_s, "preempted_by": int(p.job_id)}))
+                    if asked.rowcount:
+                        conn.execute(sa.insert(preemptions).values(
+                            cluster=cname, job_id=int(victim), preempted_by=int(p.job_id), asked_at=now))
                     out["asked"].append([int(victim), int(p.job_id)])
                 log.info("preempting %s for job %s (%.0f GPU-s since their checkpoints)",
                          ", ".join(p.victims), p.job_id, p.lost_gpu_s)
@@ -845,9 +849,14 @@ class Orchestrator:
             self._pass(conn, cname)
             return "running"
 
-    def _requeue_preempted(self, conn: Connection, job_id: int, submitted_at: float, why: str) -> None:
-        """End the job's allocations (history event `preempt`) and queue it at its submit time."""
+    def _requeue_preempted(self, conn: Connection, job_id: int, submitted_at: float, why: str, *,
+                           forced: bool = False) -> None:
+        """End the job's allocations (history event `preempt`), end its preemption record (what
+        `cluster usage` counts) and queue it at its submit time."""
         self._free_allocations(conn, allocations.c.job_id == job_id, self._now, "preempt")
+        values = {"ended_at": self._now, "forced": True} if forced else {"ended_at": self._now}
+        conn.execute(sa.update(preemptions).where(preemptions.c.job_id == job_id, preemptions.c.ended_at.is_(None))
+                     .values(**values))
         conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
             state="queued", queued_at=submitted_at, placement=None, reason=why, stop_requested=sa.null()))
         self._forget_view()

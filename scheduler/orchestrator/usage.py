@@ -3,8 +3,10 @@
 GPU-hours are a direct sum over the allocation history: every allocation row (one GPU of one
 admission; rows stay after their release) counts from its allocation to its release (or now,
 while live), clipped to the window. Queue time is each admission's wait, from the job's
-(last) queueing to its admission, for jobs admitted in the window. Preemptions are not
-counted yet (there is no preemption yet).
+(last) queueing to its admission, for jobs admitted in the window (a preempted job is queued
+again at its submit time, so its wait counts from there). Preemptions are the records that
+ended in the window (the victim released as preempted, or forced at its deadline): suffered by
+the victim's team or user, caused by the preempting job's.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from infra.statedb import read_transaction
-from infra.statedb.schema import allocations, gpus, jobs
+from infra.statedb.schema import allocations, gpus, jobs, preemptions
 from scheduler.orchestrator.config import OrchestratorError
 import scheduler.orchestrator.inventory as inventory
 
@@ -35,7 +37,8 @@ def parse_since(text: str) -> float:
 def usage(engine: Engine, cluster: str | None = None, *, since_s: float = 7 * 86400, by: str = "team",
           now: float | None = None) -> dict[str, Any]:
     """{"cluster", "since", "until", "by", "rows": [{key, gpu_hours: {type: h}, gpu_hours_total,
-    admissions, queue_s_total, queue_s_mean}]}; key is the team ("" without one) or the submitter."""
+    admissions, queue_s_total, queue_s_mean, preemptions_suffered, preemptions_caused}]}; key is
+    the team ("" without one) or the submitter."""
     if by not in ("team", "user"):
         raise OrchestratorError(f"--by {by!r}: give team or user")
     now = time.time() if now is None else now
@@ -54,11 +57,20 @@ def usage(engine: Engine, cluster: str | None = None, *, since_s: float = 7 * 86
         waits = conn.execute(sa.select(who, jobs.c.admitted_at - jobs.c.queued_at).where(
             jobs.c.cluster == name, jobs.c.admitted_at.is_not(None), jobs.c.admitted_at >= start,
             jobs.c.admitted_at < now)).all()
+        preemptor = jobs.alias("preemptor")
+        by_preemptor = preemptor.c.team if by == "team" else preemptor.c.submitted_by
+        preempted = conn.execute(
+            sa.select(who, by_preemptor)
+            .select_from(preemptions.join(jobs, jobs.c.id == preemptions.c.job_id)
+                         .join(preemptor, preemptor.c.id == preemptions.c.preempted_by))
+            .where(preemptions.c.cluster == name, preemptions.c.ended_at.is_not(None),
+                   preemptions.c.ended_at >= start, preemptions.c.ended_at < now)).all()
     rows: dict[str, dict[str, Any]] = {}
 
     def row(key: str | None) -> dict[str, Any]:
         return rows.setdefault(key or "", {by: key or "", "gpu_hours": {}, "gpu_hours_total": 0.0,
-                                           "admissions": 0, "queue_s_total": 0.0})
+                                           "admissions": 0, "queue_s_total": 0.0,
+                                           "preemptions_suffered": 0, "preemptions_caused": 0})
     for key, gpu_type, allocated, released, count in held:
         seconds = max(0.0, min(released if released is not None else now, now) - max(allocated, start)) * count
         entry = row(key)
@@ -68,6 +80,9 @@ def usage(engine: Engine, cluster: str | None = None, *, since_s: float = 7 * 86
         entry = row(key)
         entry["admissions"] += 1
         entry["queue_s_total"] += max(0.0, wait or 0.0)
+    for victim, preempting in preempted:
+        row(victim)["preemptions_suffered"] += 1
+        row(preempting)["preemptions_caused"] += 1
     for entry in rows.values():
         entry["queue_s_mean"] = entry["queue_s_total"] / entry["admissions"] if entry["admissions"] else None
     return {"cluster": name, "since": start, "until": now, "by": by,

@@ -11,12 +11,13 @@ import pytest
 import sqlalchemy as sa
 
 from infra.statedb import read_transaction
-from infra.statedb.schema import allocation_events
+from infra.statedb.schema import allocation_events, preemptions
 
 from scheduler.cluster import parse_cluster
 from scheduler.orchestrator import LeaseLostError, Orchestrator, OrchestratorConfig, OrchestratorError, demand_options
 from scheduler.orchestrator import double_booked
 from scheduler.orchestrator.node_lease import NodeLease
+from scheduler.orchestrator.usage import usage
 from scheduler.orchestrator.views import job_list
 
 ONE_CPU = {"name": "one", "policy": "has",
@@ -65,6 +66,10 @@ def test_a_low_priority_job_stops_for_a_high_one_and_comes_back_first_of_its_cla
     assert holder.release(a, outcome="preempted", attempt=a_admission.attempt) == "queued"
     assert orch.job(b)["state"] == "running"
 
+    with read_transaction(orch.engine) as conn:  # one record, ended by A's own release
+        records = conn.execute(sa.select(preemptions.c.job_id, preemptions.c.preempted_by, preemptions.c.forced,
+                                         preemptions.c.ended_at.is_not(None))).all()
+    assert [tuple(r) for r in records] == [(a, b, False, True)]
     orch.release(b)  # B ends: A (not the later job of its class) gets the GPU back
     assert orch.job(a)["state"] == "running" and orch.job(later)["state"] == "queued"
     assert orch.admission(a).attempt == a_admission.attempt + 1
@@ -99,6 +104,12 @@ def test_a_victim_that_never_stops_is_force_released_at_its_deadline(state_db_ur
         ends = conn.execute(sa.select(allocation_events.c.event, allocation_events.c.at).where(
             allocation_events.c.job_id == a, allocation_events.c.event != "allocate")).all()
     assert [e for e, _ in ends] == ["preempt"] and ends[0][1] >= deadline
+    with read_transaction(orch.engine) as conn:  # the record `cluster usage` counts: ended, forced
+        records = conn.execute(sa.select(preemptions.c.job_id, preemptions.c.preempted_by, preemptions.c.ended_at,
+                                         preemptions.c.forced)).all()
+    assert [(j, by, forced) for j, by, _, forced in records] == [(a, b, True)] and records[0][2] >= deadline
+    (me,) = usage(orch.engine, since_s=3600, by="user")["rows"]  # one submitter: it suffered and caused it
+    assert (me["preemptions_suffered"], me["preemptions_caused"]) == (1, 1)
     # its lease is revoked: the holder's renewal fails and the node's own check says gone
     with pytest.raises(LeaseLostError):
         holder.renew(a, attempt=a_admission.attempt)

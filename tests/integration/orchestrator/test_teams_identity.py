@@ -272,3 +272,36 @@ def test_a_role_in_two_teams_says_which(site, capsys, monkeypatch):
     assert _raw(site, "olga", "SELECT count(*) FROM jobs") == [(0,)]
     job = _as(site, "anna").submit("anna-train", demand_options(CLUSTER, 1), team="B")
     assert _as(site, "olga").job(job)["team"] == "B"
+
+
+def test_a_preemption_is_recorded_by_the_decider_ended_by_the_victims_role_and_counted_in_usage(site):
+    """The decider (operator) asks team A's job to give way to team B's; alice's own flow releases
+    it as preempted and ends the record (only its own: bob can neither write nor end records);
+    `cluster usage` counts it as suffered by A and caused by B."""
+    from scheduler.orchestrator import OrchestratorConfig
+    from scheduler.orchestrator.usage import usage
+
+    whole = demand_options(CLUSTER, 4, duration_s=600)
+    victim = _as(site, "alice").submit("alice-big", whole)
+    decider = Orchestrator(site["urls"]["olga"], OrchestratorConfig(preempt_stop_s=300))
+    assert victim in decider.reconcile().admitted
+    attempt = _as(site, "alice").admission(victim).attempt
+    urgent = _as(site, "bob").submit("bob-urgent", whole, priority=10)
+    assert decider.preempt() == {"asked": [[victim, urgent]], "forced": []}
+    # bob may not forge a record nor end the one of alice's job
+    with pytest.raises(sa.exc.ProgrammingError, match="row-level security|permission denied"):
+        _raw(site, "bob", "INSERT INTO preemptions (cluster, job_id, preempted_by, asked_at) "
+                          "VALUES ('teams-lab', :j, :j, 0)", j=urgent)
+    assert _raw(site, "bob", "UPDATE preemptions SET ended_at = 1 WHERE job_id = :j", j=victim) == 0
+    assert usage(decider.engine, since_s=3600)["rows"] == [] or all(
+        r["preemptions_suffered"] == 0 for r in usage(decider.engine, since_s=3600)["rows"])
+
+    assert _as(site, "alice").release(victim, outcome="preempted", attempt=attempt) == "running"
+    assert decider.job(victim)["state"] == "queued"
+    decider.reconcile()
+    assert decider.job(urgent)["state"] == "running"
+    rows = {r["team"]: r for r in usage(decider.engine, since_s=3600)["rows"]}
+    assert (rows["A"]["preemptions_suffered"], rows["A"]["preemptions_caused"]) == (1, 0)
+    assert (rows["B"]["preemptions_suffered"], rows["B"]["preemptions_caused"]) == (0, 1)
+    records = _raw(site, "bob", "SELECT job_id, preempted_by, ended_at IS NOT NULL, forced FROM preemptions")
+    assert [tuple(r) for r in records] == [(victim, urgent, True, False)]
