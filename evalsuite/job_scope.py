@@ -233,7 +233,7 @@ def check_not_given(**parameters: Any) -> None:
                                  "suite and the state directory); leave it unset")
 
 
-def check_cluster_file(engine, path: str | None) -> None:
+def check_cluster_file(engine, path: str | None, parameter: str = "slurm_cluster_file") -> None:
     if path is None:
         return
     import sqlalchemy as sa
@@ -244,5 +244,5 @@ def check_cluster_file(engine, path: str | None) -> None:
     with read_transaction(engine) as conn:
         sources = [s for (s,) in conn.execute(sa.select(clusters.c.source)) if s]
     if not any(_local(path, None) == _local(s, None) for s in sources):
-        raise EvalScopeError(f"slurm_cluster_file {path} is not the inventory of a cluster registered with the "
+        raise EvalScopeError(f"{parameter} {path} is not the inventory of a cluster registered with the "
                              "orchestrator; give a registered cluster's file (forgeflow cluster register FILE)")

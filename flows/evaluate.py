@@ -81,7 +81,7 @@ def _spec(job_spec: str | dict | JobSpec | None) -> JobSpec | None:
     return as_job_spec(job_spec) if job_spec else None
 
 
-def _created_through_the_api() -> bool:
+def created_through_the_api() -> bool:
     """Whether this flow run was created from a deployment (its parameters are whoever could
     create a flow run's), not by a Python call of the flow (whose caller already runs code here)."""
     from prefect.context import FlowRunContext
@@ -125,7 +125,7 @@ def evaluate_checkpoint(checkpoint: CheckpointRef | dict | str, suite: str = "qu
     a registered cluster, default the only one), held until the evaluation ends.
     `submitter="slurm"`: each trial is a Slurm batch job instead (Slurm places it; the slurm:
     section of `slurm_cluster_file`, default the environment's Slurm); metric jobs stay task runs."""
-    if _created_through_the_api():   # parameters that name files must be its job's (evalsuite.job_scope)
+    if created_through_the_api():   # parameters that name files must be its job's (evalsuite.job_scope)
         job_spec = _confined_to_its_job(checkpoint, suite, job_spec, output_dir, preload_root, history_path,
                                         slurm_cluster_file)
     slurm = _slurm_settings(submitter, slurm_cluster_file, nodes or node_count)
@@ -216,7 +216,7 @@ def evaluate_catch_up(job_spec: str | JobSpec | None = None, suite: str | None =
     Run from its deployment, the registered jobs (a Prefect Variable) and the parameters
     are checked like evaluate-checkpoint's: each is a job the orchestrator knows, evaluated
     with its recorded spec and a suite name (evalsuite.job_scope)."""
-    through_api = _created_through_the_api()
+    through_api = created_through_the_api()
     if job_spec is not None:
         spec = _recorded_spec(job_spec, suite or "quick") if through_api else _spec(job_spec)
         register_for_evaluation(spec, suite or "quick")

@@ -119,13 +119,13 @@ def _confined_to_a_job(spec_path: str) -> None:
 def finetune(spec_path: str, evaluate: bool = True) -> dict:
     import torch
 
-    from flows.evaluate import _created_through_the_api
+    from flows.evaluate import created_through_the_api
     from scheduler.offload.mapping import cross_map
     from scheduler.offload.profile import OffloadHardware
     from training.offload.executor import OffloadRunConfig, committed_checkpoint
     from training.offload.spec import load_finetune_spec
 
-    if _created_through_the_api():   # spec_path is whoever could create a flow run's: one job's files only
+    if created_through_the_api():   # spec_path is whoever could create a flow run's: one job's files only
         _confined_to_a_job(spec_path)
     spec = load_finetune_spec(spec_path)
     t, o = spec.training, spec.offload

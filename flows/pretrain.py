@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from dataclasses import dataclass, field
 
 from prefect import flow, get_run_logger
@@ -44,6 +45,7 @@ from scheduler.cluster import load_inventory
 from scheduler.orchestrator.seat import ProgressReport, Seat, cluster_orchestrator, withdraw
 from scheduler.planner import next_plan_hint
 from tasks.checkpoint_events import CommitAnnouncer
+from flows.evaluate import created_through_the_api
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
     FlowSeat,
@@ -107,7 +109,10 @@ def pretrain(
     Args:
         job_spec: the job spec: a YAML path on this machine, or its content (the validated
             spec as a JSON object, so a worker on another machine needs no file of the submitter's).
-        cluster: cluster inventory YAML, or "local" to detect this machine.
+            A run created through the API (a deployment's) ignores it: it trains `job_id` with
+            the spec the orchestrator recorded.
+        cluster: cluster inventory YAML, or "local" to detect this machine (through the API: a
+            registered cluster's file).
         max_restarts: restarts allowed before giving up.
         hang_timeout_s: a rank whose heartbeat stops this long is hung.
         skip_batches: batches skipped after rolling back from a loss spike.
@@ -122,6 +127,8 @@ def pretrain(
         job_id: a job `forgeflow submit` already queued (its spec is `job_spec`): this run
             takes it up instead of queueing a new one.
     """
+    if created_through_the_api():  # its parameters are whoever could create a flow run's
+        job_spec = _recorded_spec(job_id, cluster)
     spec = as_job_spec(job_spec)
     # 1. Fail fast on what would fail later: the data.
     prepare_data(spec)
@@ -134,7 +141,8 @@ def pretrain(
     inventory = load_inventory(cluster)
     db = flow_db_retry(spec.name)
     orchestrator = db.call(cluster_orchestrator, "opening the state database")
-    cluster_name = join_cluster(orchestrator, inventory, db=db)
+    cluster_name = join_cluster(orchestrator, inventory, db=db,
+                                source=None if cluster in ("", "local") else str(Path(cluster).resolve()))
     submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db)
     job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
     db.subject = f"{spec.name} (job {job_id})"
@@ -172,6 +180,31 @@ def pretrain(
         withdraw(orchestrator, job_id, db)  # a run cancelled while it waits leaves the queue
         publish_cluster_table(orchestrator, cluster_name)
     return result
+
+
+def _recorded_spec(job_id: int | None, cluster: str) -> dict:
+    """A run created through the API trains a job `forgeflow submit` queued, with the spec the
+    orchestrator recorded for it, on this machine or a registered cluster: it reads no spec file
+    and no inventory file a parameter points at (issue 29). ConfigError otherwise, one line."""
+    from evalsuite import job_scope
+    from training.config import ConfigError
+
+    if job_id is None:
+        raise ConfigError("a pretrain run created through the API trains a job `forgeflow submit` queued: give its "
+                          "job_id (the spec then comes from the state database, not from this run's parameters)")
+    orchestrator = cluster_orchestrator()
+    if cluster not in ("", "local"):
+        try:
+            job_scope.check_cluster_file(orchestrator.engine, cluster, "cluster")
+        except job_scope.EvalScopeError as e:
+            raise ConfigError(str(e)) from None
+    try:
+        recorded = orchestrator.job(job_id)["spec"]
+    except OrchestratorError as e:
+        raise ConfigError(f"job_id {job_id}: {e}") from None
+    if not recorded:
+        raise ConfigError(f"job {job_id} has no recorded spec (queued by an older forgeflow): submit it again")
+    return recorded
 
 
 def _name_this_run(orchestrator, job_id: int, name: str, db) -> None:

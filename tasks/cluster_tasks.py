@@ -64,10 +64,13 @@ def publish_cluster_table(orch: Orchestrator, cluster: str) -> None:
 
 
 @task(name="join-cluster", cache_policy=NO_CACHE)
-def join_cluster(orch: Orchestrator, inventory: Cluster, db: StateDbRetry | None = None) -> str:
-    """`sync_inventory`: the inventory registered (or updated) with the orchestrator, its
-    unschedulable nodes cordoned there too; then the cluster table."""
-    if (db or StateDbRetry()).call(lambda: sync_inventory(orch, inventory), f"joining cluster {inventory.name}"):
+def join_cluster(orch: Orchestrator, inventory: Cluster, db: StateDbRetry | None = None,
+                 source: str | None = None) -> str:
+    """`sync_inventory`: the inventory (from the file `source`, None for this machine) registered
+    (or updated) with the orchestrator, its unschedulable nodes cordoned there too; then the
+    cluster table."""
+    if (db or StateDbRetry()).call(lambda: sync_inventory(orch, inventory, source=source),
+                                   f"joining cluster {inventory.name}"):
         get_run_logger().info("registered cluster %s (%d GPUs) with the orchestrator", inventory.name,
                               inventory.total_gpus)
     else:

@@ -53,17 +53,19 @@ def cluster_orchestrator(db_url: str | None = None) -> Orchestrator:
     return Orchestrator(db_url, OrchestratorConfig(lease_s=FLOW_LEASE_S, grace_s=FLOW_GRACE_S))
 
 
-def sync_inventory(orch: Orchestrator, inventory: Cluster, by: str = "pretrain flow") -> bool:
+def sync_inventory(orch: Orchestrator, inventory: Cluster, by: str = "pretrain flow", *,
+                   source: str | None = None) -> bool:
     """Register the inventory, or update it when its nodes changed (node health recorded in the
     orchestrator is kept either way); cordon the nodes the inventory marks unschedulable (e.g.
     drained in Slurm) and uncordon those it no longer marks, if that cordon was the inventory's.
-    True when the inventory was (re-)registered."""
+    `source`: the inventory's file, recorded with it (what `default_cluster_source` and a run
+    created through the API may name). True when the inventory was (re-)registered."""
     known = _nodes_or_none(orch, inventory.name)
     registered = {n["node"]: n["state"] for n in known}
     shape = {(n["node"], n["gpu_type"], n["gpu_count"]) for n in known}
     changed = shape != {(n.name, n.gpu_type, n.gpu_count) for n in inventory.nodes}
     if changed:
-        orch.register(inventory, source=by)
+        orch.register(inventory, source=source)
     reasons = {n["node"]: n["reason"] or "" for n in known}
     for node in inventory.nodes:  # mirror what the batch system says (a cordon of ours stays ours)
         if node.cordoned and registered.get(node.name, "ready") == "ready":
@@ -133,8 +135,10 @@ def queue_spec(spec: JobSpec, cluster_source: str | None = None, priority: int =
     from scheduler.cluster import load_inventory
 
     orch = cluster_orchestrator()
-    inventory = load_inventory(cluster_source or default_cluster_source(orch))
-    sync_inventory(orch, inventory, by=by)
+    cluster_source = cluster_source or default_cluster_source(orch)
+    inventory = load_inventory(cluster_source)
+    sync_inventory(orch, inventory, by=by,
+                   source=None if cluster_source in ("", "local") else str(Path(cluster_source).resolve()))
     return plan_and_submit(orch, spec, inventory.name, priority, gpu_type=gpu_type, gpus=gpus)
 
 

@@ -71,7 +71,6 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
                                                                                 tmp_path):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
-    from prefect.deployments import run_deployment
     from prefect.states import Cancelling
 
     inventory = tmp_path / "one-slot.yaml"
@@ -81,11 +80,6 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     orch = Orchestrator()
 
     specs = {}
-
-    def start(name: str, steps: int):
-        job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
-        parameters = {"job_spec": str(job), "cluster": str(inventory), "launcher": "local"}
-        return run_deployment("pretrain/pretrain", parameters=parameters, timeout=0, as_subflow=False)
 
     def submit(name: str, steps: int):
         """`forgeflow submit` with PREFECT_API_URL set: a flow run of the deployment, the spec as content."""
@@ -139,18 +133,18 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     # test_prefect_deployments' test_cancelling_the_flow_run_kills_every_training_process:
     # the same deployment run on a worker, cancelled while it trains; sharing this run
     # saves a deployment and a flow run's start-up).
-    holder = start("queue-holder", 100000)
+    _, holder_run = submit("queue-holder", 100000)
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
-    waiter = start("queue-waiter", 10)
+    _, waiter_run = submit("queue-waiter", 10)
     _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")
     running = _until("the holder's training ranks to start", lambda: _ranks(specs["queue-holder"]), timeout_s=240)
     pids = {p.pid for p in running}
     with get_client(sync_client=True) as client:
-        client.set_flow_run_state(waiter.id, Cancelling(), force=True)
-        assert _final_state(client, waiter.id, 180).is_cancelled()
+        client.set_flow_run_state(waiter_run, Cancelling(), force=True)
+        assert _final_state(client, waiter_run, 180).is_cancelled()
         assert _job(orch, "queue-waiter")["state"] == "cancelled"  # out of the queue, never admitted
-        client.set_flow_run_state(holder.id, Cancelling(), force=True)
-        assert _final_state(client, holder.id, 180).is_cancelled()
+        client.set_flow_run_state(holder_run, Cancelling(), force=True)
+        assert _final_state(client, holder_run, 180).is_cancelled()
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and any(psutil.pid_exists(pid) for pid in pids):
         time.sleep(0.5)

@@ -82,14 +82,17 @@ def test_cancelling_the_pretrain_run_scancels_its_slurm_job(slurm, slurm_job, sl
             assert deploy_all(cluster=str(slurm_cluster), pool="forgeflow-slurm") == 0
             server.start_worker("forgeflow-slurm", "default")
             job = slurm_job("slurm-cancel", training={"steps": 100000})
-            run = run_deployment("pretrain/pretrain", timeout=0, as_subflow=False, parameters={
-                "job_spec": str(job), "cluster": str(slurm_cluster), "launcher": "slurm"})
-
             from infra.runfiles import attempt_spec_path
+            from scheduler.orchestrator.seat import queue_spec
             from training.config import load_job_spec
 
+            # a deployment's run trains a queued job, with the spec the orchestrator recorded
+            queued = queue_spec(load_job_spec(job), str(slurm_cluster))
+            run = run_deployment("pretrain/pretrain", timeout=0, as_subflow=False, parameters={
+                "job_spec": str(job), "job_id": queued.job_id, "cluster": str(slurm_cluster), "launcher": "slurm"})
+
             # the ranks read the spec the flow wrote into the job's run directory
-            spec_dir = str(attempt_spec_path(load_job_spec(job).resolved_run_dir, 0).parent)
+            spec_dir = str(attempt_spec_path(queued.spec.resolved_run_dir, 0).parent)
 
             def ranks() -> list[int]:
                 return [p.pid for p in psutil.process_iter(["cmdline"])
