@@ -70,8 +70,7 @@ class LocalPrefectServer:
     """`prefect server start` on 127.0.0.1 with its own home and database, plus workers."""
 
     def __init__(self, home: Path, repo_root: Path, port: int | None = None, database_url: str | None = None,
-                 startup_timeout_s: float = 180.0, settings: dict[str, str] | None = None,
-                 server_module: str = "prefect"):
+                 startup_timeout_s: float = 180.0, settings: dict[str, str] | None = None):
         self.home = Path(home)
         self.repo_root = Path(repo_root)
         self.url = f"http://127.0.0.1:{port or free_port()}/api"
@@ -85,8 +84,7 @@ class LocalPrefectServer:
         self.logs = self.home / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         port_arg = self.url.rsplit(":", 1)[1].split("/", 1)[0]
-        # `server_module`: Prefect's CLI, or a module that adjusts the server before running it
-        self.server = self._spawn("server", [sys.executable, "-m", server_module, "server", "start",
+        self.server = self._spawn("server", [sys.executable, "-m", "prefect", "server", "start",
                                              "--host", "127.0.0.1", "--port", port_arg])
         self.workers: list[subprocess.Popen] = []
         deadline = time.monotonic() + startup_timeout_s  # PostgreSQL migrations take a minute on 2 cores

@@ -101,10 +101,8 @@ class PrefectServer(LocalPrefectServer):
     e.g. postgresql+asyncpg://...), plus workers: testing.prefect_server's, as the benchmarks use it."""
 
     def __init__(self, home: Path, port: int, repo_root: Path, database_url: str | None = None):
-        # on SQLite, Prefect's transactions take the write lock up front (prefect_sqlite_server)
         super().__init__(home, repo_root, port=port, database_url=database_url,
-                         settings=SCHEDULER_SETTINGS, server_module="prefect" if database_url else
-                         "tests.integration.flows.prefect_sqlite_server")
+                         settings=SCHEDULER_SETTINGS)
 
 
 # The scheduler service creates the runs of scheduled deployments (every 60 s by default);

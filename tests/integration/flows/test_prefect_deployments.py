@@ -186,7 +186,25 @@ def test_a_scheduled_deployment_gets_its_runs_created_and_run(deployed_once):
     assert len(runs) >= 2, f"the scheduler created {len(runs)} run(s) of the scheduled deployment"
     assert "COMPLETED" in states, f"no scheduled run completed: {states}"
     logged = server_log.read_bytes()[log_start:].decode(errors="replace")
-    assert "Traceback" not in logged, logged[logged.index("Traceback"):][:3000]
+    unexpected = [t for t in _tracebacks(logged) if not _prefect_sqlite_lock_upgrade(t)]
+    assert not unexpected, unexpected[0][:3000]
+
+
+def _tracebacks(log: str) -> list[str]:
+    """Each traceback in a server log, up to the next one."""
+    starts = [i for i in range(len(log)) if log.startswith("Traceback", i)]
+    return [log[a:b] for a, b in zip(starts, starts[1:] + [len(log)])]
+
+
+def _prefect_sqlite_lock_upgrade(traceback: str) -> bool:
+    """Prefect's own services (foreman, late runs, repossessor) read, then write, in one DEFERRED
+    SQLite transaction; in WAL mode the upgrade fails at once with "database is locked" when
+    another connection committed meanwhile (a busy timeout cannot help), and the service's next
+    loop does it again. Seen here under load, from the foreman; upstream fixes the class call by
+    call (PrefectHQ/prefect#22967). Only that failure is Prefect's SQLite test database's, not a
+    failing loop such as the bulk-DML one this test exists for; PostgreSQL has no such failure.
+    (Making every transaction IMMEDIATE instead stalled Prefect's event triggers.)"""
+    return "database is locked" in traceback and "sqlite3.OperationalError" in traceback
 
 
 # The two-node recovery drill tests the flow, not Prefect's database: it runs once, on the
