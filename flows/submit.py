@@ -99,15 +99,30 @@ def queue_from_args(args: argparse.Namespace, by: str):
 
 
 def _submit(args: argparse.Namespace) -> int:
-    from infra.statedb import read_transaction
     from infra.statedb.url import DB_URL_ENV
-    from scheduler.orchestrator.identity import TEAM_ENV, submit_team
+    from scheduler.orchestrator.identity import TEAM_ENV
+
+    # --db and --team hold for this submission (the orchestrator's submit and the runner, a
+    # child of this process, read them from the environment), not for whatever this process
+    # does next (the CLI called in-process, as tests and scripts do)
+    given = {DB_URL_ENV: args.db, TEAM_ENV: args.team}
+    saved = {name: os.environ.get(name) for name, value in given.items() if value}
+    os.environ.update({name: value for name, value in given.items() if value})
+    try:
+        return _submit_now(args)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _submit_now(args: argparse.Namespace) -> int:
+    from infra.statedb import read_transaction
+    from scheduler.orchestrator.identity import submit_team
     from scheduler.orchestrator.seat import cluster_orchestrator
 
-    if args.db:
-        os.environ[DB_URL_ENV] = args.db  # the runner (a child of this process) uses it too
-    if args.team:
-        os.environ[TEAM_ENV] = args.team  # read by the orchestrator's submit (and the runner)
     orch = cluster_orchestrator()
     with read_transaction(orch.engine) as conn:  # an unknown team, a role in none: one line, before
         submit_team(conn, orch.identity, args.team)  # anything is planned or registered
