@@ -30,6 +30,7 @@ from prefect import flow, get_run_logger
 from infra.atomic_write import atomic_write
 from infra.launch import LaunchRequest, exit_code_path, node_log_path, start_node
 from infra.lease_guard import LeaseGuard, look_every_s
+from tasks.cluster_tasks import flow_db_retry
 
 
 @flow(name="node-launch", log_prints=True)
@@ -50,9 +51,12 @@ def node_launch(job_id: int, launch: str, node: str, grace_s: float = 10.0) -> i
     from scheduler.orchestrator.node_lease import NodeLease
     from scheduler.orchestrator.seat import cluster_orchestrator
 
-    orchestrator = cluster_orchestrator()
-    launch_request = LaunchRequest.from_dict(orchestrator.launch_for(job_id, launch, node))
-    admission = orchestrator.admission(job_id)  # the admission this launch runs under
+    # a state database outage is waited out (logged, alerted once it lasts), not a failed launch
+    db = flow_db_retry(f"job {job_id}, launch {launch} on {node}")
+    orchestrator = db.call(cluster_orchestrator, "opening the state database")
+    launch_request = LaunchRequest.from_dict(db.call(lambda: orchestrator.launch_for(job_id, launch, node),
+                                                     f"reading launch {launch}"))
+    admission = db.call(lambda: orchestrator.admission(job_id), f"reading job {job_id}'s admission")
     if admission is None:
         raise RuntimeError(f"refusing to run launch {launch!r} of job {job_id} on node {node!r}: "
                            "the job was queued again, it holds no GPUs")

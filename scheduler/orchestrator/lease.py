@@ -10,7 +10,9 @@ A process that dies without reaching the `finally` stops renewing; the lease the
 expires and the GPUs go back to the pool (see `Orchestrator._expire`).
 
 While the state database cannot be reached the holder keeps its work running and retries
-every RETRY_S (at most every lease_s / 3): a renewal that fails is never a reason to stop. When
+every RETRY_S (at most every lease_s / 3): a renewal that fails is never a reason to stop. Each
+failed renewal counts towards the flow's outage (`db`, a StateDbRetry): a job that only trains
+alerts once the outage lasts, as a waiting one does. When
 the database comes back after an outage longer than a lease, its first writer records an
 epoch and no lease is reclaimed until every holder has had a full lease period to renew
 (`scheduler.orchestrator.epoch`), so the holder's next retry keeps its GPUs.
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from infra.statedb.retry import StateDbRetry
+from infra.statedb.retry import OUTAGE_ERRORS, StateDbRetry
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
 from scheduler.orchestrator.service import Orchestrator
 
@@ -61,6 +63,7 @@ class HeldJob:
                 self.orchestrator.renew(self.job_id, self.attempt)
                 if failing:
                     log.warning("lease of job %s renewed again after %d failed tries", self.job_id, failing)
+                    self.db.answered(f"job {self.job_id}'s lease renewal")
                 wait, failing = self.every_s, 0
                 self.stop_requested = self.orchestrator.stop_request(self.job_id)
                 # keep this process's view of the cluster near current, so the release at the end
@@ -73,6 +76,8 @@ class HeldJob:
             except Exception as e:  # the database is out of reach: the work goes on, retry soon
                 failing += 1
                 wait = min(self.every_s, RETRY_S)
+                if isinstance(e, OUTAGE_ERRORS):  # the flow's one outage: alerted once it lasts
+                    self.db.failed(e, f"job {self.job_id}'s lease renewal (its work goes on)")
                 if failing == 1 or failing % 10 == 0:
                     log.warning("lease renewal of job %s failed (%d tries so far), its work goes on; "
                                 "retrying every %.0f s: %s", self.job_id, failing, wait, e)

@@ -151,6 +151,24 @@ def test_a_holder_releases_its_gpus_through_an_outage(server, url):
     assert double_booked(orch.engine) == 0
 
 
+def test_a_holder_that_only_trains_alerts_a_long_outage_and_its_end(server, url, slack):
+    """No call of the flow waits while its job trains: the lease renewals' failures are what
+    count towards the flow's outage, so it is alerted once it lasts (and its end said), and the
+    holder keeps its GPUs through it."""
+    orch, holder, waiter = _full_cluster(url)
+    db = StateDbRetry(OutagePolicy(alert_after_s=1.0, **FAST), notify=Notifier(slack.url).send, subject="trainer")
+    with HeldJob(orch, holder, every_s=0.2, db=db) as held:
+        server.stop()
+        _until(lambda: slack.bodies, "the outage alert from the renewals")
+        assert "the state database has been unreachable" in slack.texts()[0]
+        assert "lease renewal" in str(slack.bodies[0])  # what waited: the renewals
+        server.start()
+        _until(lambda: any("answers again" in t for t in slack.texts()), "the recovery alert")
+        assert held.lost is None
+    assert orch.job(holder)["state"] == "finished" and orch.job(waiter)["state"] == "running"
+    assert double_booked(orch.engine) == 0
+
+
 def test_a_retry_gives_up_when_told_and_lets_other_errors_through(server, url):
     from scheduler.orchestrator import OrchestratorError
 
