@@ -141,6 +141,15 @@ def job_holding(engine, path: str | Path) -> EvalScope | None:
     return None if job_id is None else _scope(_job_row(engine, job_id))
 
 
+def job_storing(engine, url: str) -> EvalScope | None:
+    """The job whose checkpoint prefix holds the object-store `url` (its recorded spec and
+    folders), or None: what a diagnosis through the API may fetch from S3 (flows/diagnose.py)."""
+    try:
+        return _owner_of_checkpoint(engine, url)
+    except EvalScopeError:
+        return None
+
+
 def within(url: str, root: str) -> bool:
     """Whether `url` (a local path, file:// or object-store URL) names `root` or something under it
     (symlinks resolved; no '.', '..' or empty key segment in an object-store key)."""

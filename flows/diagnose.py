@@ -46,9 +46,22 @@ def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> P
             raise PermissionError(f"refusing to read {log_url}: it is in no job's run directory (this flow reads "
                                   "job logs only; on your own machine `forgeflow diagnose FILE` reads any file)")
         return path
+    # an object-store log is a job's too: under its checkpoint prefix, fetched from the endpoint
+    # its spec names (a parameter must not point the worker's credentials at any bucket or host)
+    from evalsuite import job_scope
+    from scheduler.orchestrator.seat import cluster_orchestrator
+
+    scope = job_scope.job_storing(cluster_orchestrator().engine, log_url)
+    if scope is None:
+        raise PermissionError(f"refusing to fetch {log_url}: it is under no job's checkpoint prefix (this flow reads "
+                              "job logs only; on your own machine `forgeflow diagnose FILE` reads any file)")
+    if endpoint_url not in (None, "", scope.spec.checkpoint.endpoint_url):
+        raise PermissionError(f"refusing endpoint_url {endpoint_url}: job {scope.job_id}'s checkpoints are at "
+                              f"{scope.spec.checkpoint.endpoint_url or 'AWS S3'}; leave endpoint_url unset")
     root, _, key = log_url.rstrip("/").rpartition("/")
-    target = Path(work_dir) / key
-    open_storage(root, StorageOptions(endpoint_url=endpoint_url)).get_file(key, target)
+    target = Path(work_dir) / Path(key).name
+    open_storage(root, StorageOptions(endpoint_url=scope.spec.checkpoint.endpoint_url,
+                                      region=scope.spec.checkpoint.region)).get_file(key, target)
     return target
 
 
@@ -79,9 +92,11 @@ def diagnose_failure(log_url: str, alert: bool = False, endpoint_url: str | None
 
     Args:
         log_url: the log: a path, file:///path (in a job's run directory: that job's name is the
-            family whose learned rules apply) or s3://bucket/key (no family).
+            family whose learned rules apply) or s3://bucket/key under a job's checkpoint prefix
+            (no family).
         alert: also send the diagnosis to Slack (the Slack webhook block `forgeflow deploy` set up, or SLACK_WEBHOOK_URL).
-        endpoint_url: S3 endpoint for S3-compatible stores (AWS S3: leave empty).
+        endpoint_url: leave unset: an S3 log is fetched from the endpoint its job's spec names
+            (a different one is refused).
     """
     with tempfile.TemporaryDirectory(prefix="forgeflow-diagnose-") as work:
         path = fetch_log(log_url, work, endpoint_url)

@@ -65,9 +65,14 @@ def test_reads_no_file_outside_a_job(prefect_api, job_log, tmp_path):
     assert fetch_log(f"file://{job_log}", str(tmp_path)) == job_log
 
 
-def test_diagnoses_a_log_in_s3(prefect_api, monkeypatch):
+def test_diagnoses_a_log_in_s3(prefect_api, monkeypatch, tmp_path):
+    """A log under a job's checkpoint prefix, fetched from the endpoint its spec names; any other
+    bucket, prefix or endpoint is refused before anything is fetched."""
     import boto3
     from moto.server import ThreadedMotoServer
+
+    from scheduler.orchestrator.seat import queue_spec
+    from training.config import load_job_spec
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,11 +84,21 @@ def test_diagnoses_a_log_in_s3(prefect_api, monkeypatch):
         for key, value in {"AWS_ACCESS_KEY_ID": "moto", "AWS_SECRET_ACCESS_KEY": "moto",
                            "AWS_DEFAULT_REGION": "us-east-1"}.items():
             monkeypatch.setenv(key, value)
+        monkeypatch.setenv("FORGEFLOW_DB_URL", f"sqlite:///{tmp_path / 'state.db'}")
+        spec = load_job_spec("configs/tiny-cpu.yaml", {"run_dir": str(tmp_path / "runs/{name}/{job}"),
+                                                       "checkpoint": {"url": "s3://failed-jobs/job-7",
+                                                                      "endpoint_url": endpoint}})
+        queue_spec(spec, "configs/clusters/frenzy-testbed.yaml", gpu_type="A800-80G", gpus=4)
         s3 = boto3.client("s3", endpoint_url=endpoint)
         s3.create_bucket(Bucket="failed-jobs")
         s3.upload_file(str(LOG), "failed-jobs", "job-7/attempt-0.log")
-        result = diagnose_failure("s3://failed-jobs/job-7/attempt-0.log", endpoint_url=endpoint)
+        s3.upload_file(str(LOG), "failed-jobs", "other/attempt-0.log")
+        result = diagnose_failure("s3://failed-jobs/job-7/attempt-0.log")  # the job's endpoint, from its spec
         assert result["root_cause"] == "ECCError"
+        with pytest.raises(PermissionError, match="under no job's checkpoint prefix"):
+            diagnose_failure("s3://failed-jobs/other/attempt-0.log")
+        with pytest.raises(PermissionError, match="refusing endpoint_url http://169.254.169.254"):
+            diagnose_failure("s3://failed-jobs/job-7/attempt-0.log", endpoint_url="http://169.254.169.254")
         with pytest.raises(Exception, match="no log file"):
             diagnose_failure(str(LOG.with_name("missing.log")))
     finally:
