@@ -44,10 +44,15 @@ def flow_db_retry(subject: str) -> StateDbRetry:
     """The flow run's StateDbRetry: its waits in the run's log, its alerts through the flow's
     notifier (Slack) with a link to the run, after $FORGEFLOW_DB_ALERT_AFTER_S (default 60 s)."""
     from prefect import runtime
+    from prefect.exceptions import MissingContextError
 
     from tasks.pretrain_tasks import build_notifier
 
-    return StateDbRetry(OutagePolicy.from_environ(), notify=build_notifier().send, logger=get_run_logger(), subject=subject,
+    try:
+        logger = get_run_logger()
+    except MissingContextError:  # the flow's function called directly (`.fn`): no run to log into
+        return StateDbRetry(OutagePolicy.from_environ(), subject=subject)
+    return StateDbRetry(OutagePolicy.from_environ(), notify=build_notifier().send, logger=logger, subject=subject,
                         link=flow_run_url(runtime.flow_run.id))
 
 
