@@ -137,6 +137,8 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
     _, waiter_run = submit("queue-waiter", 10)
     _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")
+    with get_client(sync_client=True) as client:  # its flow run waits for GPUs (submit queued the job itself)
+        _until("the waiter's flow run to run", lambda: client.read_flow_run(waiter_run).state.is_running())
     running = _until("the holder's training ranks to start", lambda: _ranks(specs["queue-holder"]), timeout_s=240)
     pids = {p.pid for p in running}
     with get_client(sync_client=True) as client:
