@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Protocol
@@ -214,18 +213,6 @@ class Launcher(Protocol):
     def start(self, request: LaunchRequest) -> LaunchedJob: ...
 
 
-NODE_TOKEN_ENV = "FORGEFLOW_NODE_TOKEN"  # set by start_node on a node's reaper; its tree inherits it
-
-
-def _carries(p: psutil.Process, tokens: set[str]) -> bool:
-    """Whether the process's environment holds one of `tokens` (False when it cannot be read:
-    gone, a zombie, another user's)."""
-    try:
-        return p.environ().get(NODE_TOKEN_ENV) in tokens
-    except (psutil.Error, OSError):
-        return False
-
-
 @dataclass
 class LocalJob:
     request: LaunchRequest
@@ -241,11 +228,8 @@ class LocalJob:
     def _tree(self) -> list[psutil.Process]:
         """Every live process of this job, found even when its reaper is gone: each reaper leads
         its own process group (`start_node`), which torchrun shares, and the ranks are torchrun's
-        children (in sessions of their own, so not in the group). Only processes that carry one
-        of this job's node tokens count: once a reaper is reaped, its pid (and so its group's id)
-        may be another program's (pid_max is often 32768), which must never be signalled."""
+        children (in sessions of their own, so not in the group)."""
         reapers = {proc.pid for proc in self.processes.values()}
-        tokens = {getattr(proc, "forgeflow_token", None) for proc in self.processes.values()} - {None}
         roots: dict[int, psutil.Process] = {}
         for p in psutil.process_iter():
             try:
@@ -259,7 +243,7 @@ class LocalJob:
                 found.update((c.pid, c) for c in root.children(recursive=True))
             except psutil.NoSuchProcess:
                 continue
-        return [p for pid, p in found.items() if self._unreaped(pid) and _carries(p, tokens)]
+        return [p for pid, p in found.items() if self._unreaped(pid)]
 
     def _unreaped(self, pid: int) -> bool:
         proc = next((p for p in self.processes.values() if p.pid == pid), None)
@@ -407,21 +391,16 @@ def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) 
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spec = resolve_rendezvous(spec, request)
     command = node_command(spec, request, grace_s)
-    # what marks this node's processes (reaper, torchrun, ranks inherit it): a process group or
-    # a pid alone could be another program's once the reaper is reaped and its pid reused
-    token = uuid.uuid4().hex
     with open(log_path, "ab") as log:
-        proc = subprocess.Popen(
+        return subprocess.Popen(
             command,
-            env={**node_env(spec, request), NODE_TOKEN_ENV: token},
+            env=node_env(spec, request),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=os.getcwd(),
             process_group=0,  # torchrun shares it: LocalJob finds it after a SIGKILLed reaper
         )
-    proc.forgeflow_token = token  # type: ignore[attr-defined]
-    return proc
 
 
 class LocalLauncher:
