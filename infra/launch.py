@@ -26,6 +26,7 @@ from typing import Iterable, Mapping, Protocol
 import psutil
 
 from infra.atomic_write import atomic_write_json
+from infra.reaper import stop_processes
 
 
 
@@ -268,19 +269,7 @@ class LocalJob:
                 pass
         # What a reaper did not stop: one that hung, or one SIGKILLed, whose torchrun (told by
         # its parent-death signal, infra/reaper.py) may still be stopping its ranks.
-        left = self._tree()
-        for p in left:
-            try:
-                p.terminate()
-            except psutil.NoSuchProcess:
-                pass
-        _, alive = psutil.wait_procs(left, timeout=grace_s)
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(alive, timeout=5)
+        stop_processes(self._tree(), grace_s)
         for proc in self.processes.values():
             proc.wait()
 

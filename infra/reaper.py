@@ -74,6 +74,12 @@ def kill_tree(root_pid: int, grace_s: float, include_root: bool = False) -> list
             procs.append(root)
     except psutil.NoSuchProcess:
         return []
+    stop_processes(procs, grace_s)
+    return [p.pid for p in procs]
+
+
+def stop_processes(procs: list[psutil.Process], grace_s: float) -> None:
+    """SIGTERM each, SIGKILL what is still there after grace_s, and wait for them."""
     for p in procs:
         try:
             p.terminate()
@@ -86,7 +92,6 @@ def kill_tree(root_pid: int, grace_s: float, include_root: bool = False) -> list
         except psutil.NoSuchProcess:
             pass
     psutil.wait_procs(alive, timeout=5)
-    return [p.pid for p in procs]
 
 
 def _reap_zombies(keep: int | None = None) -> None:
