@@ -4,13 +4,11 @@ back, and an outage past the threshold is alerted to a Slack webhook on 127.0.0.
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import threading
 import time
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from scheduler.cluster import parse_cluster
 from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked
 from scheduler.orchestrator.lease import HeldJob
 from scheduler.orchestrator.seat import admitted_placement
+from tests.integration.flows.conftest import SlackReceiver
 
 FAST = dict(first_wait_s=0.1, max_wait_s=0.5)
 
@@ -49,38 +48,9 @@ def url(server):
         server.start()
 
 
-class _Slack:
-    """An incoming-webhook receiver on 127.0.0.1 (the alert path the flows use)."""
-
-    def __init__(self):
-        self.bodies: list[dict] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                receiver.bodies.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
-                self.send_response(200)
-                self.end_headers()
-                self.wfile.write(b"ok")
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/services/T0/B0/SECRET"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def texts(self) -> list[str]:
-        return [b.get("text", "") for b in self.bodies]
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def slack():
-    s = _Slack()
+    s = SlackReceiver()  # an incoming-webhook receiver on 127.0.0.1 (the alert path the flows use)
     yield s
     s.close()
 
@@ -118,7 +88,7 @@ def test_a_waiting_job_rides_out_an_outage_is_alerted_and_admitted_when_it_ends(
     thread.start()
     time.sleep(0.5)  # the waiter polls
     server.stop()
-    _until(lambda: slack.bodies, "the outage alert")  # the waiter kept trying past the threshold
+    _until(lambda: slack.messages, "the outage alert")  # the waiter kept trying past the threshold
     assert thread.is_alive() and not errors and not placed
     assert "the state database has been unreachable" in slack.texts()[0] and "SECRET" not in slack.texts()[0]
     server.start()
@@ -138,7 +108,7 @@ def test_a_short_outage_is_logged_not_alerted(server, url, slack, caplog):
     with caplog.at_level("WARNING", logger="infra.statedb.retry"):
         assert db.call(lambda: orch.job(waiter)["state"], "reading the waiter") == "queued"
     assert "waits" in caplog.text and "answers again" in caplog.text
-    assert slack.bodies == [] and db.alerts == 0
+    assert slack.messages == [] and db.alerts == 0
 
 
 def test_a_holder_releases_its_gpus_through_an_outage(server, url):
@@ -159,9 +129,9 @@ def test_a_holder_that_only_trains_alerts_a_long_outage_and_its_end(server, url,
     db = StateDbRetry(OutagePolicy(alert_after_s=1.0, **FAST), notify=Notifier(slack.url).send, subject="trainer")
     with HeldJob(orch, holder, every_s=0.2, db=db) as held:
         server.stop()
-        _until(lambda: slack.bodies, "the outage alert from the renewals")
+        _until(lambda: slack.messages, "the outage alert from the renewals")
         assert "the state database has been unreachable" in slack.texts()[0]
-        assert "lease renewal" in str(slack.bodies[0])  # what waited: the renewals
+        assert "lease renewal" in str(slack.messages[0])  # what waited: the renewals
         server.start()
         _until(lambda: any("answers again" in t for t in slack.texts()), "the recovery alert")
         assert held.lost is None
@@ -211,7 +181,7 @@ def test_a_prefect_flow_waiting_for_gpus_survives_an_outage(prefect_api, server,
     assert polled.wait(300), "the flow did not start"
     time.sleep(1.0)
     server.stop()
-    _until(lambda: slack.bodies, "the flow's outage alert")
+    _until(lambda: slack.messages, "the flow's outage alert")
     assert thread.is_alive()
     server.start()
     orch_again = Orchestrator(url, orch.config)
