@@ -161,6 +161,10 @@ def use_prefect_server(prefect_server, monkeypatch):
 
     monkeypatch.setenv("PREFECT_API_URL", prefect_server.url)
     monkeypatch.setenv("FORGEFLOW_ROOT", str(prefect_server.repo_root))
+    # Before as well as after: a test of another folder that ran earlier in this worker process
+    # (its own server, or Prefect's test harness) may have left an events worker holding a client
+    # for that API; an event emitted here (a checkpoint commit) would go there and be lost.
+    _drain_prefect_services()
     with temporary_settings(updates={PREFECT_API_URL: prefect_server.url}):
         try:
             yield prefect_server
