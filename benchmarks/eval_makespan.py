@@ -68,7 +68,9 @@ Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | 
 
 `--smoke` (seconds, the same keys, not a figure): the simulation at the headline point only (no
 sweep: the `*_min_sweep` keys are then that point's), one real run of each policy on a cut-down
-suite (SMOKE_SUITE) and one load each way of a 128-wide 2-layer model. It leaves out 4 and 5:
+suite (SMOKE_SUITE) with a 64-wide 2-layer model and no warm-up run (the naive run, first, fills
+the runtime history the coordinator's run plans with) and one load each way of a 128-wide 2-layer
+model. It leaves out 4 and 5:
 each starts Prefect (an ephemeral API; a server, two workers and a deployment), which costs more
 than the whole smoke budget; their keys stay null as with --skip-real, and tests/integration/flows/test_evaluate_flow.py
 and test_evaluate_nodes.py run those flows. The last line's keys: HEADLINE_KEYS.
@@ -388,20 +390,24 @@ SMOKE_SUITE = REAL_SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "o
     .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 4}\n")
 
 
-def real_run(work: Path, repeats: int = 5, suite_text: str = REAL_SUITE) -> dict[str, float]:
+def real_run(work: Path, repeats: int = 5, suite_text: str = REAL_SUITE, hidden: int = 256, layers: int = 4,
+             warmup: bool = True) -> dict[str, float]:
+    """`warmup=False` (--smoke): no untimed run first; the first naive run fills the history the
+    coordinator's run then plans with (every policy's run records its runtimes)."""
     from evalsuite.coordinator import Policy
     from testing.tiny_checkpoint import make_tiny_checkpoint
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import evaluate
     from evalsuite.suite import load_suite
 
-    model = make_tiny_checkpoint(work / "storage" / "step-00000100", hidden=256, layers=4)
+    model = make_tiny_checkpoint(work / "storage" / "step-00000100", hidden=hidden, layers=layers)
     suite_file = work / "suite.yaml"
     suite_file.write_text(suite_text.replace("DATA", str(model / "data")))
     suite = load_suite(str(suite_file), overrides={"preload_root": str(work / "shm")})
     history = RuntimeHistory(work / "history.json")
     quiet = lambda text: None  # noqa: E731
-    evaluate(f"file://{model}", suite, work / "warmup", history=history, echo=quiet)   # fills the history
+    if warmup:
+        evaluate(f"file://{model}", suite, work / "warmup", history=history, echo=quiet)   # fills the history
     naive_s, coord_s = [], []
     for _ in range(repeats):  # alternate the two, take medians: the machine is shared and noisy
         t0 = time.perf_counter()
@@ -702,7 +708,8 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="eval-bench-"))
         os.environ.setdefault("FORGEFLOW_STATE_DIR", str(work / "state"))
         try:
-            real = real_run(work, repeats=args.repeats, suite_text=SMOKE_SUITE if args.smoke else REAL_SUITE)
+            real = (real_run(work, repeats=1, suite_text=SMOKE_SUITE, hidden=64, layers=2, warmup=False)
+                    if args.smoke else real_run(work, repeats=args.repeats))
             print(f"real (this machine, 2 slots, median of {args.repeats}, interleaved): naive {real['naive_s']:.1f}s, coordinator "
                   f"{real['coordinator_s']:.1f}s, speedup {real['speedup']:.2f}x, same scores: {real['same_scores']}")
             if args.real_only:
