@@ -70,7 +70,8 @@ The last line is the JSON object {"gpu", "train_loss_first", "train_loss_last",
 "auto_chose_faster", ...}: the MFU keys come with their step times and tokens/s (HEADLINE_KEYS;
 a part left out with --no-* keeps its keys, null). `--smoke` runs what needs no GPU, in seconds:
 the held-out grid's predictions (as --predict-only) and the MFU harness on the tiny model on
-CPU (as --mfu-only --mfu-model tiny, 1 timed step) and the recorded 2026-11-28 scores (RECORDED_KEYS);
+CPU (as --mfu-only --mfu-model tiny, but 1 warm-up and 1 timed step, both kernels one after the
+other in one process) and the recorded 2026-11-28 scores (RECORDED_KEYS);
 the keys that need CUDA are null. `--score-recorded DIR` prints RECORDED_KEYS alone.
 """
 
@@ -277,7 +278,7 @@ MFU_WARMUP_STEPS = 3
 MFU_KERNELS = ("local", "sdpa")
 
 
-def measure_mfu(model_name: str, attention: str, steps: int) -> dict:
+def measure_mfu(model_name: str, attention: str, steps: int, warmup: int = MFU_WARMUP_STEPS) -> dict:
     """One kernel in this (fresh) process: median step time, tokens/s, model TFLOP/s, MFU."""
     import statistics
 
@@ -292,7 +293,7 @@ def measure_mfu(model_name: str, attention: str, steps: int) -> dict:
     model_cfg = ModelConfig(**model_kw)
     training_cfg = TrainingConfig(**training_kw, steps=steps, attention=attention)
     env = tm.init_distributed(1)
-    times = train_steps(model_cfg, training_cfg, env.device, MFU_WARMUP_STEPS + steps)[MFU_WARMUP_STEPS:]
+    times = train_steps(model_cfg, training_cfg, env.device, warmup + steps)[warmup:]
     step_s = statistics.median(times)
     flops = step_flops(model_cfg, training_cfg.global_batch_size, "none")  # MFU counts no recompute
     tflops = flops / step_s / 1e12
@@ -309,25 +310,28 @@ def measure_mfu(model_name: str, attention: str, steps: int) -> dict:
             if env.device.type == "cuda" else None}
 
 
-def mfu(model_name: str, steps: int) -> dict:
-    """Item 8: each kernel in its own process (megatron's globals and the allocator start clean)."""
+def mfu(model_name: str, steps: int, warmup: int = MFU_WARMUP_STEPS, one_process: bool = False) -> dict:
+    """Item 8: each kernel in its own process (megatron's globals and the allocator start clean).
+    `one_process` (--smoke: no figure, one process start instead of two): both kernels, one after
+    the other, in one such process."""
     import importlib.util
 
     from training.config import TrainingConfig
     from training.model import attention_kernel
 
     results = {}
-    for kernel in MFU_KERNELS:
-        proc = subprocess.run([sys.executable, __file__, "--measure-mfu", kernel, "--mfu-model", model_name,
-                               "--mfu-steps", str(steps)], capture_output=True, text=True)
+    for kernels in ([MFU_KERNELS] if one_process else [(kernel,) for kernel in MFU_KERNELS]):
+        proc = subprocess.run([sys.executable, __file__, "--measure-mfu", *kernels, "--mfu-model", model_name,
+                               "--mfu-steps", str(steps), "--mfu-warmup", str(warmup)], capture_output=True, text=True)
         if proc.returncode != 0:
             reason = "out of memory" if "OutOfMemoryError" in proc.stderr else proc.stderr[-1500:]
-            print(f"mfu {kernel}: not measured ({reason})")
+            print(f"mfu {'+'.join(kernels)}: not measured ({reason})")
             continue
-        results[kernel] = json.loads(proc.stdout.strip().splitlines()[-1])
-        r = results[kernel]
-        print(f"mfu {kernel:>5}: step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s, "
-              f"{r['model_tflops']:.1f} model TFLOP/s, MFU {r['mfu']}, peak reserved {r['peak_reserved_gib']} GiB")
+        for kernel, line in zip(kernels, proc.stdout.strip().splitlines()[-len(kernels):]):
+            results[kernel] = json.loads(line)
+            r = results[kernel]
+            print(f"mfu {kernel:>5}: step {r['step_s']:.3f} s, {r['tokens_per_s']:,.0f} tokens/s, "
+                  f"{r['model_tflops']:.1f} model TFLOP/s, MFU {r['mfu']}, peak reserved {r['peak_reserved_gib']} GiB")
     training_kw = MFU_MODELS[model_name][1]
     auto = attention_kernel(TrainingConfig(**training_kw, steps=1, attention="auto"))
     timed = {k: r["step_s"] for k, r in results.items()}
@@ -572,7 +576,8 @@ def main() -> None:
     parser.add_argument("--mfu-model", choices=sorted(MFU_MODELS), default="1b",
                         help="1b: the item-8 model (GPU); tiny: the harness check on CPU")
     parser.add_argument("--mfu-steps", type=int, default=8, help="timed steps per kernel (after 3 warm-up)")
-    parser.add_argument("--measure-mfu", choices=MFU_KERNELS, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--measure-mfu", choices=MFU_KERNELS, nargs="+", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--mfu-warmup", type=int, default=MFU_WARMUP_STEPS, help=argparse.SUPPRESS)
     parser.add_argument("--measure-one", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure-full", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--attention", choices=("auto", "local", "sdpa"), default="auto", help=argparse.SUPPRESS)
@@ -580,7 +585,8 @@ def main() -> None:
                         help="no GPU needed: score MARP against measurements recorded in DIR "
                              "(grid.jsonl, heldout.log), e.g. benchmarks/data/gpu_h200_2026-11-28")
     parser.add_argument("--smoke", action="store_true",
-                        help="no GPU needed, seconds: the held-out predictions and the tiny MFU harness on CPU")
+                        help="no GPU needed, seconds: the held-out predictions, the tiny MFU harness on CPU (both "
+                             "kernels in one process) and the recorded scores")
     args = parser.parse_args()
 
     if args.score_recorded is not None:
@@ -606,7 +612,8 @@ def main() -> None:
     if args.measure_mfu is not None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29533")
-        print(json.dumps(measure_mfu(args.mfu_model, args.measure_mfu, args.mfu_steps)))
+        for kernel in args.measure_mfu:  # one line per kernel (--smoke: both, in this one process)
+            print(json.dumps(measure_mfu(args.mfu_model, kernel, args.mfu_steps, args.mfu_warmup)), flush=True)
         return
     if args.mfu_only:
         headline = {"gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"}
@@ -625,7 +632,10 @@ def main() -> None:
         return
 
     if args.smoke:
-        headline = {**dict.fromkeys(HEADLINE_KEYS), "gpu": "cpu", **mfu("tiny", 1), **score_recorded(RECORDED_DIR)}
+        # idle OpenMP threads sleep: spinning ones stretch a CPU step several-fold on a busy machine
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+        headline = {**dict.fromkeys(HEADLINE_KEYS), "gpu": "cpu", **mfu("tiny", 1, warmup=1, one_process=True),
+                    **score_recorded(RECORDED_DIR)}
         print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
         return
     if not torch.cuda.is_available():
