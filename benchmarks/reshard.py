@@ -26,9 +26,11 @@ Two measurements, both with real torchrun/gloo worlds of at most 4 CPU processes
 Layouts with pipeline parallelism are skipped while the worker does not run it.
 The last line is one JSON object: layouts_resumed, max_rel_loss_delta,
 reshard_load_over_same_layout (HEADLINE_KEYS), and per-layout load times. `--smoke` (seconds,
-not a figure): a 64-wide model loaded once per world, and only the first layout, (TP2, PP1, DP1):
-five 2-process worlds (the PP layouts' 4-process worlds and the way back cost more than the whole
-smoke budget; tests/integration/checkpoint/test_reshard_resume.py resumes across PP).
+not a figure): a 64-wide model loaded once per world, and only the first layout, (TP2, PP1, DP1);
+the world that saves the checkpoint also times the same-layout load (mode `save+load`, a new
+Checkpointer after the save): four 2-process worlds (the PP layouts' 4-process worlds and the way
+back cost more than the whole smoke budget; tests/integration/checkpoint/test_reshard_resume.py
+resumes across PP).
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ def _job(args, tp: int, pp: int, url: str) -> dict:
 
 
 def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
-    """Runs on every rank: `save` one checkpoint after one training step, or time `load`s."""
+    """Runs on every rank: `save` one checkpoint after one training step, or time `load`s; `save+load`
+    (--smoke) does both in one world, the loads as a fresh `load` world would (a new Checkpointer)."""
     import torch
 
     from training.checkpointing import Checkpointer
@@ -120,7 +123,7 @@ def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
         ddp = wrap_data_parallel(model, cfg)
         optimizer = build_optimizer(ddp, cfg)
         checkpointer = Checkpointer(spec.checkpoint, env, writer="thread")
-        if mode == "save":
+        if mode in ("save", "save+load"):
             seq = spec.model.seq_length
             tokens = torch.randint(0, spec.model.vocab_size, (1, seq), generator=torch.Generator().manual_seed(0))
             ddp.zero_grad_buffer()
@@ -130,7 +133,9 @@ def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
             optimizer.step()  # Adam moments exist: the checkpoint holds them
             checkpointer.save(1, model, optimizer, {"world_size": env.world_size})
             checkpointer.close()
-            return 0
+            if mode == "save":
+                return 0
+            checkpointer = Checkpointer(spec.checkpoint, env, writer="thread")
         times = []
         for i in range(repeats + 1):  # the first load warms imports and allocations: not counted
             torch.distributed.barrier()
@@ -149,13 +154,21 @@ def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
     return 0
 
 
-def measure_loads(args, work: Path, layouts: list[tuple[int, int, int]]) -> dict[str, float]:
+def measure_loads(args, work: Path, layouts: list[tuple[int, int, int]], one_world_same: bool = False
+                  ) -> dict[str, float]:
+    """`one_world_same` (--smoke): the world that saves also times the same-layout loads (one
+    torchrun world less; the full run times them in a fresh world, as every other layout)."""
     import yaml
 
     url = str(work / "load-ckpt")
     save_job = work / "save.yaml"
     save_job.write_text(yaml.safe_dump(_job(args, SAME[0], SAME[1], url)))
-    torchrun(SAME[0] * SAME[1] * SAME[2], [__file__, "--worker", "save", str(save_job), "-"])
+    same_out = work / f"load-{SAME[0]}{SAME[1]}{SAME[2]}.json"
+    if one_world_same:
+        torchrun(SAME[0] * SAME[1] * SAME[2], [__file__, "--worker", "save+load", str(save_job), str(same_out),
+                                               "--repeats", str(args.repeats)])
+    else:
+        torchrun(SAME[0] * SAME[1] * SAME[2], [__file__, "--worker", "save", str(save_job), "-"])
     from checkpoint.manifest import committed_checkpoints
 
     record = committed_checkpoints(url)[-1]
@@ -166,8 +179,9 @@ def measure_loads(args, work: Path, layouts: list[tuple[int, int, int]]) -> dict
         job = work / f"load-{tp}{pp}{dp}.yaml"
         job.write_text(yaml.safe_dump(_job(args, tp, pp, url)))
         out = work / f"load-{tp}{pp}{dp}.json"
-        torchrun(tp * pp * dp, [__file__, "--worker", "load", str(job), str(out),
-                                "--repeats", str(args.repeats)])
+        if not (one_world_same and (tp, pp, dp) == SAME):
+            torchrun(tp * pp * dp, [__file__, "--worker", "load", str(job), str(out),
+                                    "--repeats", str(args.repeats)])
         times = json.loads(out.read_text())
         medians[f"tp{tp}_pp{pp}_dp{dp}"] = statistics.median(times)
         print(f"  load at (TP{tp}, PP{pp}, DP{dp}): median {statistics.median(times):.3f}s "
@@ -242,7 +256,8 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workdir", default=None)
     p.add_argument("--smoke", action="store_true",
-                   help="a 64-wide model, one load per world, only (TP2, PP1, DP1): seconds, same keys")
+                   help="a 64-wide model, one load per world, only (TP2, PP1, DP1), the same-layout load in the "
+                        "saving world: seconds, same keys")
     args = p.parse_args()
     if args.worker:
         return worker(*args.worker, repeats=args.repeats)
@@ -256,7 +271,7 @@ def main() -> int:
         print("pipeline parallelism is not supported by the worker yet: PP layouts skipped")
     if args.smoke:
         layouts = layouts[:1]
-    loads = measure_loads(args, work, layouts)
+    loads = measure_loads(args, work, layouts, one_world_same=args.smoke)
     same = loads[f"tp{SAME[0]}_pp{SAME[1]}_dp{SAME[2]}"]
     ratio = max(v for k, v in loads.items() if k != f"tp{SAME[0]}_pp{SAME[1]}_dp{SAME[2]}") / same
     print(f"slowest resharded load / same-layout load: {ratio:.2f}x (goal <= 1.5x)")
