@@ -53,7 +53,7 @@ script is a function `(folder, server, smoke, lease_s=None) -> dict` listed in D
 testing.postgres_servers.PostgresServer the drill may stop and start).
 
 Small scale (`smoke=True`, a 6 s lease) is what tests/integration/orchestrator/test_control_plane_faults.py
-runs, asserting the goals; `--smoke` is a harness check of this script (a 2 s lease, HARNESS_LEASE_S).
+runs, asserting the goals; `--smoke` is a harness check of this script (a 1 s lease, HARNESS_LEASE_S).
 
     python benchmarks/control_plane_faults.py [--smoke]     # last line: one JSON object
 """
@@ -87,10 +87,10 @@ OTHER_DRILLS = {"control_plane_failover": FAILOVER_KEYS, "control_plane_orphans"
 NODE = {"name": "faults", "nodes": [{"name": "n0", "gpu_type": "A100-80G", "gpu_count": 8}]}
 
 
-# `--smoke` is a harness check (same drills, same keys, seconds): a 2 s lease. The drills at
+# `--smoke` is a harness check (same drills, same keys, seconds): a 1 s lease. The drills at
 # small scale with their figures asserted (a 6 s lease, scale(True)) are
 # tests/integration/orchestrator/test_control_plane_faults.py.
-HARNESS_LEASE_S = 2.0
+HARNESS_LEASE_S = 1.0
 
 
 def scale(smoke: bool, lease_s: float | None = None) -> dict:
@@ -115,6 +115,8 @@ def _role(argv: list[str]) -> int:
                         help="this process's clock runs this far ahead (negative: behind)")
     parser.add_argument("--end-file", help="holder, decider: end once this file exists")
     parser.add_argument("--reclaim", action="store_true", help="holder: make a reclaiming pass at each renewal")
+    parser.add_argument("--go-file", help="holder, waiter: started ahead (imports done, orchestrator made), "
+                                          "submit its job only once this file exists")
     args = parser.parse_args(argv)
     if args.clock_offset_s:
         real = time.time
@@ -126,6 +128,8 @@ def _role(argv: list[str]) -> int:
 
     config = OrchestratorConfig(lease_s=args.lease_s, grace_s=args.grace_s)
     orch = Orchestrator(args.url, config, actor=args.name)
+    while args.go_file and not os.path.exists(args.go_file):
+        time.sleep(0.02)
     if args.role == "decider":  # `forgeflow cluster serve`: a pass whenever one is due, expiry every second
         import threading
 
@@ -173,11 +177,17 @@ def _role(argv: list[str]) -> int:
 
 
 class _Process:
-    """A role's process, its stdout and stderr in files under `folder`."""
+    """A role's process, its stdout and stderr in files under `folder`. With `gated=True` it is
+    started now but submits its job only on `go()`: a drill that needs its jobs queued in order
+    starts the processes together and lets them go in that order, instead of paying each one's
+    start (interpreter, imports: seconds on a busy box) in turn."""
 
-    def __init__(self, folder: Path, url: str, name: str, gpus: int, sc: dict, **extra):
+    def __init__(self, folder: Path, url: str, name: str, gpus: int, sc: dict, gated: bool = False, **extra):
         self.name = name
         self.out, self.err = folder / f"{name}.out", folder / f"{name}.err"
+        self.go_file = folder / f"{name}.go" if gated else None
+        if gated:
+            extra["go_file"] = self.go_file
         args = [sys.executable, __file__, "--role", extra.pop("role"), "--url", url, "--name", name,
                 "--gpus", str(gpus),
                 "--lease-s", str(sc["lease_s"]), "--grace-s", str(sc["grace_s"])]
@@ -189,6 +199,9 @@ class _Process:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         with open(self.out, "w") as out, open(self.err, "w") as err:
             self.process = subprocess.Popen(args, stdout=out, stderr=err, env=env, cwd=REPO)
+
+    def go(self) -> None:
+        self.go_file.write_text("go")
 
     def lines(self) -> list[dict]:
         return [json.loads(line) for line in self.out.read_text().splitlines() if line.startswith("{")]
@@ -274,11 +287,11 @@ def outage_drill(root: Path, server, smoke: bool, lease_s: float | None = None) 
     end_file, served = root / "outage.end", root / "outage.served"
     decider = _Process(root, url, "outage-decider", 0, sc, role="decider", end_file=served)
     holder = _Process(root, url, "outage-holder", 8, sc, role="holder", end_file=end_file)
-    waiter = None
+    waiter = _Process(root, url, "outage-waiter", 8, sc, role="waiter", gated=True)  # queued once the holder holds
     try:
         decider.wait_for("serving", timeout_s=120)
         holding = holder.wait_for("holding", timeout_s=120)
-        waiter = _Process(root, url, "outage-waiter", 8, sc, role="waiter")
+        waiter.go()
         waiter.wait_for("submitted", timeout_s=120)
         time.sleep(sc["lease_s"] / 4)  # the waiting job polls, the holder renews
         server.stop("fast")
@@ -302,8 +315,7 @@ def outage_drill(root: Path, server, smoke: bool, lease_s: float | None = None) 
         decider_code, _ = decider.result(timeout_s=60)
     finally:
         for p in (decider, holder, waiter):
-            if p is not None:
-                p.kill()
+            p.kill()
     ran = ((decider, decider_code), (holder, holder_code), (waiter, waiter_code))
     crashed = [p.name for p, code in ran if code != 0]
     expired = _leases_reclaimed(url)
@@ -329,14 +341,15 @@ def skew_drill(root: Path, server, smoke: bool, lease_s: float | None = None) ->
     end_file = root / "skew.end"
     fast = _Process(root, url, "skew-ahead", 4, sc, role="holder", end_file=end_file, reclaim=True,
                     clock_offset_s=sc["skew_s"])
-    slow = None
-    waiter = None
+    # queued in this order: the fast clock's job, the slow clock's, then the one waiting for all 8
+    slow = _Process(root, url, "skew-behind", 4, sc, role="holder", end_file=end_file, reclaim=True,
+                    clock_offset_s=-sc["skew_s"], gated=True)
+    waiter = _Process(root, url, "skew-waiter", 8, sc, role="waiter", gated=True)
     try:
         fast.wait_for("holding", timeout_s=120)
-        slow = _Process(root, url, "skew-behind", 4, sc, role="holder", end_file=end_file, reclaim=True,
-                        clock_offset_s=-sc["skew_s"])
+        slow.go()
         slow.wait_for("holding", timeout_s=120, required=False)  # a fast clock may take its GPUs at once
-        waiter = _Process(root, url, "skew-waiter", 8, sc, role="waiter")
+        waiter.go()
         waiter.wait_for("submitted", timeout_s=120)
         # the slow holder's lease looks expired to the fast clock (and past its grace) from about
         # 2 x skew - lease + grace after a renewal; a lease period and grace past that
@@ -346,8 +359,7 @@ def skew_drill(root: Path, server, smoke: bool, lease_s: float | None = None) ->
         results = [p.result(timeout_s=120 + sc["lease_s"]) for p in (fast, slow, waiter)]
     finally:
         for p in (fast, slow, waiter):
-            if p is not None:
-                p.kill()
+            p.kill()
     lost = sum(bool(r.get("lost")) for _, r in results[:2])
     for process, (code, _) in zip((fast, slow, waiter), results):
         if code != 0:
