@@ -6,9 +6,10 @@ transaction pooling mode, and forgeflow's own orchestrator calls as flows make t
 (`admitted_placement` through a `StateDbRetry`, `release`).
 
 1. Connections (`connections_at_200_waiting`, goal <= 220; `_pgbouncer` the same through
-   PgBouncer): one job holds the cluster's only GPU and `waiting` processes (200; 10 with
+   PgBouncer): one job holds the cluster's only GPU and `waiting` processes (200; 4 with
    --smoke) each queue a job and wait for admission exactly as a pretrain flow does (poll
-   every 2 s, `admitted_placement`). Once every process waits, the server's client backends
+   every 2 s, `admitted_placement`; 0.5 s with --smoke, which polls every wait of this script,
+   the failover's too, that often). Once every process waits, the server's client backends
    for the database (`pg_stat_activity`, this script's own connection excluded) are sampled
    for three poll periods (one with --smoke); the figure is the largest sample. The baseline is PostgreSQL's
    default `max_connections` (100), which before this change the same fleet ran into (every
@@ -58,6 +59,8 @@ from benchmarks.headline import checked_headline  # noqa: E402
 HEADLINE_KEYS = ("connections_at_200_waiting", "connections_at_200_waiting_pgbouncer", "waiting_processes",
                  "failover_admissions_ok", "failover_double_booked", "failover_pause_s")
 POLL_S = 2.0  # a pretrain flow's wait polls this often (tasks.cluster_tasks.wait_for_gpus)
+SMOKE_POLL_S = 0.5  # --smoke: the same waits, polled (and sampled, and waited for) four times as often
+SMOKE_WAITING = 4
 PGBOUNCER_POOL = 20
 
 
@@ -72,7 +75,7 @@ def _cluster(name: str, gpus: int):
 
 
 # ---------------------------------------------------------------- connections
-def _waiting_flow(url: str, index: int, ready) -> None:  # noqa: ANN001 - a multiprocessing queue
+def _waiting_flow(url: str, index: int, ready, poll_s: float = POLL_S) -> None:  # noqa: ANN001 - a multiprocessing queue
     """A forked process waiting for admission the way a pretrain flow does."""
     from infra.statedb import forget_engines
     from infra.statedb.retry import StateDbRetry
@@ -83,7 +86,7 @@ def _waiting_flow(url: str, index: int, ready) -> None:  # noqa: ANN001 - a mult
     orch = cluster_orchestrator(url)
     job = orch.submit(f"waiting-{index}", demand_options(orch.cluster("budget"), 1), cluster="budget")
     ready.put(job)
-    admitted_placement(orch, job, [], poll_s=POLL_S, db=StateDbRetry())
+    admitted_placement(orch, job, [], poll_s=poll_s, db=StateDbRetry())
 
 
 def _server_connections(admin, database: str) -> int:  # noqa: ANN001 - an engine
@@ -95,9 +98,10 @@ def _server_connections(admin, database: str) -> int:  # noqa: ANN001 - an engin
             "AND pid <> pg_backend_pid()"), {"db": database}).scalar()
 
 
-def connections_while_waiting(server, url: str, database: str, waiting: int, periods: int = 3) -> int:
+def connections_while_waiting(server, url: str, database: str, waiting: int, periods: int = 3,
+                              poll_s: float = POLL_S) -> int:
     """The most server connections to `database` while `waiting` processes wait for admission at
-    `url`, sampled over `periods` poll periods."""
+    `url` (polling every `poll_s`), sampled over `periods` poll periods."""
     import sqlalchemy as sa
 
     from infra.statedb import forget_engines
@@ -111,16 +115,16 @@ def connections_while_waiting(server, url: str, database: str, waiting: int, per
     forget_engines()  # nothing of the parent's pool is inherited by the children
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Queue()
-    children = [ctx.Process(target=_waiting_flow, args=(url, i, ready), daemon=True) for i in range(waiting)]
+    children = [ctx.Process(target=_waiting_flow, args=(url, i, ready, poll_s), daemon=True) for i in range(waiting)]
     admin = sa.create_engine(server.url("postgres"), poolclass=sa.pool.NullPool)
     try:
         for child in children:
             child.start()
         for _ in range(waiting):
             ready.get(timeout=600)
-        time.sleep(POLL_S)  # every process is in its wait loop
+        time.sleep(poll_s)  # every process is in its wait loop
         samples = []
-        deadline = time.monotonic() + periods * POLL_S
+        deadline = time.monotonic() + periods * poll_s
         while time.monotonic() < deadline:
             samples.append(_server_connections(admin, database))
             time.sleep(0.25)
@@ -138,8 +142,9 @@ def connections_while_waiting(server, url: str, database: str, waiting: int, per
 
 
 # ---------------------------------------------------------------- failover
-def failover_drill(root: Path) -> dict:
-    """Stop the primary, promote the standby: the figures of item 2 of the module docstring."""
+def failover_drill(root: Path, poll_s: float = POLL_S) -> dict:
+    """Stop the primary, promote the standby: the figures of item 2 of the module docstring (the
+    waiting jobs poll every `poll_s`)."""
     from infra.statedb import forget_engines
     from infra.statedb.retry import StateDbRetry
     from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked
@@ -168,7 +173,7 @@ def failover_drill(root: Path) -> dict:
 
         def wait(job: int) -> None:
             try:
-                placement = admitted_placement(Orchestrator(url, config), job, [], poll_s=POLL_S, db=StateDbRetry())
+                placement = admitted_placement(Orchestrator(url, config), job, [], poll_s=poll_s, db=StateDbRetry())
                 admitted[job], placed[job] = time.monotonic(), _gpus(placement)
             except BaseException as e:  # noqa: BLE001 - reported below
                 errors.append(e)
@@ -176,7 +181,7 @@ def failover_drill(root: Path) -> dict:
         threads = [threading.Thread(target=wait, args=(j,), daemon=True) for j in waiters]
         for t in threads:
             t.start()
-        time.sleep(POLL_S)  # both wait
+        time.sleep(poll_s)  # both wait
         stopped = time.monotonic()
         primary.stop("fast")
         standby.promote()
@@ -210,7 +215,8 @@ def run(smoke: bool) -> dict:
     from infra.statedb import forget_engines
     from testing.postgres_servers import PgBouncer, PostgresServer
 
-    waiting = 10 if smoke else 200
+    waiting = SMOKE_WAITING if smoke else 200
+    poll_s = SMOKE_POLL_S if smoke else POLL_S
     root = Path(tempfile.mkdtemp(prefix="control-plane-failover-"))
     out: dict = {"waiting_processes": waiting}
     server = PostgresServer.create(root / "budget", max_connections=max(300, waiting + 50))
@@ -218,25 +224,27 @@ def run(smoke: bool) -> dict:
     try:
         url = server.create_database("direct")
         periods = 1 if smoke else 3
-        out["connections_at_200_waiting"] = connections_while_waiting(server, url, "direct", waiting, periods)
+        out["connections_at_200_waiting"] = connections_while_waiting(server, url, "direct", waiting, periods, poll_s)
         forget_engines()
         server.create_database("pooled")
         bouncer = PgBouncer.start(root / "pgbouncer", server, pool_mode="transaction", pool_size=PGBOUNCER_POOL)
         out["connections_at_200_waiting_pgbouncer"] = connections_while_waiting(
-            server, bouncer.url("pooled"), "pooled", waiting, periods)
+            server, bouncer.url("pooled"), "pooled", waiting, periods, poll_s)
         forget_engines()
     finally:
         if bouncer is not None:
             bouncer.stop()
         server.destroy()
-    out.update(failover_drill(root / "failover"))
+    out.update(failover_drill(root / "failover", poll_s))
     shutil.rmtree(root, ignore_errors=True)
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smoke", action="store_true", help="10 waiting processes instead of 200 (seconds)")
+    parser.add_argument("--smoke", action="store_true",
+                        help=f"{SMOKE_WAITING} waiting processes instead of 200, polling every {SMOKE_POLL_S:g} s "
+                             f"instead of {POLL_S:g} s (seconds)")
     args = parser.parse_args(argv)
     os.environ.setdefault("FORGEFLOW_STATE_DIR", tempfile.mkdtemp(prefix="control-plane-state-"))
     values = run(args.smoke)
