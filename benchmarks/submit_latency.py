@@ -16,8 +16,10 @@ difference is what submitting costs: the runner's start, Prefect's temporary ser
 queueing, placement and the launch. `submit_overhead_s_p50` is that difference of medians.
 
 `--smoke`: one repeat of each, on tests/tiny_job.py's model shape and 1 MB of the corpus (SMOKE_SETS:
-less tokenizer to train and model to build; the same submit and torchrun paths), same keys. The
-last line is the JSON object of HEADLINE_KEYS.
+less tokenizer to train and model to build), one rank instead of two (`--gpus 1`, `--nproc_per_node 1`),
+and the direct torchrun started beside the submitted job instead of after it (its figures are not
+a measurement): the same submit and torchrun paths, same keys. The last line is the JSON object of
+HEADLINE_KEYS.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -48,6 +51,7 @@ SMOKE_SETS = ["data.max_corpus_mb=1", "model.num_layers=2", "model.hidden_size=6
               "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=512",
               "model.seq_length=64"]
 EXTRA_SETS: list[str] = []  # SMOKE_SETS under --smoke
+RANKS = [2]  # ranks of both jobs: the submitted one's GPUs (`--gpus`) and torchrun's --nproc_per_node; 1 under --smoke
 
 
 def _step_time(record) -> float:
@@ -74,7 +78,7 @@ def _sets(work: Path, data_dir: Path) -> list[str]:
 def submit_once(config: str, work: Path, env: dict, data_dir: Path) -> float:
     from scheduler.orchestrator.seat import cluster_orchestrator
 
-    argv = [sys.executable, "-m", "flows.cli", "submit", config, "--json"]
+    argv = [sys.executable, "-m", "flows.cli", "submit", config, "--json", "--gpus", str(RANKS[0])]
     for item in _sets(work, data_dir):
         argv += ["--set", item]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -96,7 +100,7 @@ def torchrun_once(config: str, work: Path, env: dict, data_dir: Path, i: int) ->
     run_dir = work / f"direct-{i}"
     sets = [s for s in _sets(work, data_dir) if not s.startswith(("run_dir=", "checkpoint.url="))]
     sets += [f"run_dir={run_dir}", f"checkpoint.url={run_dir}/checkpoints"]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS[0]),
             "-m", "training.train", config]
     for item in sets:
         argv += ["--set", item]
@@ -114,11 +118,14 @@ def main() -> int:
     repeats = 1 if args.smoke else args.repeats
     if args.smoke:
         EXTRA_SETS.extend(SMOKE_SETS)
+        RANKS[0] = 1
     work = Path(tempfile.mkdtemp(prefix="forgeflow-submit-latency-"))
     data_dir = work / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "FORGEFLOW_DB_URL", "FORGEFLOW_FAULT")}
     env.update(FORGEFLOW_STATE_DIR=str(work / "state"), PREFECT_HOME=str(work / "prefect-home"),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1")
+    if args.smoke:  # what torchrun sets for each rank when it starts more than one (the full run's two)
+        env.setdefault("OMP_NUM_THREADS", "1")
     os.environ.update(FORGEFLOW_STATE_DIR=env["FORGEFLOW_STATE_DIR"])
     os.environ.pop("FORGEFLOW_DB_URL", None)
 
@@ -127,8 +134,14 @@ def main() -> int:
     prepare_data(load_job_spec(args.config, dotted_overrides(_sets(work, data_dir))), progress=False)
     submitted, direct = [], []
     for i in range(repeats):  # side by side: the machine's load affects both alike
-        submitted.append(submit_once(args.config, work, env, data_dir))
-        direct.append(torchrun_once(args.config, work, env, data_dir, i))
+        if args.smoke:  # both at once: a harness check, not a figure
+            with ThreadPoolExecutor(1) as beside:
+                started = beside.submit(torchrun_once, args.config, work, env, data_dir, i)
+                submitted.append(submit_once(args.config, work, env, data_dir))
+                direct.append(started.result())
+        else:
+            submitted.append(submit_once(args.config, work, env, data_dir))
+            direct.append(torchrun_once(args.config, work, env, data_dir, i))
         print(f"repeat {i}: submit -> first step {submitted[-1]:.1f} s; torchrun -> first step {direct[-1]:.1f} s",
               file=sys.stderr, flush=True)
     values = {"submit_to_running_s_p50": round(statistics.median(submitted), 2),
