@@ -91,8 +91,9 @@ logs): `real_<path>_…` and `real_batchN_<path>_…` for `memory`, `retrieval_o
 `retrieval` / `retrieval_only`).
 
 `--smoke` runs every path and setting on 1 template case (1 realistic variant, no
-100 MB padding) and 1 real log per batch: seconds, the same code path and HEADLINE_KEYS,
-not a figure.
+100 MB padding) and 1 real log of the first batch and of the last (the last one's memory
+grown by the first's; the last is in the pooled range): seconds, the same code path and
+HEADLINE_KEYS, not a figure.
 """
 
 from __future__ import annotations
@@ -299,7 +300,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="at most this many template cases and real logs per batch")
     parser.add_argument("--smoke", action="store_true",
-                        help="1 template case, 1 variant, no padding, 1 real log per batch: seconds, same keys")
+                        help="1 template case, 1 variant, no padding, 1 real log of the first and the last batch: "
+                             "seconds, same keys")
     args = parser.parse_args()
     if args.smoke:
         args.limit, args.variants, args.big, args.noise_lines = 1, 1, 0, 200
@@ -322,6 +324,8 @@ def main() -> None:
         per_batch: dict[int, list[str]] = {}
         for name in sorted(real_labels):
             per_batch.setdefault(real_labels[name].get("batch", 1), []).append(name)
+        if args.smoke:  # the first batch and the last: a grown memory, a pooled batch
+            per_batch = {b: per_batch[b] for b in {min(per_batch), max(per_batch)}}
         real_labels = {n: real_labels[n] for names in per_batch.values() for n in names[:args.limit]}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="diag-acc-") as tmp, ScriptedLLMServer() as server:
