@@ -246,18 +246,30 @@ def test_exit_mid_checkpoint_leaves_no_complete_checkpoint_and_a_restart_recover
     assert "event=resumed" not in runfiles.log_path(run_dir(spec), 0).read_text()
 
 
-def test_loss_spike_fault_trips_the_detector_writes_the_marker_and_exits(
-        tiny_job_dict, tiny_prepared, tmp_path):
-    spec = write_spec(tiny_job_dict, tmp_path, "spike", training={"steps": 30},
+@pytest.fixture(scope="module")
+def spike_run(tiny_job_dict, tiny_prepared, tmp_path_factory):
+    """One worker of 16 steps (checkpoints every 4) whose logged loss is 8x from step 11 on
+    (loss_spike@10): the detector trips and the worker exits. Shared by the fault test, which
+    checks what the worker printed, wrote and logged (read here, before the rollback test
+    resumes the same run directory), and the rollback test, which resumes it."""
+    spec = write_spec(tiny_job_dict, tmp_path_factory.mktemp("spike"), "spike-skip",
+                      training={"steps": 16}, checkpoint={"interval": 4},
                       spike={"enabled": True, "min_history": 5, "window": 20, "patience": 3,
                              "z_threshold": 6.0})
     proc = worker(spec, fault="loss_spike@10")
+    marker = runfiles.spike_marker_path(run_dir(spec))
+    return {"spec": spec, "proc": proc, "marker": marker.read_text() if marker.exists() else None,
+            "logged_steps": [s for s, _ in logged_losses(spec)]}
+
+
+def test_loss_spike_fault_trips_the_detector_writes_the_marker_and_exits(spike_run):
+    proc = spike_run["proc"]
     assert proc.returncode == runfiles.EXIT_LOSS_SPIKE, explain(proc)
-    marker = json.loads(runfiles.spike_marker_path(run_dir(spec)).read_text())
+    marker = json.loads(spike_run["marker"])
     assert marker["onset_step"] == 11 and marker["last_healthy_step"] == 10
     assert re.search(r"^FORGEFLOW_LOSS_SPIKE onset_step=11 last_healthy_step=10 ", proc.stderr,
                      re.M), proc.stderr
-    assert [s for s, _ in logged_losses(spec)][-1] == "13"  # onset + patience - 1
+    assert spike_run["logged_steps"][-1] == "13"  # onset + patience - 1, of 16 steps
 
 
 def test_hang_fault_stops_progress_and_heartbeats(tiny_job_dict, tiny_prepared, tmp_path):
@@ -275,7 +287,7 @@ def test_hang_fault_stops_progress_and_heartbeats(tiny_job_dict, tiny_prepared, 
             assert time.monotonic() < deadline, "the worker never reached step 3"
             time.sleep(0.2)
         first = runfiles.read_heartbeat(beat_path)
-        time.sleep(5)  # a healthy worker would do many steps in this time
+        time.sleep(3)  # a healthy worker would do many steps in this time
         assert proc.poll() is None  # still alive ...
         assert runfiles.read_heartbeat(beat_path) == first  # ... but its heartbeat stopped
         assert [s for s, _ in logged_losses(spec)][-1] == "3"
@@ -364,8 +376,7 @@ def test_sigterm_drill_commits_the_stop_step_and_the_next_run_resumes_bit_exact(
 
 # --- loss-spike rollback aligned to the spike -------------------------------------------------------
 
-def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches(
-        tiny_job_dict, tiny_prepared, tmp_path):
+def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches(spike_run):
     """The decision table picks the checkpoint before the onset; the worker replays the
     steps up to the onset with their own batches and skips K batches from the onset's."""
     from checkpoint.manifest import committed_checkpoints
@@ -373,10 +384,7 @@ def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches
     from diagnosis.vocabulary import Diagnosis
     from training.config import load_job_spec
 
-    spec = write_spec(tiny_job_dict, tmp_path, "spike-skip", training={"steps": 16},
-                      checkpoint={"interval": 4},
-                      spike={"enabled": True, "min_history": 5, "window": 20, "patience": 3})
-    first = worker(spec, fault="loss_spike@10")  # the loss logged from step 11 on is 8x
+    spec, first = spike_run["spec"], spike_run["proc"]  # the loss logged from step 11 on is 8x
     assert first.returncode == runfiles.EXIT_LOSS_SPIKE, explain(first)
     onset = runfiles.read_spike_marker(run_dir(spec)).onset_step
     assert onset == 11
