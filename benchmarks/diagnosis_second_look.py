@@ -35,8 +35,8 @@ Last line: JSON with ``second_look_batches``, ``second_look_logs``, ``generic_an
 (logs the old rules answered with a generic rule), ``without_*`` and ``with_*`` root cause /
 kind / restart accuracy pooled, ``second_look_changed``, ``second_look_fixes``,
 ``second_look_breaks`` (root cause) and ``second_look_sign_test_p`` (HEADLINE_KEYS). ``--smoke``
-scores the latest batch with 1 template case and 1 real log of the batch before it in the memory: seconds, the same
-code path and keys, not a figure.
+scores the first 2 logs of the latest batch (SMOKE_SCORED) with 1 template case and 1 real log of the batch before it
+in the memory: seconds, the same code path and keys, not a figure.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from benchmarks.headline import checked_headline  # noqa: E402
 CORPUS = REPO / "benchmarks" / "data" / "real_failure_logs"
 TEMPLATES = REPO / "tests" / "data" / "failures"
 POOLED_FROM = 5  # as diagnosis_blind.py
+SMOKE_SCORED = 2  # --smoke: logs of the latest batch scored
 HEADLINE_KEYS = ("second_look_batches", "second_look_logs", "generic_answers", "recurrence_similarity",
                  "without_root_cause", "without_kind", "without_restart", "with_root_cause", "with_kind",
                  "with_restart", "second_look_changed", "second_look_fixes", "second_look_breaks",
@@ -89,7 +90,8 @@ def main() -> None:
     parser.add_argument("--limit", type=int, default=None,
                         help="at most this many template cases and real logs of each earlier batch in the memory")
     parser.add_argument("--smoke", action="store_true",
-                        help="the latest batch, 1 template and 1 log of the batch before in the memory: seconds, same keys")
+                        help=f"{SMOKE_SCORED} logs of the latest batch, 1 template and 1 log of the batch before in "
+                             "the memory: seconds, same keys")
     args = parser.parse_args()
 
     import diagnosis.rules as rules_module
@@ -104,9 +106,10 @@ def main() -> None:
     batches = json.loads((args.corpus / "batches.json").read_text())
     templates = json.loads((TEMPLATES / "labels.json").read_text())
     earliest = 1  # the first batch whose logs the memory holds
+    scored = None  # logs scored per batch (None: all)
     if args.smoke:
         args.from_batch, args.limit = max(int(b) for b in batches), 1
-        earliest = args.from_batch - 1
+        earliest, scored = args.from_batch - 1, SMOKE_SCORED
     today = rules_module.SEED_DIAGNOSIS_RULES
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="ff-second-look-") as tmp:
@@ -147,7 +150,7 @@ def main() -> None:
         print(f"{'batch':>5} {'logs':>4} {'rules of':>9}  generic   without (cause/kind/restart)   with")
         for batch in wanted:
             commit = batches[str(batch)]["collected_before"]
-            names = sorted(n for n, label in labels.items() if label.get("batch", 1) == batch)
+            names = sorted(n for n, label in labels.items() if label.get("batch", 1) == batch)[:scored]
             state = tmp / f"state-{batch}"
             per = {v: {"root_cause": 0, "kind": 0, "restart": 0} for v in ("without", "with")}
             batch_generic = 0
