@@ -8,8 +8,12 @@ Two implementations behind one `write(snapshot, key) -> ShardWritten`:
 - `ProcessWriter` hands the snapshot to a long-lived child process
   (`python -m checkpoint.writer`) through shared memory: only a few hundred
   bytes of description cross the pipe, the child maps the same pages and uploads
-  them, and the training process's interpreter is left alone. The child dies with
-  its parent (PR_SET_PDEATHSIG), so a killed rank never leaves an uploader behind.
+  them, and the training process's interpreter is left alone. The child ends when
+  its rank is gone (it watches its parent pid), so a killed rank never leaves an
+  uploader behind; it runs in a session of its own and ignores SIGTERM/SIGINT, so
+  the signals that tell its rank to stop (torchrun's to the rank's process group,
+  the reaper's to every descendant) do not kill it before the rank's last
+  checkpoint is written: it ends when the rank closes its pipe.
 
 Both run below the trainer's CPU priority (`WRITER_NICENESS`, `lower_thread_priority`):
 on a node whose cores are busy the upload yields to training, which is what the
@@ -114,9 +118,10 @@ class ProcessWriter:
         env.setdefault("OMP_NUM_THREADS", "1")
         repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env["PYTHONPATH"] = repo_root + os.pathsep + env.get("PYTHONPATH", "")
+        env[PARENT_ENV] = str(os.getpid())
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "checkpoint.writer"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env, text=True, bufsize=1)
+            stdout=subprocess.PIPE, env=env, text=True, bufsize=1, start_new_session=True)
         self._send({"url": self._url, "options": self._options.to_dict()})
         reply = self._recv()
         if not reply.get("ok"):
@@ -170,17 +175,33 @@ class ProcessWriter:
 # ---------------------------------------------------------------- the child process
 
 
-def _die_with_parent() -> None:
-    try:
-        import ctypes
-        import signal
+PARENT_ENV = "FORGEFLOW_CHECKPOINT_WRITER_PARENT"
+PARENT_WATCH_S = 0.2
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() == 1:
-            os._exit(0)
-    except (OSError, AttributeError):
-        pass  # not Linux: the EOF on stdin still ends the loop
+
+def _end_with_parent() -> None:
+    """Exit as soon as the rank that started this writer is gone, and only then.
+
+    Not PR_SET_PDEATHSIG: the kernel sends that when the *thread* that started the child exits,
+    and a writer restarted from a persist thread (ProcessWriter.write) was killed as soon as that
+    thread ended, so the next checkpoint failed with "writer process exited (code -9)" (seen
+    when a stop's SIGTERM had killed the first writer). SIGTERM and SIGINT are ignored: they
+    are for the rank, which finishes its checkpoint through this writer and then closes the
+    pipe (EOF ends the loop in _serve)."""
+    import signal
+
+    parent = int(os.environ.get(PARENT_ENV) or os.getppid())
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_WATCH_S)
+        os._exit(0)
+
+    if os.getppid() != parent:
+        os._exit(0)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
 class _SharedMaps:
@@ -209,7 +230,7 @@ class _SharedMaps:
 
 
 def _serve() -> int:
-    _die_with_parent()
+    _end_with_parent()
     lower_thread_priority()  # before any upload thread starts: they inherit it
     # The pipe to the parent is for replies only: move it aside so stray prints from
     # libraries land on stderr instead of corrupting the protocol.

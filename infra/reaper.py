@@ -54,7 +54,7 @@ def _prctl(option: int, value: int) -> bool:
 
 def _dies_with(parent_pid: int):
     """preexec_fn for the command: SIGTERM it when `parent_pid` (the reaper) dies, even by SIGKILL.
-    (The checkpoint uploader does the same with SIGKILL: checkpoint/writer.py `_die_with_parent`;
+    (The checkpoint uploader ends with its rank too: checkpoint/writer.py `_end_with_parent`;
     torchrun gets SIGTERM so that its agent stops the ranks gracefully.)"""
 
     def set_parent_death_signal() -> None:

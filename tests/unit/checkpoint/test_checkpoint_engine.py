@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import errno
 import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
+import time
+from pathlib import Path
+
+import psutil
 
 import pytest
 import torch
@@ -27,6 +36,9 @@ from infra.storage import (
     classify_error,
     open_storage,
 )
+
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _state(step: int) -> dict:
@@ -212,6 +224,49 @@ def test_process_writer_is_restarted_after_its_child_dies(tmp_path):
         assert engine.wait().committed
         assert engine._writer._proc.pid != child.pid
         assert engine.load().step == 20
+        # The new writer was started by the persist thread of step 20, which has ended: the writer
+        # outlives it (a parent-death signal would have killed it with the thread, failing the
+        # next checkpoint) and writes step 30.
+        restarted = engine._writer._proc
+        time.sleep(0.5)
+        assert restarted.poll() is None, f"the restarted writer died with its thread ({restarted.returncode})"
+        engine.save(30, _state(30))
+        assert engine.wait().committed and engine._writer._proc is restarted
+
+
+def test_process_writer_outlives_the_signals_that_stop_its_rank(tmp_path):
+    """SIGTERM tells a rank to commit the step it is on and stop; torchrun sends it to the rank's
+    process group and the reaper to every descendant. The writer, in a session of its own and
+    ignoring SIGTERM, is there to write that last checkpoint."""
+    url = str(tmp_path / "ckpt")
+    with CheckpointEngine(url, writer="process") as engine:
+        child = engine._writer._proc
+        assert os.getsid(child.pid) == child.pid != os.getsid(0)   # not in the rank's group
+        child.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert child.poll() is None
+        engine.save(10, _state(10))
+        assert engine.wait().committed and engine._writer._proc is child
+
+
+def test_process_writer_ends_when_its_rank_is_killed(tmp_path):
+    rank = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import os, sys, time
+        sys.path.insert(0, {str(REPO)!r})
+        from checkpoint.engine import CheckpointEngine
+        engine = CheckpointEngine({str(tmp_path / "ckpt")!r}, writer="process")
+        print(engine._writer._proc.pid, flush=True)
+        time.sleep(600)
+        """)], stdout=subprocess.PIPE, text=True)
+    writer_pid = int(rank.stdout.readline())
+    rank.kill()
+    rank.wait()
+    deadline = time.monotonic() + 30
+    while psutil.pid_exists(writer_pid) and psutil.Process(writer_pid).status() != psutil.STATUS_ZOMBIE \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not psutil.pid_exists(writer_pid) or psutil.Process(writer_pid).status() == psutil.STATUS_ZOMBIE, \
+        "the writer outlived its killed rank"
 
 
 # --- a storage error while loading is not a damaged checkpoint -----------------------------------
