@@ -214,14 +214,62 @@ class Launcher(Protocol):
     def start(self, request: LaunchRequest) -> LaunchedJob: ...
 
 
+def _since_boot() -> float:
+    """Seconds since boot, the clock a process's start time is kept in (/proc/PID/stat)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def _started_since_boot(proc: psutil.Process) -> float:
+    return proc.create_time() - psutil.boot_time()
+
+
+# A process's start time is kept in clock ticks (10 ms): "started before" is only trusted with a
+# margin of two.
+START_TIME_SLACK_S = 0.02
+
+
 @dataclass
 class LocalJob:
     request: LaunchRequest
     processes: dict[str, subprocess.Popen]
     logs: dict[str, Path]
+    # Per node, a time (seconds since boot) before its reaper was reaped: from then on its pid,
+    # and so the number of its process group, may belong to another program (_tree).
+    reaped_before: dict[str, float] = field(default_factory=dict)
+
+    def _exit_code(self, node: str, wait_s: float | None = 0.0) -> int | None:
+        """The node's reaper's exit code (None while it runs), waiting up to wait_s (None: for
+        ever; 0: poll); notes when it was reaped."""
+        proc = self.processes[node]
+        if proc.returncode is None:
+            before = _since_boot()
+            try:
+                proc.wait(timeout=wait_s) if wait_s != 0.0 else proc.poll()
+            except subprocess.TimeoutExpired:
+                pass
+            if proc.returncode is not None:
+                self.reaped_before.setdefault(node, before)
+        else:  # reaped by a caller holding the Popen: the first time we see it is the bound we have
+            self.reaped_before.setdefault(node, _since_boot())
+        return proc.returncode
 
     def poll(self) -> dict[str, int | None]:
-        return {node: proc.poll() for node, proc in self.processes.items()}
+        """A node whose reaper was killed (SIGKILL: it could not stop its tree) has exited once
+        nothing it left in its process group runs: its torchrun, told by its parent-death
+        signal, is still stopping the ranks, which commit the step they are on. Reporting the
+        exit before would let the caller kill them mid-commit (its grace for a failure is short)."""
+        codes = {node: self._exit_code(node) for node in self.processes}
+        killed = {node for node, code in codes.items() if code is not None and code < 0}
+        if killed:
+            groups = self._reaped_groups()
+            for p in psutil.process_iter():
+                try:
+                    for node in killed:
+                        if self._left_in_group(p, self.processes[node].pid, groups):
+                            codes[node] = None
+                except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
+                    continue
+        return codes
 
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
         return wait_for_exit(self.poll, timeout, any_exit, interval_s=0.2)
@@ -229,12 +277,20 @@ class LocalJob:
     def _tree(self) -> list[psutil.Process]:
         """Every live process of this job, found even when its reaper is gone: each reaper leads
         its own process group (`start_node`), which torchrun shares, and the ranks are torchrun's
-        children (in sessions of their own, so not in the group)."""
-        reapers = {proc.pid for proc in self.processes.values()}
+        children (in sessions of their own, so not in the group).
+
+        A reaper that was reaped no longer holds its pid: the kernel keeps the number while any
+        process is still in its group (torchrun, when the reaper was SIGKILLed), but once the group
+        is empty it may hand the number to another program, which can lead a group of its own
+        with it (a database server, the next job's reaper). So the group of a reaped reaper counts
+        only its members that started before the reaper was reaped, never its leader."""
+        live = {proc.pid for node, proc in self.processes.items() if self._exit_code(node) is None}
+        gone = self._reaped_groups()
         roots: dict[int, psutil.Process] = {}
         for p in psutil.process_iter():
             try:
-                if p.pid in reapers or os.getpgid(p.pid) in reapers:
+                if p.pid in live or os.getpgid(p.pid) in live or any(
+                        self._left_in_group(p, group, gone) for group in gone):
                     roots[p.pid] = p
             except (psutil.NoSuchProcess, ProcessLookupError, PermissionError):
                 continue
@@ -244,34 +300,42 @@ class LocalJob:
                 found.update((c.pid, c) for c in root.children(recursive=True))
             except psutil.NoSuchProcess:
                 continue
-        return [p for pid, p in found.items() if self._unreaped(pid)]
+        reapers = {proc.pid for proc in self.processes.values()}
+        return [p for pid, p in found.items() if pid not in reapers or pid in live]
 
-    def _unreaped(self, pid: int) -> bool:
-        proc = next((p for p in self.processes.values() if p.pid == pid), None)
-        return proc is None or proc.poll() is None
+    def _reaped_groups(self) -> dict[int, float]:
+        """Process group (a reaped reaper's pid) -> a time before the reaper was reaped."""
+        return {proc.pid: self.reaped_before[node] for node, proc in self.processes.items()
+                if proc.returncode is not None and node in self.reaped_before}
+
+    @staticmethod
+    def _left_in_group(p: psutil.Process, group: int, reaped_before: dict[int, float]) -> bool:
+        """p is a live member the reaper `group` left in its group: not the group's leader (that
+        number is no longer the reaper's), started before the reaper was reaped, not a zombie
+        (once re-parented, its new parent may never collect it)."""
+        return (group in reaped_before and p.pid != group and os.getpgid(p.pid) == group
+                and _started_since_boot(p) < reaped_before[group] - START_TIME_SLACK_S
+                and p.status() != psutil.STATUS_ZOMBIE)
 
     def pids(self) -> set[int]:
         """Every live process of this job: reapers, torchruns and ranks."""
         return {p.pid for p in self._tree()}
 
     def terminate(self, grace_s: float = 10.0) -> None:
-        for proc in self.processes.values():
-            if proc.poll() is None:
+        for node, proc in self.processes.items():
+            if self._exit_code(node) is None:
                 try:
                     proc.send_signal(signal.SIGTERM)  # the reaper tears its tree down
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + grace_s + 5
-        for proc in self.processes.values():
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        for node in self.processes:
+            self._exit_code(node, wait_s=max(0.1, deadline - time.monotonic()))
         # What a reaper did not stop: one that hung, or one SIGKILLed, whose torchrun (told by
         # its parent-death signal, infra/reaper.py) may still be stopping its ranks.
         stop_processes(self._tree(), grace_s)
-        for proc in self.processes.values():
-            proc.wait()
+        for node in self.processes:
+            self._exit_code(node, wait_s=None)
 
     def log_paths(self) -> dict[str, Path]:
         return dict(self.logs)

@@ -144,6 +144,36 @@ def test_a_sigkilled_reaper_takes_its_torchrun_and_ranks_along(tmp_path, free_po
     assert not job.pids()
 
 
+def test_a_reaped_reapers_pid_led_by_another_program_is_left_alone(tmp_path):
+    """Once a node's reaper is reaped, the kernel may give its pid to another program, which can
+    lead a process group of its own with it (a database server did, next to a test's job): the
+    job's terminate() and pids() must not take that group for the reaper's. The reuse is made
+    here by pointing the reaped Popen at a group started after it was reaped, as the kernel would."""
+    from infra.launch import LocalJob
+
+    reaper = subprocess.Popen(["true"], start_new_session=True)
+    job = LocalJob(_request(tmp_path, 0), {"node-a": reaper}, {})
+    assert job.wait(timeout=30) == {"node-a": 0}
+    time.sleep(0.1)  # start times are kept in 10 ms ticks
+    other = subprocess.Popen(["sh", "-c", "sleep 600 & wait"], start_new_session=True)  # a leader and a member
+    member = None
+    try:
+        deadline = time.monotonic() + 30
+        while not psutil.Process(other.pid).children() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        member = psutil.Process(other.pid).children()[0]
+        assert os.getpgid(member.pid) == other.pid
+        reaper.pid = other.pid  # the reaped reaper's number, now another program's group
+        assert not job.pids()
+        job.terminate(grace_s=1)
+        assert other.poll() is None and member.is_running(), "terminate() signalled another program's group"
+    finally:
+        for proc in (member, psutil.Process(other.pid)):
+            if proc is not None and proc.is_running():
+                proc.kill()
+        other.wait()
+
+
 def test_ranks_get_what_they_need_and_none_of_the_workers_secrets(tmp_path, free_port, monkeypatch):
     secrets = ("SLACK_WEBHOOK_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "OPENAI_API_KEY",
                "FORGEFLOW_DB_URL", "FORGEFLOW_LLM_API_KEY", "PGPASSWORD", "GITHUB_TOKEN")
