@@ -20,8 +20,8 @@ part ways after a near-tie; agreement is reported, not asserted.
 Without CUDA or vLLM (`pip install forgeflow[gpu]` on a GPU node) it says so and prints
 nulls. Not yet run: no GPU machine was available when it was written.
 
-`--smoke` (no GPU, seconds): the transformers half on CPU (fp32, SMOKE_SUITE: a few samples per
-dataset) through the same `run_backend`, and `compare` reading its records against themselves
+`--smoke` (no GPU, seconds): the transformers half on CPU (fp32, SMOKE_SUITE: one or two samples per
+dataset; make_tiny_checkpoint's default 2-layer, 64-wide model) through the same `run_backend`, and `compare` reading its records against themselves
 to check the pairing and re-tokenising; only `tokens_per_s_transformers` (CPU) is reported, the
 vLLM and agreement keys stay null. The last line's keys: HEADLINE_KEYS.
 """
@@ -59,9 +59,11 @@ datasets:
   - name: humaneval
     options: {limit: 32, max_new_tokens: 128}
 """
-SMOKE_SUITE = SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 2, max_new_tokens: 16}") \
-    .replace("- name: arith-em\n", "- name: arith-em\n    options: {limit: 4}\n") \
-    .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 4}\n")
+SMOKE_SUITE = SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 1, max_new_tokens: 8}") \
+    .replace("- name: arith-em\n", "- name: arith-em\n    options: {limit: 2}\n") \
+    .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 2}\n")
+# the default model (no --model): a tiny random Llama; --smoke's is make_tiny_checkpoint's smallest
+MODEL_SHAPE = {"hidden": 256, "layers": 4}
 
 
 def run_backend(model: Path, backend: str, device: str, work: Path, suite: str = SUITE,
@@ -124,7 +126,7 @@ def main() -> int:
     if model is None and (args.smoke or torch.cuda.is_available()):
         from testing.tiny_checkpoint import make_tiny_checkpoint
 
-        model = make_tiny_checkpoint(work / "model", hidden=256, layers=4)
+        model = make_tiny_checkpoint(work / "model", **({} if args.smoke else MODEL_SHAPE))
     if args.smoke:
         hf_out, hf_s = run_backend(model, "transformers", "cpu", work, SMOKE_SUITE, dtype="float32")
         figures = compare(model, hf_out, hf_out)
