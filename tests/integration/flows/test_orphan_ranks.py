@@ -60,7 +60,7 @@ def test_the_reaper_stops_the_ranks_once_the_lease_file_is_no_longer_renewed(mak
         while _newest_step(run_dir) < 2 and time.monotonic() < deadline:
             lease.renew()
             time.sleep(0.2)
-        renewed_until = time.monotonic() + 3 * LEASE_S  # renewed for three lease periods: it trains on
+        renewed_until = time.monotonic() + 2 * LEASE_S  # renewed for two lease periods: it trains on
         while time.monotonic() < renewed_until:
             lease.renew()
             time.sleep(0.2)
