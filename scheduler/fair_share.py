@@ -134,6 +134,16 @@ def fair_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of
     return sorted(queue, key=key)
 
 
+def pass_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of: Mapping[str, int],
+               usage: Mapping[str, float], rules: TeamRules, head: str | None = None) -> list[Waiting]:
+    """The order an admission pass (`decide`) takes the queue in: fair-share order while jobs of
+    more than one team wait or quotas are set, else the queue as given (priority, then arrival).
+    What `forgeflow cluster queue` and a waiting job's position show."""
+    if len(set(team_of.values())) > 1 or rules.enforced:
+        return fair_order(queue, team_of, priority_of, usage, rules, head)
+    return list(queue)
+
+
 class QuotaGate:
     """The quota check of one pass (`FreeGpus.gate`): holdings move as jobs start."""
 
@@ -230,9 +240,7 @@ def decide(snap: Snapshot):
     """(started jobs with option and placement, jobs considered): fair-share order, quota gate,
     then the policy pass. With one team and no quota this is the plain policy pass. The job it
     reserves GPUs for, if any, is `snap.free.reservation` afterwards: the next pass's `head`."""
-    teams = set(snap.team_of.values())
-    queue = (fair_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
-             if len(teams) > 1 or snap.rules.enforced else snap.queue)
+    queue = pass_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
     snap.free.reservation = None
     if snap.rules.enforced:
         snap.free.gate = QuotaGate(snap.rules, snap.held, queue, snap.team_of, snap.free, snap.head)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from scheduler.fair_share import NO_TEAM, Snapshot, fair_order
+from scheduler.fair_share import NO_TEAM, Snapshot, pass_order
 
 
 @dataclass(frozen=True)
@@ -94,9 +94,7 @@ def _may_preempt(h: Holder, team: str, priority: int, snap: Snapshot) -> bool:
 
 def plan(snap: Snapshot, holders: Sequence[Holder], *, depth: int = 8) -> list[Preemption]:
     """The preemptions the waiting jobs of `snap` call for (see the module's docstring)."""
-    teams = set(snap.team_of.values())
-    queue = (fair_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
-             if len(teams) > 1 or snap.rules.enforced else list(snap.queue))
+    queue = pass_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
     coming: dict[str, int] = dict(snap.free.by_type)
     for h in holders:
         if h.stopping:

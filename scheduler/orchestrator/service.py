@@ -34,6 +34,7 @@ import contextlib
 import getpass
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -70,10 +71,14 @@ import scheduler.orchestrator.quotas as quotas
 import scheduler.preemption as preemption
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
 from scheduler.orchestrator.options import REQUESTED_AS, options_to_json, placement_from_dict
+from scheduler.orchestrator.start_estimates import WaitingJob, queue_order
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
+# A waiting job's position (queue_position) orders by the teams' usage read at most this long ago:
+# it changes slowly, and reading the allocation history at every poll of every waiter would not.
+TEAM_USAGE_STALE_S = 30.0
 DONE = ("finished", "failed", "cancelled")
 
 # The statements of a decision, built once (a decision runs a handful of them; building and
@@ -269,6 +274,7 @@ class Orchestrator:
         self._names: dict[int, str] = {}
         self._job_cluster: dict[int, str] = {}  # a job's cluster never changes
         self._views: dict[str, _View] = {}
+        self._order_teams: dict[str, tuple[float, quotas.TeamState | None]] = {}  # queue_position's
         self._pending: _View | None = None  # the view being changed by the open transaction
         self.last_pass: PassResult | None = None
         self._mutex = threading.RLock()  # one transaction of this object at a time (lease threads)
@@ -974,11 +980,23 @@ class Orchestrator:
         return Admission(job_id, row.name, placement_from_dict(row.placement), lease or 0.0, row.attempts)
 
     def queue_position(self, job_id: int) -> tuple[int, int]:
-        """(1-based position of the job among queued jobs of its cluster, queue length); (0, n) if not queued."""
+        """(1-based position of the job among queued jobs of its cluster, queue length); (0, n) if
+        not queued. The position is in the order the next pass takes the queue
+        (`start_estimates.queue_order`): priority, then arrival; with teams, fair-share order by
+        the teams' usage, read at most TEAM_USAGE_STALE_S ago (a waiting job asks every poll)."""
         with read_transaction(self.engine) as conn:
             row = self._job_row(conn, job_id)
-            ids = [i for (i,) in conn.execute(sa.select(jobs.c.id).where(
-                jobs.c.cluster == row.cluster, jobs.c.state == "queued").order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id))]
+            queued = conn.execute(sa.select(jobs.c.id, jobs.c.name, jobs.c.priority, jobs.c.queued_at).where(
+                jobs.c.cluster == row.cluster, jobs.c.state == "queued").order_by(
+                jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
+            read_at, teams = self._order_teams.get(row.cluster, (-math.inf, None))
+            if time.monotonic() - read_at > TEAM_USAGE_STALE_S:
+                teams = quotas.TeamState.load(conn, row.cluster)  # None while no team is defined
+                self._order_teams[row.cluster] = (time.monotonic(), teams)
+            if teams is not None:
+                teams.learn_teams(conn, [r.id for r in queued])
+        order = queue_order([WaitingJob(r.id, r.name, r.priority, r.queued_at, ()) for r in queued], teams, time.time())
+        ids = [w.job_id for w in order]
         return (ids.index(job_id) + 1 if job_id in ids else 0), len(ids)
 
     def pass_due(self, cluster: str | None = None) -> bool:

@@ -21,7 +21,8 @@ A job's estimated start is the time of the pass that admits it. Why it waits, on
                       borrow them now (another team waits for its own quota, or the borrowing
                       limit is reached)
     behind            GPUs it could use went (or are promised) to job N first: N is ahead of it
-                      in the queue (priority, then submission order) or the policy's order
+                      in the queue (priority, then submission order; with teams, fair-share
+                      order within a priority) or the policy's order
     no_room           no GPU type it can run on has room now; the GPUs come free when job M ends
     next              it fits now: the next policy pass admits it
 
@@ -47,7 +48,7 @@ from sqlalchemy.engine import Engine
 from infra.statedb import read_transaction
 from infra.statedb.schema import clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
-from scheduler.fair_share import NO_TEAM, RunningJob as FairRunning, Snapshot, decide, holdings, team_usage
+from scheduler.fair_share import NO_TEAM, RunningJob as FairRunning, Snapshot, decide, holdings, pass_order, team_usage
 from scheduler.policy import USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, expected_end, schedule_pass
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import OrchestratorConfig
@@ -150,11 +151,29 @@ def _fits_by_count(free: FreeGpus, options: Sequence[Option]) -> set[str]:
     return {o.gpu_type for o in options if free.by_type.get(o.gpu_type, 0) >= o.num_gpus}
 
 
+def queue_order(waiting: Sequence[WaitingJob], teams: Any, now: float) -> list[WaitingJob]:
+    """The queued jobs in the order the next admission pass takes them: priority, then arrival;
+    while teams are defined, fair-share order over the teams' usage as of `now`
+    (`scheduler.fair_share.pass_order`, what `decide` uses). A job position is its place here.
+    `waiting`: by priority, then arrival; `teams`: a `quotas.TeamState`, None without teams."""
+    if teams is None:
+        return list(waiting)
+    current = list(teams.running.values())
+    order = pass_order([QueuedJob(str(w.job_id), w.queued_at, ()) for w in waiting],
+                       {str(w.job_id): teams.team_of.get(w.job_id, NO_TEAM) for w in waiting},
+                       {str(w.job_id): w.priority for w in waiting}, team_usage(teams.usage, current, now),
+                       teams.rules, None if teams.head is None else str(teams.head))
+    by_id = {str(w.job_id): w for w in waiting}
+    return [by_id[q.job_id] for q in order]
+
+
 def estimate_starts(state: QueueState, now: float, *, reservation_depth: int = 8) -> list[StartEstimate]:
-    """Each queued job's estimated start and why it waits, in queue order (see the module doc)."""
+    """Each queued job's estimated start and why it waits, in queue order (`queue_order`; see the
+    module doc)."""
     sim = state.cluster.copy_state()
     waiting = {w.job_id: w for w in state.waiting}
-    position = {w.job_id: i + 1 for i, w in enumerate(state.waiting)}
+    ordered = queue_order(state.waiting, state.teams, now)
+    position = {w.job_id: i + 1 for i, w in enumerate(ordered)}
     queue = [QueuedJob(str(w.job_id), w.queued_at, w.options) for w in state.waiting if w.options]
     ends: list[tuple[float, int, int, str, tuple]] = []  # (end, seq, job, GPU type, ((node, gpus), ...))
     busy: dict[int, Busy] = {}
@@ -230,7 +249,7 @@ def estimate_starts(state: QueueState, now: float, *, reservation_depth: int = 8
     return [_quota_estimate(w, position[w.job_id], started_at.get(w.job_id), quota_blocked[w.job_id])
             if w.job_id in quota_blocked and w.job_id not in behind else
             _estimate(state, w, position[w.job_id], now, started_at.get(w.job_id), behind.get(w.job_id),
-                      w.job_id in fits_now, waiting) for w in state.waiting]
+                      w.job_id in fits_now, waiting) for w in ordered]
 
 
 def _quota_blocked(teams: Any, queue: list[QueuedJob], fits: dict[int, set[str]], held: dict[tuple[str, str], int],
@@ -272,6 +291,8 @@ def _estimate(state: QueueState, job: WaitingJob, position: int, now: float,
             order = f"priority {other.priority} > {job.priority}"
         elif other is not None and (other.queued_at, other.job_id) < (job.queued_at, job.job_id):
             order = "ahead in the queue"
+        elif other is not None and state.teams is not None and other.priority == job.priority:
+            order = "first in fair-share order: its team used less of its share"
         else:
             order = f"first in the {state.policy} policy's order"
         return StartEstimate(job.job_id, position, "behind",

@@ -20,7 +20,8 @@ from sqlalchemy.engine import Engine
 from infra.statedb import read_transaction
 from infra.statedb.schema import allocations, jobs, nodes
 import scheduler.orchestrator.inventory as inventory
-from scheduler.orchestrator.start_estimates import queue_estimates
+import scheduler.orchestrator.quotas as quotas
+from scheduler.orchestrator.start_estimates import WaitingJob, queue_estimates, queue_order
 
 RECENT_S = 3600.0  # `forgeflow jobs` without --all shows jobs that ended this recently
 HIDDEN_JOB = "(another team's)"  # the name shown for a GPU's holder the caller may not see
@@ -69,6 +70,9 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
         name = inventory.resolve_cluster(conn, cluster)
         queued = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "queued")
                               .order_by(jobs.c.priority.desc(), jobs.c.queued_at, jobs.c.id)).all()
+        teams = quotas.TeamState.load(conn, name)  # None while no team is defined
+        if teams is not None:
+            teams.learn_teams(conn, [r.id for r in queued])
         running = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "running")
                                .order_by(jobs.c.admitted_at)).all()
         done = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state.in_(
@@ -90,6 +94,10 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
                               "nodes": {n["node"]: n["gpus"] for n in r.placement["nodes"]}}
         return e
 
+    # in the order the next pass takes them (with teams: fair-share order), as `forgeflow jobs` counts
+    order = queue_order([WaitingJob(r.id, r.name, r.priority, r.queued_at, ()) for r in queued], teams, time.time())
+    by_id = {r.id: r for r in queued}
+    queued = [by_id[w.job_id] for w in order]
     return {"cluster": name, "queued": [entry(r, i + 1) for i, r in enumerate(queued)],
             "running": [entry(r) for r in running], "ended": [entry(r) for r in done]}
 

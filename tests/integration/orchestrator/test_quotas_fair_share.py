@@ -210,3 +210,27 @@ def test_a_new_weight_reaches_a_process_that_keeps_its_view(state_db_url):
     orch.rules_changed()  # what `forgeflow cluster team add` calls: this process's view reads it back
     orch.release(holder)
     assert orch.job(a)["state"] == "running" and orch.job(b)["state"] == "queued"
+
+
+def test_the_queue_people_see_is_the_order_the_next_pass_takes(state_db_url):
+    """`forgeflow cluster queue`, `forgeflow jobs` and a waiting job's position show the queue in
+    fair-share order (a team that used less goes first within a priority), the order the pass
+    admits in: before, they showed arrival order, so the job shown second started first."""
+    from scheduler.orchestrator.start_estimates import queue_estimates
+    from scheduler.orchestrator.views import job_list, queue_snapshot
+
+    _orchestrator(state_db_url)  # the teams, written behind its back: a process that starts after them
+    orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))
+    both = demand_options(orch.cluster(), 2, duration_s=10)
+    hog = orch.submit("hog", both, team="A")  # A uses both CPUs from now on
+    a1 = orch.submit("a1", both, team="A")
+    b1 = orch.submit("b1", both, team="B")  # later, but B has used nothing
+    time.sleep(0.05)
+    assert [orch.job(j)["state"] for j in (hog, a1, b1)] == ["running", "queued", "queued"]
+    assert orch.queue_position(b1) == (1, 2) and orch.queue_position(a1) == (2, 2)
+    assert [j["job_id"] for j in queue_snapshot(orch.engine, "two")["queued"]] == [b1, a1]
+    assert {e.job_id: e.position for e in queue_estimates(orch.engine, "two").values()} == {b1: 1, a1: 2}
+    listed = {j["job_id"]: j.get("position") for j in job_list(orch.engine, cluster="two")["jobs"]}
+    assert listed[b1] == 1 and listed[a1] == 2
+    orch.release(hog)
+    assert orch.job(b1)["state"] == "running" and orch.job(a1)["state"] == "queued"  # position 1 went first
