@@ -42,6 +42,7 @@ import json
 import os
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +79,22 @@ def _job(work: Path) -> Path:
     return path
 
 
+def _start_temporary_server() -> threading.Thread | None:
+    """Prefect's temporary server, the one node-launch's flow run would start on its first call,
+    started in a thread now so that it comes up while the job's data is prepared (join the thread
+    before the drill: a second start while the first waits for the server would return at once).
+    None when a server is configured (PREFECT_API_URL)."""
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    # imported here (node-launch's run imports it anyway): an import in the thread would hold the
+    # interpreter's lock against the data preparation's imports; starting and waiting do not
+    from prefect.server.api.server import SubprocessASGIServer
+
+    thread = threading.Thread(target=SubprocessASGIServer().start, name="prefect-temporary-server", daemon=True)
+    thread.start()
+    return thread
+
+
 def run(smoke: bool) -> dict:
     """The drill once, in a fresh state database and Prefect home; the headline values."""
     work = Path(tempfile.mkdtemp(prefix="forgeflow-orphans-"))
@@ -93,7 +110,11 @@ def run(smoke: bool) -> dict:
         from testing.orphan_drill import run_orphan_drill
 
         lease_s = SMOKE_LEASE_S if smoke else FLOW_LEASE_S
-        drill = run_orphan_drill(_job(work), lease_s=lease_s, grace_s=SMOKE_LEASE_S if smoke else FLOW_GRACE_S,
+        server = _start_temporary_server()
+        job = _job(work)
+        if server is not None:
+            server.join()
+        drill = run_orphan_drill(job, lease_s=lease_s, grace_s=SMOKE_LEASE_S if smoke else FLOW_GRACE_S,
                                  nproc=1 if smoke else 2, cluster="orphans", timeout_s=600)
         print(f"holder SIGKILLed at step {drill.killed_step}; ranks {drill.ranks} gone after "
               f"{drill.gone_s} s; node-launch: {drill.stop_reason}; committed step {drill.stop_step}",
