@@ -128,10 +128,25 @@ def fair_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of
     then arrival. `queue` in arrival order within a class already: the sort is stable. `head`:
     the job an earlier pass reserved GPUs for stays first of its class until it starts, so
     usage moving on never lets later jobs overtake it past its predicted start."""
+    return sorted(queue, key=_fair_key(team_of, priority_of, usage, rules, head))
+
+
+def _fair_key(team_of: Mapping[str, str], priority_of: Mapping[str, int], usage: Mapping[str, float],
+              rules: TeamRules, head: str | None):
     def key(job: Waiting) -> tuple:
         team = team_of.get(job.job_id, NO_TEAM)
         return (-priority_of.get(job.job_id, 0), job.job_id != head, usage.get(team, 0.0) / rules.weight(team))
-    return sorted(queue, key=key)
+    return key
+
+
+def fair_rank(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of: Mapping[str, int],
+              usage: Mapping[str, float], rules: TeamRules, head: str | None = None) -> dict[str, int]:
+    """Each job's rank in fair-share order (equal for jobs of one team in one priority class):
+    what a policy that orders by its own measure (ECT's response ratio) orders within."""
+    key = _fair_key(team_of, priority_of, usage, rules, head)
+    keys = {job.job_id: key(job) for job in queue}
+    index = {k: i for i, k in enumerate(sorted(set(keys.values())))}
+    return {job_id: index[k] for job_id, k in keys.items()}
 
 
 def pass_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of: Mapping[str, int],
@@ -139,9 +154,14 @@ def pass_order(queue: Sequence[Waiting], team_of: Mapping[str, str], priority_of
     """The order an admission pass (`decide`) takes the queue in: fair-share order while jobs of
     more than one team wait or quotas are set, else the queue as given (priority, then arrival).
     What `forgeflow cluster queue` and a waiting job's position show."""
-    if len(set(team_of.values())) > 1 or rules.enforced:
+    if teams_matter(team_of, rules):
         return fair_order(queue, team_of, priority_of, usage, rules, head)
     return list(queue)
+
+
+def teams_matter(team_of: Mapping[str, str], rules: TeamRules) -> bool:
+    """Whether teams change a pass: jobs of more than one team wait, or quotas are set."""
+    return len(set(team_of.values())) > 1 or rules.enforced
 
 
 class QuotaGate:
@@ -241,11 +261,13 @@ def decide(snap: Snapshot):
     then the policy pass. With one team and no quota this is the plain policy pass. The job it
     reserves GPUs for, if any, is `snap.free.reservation` afterwards: the next pass's `head`."""
     queue = pass_order(snap.queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
+    rank = (fair_rank(queue, snap.team_of, snap.priority_of, snap.usage, snap.rules, snap.head)
+            if teams_matter(snap.team_of, snap.rules) else None)
     snap.free.reservation = None
     if snap.rules.enforced:
         snap.free.gate = QuotaGate(snap.rules, snap.held, queue, snap.team_of, snap.free, snap.head)
     try:
         return schedule_pass(snap.policy, snap.now, queue, snap.running, snap.free,
-                             reservation_depth=snap.reservation_depth)
+                             reservation_depth=snap.reservation_depth, rank=rank)
     finally:
         snap.free.gate = None

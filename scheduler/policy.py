@@ -15,7 +15,9 @@ the cluster's free lists; the pass allocates on the `Cluster` object it is given
           (see `scheduler.simulate` for the rationale): each job takes the option
           that completes first given when each GPU type frees up; a job that must
           wait reserves its slot (the first `reservation_depth` do), so later jobs
-          only backfill around it.
+          only backfill around it. With teams, the response ratio orders jobs within a
+          rank of the fair-share order only (`rank`), and only a job within its team's
+          nominal quota reserves.
 ``easy``  FCFS with EASY backfilling, what Slurm sites run (a baseline): queue order,
           each job its requested GPUs (first option that is free, first-fit); the
           first job that cannot start gets a reservation — the earliest time its
@@ -36,7 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable, Literal, Protocol, Sequence
+from typing import Any, Iterable, Literal, Mapping, Protocol, Sequence
 
 from scheduler.cluster import Cluster, Node
 from scheduler.placement import GpuRequest, Placement, allocate_placement, build_placement, first_fit_select, has_select
@@ -187,10 +189,14 @@ def schedule_pass(
     free: FreeGpus,
     *,
     reservation_depth: int = 8,
+    rank: Mapping[str, int] | None = None,
 ) -> tuple[list[tuple[Waiting, Option, Placement]], int]:
     """One scheduling pass: (started jobs with their option and placement, jobs considered).
 
-    `queue` is in queue order (FCFS); `free` is allocated on as jobs start.
+    `queue` is in queue order (FCFS); `free` is allocated on as jobs start. `rank` (job id ->
+    rank, lowest first; None: all equal): the policies that put the queue in an order of their
+    own (ect's response ratio, sjf's shortest run) do so only among jobs of equal rank, so a
+    caller's order between ranks holds (teams: priority class, then fair share; `fair_share`).
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
@@ -223,7 +229,8 @@ def schedule_pass(
         return started, considered
     if policy == "sjf":
         # Shortest predicted run first; anything that fits starts (no reservation).
-        for job in sorted(queue, key=lambda j: min((o.run_s for o in j.options), default=math.inf)):
+        for job in sorted(queue, key=lambda j: (rank.get(j.job_id, 0) if rank else 0,
+                                                min((o.run_s for o in j.options), default=math.inf))):
             if not free.any():
                 break
             considered += 1
@@ -248,7 +255,7 @@ def schedule_pass(
         run = job.shortest_run_s
         return (now - job.arrival_s + run) / run
 
-    order = sorted(queue, key=response_ratio, reverse=True)
+    order = sorted(queue, key=lambda job: (rank.get(job.job_id, 0) if rank else 0, -response_ratio(job)))
     reserved = 0
     for job in order:
         if reserved >= reservation_depth and not free.any():
@@ -273,7 +280,10 @@ def schedule_pass(
             # else: enough GPUs of the type, but not in whole tp groups per node: wait for
             # the next release rather than hold a reservation we cannot honour.
             continue
-        if reserved < reservation_depth:
+        # With teams' quotas, only a job within its team's nominal quota reserves (as under EASY):
+        # a borrower's reservation would hold future GPUs beyond its quota, and an owner's job
+        # could not backfill around it. A borrower takes idle GPUs only.
+        if reserved < reservation_depth and (free.gate is None or free.gate.may_reserve(job.job_id, opt)):
             reserved += 1
             profiles[opt.gpu_type].add(start, start + opt.run_s, -opt.num_gpus)
     return started, considered

@@ -152,3 +152,32 @@ def test_a_waiting_head_keeps_its_teams_quota_from_the_teams_later_jobs():
     snap.head = None  # without a head, the small job takes A's last nominal CPU
     started, _ = decide(snap)
     assert [j.job_id for j, _, _ in started] == ["a-small"]
+
+
+def test_ect_keeps_fair_share_order_and_orders_by_response_ratio_within_a_team():
+    """ECT orders by highest response ratio; with teams that is within a team's rank of the
+    fair-share order, never across it: the team that used less goes first even when the other's
+    job has waited longer (and so has the higher ratio)."""
+    short = (Option("cpu", 1, 1, 0, 10.0),)
+    queue = [QueuedJob("a_old", -100.0, short), QueuedJob("b_new", 0.0, short), QueuedJob("a_newer", -50.0, short)]
+    team_of = {"a_old": "A", "b_new": "B", "a_newer": "A"}
+    usage = {"A": 1000.0, "B": 0.0}
+    assert _decide(queue, team_of, TeamRules(), usage=usage, gpus=1, policy="ect") == ["b_new"]
+    # among A's jobs (equal rank), the higher response ratio goes first
+    assert _decide(queue, team_of, TeamRules(), usage=usage, gpus=2, policy="ect") == ["b_new", "a_old"]
+    # one team: plain HRRN
+    assert _decide(queue, {j.job_id: "A" for j in queue}, TeamRules(), gpus=1, policy="ect") == ["a_old"]
+
+
+def test_ect_reserves_only_within_nominal_quota():
+    """A borrower's reservation would hold future GPUs beyond its team's quota, and an owner's
+    job within quota could not backfill around it: with quotas, only a job within its team's
+    nominal quota reserves under ECT (as under EASY)."""
+    rules = TeamRules({("A", "cpu"): Quota(2, None), ("B", "cpu"): Quota(2, None)})
+    big = (Option("cpu", 4, 1, 0, 100.0),)   # A would hold 2 + 4 > 2: a borrower
+    long = (Option("cpu", 2, 1, 0, 200.0),)  # B holds 0: within its quota
+    queue = [QueuedJob("a_big", -10.0, big), QueuedJob("b_long", 0.0, long)]
+    running = [Busy("cpu", 2, 100.0)]        # A's job on 2 of the 4 CPUs until t=100
+    started = _decide(queue, {"a_big": "A", "b_long": "B"}, rules, held={("A", "cpu"): 2},
+                      usage={"A": 0.0, "B": 50.0}, gpus=4, busy=2, policy="ect", running=running)
+    assert started == ["b_long"]
