@@ -30,13 +30,14 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.headline import checked_headline  # noqa: E402
-from testing.prefect_server import LocalPrefectServer  # noqa: E402
+from testing.prefect_server import LocalPrefectServer, free_port  # noqa: E402
 
 HEADLINE_KEYS = ("watcher_api_calls_per_s_64_nodes", "watcher_api_calls_per_s_64_nodes_per_node_reads",
                  "nodes", "ranks", "seconds")
@@ -149,8 +150,19 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="forgeflow-watch-bench-"))
     home = workdir / "prefect-home"
     home.mkdir()
-    server = LocalPrefectServer(home, ROOT)
-    os.environ.update(PREFECT_API_URL=server.url, PREFECT_HOME=str(home), PREFECT_LOGGING_LEVEL="WARNING")
+    port = free_port()  # known before the server answers: Prefect reads its settings when first imported
+    os.environ.update(PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_HOME=str(home),
+                      PREFECT_LOGGING_LEVEL="WARNING")
+    with ThreadPoolExecutor(1) as starting:  # the server (its own process) comes up while this one imports
+        coming_up = starting.submit(LocalPrefectServer, home, ROOT, port)
+        try:
+            import prefect.client.base  # noqa: F401 - what the watch and count_requests import, meanwhile
+            import infra.watch  # noqa: F401
+            import tasks.launchers  # noqa: F401
+        except BaseException:
+            coming_up.result().stop()
+            raise
+        server = coming_up.result()
     try:
         from tasks.launchers import PrefectJob
 
