@@ -320,9 +320,14 @@ class FailedAttempt:
     diagnosed_at: float
     decided_at: float
     relaunched_at: float | None = None  # set when the next attempt launches
+    culprit: str = ""  # the diagnosis's first culprit line (a hang: who did not join which collective)
+    suspect_nodes: list[str] = field(default_factory=list)
+    suspect_ranks: list[int] = field(default_factory=list)
 
     @classmethod
     def of(cls, attempt: int, status: str, step: int, diagnosis: Diagnosis, next_: NextAttempt, *,
            seconds_to_detect: float, detected_at: float, diagnosed_at: float, decided_at: float) -> "FailedAttempt":
         return cls(attempt, status, step, diagnosis.root_cause, diagnosis.kind, diagnosis.source, next_.text,
-                   next_.reason, round(seconds_to_detect, 1), detected_at, diagnosed_at, decided_at)
+                   next_.reason, round(seconds_to_detect, 1), detected_at, diagnosed_at, decided_at,
+                   culprit=(diagnosis.culprit_lines or [""])[0], suspect_nodes=list(diagnosis.suspect_nodes),
+                   suspect_ranks=list(diagnosis.suspect_ranks))

@@ -18,6 +18,12 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
                               rank's own forward+backward compute in it (megatron's
                               forward-/backward-compute timers, no waiting on peers): the
                               straggler signal (infra.watch.StragglerDetector).
+    heartbeat/where/rank{R}.json  {"rank", "time", "step", "collective", "since", "pid"}: where the
+                              rank's main thread is, sampled every second by a thread of its own
+                              (training.collective_watch): the collective it waits in (None:
+                              not in one) and since when. Peers waiting in a collective while
+                              one rank is elsewhere is a hang, seen in seconds with its culprit
+                              (infra.watch.collective_stall).
     markers/loss_spike.json   written by rank 0 (training.spike.write_spike_marker) before
                               every rank exits with EXIT_LOSS_SPIKE; stderr also gets the
                               `FORGEFLOW_LOSS_SPIKE onset_step=...` line.
@@ -32,7 +38,7 @@ Run directory (`JobSpec.resolved_run_dir`, default `runs/{name}`)::
                               "signal", "time"}; every rank then exits EXIT_STOPPED.
 
 Readers of the run directory (the watcher, tests, tools) use the typed readers below:
-`read_heartbeat` / `read_heartbeats` -> `HeartbeatRecord`, `read_spike_marker` -> `SpikeMarker`,
+`read_heartbeat` / `read_heartbeats` -> `HeartbeatRecord`, `read_wheres` -> `WhereRecord`, `read_spike_marker` -> `SpikeMarker`,
 `read_stop_marker` -> `StopMarker`.
 
 Checkpoints live at `spec.checkpoint.url` (see training.checkpointing), not here.
@@ -97,6 +103,10 @@ def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
     return Path(run_dir) / HEARTBEAT_DIR / f"rank{rank}.json"
 
 
+def where_path(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / HEARTBEAT_DIR / "where" / f"rank{rank}.json"
+
+
 def spike_marker_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / MARKERS_DIR / SPIKE_MARKER
 
@@ -131,6 +141,17 @@ class HeartbeatRecord:
 
 
 @dataclass(frozen=True)
+class WhereRecord:
+    """Where one rank's main thread was at `time` (written by training.collective_watch)."""
+
+    rank: int
+    time: float  # time.time() of the sample: a record that stops advancing is a frozen process
+    step: int  # the last step the rank finished
+    collective: str | None  # the collective it waits in (torch.distributed's function), or None
+    since: float  # time.time() since which it has been there (in that collective, or out of any)
+
+
+@dataclass(frozen=True)
 class SpikeMarker:
     """The loss-spike marker (written by training.spike.write_spike_marker)."""
 
@@ -160,6 +181,21 @@ def read_heartbeat(path: str | Path) -> HeartbeatRecord | None:
 
 def _optional_float(value) -> float | None:
     return None if value is None else float(value)
+
+
+def read_wheres(run_dir: str | Path) -> dict[int, WhereRecord]:
+    """Every rank's last where-sample in the run directory, by rank (unreadable ones skipped:
+    the next read gets them)."""
+    out = {}
+    for path in (Path(run_dir) / HEARTBEAT_DIR / "where").glob("rank*.json"):
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            record = WhereRecord(rank=int(data["rank"]), time=float(data["time"]), step=int(data.get("step", 0)),
+                                 collective=data.get("collective") or None, since=float(data["since"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out[record.rank] = record
+    return out
 
 
 def read_heartbeats(run_dir: str | Path) -> dict[int, HeartbeatRecord]:

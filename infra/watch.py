@@ -9,6 +9,11 @@ What is watched (the worker's side of the contract is infra/runfiles.py):
   `hang_timeout_s` the job is a Hang and is killed. Before a rank's first
   heartbeat of this attempt, `startup_timeout_s` applies instead: start-up
   (imports, building the model, loading a checkpoint) is slow and silent;
+- where each rank's main thread is (`heartbeat/where/rank{R}.json`, sampled every second by
+  the rank itself): ranks that have waited in a collective for `collective_stall_s` (and five
+  typical steps) while another rank is not in one, or froze, are a Hang seen in seconds, whatever
+  `hang_timeout_s`; the outcome's `stall` names the ranks and nodes that did not join and the
+  collective the others wait in (`collective_stall`);
 - the loss-spike marker, written before the worker exits with EXIT_LOSS_SPIKE;
 - the stop marker: after a SIGTERM the ranks commit a checkpoint, rank 0 writes
   markers/stopped.json and they exit EXIT_STOPPED, which torchrun turns into a plain
@@ -65,6 +70,7 @@ class AttemptOutcome:
     stragglers: list["Straggler"] = field(default_factory=list)  # reported while it ran
     evicted: str | None = None  # why the attempt was stopped from outside (`stop_when`)
     requested_stop: str | None = None  # who asked the job to stop, and why (`stop_requested`)
+    stall: "CollectiveStall | None" = None  # a hang seen from the ranks' collectives: who did not join
 
     @property
     def ok(self) -> bool:
@@ -150,6 +156,72 @@ class StragglerDetector:
         return found
 
 
+# A collective stall counts once the waiting ranks have been in it this long, and at least this
+# many typical steps (the heartbeats' step time): a rank that is merely slow is not hung.
+COLLECTIVE_STALL_S = 10.0
+STALL_STEPS = 5.0
+# A where-sample this old means its rank's process no longer runs Python (frozen, D-state).
+WHERE_STALE_S = 5.0
+# Phases in which one rank may legitimately keep the others waiting (a save, a graceful stop).
+BUSY_PHASES = ("start", "checkpoint", "stopping")
+
+
+@dataclass(frozen=True)
+class CollectiveStall:
+    """Ranks waiting in a collective that other ranks did not join (`collective_stall`)."""
+
+    collective: str
+    waiting: list[int]  # ranks in a collective, the longest for `waited_s`
+    absent: list[int]  # ranks not in one (elsewhere, or frozen: no fresh sample)
+    nodes: list[str]  # the absent ranks' nodes
+    waited_s: float
+    step: int  # the step the waiting ranks finished last
+    where: dict[int, str]  # absent rank -> what it is doing instead, in words
+
+    def describe(self) -> str:
+        who = ", ".join(f"rank {r} on {n} ({self.where.get(r, '?')})" for r, n in zip(self.absent, self.nodes))
+        ranks = ", ".join(map(str, self.waiting[:8])) + (" ..." if len(self.waiting) > 8 else "")
+        return (f"hang after step {self.step}: {who} did not join {self.collective}, in which rank(s) {ranks} "
+                f"have waited {self.waited_s:.0f} s")
+
+
+def collective_stall(wheres: dict[int, runfiles.WhereRecord], beats: dict[int, runfiles.HeartbeatRecord],
+                     world_size: int, now: float, *, stall_s: float = COLLECTIVE_STALL_S,
+                     rank_nodes: dict[int, str] | None = None) -> CollectiveStall | None:
+    """A hang, seen from where the ranks are: some ranks have waited in a collective for
+    `stall_s` and STALL_STEPS typical steps while others are not in one (or froze). None while
+    every rank of this attempt has not finished a step (start-up, loading), while a rank is in a
+    phase that may keep the others waiting (BUSY_PHASES), or while all ranks wait alike (a
+    collective that is merely long, or an interconnect fault the heartbeat timeout catches).
+    `wheres` and `beats`: this attempt's records only."""
+    if world_size < 2 or len(wheres) < world_size or len(beats) < world_size:
+        return None
+    if any(b.step_time_s is None or b.phase in BUSY_PHASES for b in beats.values()):
+        return None
+    times = sorted(b.step_time_s for b in beats.values())
+    threshold = max(stall_s, STALL_STEPS * times[len(times) // 2])
+    waiting, absent = {}, {}
+    for rank in range(world_size):
+        w = wheres.get(rank)
+        if w is None or now - w.time > WHERE_STALE_S:
+            absent[rank] = "no sample for " + ("ever" if w is None else f"{now - w.time:.0f} s: frozen?")
+        elif w.collective is None:
+            absent[rank] = f"not in a collective for {now - w.since:.0f} s"
+        else:
+            waiting[rank] = w
+    if not waiting or not absent:
+        return None
+    longest = min(w.since for w in waiting.values())
+    if now - longest < threshold or any(now - w.since < threshold for w in waiting.values()):
+        return None
+    names = [w.collective for w in waiting.values()]
+    nodes = rank_nodes or {}
+    absent_ranks = sorted(absent)
+    return CollectiveStall(max(set(names), key=names.count), sorted(waiting), absent_ranks,
+                           [nodes.get(r) or (beats[r].host if r in beats else "?") for r in absent_ranks],
+                           now - longest, max(w.step for w in waiting.values()), absent)
+
+
 def exit_verdict(spike: runfiles.SpikeMarker | None, stop: runfiles.StopMarker | None,
                  lease_lost: str | None) -> Status:
     """What an attempt that some node left with a non-zero exit was, unless the watcher had stopped it
@@ -198,10 +270,12 @@ def watch(
     on_straggler: Callable[[Straggler], None] | None = None,
     stop_when: Callable[[], str | None] | None = None,
     stop_requested: Callable[[], str | None] | None = None,
+    collective_stall_s: float = COLLECTIVE_STALL_S,
 ) -> AttemptOutcome:
     run_dir = Path(run_dir)
-    stragglers = StragglerDetector(world_size, straggler_factor, straggler_patience,
-                                   rank_nodes=_rank_nodes(job))
+    rank_nodes = _rank_nodes(job)
+    stragglers = StragglerDetector(world_size, straggler_factor, straggler_patience, rank_nodes=rank_nodes)
+    wheres_read = 0.0
     started_wall = time.time()
     started = time.monotonic()
     last_reported = -1
@@ -272,6 +346,15 @@ def watch(
                                   stragglers=list(stragglers.reported.values()), requested_stop=requested)
 
         now = time.time()
+        if now - wheres_read >= 1.0:  # the ranks sample once a second: no need to read more often
+            wheres_read = now
+            stall = collective_stall({r: w for r, w in runfiles.read_wheres(run_dir).items() if w.time >= started_wall},
+                                     current, world_size, now, stall_s=collective_stall_s, rank_nodes=rank_nodes)
+            if stall is not None:
+                job.terminate(grace_s=5.0)
+                return AttemptOutcome("hang", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
+                                      stale_ranks=stall.absent, stragglers=list(stragglers.reported.values()),
+                                      stall=stall)
         stale = []
         for rank in range(world_size):
             beat_time = beats[rank].time if rank in beats else 0.0

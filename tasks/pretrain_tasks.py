@@ -210,6 +210,10 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
                  for node, _ in node_logs] if node_logs else None)
     if outcome.unrequested_stop:  # the watcher's finding comes first in the alert and the report
         diagnosis.culprit_lines.insert(0, outcome.unrequested_stop)
+    if outcome.stall is not None:  # a hang seen from the collectives names who did not join
+        diagnosis.culprit_lines.insert(0, outcome.stall.describe())
+        diagnosis.suspect_nodes = list(dict.fromkeys([*outcome.stall.nodes, *diagnosis.suspect_nodes]))
+        diagnosis.suspect_ranks = list(dict.fromkeys([*outcome.stall.absent, *diagnosis.suspect_ranks]))
     try:
         stopped = mark_stopped_by_peer(spec.resolved_run_dir, attempt, diagnosis.suspect_nodes, diagnosis.root_cause)
     except Exception as e:  # the runs' labels are for people: never let them stop the recovery

@@ -11,6 +11,7 @@
     spike             loss-spike detection and its marker
     faults            fault injection for drills (off unless asked for)
     runlog            per-rank step log lines and heartbeat files
+    collective_watch  where each rank's main thread is (which collective, since when): a hang's culprit
     loss_chart        the loss curve from rank 0's log, attempt by attempt (failures, rollbacks marked)
     metrics           metrics for people: TensorBoard event files (default), MLflow, W&B (rank 0 only)
     progress          live progress in the terminal (attempt, step, loss, tokens/s, ETA) from the run files

@@ -114,6 +114,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     from training.faults import FaultInjector, plan_from
     from training.model import (attention_kernel, build_model, build_optimizer, count_parameters,
                                 init_distributed, wrap_data_parallel)
+    from training.collective_watch import CollectiveWatch
     from training.control import StepControl, write_stop_marker
     from training.metrics import MetricsLogger
     from training.runlog import Heartbeat, RankLog
@@ -130,6 +131,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     run_dir = spec.resolved_run_dir
     log = RankLog(run_dir, env.rank)
     heartbeat = Heartbeat(run_dir, env.rank)
+    where = CollectiveWatch(run_dir, env.rank).start()  # which collective this rank waits in (a hang's culprit)
     faults = FaultInjector(plan_from(spec.fault), env.rank, run_dir)
 
     prepared = load_prepared(spec.data.data_dir)
@@ -199,6 +201,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
         step += 1
         loss = faults.observed_loss(result.loss)
         heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())
+        where.step = step
 
         if step % cfg.log_interval == 0 or step == cfg.steps:
             tokens_per_s = tokens_per_step / max(time.monotonic() - t0, 1e-9)

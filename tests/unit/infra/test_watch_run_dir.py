@@ -320,3 +320,60 @@ def test_a_rank_whose_compute_stays_slow_is_reported_once_with_its_node(tmp_path
     assert outcome.status == "finished"
     assert [(s.rank, s.node, s.step) for s in reported] == [(1, "node-b", 10)]
     assert abs(reported[0].ratio - 3.5) < 1e-9 and outcome.stragglers == reported
+
+
+# --- a hang seen from the collectives (training.collective_watch's samples) -----------------------
+
+def _where(run_dir, rank: int, collective, since: float, step: int, at: float | None = None) -> None:
+    atomic_write_json(runfiles.where_path(run_dir, rank), {"rank": rank, "time": time.time() if at is None else at,
+                                                          "step": step, "collective": collective, "since": since})
+
+
+def test_peers_waiting_in_a_collective_that_one_rank_never_joined_is_a_hang_naming_it(tmp_path):
+    hung_at: dict[str, float] = {}
+
+    def script(job, n):
+        step = min(n, 3)
+        for rank, beat in job.beats.items():
+            if n <= 3:
+                beat.beat(step, step_time_s=0.01, compute_s=0.005)
+        if n > 3:  # rank 0 waits in all_reduce for step 4; rank 1 is somewhere else
+            hung_at.setdefault("t", time.time())
+            _where(job.run_dir, 0, "all_reduce", hung_at["t"], 3)
+            _where(job.run_dir, 1, None, hung_at["t"], 3)
+
+    outcome, job, _ = _watch(tmp_path, script, hang_timeout_s=300.0, collective_stall_s=0.3)
+    assert outcome.status == "hang" and job.terminated
+    assert outcome.stall is not None and outcome.stall.absent == [1] and outcome.stall.waiting == [0]
+    assert outcome.stall.collective == "all_reduce" and outcome.stale_ranks == [1]
+    assert "rank 1 on" in outcome.stall.describe() and "did not join all_reduce" in outcome.stall.describe()
+
+
+def test_collective_stall_is_not_called_for_busy_phases_slow_steps_start_up_or_everyone_waiting():
+    from infra.watch import collective_stall
+
+    now = 1000.0
+    nodes = {0: "node-a", 1: "node-b"}
+
+    def beat(rank, phase="train", step_time_s=0.1):
+        return runfiles.HeartbeatRecord(rank, 3, now - 20, 1, "h", phase, step_time_s, 0.05)
+
+    def where(rank, collective, since=now - 20, at=now):
+        return runfiles.WhereRecord(rank, at, 3, collective, since)
+
+    beats = {0: beat(0), 1: beat(1)}
+    hung = {0: where(0, "all_reduce"), 1: where(1, None)}
+    stall = collective_stall(hung, beats, 2, now, stall_s=10, rank_nodes=nodes)
+    assert stall is not None and stall.absent == [1] and stall.nodes == ["node-b"] and round(stall.waited_s) == 20
+    frozen = {0: where(0, "all_reduce"), 1: where(1, None, at=now - 30)}  # rank 1 stopped sampling
+    assert collective_stall(frozen, beats, 2, now, stall_s=10, rank_nodes=nodes).absent == [1]
+    assert collective_stall(hung, beats, 2, now, stall_s=30, rank_nodes=nodes) is None  # not long enough yet
+    slow = {0: beat(0, step_time_s=5.0), 1: beat(1, step_time_s=5.0)}  # 5 steps of 5 s > 20 s waited
+    assert collective_stall(hung, slow, 2, now, stall_s=10, rank_nodes=nodes) is None
+    saving = {0: beat(0, phase="checkpoint"), 1: beat(1)}  # rank 0 saves while rank 1 waits
+    assert collective_stall(hung, saving, 2, now, stall_s=10, rank_nodes=nodes) is None
+    starting = {0: runfiles.HeartbeatRecord(0, 0, now, 1, "h", "start"), 1: beat(1)}
+    assert collective_stall(hung, starting, 2, now, stall_s=10, rank_nodes=nodes) is None
+    everyone = {0: where(0, "all_reduce"), 1: where(1, "all_reduce")}  # the heartbeat timeout's case
+    assert collective_stall(everyone, beats, 2, now, stall_s=10, rank_nodes=nodes) is None
+    assert collective_stall({0: hung[0]}, beats, 2, now, stall_s=10, rank_nodes=nodes) is None  # no sample yet
