@@ -25,9 +25,12 @@ put mid-interval so that each fault loses about half an interval of steps):
   oom_kill    SIGKILL of a training rank's process from outside, as the kernel's OOM killer
               does (rank 1 the first time, then rank 0); nothing is printed
   hang        SIGSTOP of rank 1's process: it stops without a word and its peer blocks in the
-              next collective. forgeflow sees stale heartbeats after --hang-timeout-s (the
-              flow's default, 300 s); plain torchrun only once a collective times out (the
-              worker's process group: 600 s; megatron's data-parallel group: 30 min)
+              next collective. forgeflow sees its peer wait in that collective while rank 1's
+              where-samples stop (infra.watch.collective_stall: 10 s and five steps), whatever
+              --hang-timeout-s (the heartbeat timeout, the flow's default 300 s), and names rank 1
+              and its node (`hang_detect_s`, `hang_culprit_named`); plain torchrun only once a
+              collective times out (the worker's process group: 600 s; megatron's data-parallel
+              group: 30 min)
   node_loss   every process of node-b SIGKILLed, and node-b stays dead
               (testing.node_faults.NodeLoss). forgeflow's node check finds it, cordons it, and
               the orchestrator places the job on node-a alone (data parallel 1, same global
@@ -102,6 +105,7 @@ HEADLINE_KEYS = (
     "goodput_with_faults_over_fault_free", "phases_p50_s", "fault_every_s", "faults", "fault_kinds",
     "resume_ratio_vs_torchrun_restart", "torchrun_seconds_to_resume_p50", "node_loss_seconds_to_resume",
     "node_loss_world_size", "torchrun_node_loss_seconds_to_resume", "hang_timeout_s", "hang_seconds_to_resume",
+    "hang_detect_s", "hang_culprit_named",
     "torchrun_hang_seconds_to_resume", "torchrun_hang_detect_timeout_s", "per_kind_p50_s",
 )
 TWO_NODES = {
@@ -309,7 +313,7 @@ def resume_times(log: Path, faults: list[Fault]) -> list[dict]:
         resumed, resumed_t = resumed[0]
         first_t = next(t for l, t in steps if t > resumed_t)
         out.append({
-            "kind": fault.kind, "fault_step": int(last.fields["step"]),
+            "kind": fault.kind, "rank": fault.rank, "fault_step": int(last.fields["step"]),
             "resumed_from_step": int(resumed.fields["step"]),
             "lost_steps": int(last.fields["step"]) - int(resumed.fields["step"]),
             "world_size_after": int(resumed.fields.get("world_size", 0)) or None,
@@ -327,7 +331,8 @@ def add_phases(rows: list[dict], result) -> None:
                    detect_s=round(failure.detected_at - row["last_step_at"], 2),
                    diagnose_s=round(failure.diagnosed_at - failure.detected_at, 2),
                    act_s=round(relaunched - failure.diagnosed_at, 2),
-                   restart_s=round(row["first_step_at"] - relaunched, 2))
+                   restart_s=round(row["first_step_at"] - relaunched, 2),
+                   culprit=failure.culprit, suspect_ranks=failure.suspect_ranks, suspect_nodes=failure.suspect_nodes)
 
 
 # --- the baseline: plain torchrun --------------------------------------------------------
@@ -622,6 +627,9 @@ def main() -> None:
     ours_main = [p["seconds_to_resume"] for p in ours if p["kind"] != "hang"]
     theirs_main = [p["seconds_to_resume"] for p in theirs if p["kind"] != "hang"]
     node_loss_row = next((p for p in ours if p["kind"] == "node_loss"), None)
+    hangs = [p for p in ours if p["kind"] == "hang"]
+    for p in hangs:
+        print(f"hang report: {p.get('culprit') or '-'}")
     headline = {
         "launcher": args.launcher,
         "seconds_to_resume_p50": _p50(ours_main),
@@ -642,6 +650,11 @@ def main() -> None:
         "torchrun_node_loss_seconds_to_resume": _p50(kind_of(theirs, "node_loss")),
         "hang_timeout_s": args.hang_timeout_s,
         "hang_seconds_to_resume": _p50(kind_of(ours, "hang")),
+        "hang_detect_s": _p50([p["detect_s"] for p in hangs if "detect_s" in p]),
+        # the report names the stopped rank and its node first (placement's nodes: one rank each)
+        "hang_culprit_named": (int(all(p.get("suspect_ranks", [])[:1] == [p["rank"]] and
+                                       p.get("suspect_nodes", [])[:1] == [placement["nodes"][p["rank"]]]
+                                       for p in hangs)) if hangs and placement else None),
         "torchrun_hang_seconds_to_resume": _p50(kind_of(theirs, "hang")),
         "torchrun_hang_detect_timeout_s": MEGATRON_GROUP_TIMEOUT_S,
         "per_kind_p50_s": {k: {"forgeflow": _p50(kind_of(ours, k)), "torchrun": _p50(kind_of(theirs, k))}
