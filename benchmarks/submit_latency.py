@@ -51,7 +51,8 @@ SMOKE_SETS = ["data.max_corpus_mb=1", "model.num_layers=2", "model.hidden_size=6
               "model.num_query_groups=2", "model.ffn_hidden_size=128", "model.vocab_size=512",
               "model.seq_length=64"]
 EXTRA_SETS: list[str] = []  # SMOKE_SETS under --smoke
-RANKS = [2]  # ranks of both jobs: the submitted one's GPUs (`--gpus`) and torchrun's --nproc_per_node; 1 under --smoke
+NPROC = ["2"]  # the direct torchrun's --nproc_per_node (what MARP gives the submitted job here); 1 under --smoke
+SUBMIT_OPTIONS: list[str] = []  # ["--gpus", "1"] under --smoke (otherwise MARP sizes the job)
 
 
 def _step_time(record) -> float:
@@ -78,7 +79,7 @@ def _sets(work: Path, data_dir: Path) -> list[str]:
 def submit_once(config: str, work: Path, env: dict, data_dir: Path) -> float:
     from scheduler.orchestrator.seat import cluster_orchestrator
 
-    argv = [sys.executable, "-m", "flows.cli", "submit", config, "--json", "--gpus", str(RANKS[0])]
+    argv = [sys.executable, "-m", "flows.cli", "submit", config, "--json", *SUBMIT_OPTIONS]
     for item in _sets(work, data_dir):
         argv += ["--set", item]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, cwd=REPO)
@@ -100,7 +101,7 @@ def torchrun_once(config: str, work: Path, env: dict, data_dir: Path, i: int) ->
     run_dir = work / f"direct-{i}"
     sets = [s for s in _sets(work, data_dir) if not s.startswith(("run_dir=", "checkpoint.url="))]
     sets += [f"run_dir={run_dir}", f"checkpoint.url={run_dir}/checkpoints"]
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS[0]),
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", NPROC[0],
             "-m", "training.train", config]
     for item in sets:
         argv += ["--set", item]
@@ -118,7 +119,8 @@ def main() -> int:
     repeats = 1 if args.smoke else args.repeats
     if args.smoke:
         EXTRA_SETS.extend(SMOKE_SETS)
-        RANKS[0] = 1
+        NPROC[0] = "1"
+        SUBMIT_OPTIONS.extend(["--gpus", "1"])
     work = Path(tempfile.mkdtemp(prefix="forgeflow-submit-latency-"))
     data_dir = work / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "FORGEFLOW_DB_URL", "FORGEFLOW_FAULT")}
