@@ -322,6 +322,13 @@ class LocalJob:
         return {p.pid for p in self._tree()}
 
     def terminate(self, grace_s: float = 10.0) -> None:
+        if grace_s <= 0:
+            # Nothing to wait for (a hang: no rank can commit without its peers): SIGKILL the whole
+            # tree, reapers included, at once instead of asking the reapers first.
+            stop_processes(self._tree(), 0.0)
+            for node in self.processes:
+                self._exit_code(node, wait_s=None)
+            return
         for node, proc in self.processes.items():
             if self._exit_code(node) is None:
                 try:

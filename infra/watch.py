@@ -351,7 +351,7 @@ def watch(
             stall = collective_stall({r: w for r, w in runfiles.read_wheres(run_dir).items() if w.time >= started_wall},
                                      current, world_size, now, stall_s=collective_stall_s, rank_nodes=rank_nodes)
             if stall is not None:
-                job.terminate(grace_s=5.0)
+                job.terminate(grace_s=0)  # hung ranks cannot commit a stop: no grace to wait out
                 return AttemptOutcome("hang", job.poll(), last_step, time.monotonic() - started, job.log_paths(),
                                       stale_ranks=stall.absent, stragglers=list(stragglers.reported.values()),
                                       stall=stall)
@@ -364,7 +364,7 @@ def watch(
             elif now - started_wall > startup_timeout_s:
                 stale.append(rank)
         if stale:
-            job.terminate(grace_s=5.0)
+            job.terminate(grace_s=0)  # hung ranks cannot commit a stop: no grace to wait out
             return AttemptOutcome(
                 status="hang",
                 exit_codes=job.poll(),
