@@ -78,9 +78,9 @@ def test_world_of_one_with_tied_embeddings_matches_reference(tmp_path):
     make_tiny_llama(tmp_path / "model", layers=3, hidden=64, tie=True)
     cfg = OffloadRunConfig(model_dir=str(tmp_path / "model"), stages=[(0, 2), (2, 3), (3, 5)], steps=4,
                            microbatches=2, seq_length=8, lr=1e-3, out_dir=str(tmp_path / "run"), save_model=False)
-    from training.offload.executor import run_worker
-
-    report = run_worker(cfg)
-    torch.distributed.destroy_process_group()
+    # In a torchrun worker, as the executor runs in production: run in the pytest process, it shared
+    # the interpreter with whatever ran there before and twice differed by 0.057 in a full run
+    # (never alone, nor after its folder's tests; the state it picked up is not found yet).
+    (report,) = run_local(cfg, workers=1)
     reference = train_without_offload(cfg)
     assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < LOSS_TOLERANCE
