@@ -9,6 +9,7 @@
     deploy       `forgeflow deploy`: pool, deployments, limits, automations
     submit       `forgeflow submit`: queue a job and return its id; a runner or a Prefect flow run trains it
     job_runner   the detached runner of a submitted job on the embedded default (no Prefect server)
+    cancelled_run  `release-cancelled-job`: a submitted job whose flow run was cancelled in Prefect leaves the queue
     commands     Prefect-aware subcommands: pretrain (the foreground form of submit), demo, deploy
     cli          the `forgeflow` entry point
 """

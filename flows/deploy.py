@@ -7,7 +7,7 @@ On the server PREFECT_API_URL points at, it creates or updates
      there and are admitted onto GPUs nobody holds, so two flows are never placed onto
      the same GPUs (no Prefect concurrency limit is involved);
   3. the deployments of prefect.yaml (pretrain, node-launch, diagnose-failure,
-     evaluate on-commit and catch-up), by running `prefect deploy --all`;
+     release-cancelled, evaluate on-commit and catch-up), by running `prefect deploy --all`;
   4. the Slack webhook block (prefect-slack's `SlackWebhook`): a team's existing block
      named with --slack-block, else `forgeflow-slack` made from SLACK_WEBHOOK_URL; its
      name is kept in the Prefect Variable `forgeflow_slack_block`, so flow alerts and

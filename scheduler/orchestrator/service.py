@@ -701,6 +701,14 @@ class Orchestrator:
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
                 progress={**known, **progress, "at": time.time()}))
 
+    def job_run_by(self, flow_run_id: str) -> int | None:
+        """The queued or running job whose runner is this Prefect flow run (`forgeflow submit`
+        recorded it), or None."""
+        with read_transaction(self.engine) as conn:
+            return conn.execute(sa.select(jobs.c.id).where(
+                jobs.c.runner["flow_run_id"].as_string() == flow_run_id, jobs.c.state.in_(ACTIVE))
+                .order_by(jobs.c.id.desc()).limit(1)).scalar()
+
     def set_runner(self, job_id: int, runner: dict[str, Any]) -> None:
         """Record who runs the job (the detached runner's host, pid and log; the Prefect flow run)."""
         with write_transaction(self.engine) as conn:
