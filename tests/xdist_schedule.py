@@ -62,10 +62,12 @@ def guess_kind(nodeid: str, root: Path) -> str:
 
 def uses_shared_prefect_server(root: Path, path: str) -> bool:
     """A flow test file whose tests take the folder's shared server (prefect_server or
-    use_prefect_server) and do not start their own (a module fixture named prefect_server, as
-    on PostgreSQL), read from its source: the controller does not collect."""
+    use_prefect_server, or test_prefect_deployments' `deployed`/`deployed_once`, which take it)
+    and do not start their own (a module fixture named prefect_server, as on PostgreSQL), read
+    from its source: the controller does not collect."""
     source = _source(root, path).replace("testing.prefect_server", "")  # the module of that name, not the fixture
-    return re.search(r"\b(use_)?prefect_server\b", source) is not None and "def prefect_server(" not in source
+    return (re.search(r"\b(use_)?prefect_server\b|\bdeployed(_once)?\s*[,)]|import deployed", source) is not None
+            and "def prefect_server(" not in source)
 
 
 def unit_of(nodeid: str, root: Path) -> str:
