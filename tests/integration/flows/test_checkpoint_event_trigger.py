@@ -10,11 +10,10 @@ worker serves the run here: the test reads what the server created, then deletes
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from checkpoint.manifest import CheckpointRef
-from tests.integration.flows.test_prefect_deployments import deployed_once  # noqa: F401 (fixture)
+from tests.integration.flows.test_prefect_deployments import deployed_once, triggered_runs  # noqa: F401 (fixture)
 from training.config import load_job_spec, parse_job_spec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -22,7 +21,6 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_the_checkpoint_event_hands_the_spec_itself_to_the_evaluation(deployed_once, tmp_path):  # noqa: F811
     from prefect import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
 
     from tasks.checkpoint_events import emit_checkpoint_committed
 
@@ -30,15 +28,10 @@ def test_the_checkpoint_event_hands_the_spec_itself_to_the_evaluation(deployed_o
     ref = CheckpointRef(str(tmp_path / "ckpt"), 20)
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("evaluate-checkpoint/on-commit")
-        only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
         emit_checkpoint_committed(ref, spec)
         runs: list = []
-        deadline = time.monotonic() + 120
         try:
-            while not runs and time.monotonic() < deadline:
-                time.sleep(1)
-                runs = [r for r in client.read_flow_runs(deployment_filter=only_this)
-                        if r.parameters.get("checkpoint") == ref.to_dict()]
+            runs = triggered_runs(client, deployment.id, lambda r: r.parameters.get("checkpoint") == ref.to_dict())
             assert len(runs) == 1, "the checkpoint event did not trigger one on-commit run"
             assert CheckpointRef.from_dict(runs[0].parameters["checkpoint"]) == ref   # root, step, format
             given = runs[0].parameters["job_spec"]

@@ -65,6 +65,20 @@ def _deployed(server, two_node_cluster, monkeypatch, again: bool):
         _forget_slack()
 
 
+def triggered_runs(client, deployment_id, wanted, timeout_s: float = 120.0) -> list:
+    """The runs of the deployment that `wanted(run)` picks, read every second until there is one
+    or timeout_s has passed (a trigger's run is created once the server has evaluated the event)."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+
+    only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment_id]))
+    runs: list = []
+    deadline = time.monotonic() + timeout_s
+    while not runs and time.monotonic() < deadline:
+        time.sleep(1)
+        runs = [r for r in client.read_flow_runs(deployment_filter=only_this) if wanted(r)]
+    return runs
+
+
 def _forget_slack() -> None:
     """The server is shared with other modules: take away the Slack block (pointing at the
     receiver closed above), its Variable and the automation, as a server without Slack has."""

@@ -12,13 +12,11 @@ Two halves, each on a real Prefect API:
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from scheduler.cluster import parse_cluster
 from scheduler.orchestrator import Orchestrator, demand_options
-from tests.integration.flows.test_prefect_deployments import deployed_once  # noqa: F401 (fixture)
+from tests.integration.flows.test_prefect_deployments import deployed_once, triggered_runs  # noqa: F401 (fixture)
 
 ONE_CPU = {"name": "release-one", "nodes": [{"name": "n1", "gpu_type": "cpu", "gpu_count": 1,
                                               "gpu_memory_gib": 8, "peak_tflops": 1}]}
@@ -72,7 +70,6 @@ def test_the_job_of_a_cancelled_run_leaves_the_queue_and_nothing_else_does(prefe
 
 def test_cancelling_a_scheduled_pretrain_run_triggers_its_release(deployed_once):  # noqa: F811
     from prefect import get_client
-    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.states import Cancelled
 
     with get_client(sync_client=True) as client:
@@ -81,14 +78,10 @@ def test_cancelling_a_scheduled_pretrain_run_triggers_its_release(deployed_once)
         run = client.create_flow_run_from_deployment(pretrain.id, parameters={"job_spec": "unused.yaml"},
                                                      tags=["job-0"])
         client.set_flow_run_state(run.id, Cancelled(), force=True)
-        only_release = DeploymentFilter(id=DeploymentFilterId(any_=[release.id]))
         runs: list = []
-        deadline = time.monotonic() + 120
         try:
-            while not runs and time.monotonic() < deadline:
-                time.sleep(1)
-                runs = [r for r in client.read_flow_runs(deployment_filter=only_release)
-                        if r.parameters.get("flow_run") == f"prefect.flow-run.{run.id}"]
+            resource = f"prefect.flow-run.{run.id}"
+            runs = triggered_runs(client, release.id, lambda r: r.parameters.get("flow_run") == resource)
             assert len(runs) == 1, "cancelling the pretrain run did not trigger its release"
         finally:
             for r in [*runs, run]:

@@ -66,3 +66,22 @@ def tiny_job_file(tiny_job_dict: dict, tiny_prepared, tmp_path: Path) -> Path:
     path = tmp_path / "tiny-test.yaml"
     path.write_text(yaml.safe_dump(copy.deepcopy(tiny_job_dict), sort_keys=False))
     return path
+
+
+@pytest.fixture
+def two_node_request(tiny_job_dict: dict, tiny_prepared, tmp_path: Path, free_port: int):
+    """make(name, steps, fault) -> the LaunchRequest of the tiny job on two local "nodes" of one
+    rank each (node-a, node-b), with the fault drill on; its run directory is tmp_path/run."""
+    from infra.launch import LaunchRequest, local_node_launches
+
+    def make(name: str, steps: int, fault: str):
+        spec = copy.deepcopy(tiny_job_dict)
+        spec.update(name=name, run_dir=str(tmp_path / "run"))
+        spec["training"]["steps"] = steps
+        spec["checkpoint"] = {**spec["checkpoint"], "url": str(tmp_path / "ckpt"), "interval": 10_000}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return LaunchRequest(name, local_node_launches(["node-a", "node-b"], 1, free_port),
+                             ["-m", "training.train", str(path)], tmp_path / "run",
+                             env={"FORGEFLOW_FAULT": fault, "OMP_NUM_THREADS": "1"})
+    return make

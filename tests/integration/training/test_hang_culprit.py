@@ -11,29 +11,15 @@ waits in.
 
 from __future__ import annotations
 
-import copy
-
-import yaml
-
-from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
+from infra.launch import LocalLauncher
 from infra.watch import watch
 
 
-def test_a_hung_rank_is_named_with_its_node_and_the_collective_its_peer_waits_in(
-        tiny_job_dict, tiny_prepared, tmp_path, free_port):
-    spec = copy.deepcopy(tiny_job_dict)
-    spec.update(name="hang-culprit", run_dir=str(tmp_path / "run"))
-    spec["training"]["steps"] = 1000
-    spec["checkpoint"] = {**spec["checkpoint"], "url": str(tmp_path / "ckpt"), "interval": 10_000}
-    path = tmp_path / "hang.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-
-    request = LaunchRequest("hang-culprit", local_node_launches(["node-a", "node-b"], 1, free_port),
-                            ["-m", "training.train", str(path)], tmp_path / "run",
-                            env={"FORGEFLOW_FAULT": "hang@3:1", "OMP_NUM_THREADS": "1"})
+def test_a_hung_rank_is_named_with_its_node_and_the_collective_its_peer_waits_in(two_node_request):
+    request = two_node_request("hang-culprit", 1000, "hang@3:1")
     job = LocalLauncher(grace_s=2).start(request)
     try:
-        outcome = watch(job, tmp_path / "run", world_size=2, hang_timeout_s=300.0, startup_timeout_s=600.0,
+        outcome = watch(job, request.run_dir, world_size=2, hang_timeout_s=300.0, startup_timeout_s=600.0,
                         collective_stall_s=3.0)
     finally:
         job.terminate(grace_s=2)

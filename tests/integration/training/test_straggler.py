@@ -10,28 +10,14 @@ job must finish: a straggler is reported, not failed.
 
 from __future__ import annotations
 
-import copy
 import os
-from pathlib import Path
 
-import yaml
-
-from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
+from infra.launch import LocalLauncher
 from infra.watch import watch
 
 
-def test_a_slow_rank_is_reported_with_its_node_while_training_goes_on(
-        tiny_job_dict, tiny_prepared, tmp_path, free_port):
-    spec = copy.deepcopy(tiny_job_dict)
-    spec.update(name="straggler", run_dir=str(tmp_path / "run"))
-    spec["training"]["steps"] = 16
-    spec["checkpoint"] = {**spec["checkpoint"], "url": str(tmp_path / "ckpt"), "interval": 100}
-    path = tmp_path / "straggler.yaml"
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-
-    request = LaunchRequest("straggler", local_node_launches(["node-a", "node-b"], 1, free_port),
-                            ["-m", "training.train", str(path)], tmp_path / "run",
-                            env={"FORGEFLOW_FAULT": "slow_rank@2:1", "OMP_NUM_THREADS": "1"})
+def test_a_slow_rank_is_reported_with_its_node_while_training_goes_on(two_node_request):
+    request = two_node_request("straggler", 16, "slow_rank@2:1")
     job = LocalLauncher().start(request)
     reported = []
 
@@ -39,7 +25,7 @@ def test_a_slow_rank_is_reported_with_its_node_while_training_goes_on(
         reported.append((straggler, job.poll()))
 
     try:
-        outcome = watch(job, tmp_path / "run", request.world_size, poll_s=0.1,
+        outcome = watch(job, request.run_dir, request.world_size, poll_s=0.1,
                         on_straggler=on_straggler)
     finally:
         job.terminate(grace_s=5.0)
