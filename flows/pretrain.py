@@ -141,14 +141,18 @@ def pretrain(
     inventory = load_inventory(cluster)
     db = flow_db_retry(spec.name)
     orchestrator = db.call(cluster_orchestrator, "opening the state database")
-    cluster_name = join_cluster(orchestrator, inventory, db=db,
-                                source=None if cluster in ("", "local") else str(Path(cluster).resolve()))
-    submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db)
-    job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
-    db.subject = f"{spec.name} (job {job_id})"
-    _name_this_run(orchestrator, job_id, spec.name, db)
-    report = ProgressReport(orchestrator, job_id, spec.resolved_run_dir, spec.training.steps)
+    # A job `forgeflow submit` queued is in the queue already: a cancellation from here on (the
+    # worker's SIGTERM) takes it out in `finally`, however early it comes. One that comes before
+    # (or a run cancelled before any worker started it) is the release-cancelled deployment's.
+    cluster_name = None
     try:
+        cluster_name = join_cluster(orchestrator, inventory, db=db,
+                                    source=None if cluster in ("", "local") else str(Path(cluster).resolve()))
+        submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db)
+        job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
+        db.subject = f"{spec.name} (job {job_id})"
+        _name_this_run(orchestrator, job_id, spec.name, db)
+        report = ProgressReport(orchestrator, job_id, spec.resolved_run_dir, spec.training.steps)
         preflight_storage(spec)  # the job's own checkpoint prefix, before it waits for GPUs
         report.phase("queued")
         try:
@@ -177,8 +181,10 @@ def pretrain(
             held.reason = None if result.finished else result.stopped_because[:500]
             report.phase(held.outcome, step=result.final_step)
     finally:
-        withdraw(orchestrator, job_id, db)  # a run cancelled while it waits leaves the queue
-        publish_cluster_table(orchestrator, cluster_name)
+        if job_id is not None:
+            withdraw(orchestrator, job_id, db)  # a run cancelled while it waits leaves the queue
+        if cluster_name is not None:
+            publish_cluster_table(orchestrator, cluster_name)
     return result
 
 

@@ -144,7 +144,12 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     with get_client(sync_client=True) as client:
         client.set_flow_run_state(waiter_run, Cancelling(), force=True)
         assert _final_state(client, waiter_run, 180).is_cancelled()
-        assert _job(orch, "queue-waiter")["state"] == "cancelled"  # out of the queue, never admitted
+        # Out of the queue, never admitted: the flow withdraws it when the worker's SIGTERM comes
+        # after the flow opened the state database; one that comes sooner (a loaded machine is
+        # still importing) is the release-cancelled deployment's, triggered by the Cancelled event.
+        waiter = _until("the waiter to leave the queue",
+                        lambda: (j := _job(orch, "queue-waiter"))["state"] != "queued" and j, timeout_s=120)
+        assert waiter["state"] == "cancelled" and waiter["admitted_at"] is None, waiter
         client.set_flow_run_state(holder_run, Cancelling(), force=True)
         assert _final_state(client, holder_run, 180).is_cancelled()
     deadline = time.monotonic() + 30
