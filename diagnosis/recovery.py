@@ -13,7 +13,8 @@
 | out of memory                                          | stop; suggest the next plan     |
 | script / framework error that a restart cannot fix     | stop                            |
 | framework error the diagnosis says a restart fixes     | restart in place                |
-| unknown (e.g. a stop nobody asked for: infra.watch)    | restart in place (the breaker stops a repeat) |
+| unknown (e.g. a stop nobody asked for: infra.watch; a  | restart in place (the breaker stops a repeat) |
+|   rank killed by a signal, its peers' broken links)    |                                 |
 
 Act only as much as the diagnosis needs: the node check runs only for a hang or an
 infrastructure fault that points at hardware or the interconnect (a software failure

@@ -25,7 +25,10 @@ Choosing the root cause among all matched lines (``diagnose_compressed``):
    (network, NCCL, connections, S3) > framework > script > training signals (a loss
    spike or a hang explained by an error is that error);
 4. the earliest timestamp across ranks, then the more specific rule, then the earliest
-   line.
+   line;
+5. a rank killed by a signal explains its peers: when only symptoms matched and the named
+   ones are remote-peer errors, a SIGKILL that torchrun recorded is the diagnosis (Unknown:
+   a restart in place, suspects where the kill was logged), not the interconnect.
 
 The culprit lines are the matched lines of the chosen root cause, earliest first;
 suspects are the nodes, ranks and GPUs of those lines (``suspects``): the nodes whose logs
@@ -64,6 +67,13 @@ _TIER: dict[str, float] = {
     "Hang": 4,
     "Unknown": 9,
 }
+
+
+# A rank killed by a signal (the host's OOM killer, a scheduler, a person) takes its connections
+# with it: its peers' "connection closed by peer" / remote errors are that kill, seen from the
+# other side, not a fault of the peers' nodes or of the interconnect.
+SIGNAL_KILL_RULE = "signal-kill"
+KILL_EXPLAINS = frozenset({"NCCLRemoteError"})
 
 
 def precedence_tier(root_cause: str) -> float:
@@ -390,6 +400,9 @@ def diagnose_compressed(
              if not compressed.progress_after(m.entry, until, SURVIVED_AFTER_SECONDS)]
     pool = fatal or named
     best = min(pool, key=lambda m: m.sort_key)
+    killed = [m for m in matches if m.rule.name == SIGNAL_KILL_RULE]
+    if not causes and killed and all(m.rule.root_cause in KILL_EXPLAINS for m in pool):
+        return _killed_rank(killed, matches, compressed, unexplained, max_culprit_lines)
     culprits = sorted(
         (m for m in pool if m.rule.root_cause == best.rule.root_cause),
         key=lambda m: (m.sort_key[1], m.entry.first_line),
@@ -418,3 +431,25 @@ def diagnose_compressed(
     )
     return RuleOutcome(diagnosis, matches, symptoms_only=not causes, unexplained=unexplained,
                        generic_only=bool(causes) and all(m.rule.generic for m in culprits))
+
+
+def _killed_rank(killed: list[RuleMatch], matches: list[RuleMatch], compressed: CompressedLog,
+                 unexplained: list[LogEntry], max_culprit_lines: int) -> RuleOutcome:
+    """Only symptoms matched, the peers' broken connections and a rank killed by a signal: the
+    kill is what the log shows first went wrong. It names no root cause of the vocabulary (the
+    log does not say who sent the signal), so it is Unknown: a restart in place, no node check,
+    the breaker stops a repeat; the suspects are where the kill was logged, not the peers."""
+    entries = [m.entry for m in sorted(killed, key=lambda m: (m.sort_key[1], m.entry.first_line))]
+    found = suspects(entries, compressed)
+    rule = killed[0].rule
+    diagnosis = Diagnosis(
+        root_cause="Unknown", kind="unknown", restart_helps=True,
+        confidence=round(rule.confidence * 0.6, 3),  # symptoms only, as for any symptom diagnosis
+        culprit_lines=[e.render() for e in entries[:max_culprit_lines]],
+        **found.fields(),
+        mitigation=("A rank was killed by a signal (SIGKILL: the host's OOM killer, the scheduler or a person) "
+                    "and its peers lost their connections to it: restart in place; if it repeats, check the "
+                    "suspect node's memory (dmesg, the job's host RAM) and who sent the signal."),
+        source="rule", rule_name=rule.name,
+    )
+    return RuleOutcome(diagnosis, matches, symptoms_only=True, unexplained=unexplained)

@@ -152,10 +152,11 @@ def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, ma
     hang, killed, mid_checkpoint = result.failures
     assert hang.root_cause == "Hang" and hang.status == "hang"
     assert "node check" in hang.action
-    # The host OOM killer's SIGKILL prints nothing: the surviving rank's "connection reset
-    # by peer" is the only evidence, so the peer is suspected and the nodes are checked.
-    assert killed.status == "failed" and killed.root_cause == "NCCLRemoteError"
-    assert "node check" in killed.action
+    # The host OOM killer's SIGKILL prints nothing of the rank's own; torchrun records the
+    # signal, and the surviving rank's "connection closed by peer" is that kill seen from the
+    # other side: a restart in place, no node check (nothing points at hardware).
+    assert killed.status == "failed" and (killed.root_cause, killed.kind) == ("Unknown", "unknown")
+    assert killed.action.startswith("restart in place") and "node check" not in killed.action
     assert mid_checkpoint.status == "failed"
 
     # Every attempt resumed from a committed checkpoint: the result equals an uninterrupted run.

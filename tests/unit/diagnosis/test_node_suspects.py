@@ -35,6 +35,22 @@ NODE_B = """\
 [default0]:[rank1]:     raise error_cls(CUDA_ILLEGAL_ACCESS_MESSAGE)
 [default0]:[rank1]: torch.AcceleratorError: CUDA error: an illegal memory access was encountered
 """ + SUMMARY.format(rank=1)
+# node-b's rank 1 SIGKILLed (the host's OOM killer; benchmarks/recovery.py's oom_kill): no error of
+# its own, only torchrun's record of the signal, while node-a's rank 0 loses its peer.
+NODE_B_KILLED = """\
+[default0]:step=3 loss=6.9011 lr=1.0e-03
+[E1128 19:02:58.000000 7880 torch/distributed/elastic/multiprocessing/api.py:882] failed (exitcode: -9) \
+local_rank: 0 (pid: 7886) of binary: /usr/bin/python3
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_19:02:58
+  host      : localhost
+  rank      : 1 (local_rank: 0)
+  exitcode  : -9 (pid: 7886)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 7886
+============================================================
+"""
 # The same failure printed without PyTorch's "[rankN]:" (a worker's own print): only
 # torchrun's "[default1]:", the local rank on node-b (whose ranks are 2 and 3).
 NODE_B_LOCAL_ONLY = """\
@@ -65,6 +81,28 @@ def test_the_suspect_is_the_node_whose_log_holds_the_cause_by_its_inventory_name
     assert found.suspect_ranks == [1]  # PyTorch's [rank1], not torchrun's [default0]
     # Without origins only the hostnames the log prints are known.
     assert diagnose_log(paths, state_dir=tmp_path / "state").suspect_nodes == ["localhost"]
+
+
+def test_a_killed_rank_explains_its_peers_broken_connections(logs, tmp_path):
+    """The peer's "connection closed" is the kill seen from the other side: no interconnect fault
+    on node-a, so no node check; a restart in place, the suspect where the kill was logged."""
+    from diagnosis.recovery import RecoveryHistory, RecoveryPolicy, FailureRecord, next_attempt
+
+    found = diagnose_log(logs(a=NODE_A, b=NODE_B_KILLED), state_dir=tmp_path / "state",
+                         origins=[LogOrigin("node-a", 0), LogOrigin("node-b", 1)])
+    assert (found.root_cause, found.rule_name) == ("Unknown", "signal-kill")
+    assert found.suspect_nodes == ["node-b"]  # not node-a, whose log holds the broken connection
+    assert any("Signal 9 (SIGKILL)" in line or "exitcode" in line for line in found.culprit_lines)
+    history = RecoveryHistory(failures=[FailureRecord(found.root_cause, 3)])
+    decided = next_attempt(found, 3, history, RecoveryPolicy())
+    assert decided.action.value == "restart in place" and not decided.checks_nodes and decided.backoff_s == 0
+    # Without the kill the peer's error is all there is: a remote error, the interconnect checked.
+    alone = diagnose_log(logs(a=NODE_A), state_dir=tmp_path / "state", origins=[LogOrigin("node-a", 0)])
+    assert alone.root_cause == "NCCLRemoteError"
+    # An error of its own on the killed node is still the cause (the kill came after it).
+    crashed = diagnose_log(logs(a=NODE_A, b=NODE_B + NODE_B_KILLED), state_dir=tmp_path / "state",
+                           origins=[LogOrigin("node-a", 0), LogOrigin("node-b", 1)])
+    assert crashed.root_cause == "CUDAError"
 
 
 def test_a_local_rank_becomes_global_through_its_nodes_first_rank(logs, tmp_path):
