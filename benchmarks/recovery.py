@@ -45,8 +45,10 @@ failure - the last step), diagnose, act (node check, cordon, re-placement, backo
 (torchrun, imports, checkpoint load, up to the first step).
 
 Why the baseline is fair: the same job, data, checkpoint interval and faults at the same
-steps; torchrun restarts in place (its agents stay up: no new launch, no flow, no diagnosis,
-no node check) and resumes from the same committed checkpoints, so it is the floor of
+steps; both sides' torchrun agents check their ranks as often (torchrun's default monitor
+interval, infra.launch.TORCHRUN_MONITOR_INTERVAL_S); torchrun restarts in place (its agents stay
+up: no new launch, no flow, no diagnosis, no node check) and resumes from the same committed
+checkpoints, so it is the floor of
 "restart without thinking". The hang is reported separately (`hang_*` keys): both sides'
 figures are mostly a detection timeout, a setting. torchrun's hang is run only with
 `--baseline-hang` (it waits for the collective timeout, 30 min with megatron's default); without
@@ -341,6 +343,7 @@ def add_phases(rows: list[dict], result) -> None:
 def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_restarts: int,
                       skip: set[str], timeout_s: float) -> tuple[float, Path]:
     """Both 'nodes' as elastic torchrun agents (c10d rendezvous, 1 to 2 nodes), restarting in place."""
+    from infra.launch import TORCHRUN_MONITOR_INTERVAL_S
     from testing.node_faults import NodeLoss
     from training.config import load_job_spec
 
@@ -368,7 +371,7 @@ def torchrun_baseline(job: Path, faults: list[Fault], placement: dict, max_resta
             command = [sys.executable, "-m", "infra.reaper", "--grace=5", "--", sys.executable, "-m",
                        "torch.distributed.run", "--nnodes=1:2", "--nproc-per-node=1", "--rdzv-backend=c10d",
                        f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=recovery-baseline",
-                       f"--max-restarts={max_restarts}", "--monitor-interval=1", *worker]
+                       f"--max-restarts={max_restarts}", f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_S}", *worker]
             with open(logs / f"{node}.out", "ab") as out:
                 procs[node] = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL, cwd=REPO)

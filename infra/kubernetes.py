@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from infra.launch import LaunchRequest, node_log_path, wait_for_exit
+from infra.launch import TORCHRUN_MONITOR_INTERVAL_S, LaunchRequest, node_log_path, wait_for_exit
 from infra.lease_guard import FILE_LEASE_S, LeaseFileRenewer, lease_file_path
 
 RENDEZVOUS_PORT = 29500  # each pod has its own network namespace: a fixed port is free there
@@ -121,7 +121,7 @@ def torchrun_container_args(request: LaunchRequest, settings: KubernetesSettings
     return [settings.python, "-m", "torch.distributed.run", f"--nnodes={len(request.nodes)}",
             "--node-rank=$(JOB_COMPLETION_INDEX)", f"--nproc-per-node={nproc}",
             f"--master-addr={name}-0.{name}", f"--master-port={RENDEZVOUS_PORT}",
-            "--max-restarts=0", "--monitor-interval=1", "--tee=3", f"--log-dir={log_dir}",
+            "--max-restarts=0", f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_S}", "--tee=3", f"--log-dir={log_dir}",
             *request.worker_args]
 
 

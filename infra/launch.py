@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -100,6 +101,12 @@ class LaunchRequest:
         raise KeyError(f"node {name!r} is not part of this launch (nodes: {[n.node for n in self.nodes]})")
 
 
+# How often torchrun's agent checks its ranks: torchrun's own default, written out so that every
+# launcher (and benchmarks/recovery.py's plain-torchrun baseline) uses the same. A rank that dies
+# is seen by its agent within this, and by the flow's watcher when the agent exits (pidfd).
+TORCHRUN_MONITOR_INTERVAL_S = 0.1
+
+
 def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
     """The torchrun command line for one node.
 
@@ -113,7 +120,7 @@ def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
         sys.executable, "-m", "torch.distributed.run",
         *spec.torchrun_args(),
         "--max-restarts=0",
-        "--monitor-interval=1",
+        f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_S}",
         # Prefix each rank's console lines ("[default0]:...") so logs say who spoke.
         "--tee=3",
         f"--log-dir={request.run_dir / 'torchrun' / f'attempt-{request.attempt}' / spec.node}",
@@ -197,17 +204,21 @@ class LaunchedJob(Protocol):
         """Where each node's console output (all its ranks, prefixed) is written."""
 
 
-def wait_for_exit(poll, timeout: float | None, any_exit: bool, interval_s: float) -> dict[str, int | None]:
-    """`LaunchedJob.wait` for any job whose `poll` returns exit codes per node."""
+def wait_for_exit(poll, timeout: float | None, any_exit: bool, interval_s: float,
+                  sleep=time.sleep) -> dict[str, int | None]:
+    """`LaunchedJob.wait` for any job whose `poll` returns exit codes per node, polling every
+    `interval_s` (never past the timeout); `sleep(seconds)` may return early when something
+    exited (LocalJob: the reapers' pidfds)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     done = any if any_exit else all
     while True:
         codes = poll()
         if done(code is not None for code in codes.values()):
             return codes
-        if deadline is not None and time.monotonic() >= deadline:
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
             return codes
-        time.sleep(interval_s)
+        sleep(interval_s if left is None else min(interval_s, left))
 
 
 class Launcher(Protocol):
@@ -272,7 +283,31 @@ class LocalJob:
         return codes
 
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
-        return wait_for_exit(self.poll, timeout, any_exit, interval_s=0.2)
+        """Woken the moment a running reaper exits (its pidfd), not at the next poll: a rank that
+        dies is seen as soon as its torchrun and reaper are gone. A killed reaper's group left
+        behind (poll) is polled every 0.2 s."""
+        return wait_for_exit(self.poll, timeout, any_exit, interval_s=3600.0, sleep=self._sleep_until_a_reaper_exits)
+
+    def _sleep_until_a_reaper_exits(self, seconds: float) -> None:
+        if self.reaped_before:  # what a reaped reaper left in its group is only seen by polling
+            seconds = min(seconds, 0.2)
+        # Only reapers not reaped yet: their pids are still ours (a zombie at worst), so a pidfd
+        # cannot name another program's process.
+        fds = []
+        try:
+            for proc in self.processes.values():
+                if proc.returncode is None:
+                    try:
+                        fds.append(os.pidfd_open(proc.pid))
+                    except ProcessLookupError:  # reaped by someone else: poll() will say so
+                        return
+            if fds:
+                select.select(fds, [], [], seconds)
+            else:
+                time.sleep(seconds)
+        finally:
+            for fd in fds:
+                os.close(fd)
 
     def _tree(self) -> list[psutil.Process]:
         """Every live process of this job, found even when its reaper is gone: each reaper leads

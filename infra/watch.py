@@ -374,4 +374,7 @@ def watch(
                 stale_ranks=stale,
                 stragglers=list(stragglers.reported.values()),
             )
-        time.sleep(poll_s)
+        if any(code is not None for code in codes.values()):  # a node ended well; the others run
+            time.sleep(poll_s)
+        else:  # a node that exits wakes the watcher at once (LocalJob: the reapers' pidfds)
+            job.wait(timeout=poll_s, any_exit=True)

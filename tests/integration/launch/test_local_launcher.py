@@ -174,6 +174,25 @@ def test_a_reaped_reapers_pid_led_by_another_program_is_left_alone(tmp_path):
         other.wait()
 
 
+def test_wait_wakes_when_a_reaper_exits_not_at_a_poll_interval(tmp_path):
+    """The watcher sees a node's exit when it happens (the reapers' pidfds), not at its next poll:
+    a wait for the first exit polls once before and once after it, however long that takes."""
+    from infra.launch import LocalJob
+
+    lives, ends = (subprocess.Popen(cmd, start_new_session=True) for cmd in (["sleep", "600"], ["sleep", "1.5"]))
+    job = LocalJob(_request(tmp_path, 0), {"node-a": lives, "node-b": ends}, {})
+    polls = []
+    poll = job.poll
+    job.poll = lambda: polls.append(1) or poll()
+    try:
+        assert job.wait(timeout=60, any_exit=True) == {"node-a": None, "node-b": 0}
+        assert len(polls) == 2  # polling every 0.2 s would have polled about 8 times
+        assert job.wait(timeout=0.3, any_exit=False) == {"node-a": None, "node-b": 0}  # and times out
+    finally:
+        lives.kill()
+        lives.wait()
+
+
 def test_ranks_get_what_they_need_and_none_of_the_workers_secrets(tmp_path, free_port, monkeypatch):
     secrets = ("SLACK_WEBHOOK_URL", "PREFECT_API_AUTH_STRING", "PREFECT_API_KEY", "OPENAI_API_KEY",
                "FORGEFLOW_DB_URL", "FORGEFLOW_LLM_API_KEY", "PGPASSWORD", "GITHUB_TOKEN")

@@ -43,6 +43,8 @@ class ScriptedJob:
         return dict(self.codes)
 
     def wait(self, timeout: float | None = None, any_exit: bool = False) -> dict[str, int | None]:
+        if timeout and all(c is None for c in self.codes.values()):  # the watcher's wait between polls
+            time.sleep(timeout)
         return dict(self.codes)
 
     def terminate(self, grace_s: float = 10.0) -> None:
