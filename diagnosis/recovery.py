@@ -295,6 +295,35 @@ def next_attempt(
                        overrides=overrides, rollback=rollback)
 
 
+@dataclass
+class Interruptions:
+    """Attempts ended from outside the job (Slurm's time limit, preemption or node failure; its
+    lease lost): not failures, and no restart is spent on them, since each resumes from the newest
+    committed checkpoint. But a job interrupted again and again before it commits anything new
+    never finishes: a time limit shorter than the checkpoint interval, a node that keeps failing
+    under it. `max_without_progress` interruptions in a row with no new committed checkpoint
+    stop the job, with the reason and the fix."""
+
+    max_without_progress: int = 3
+    in_a_row: int = 0  # interruptions since the newest committed checkpoint last moved
+    committed: int | None = None  # the newest committed step at the last interruption
+
+    def record(self, newest_committed: int | None, why: str) -> str | None:
+        """Count one interruption (`why`: what ended it; `newest_committed`: the job's newest
+        committed checkpoint step now, None for none); the reason to stop, or None to go on.
+        Progress is a checkpoint newer than at the previous interruption (at the first, any)."""
+        moved = newest_committed is not None and (self.committed is None or newest_committed > self.committed)
+        self.in_a_row = 0 if moved else self.in_a_row + 1
+        if newest_committed is not None:
+            self.committed = newest_committed
+        if self.in_a_row < self.max_without_progress:
+            return None
+        newest = "none" if self.committed is None else f"step {self.committed}"
+        return (f"interrupted {self.in_a_row} times in a row with no new checkpoint committed (newest: {newest}; "
+                f"the last: {why}): it would never finish. Give each allocation time to commit (a longer time "
+                "limit, or a shorter checkpoint.interval), or exclude the node that keeps failing")
+
+
 def after_eviction(history: RecoveryHistory, committed_steps: Callable[[], Sequence[int]]) -> AttemptOverrides:
     """The overrides of the attempt after an eviction (the job's GPU lease was lost; nothing
     failed): the rollback in force's skip while its timeline has committed nothing of its own,

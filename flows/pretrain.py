@@ -32,6 +32,7 @@ from diagnosis.recovery import (
     AttemptOverrides,
     FailedAttempt,
     FailureRecord,
+    Interruptions,
     RecoveryHistory,
     RecoveryPolicy,
     after_eviction,
@@ -87,6 +88,7 @@ class PretrainResult:
     placements: list[dict] = field(default_factory=list)
     # attempts ended from outside the job (its lease lost; Slurm's time limit, preemption or node
     # failure), each resumed from the newest committed checkpoint: not failures, no restart spent
+    # (but three in a row that commit nothing new stop the job: diagnosis.recovery.Interruptions)
     interruptions: list[str] = field(default_factory=list)
 
 
@@ -267,6 +269,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
 
     progress = create_progress_artifact(progress=0.0, description=f"{spec.name}: training progress")
     history = RecoveryHistory()
+    interruptions = Interruptions()
     result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0)
     # triggers the evaluate-checkpoint deployment; each commit's time goes to the job's progress
     # (what a preemption would lose is the work since: scheduler/preemption.py)
@@ -318,6 +321,16 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         if outcome.status == "evicted":  # lease lost (see the loop's top) or Slurm ended the job: ranks stopped
             logger.warning("attempt %d evicted at step %d: %s", attempt, outcome.last_step, outcome.evicted)
             result.interruptions.append(f"attempt {attempt}: {outcome.evicted}")
+            try:
+                newest = max((r.step for r in committed_checkpoints(spec.checkpoint)), default=None)
+            except Exception as e:  # noqa: BLE001 - storage may be what failed: count nothing, go on
+                logger.warning("could not list the committed checkpoints (%s): %s", type(e).__name__, e)
+                stop = None
+            else:
+                stop = interruptions.record(newest, outcome.evicted)
+            if stop:  # interrupted again and again before committing anything: it would never finish
+                result.stopped_because = stop
+                break
             resume_from = None  # the newest committed checkpoint, on whatever the next allocation gives
             attempt += 1
             continue

@@ -10,6 +10,7 @@ from diagnosis.recovery import (
     AttemptOverrides,
     FailedAttempt,
     FailureRecord,
+    Interruptions,
     RecoveryHistory,
     RecoveryPolicy,
     Rollback,
@@ -285,3 +286,26 @@ def test_a_node_check_that_leaves_no_room_for_the_job_becomes_a_stop_with_the_fi
     stop = restart.cannot_place("node-b failed", ["node-b"], why)
     assert stop.stops and stop.reason == why and stop.suggestion == why
     assert "cordoned ['node-b']" in stop.text and "no plan of the job fits the nodes left" in stop.text
+
+
+def test_interruptions_stop_a_job_only_when_they_keep_it_from_committing():
+    # Slurm's time limit every allocation, each after a new checkpoint: it goes on for ever
+    # (test_slurm_time_limit's job), as every interruption moved the newest checkpoint on
+    steady = Interruptions()
+    assert [steady.record(step, "TIMEOUT") for step in (10, 20, 30, 40, 50)] == [None] * 5
+    # a time limit shorter than the checkpoint interval: nothing new after the first commit
+    stuck = Interruptions()
+    assert stuck.record(10, "TIMEOUT") is None  # the first: it had committed step 10
+    assert stuck.record(10, "TIMEOUT") is None and stuck.record(10, "PREEMPTED") is None
+    reason = stuck.record(10, "Slurm ended job 7: TIMEOUT")
+    assert reason is not None and "3 times in a row" in reason and "newest: step 10" in reason
+    assert "Slurm ended job 7: TIMEOUT" in reason and "checkpoint.interval" in reason
+    # a node that fails before anything is committed
+    never = Interruptions(max_without_progress=2)
+    assert never.record(None, "NODE_FAIL") is None
+    assert "newest: none" in never.record(None, "NODE_FAIL")
+    # progress resets the count
+    again = Interruptions()
+    for step in (10, 10, 10, 20, 20, 20):
+        last = again.record(step, "PREEMPTED")
+    assert last is None and again.in_a_row == 2
