@@ -22,7 +22,9 @@ Keys (last line):
   SIGTERM (torchrun's default) resumes from its newest periodic checkpoint. It is counted from
   this run, not assumed: for each preemption, A's newest step when B arrived minus A's newest
   committed checkpoint at that moment. The same job, checkpoint interval and arrival steps, so
-  the only difference is the graceful, checkpoint-first stop.
+  the only difference is the graceful, checkpoint-first stop. What that stop costs instead is
+  B's wait: a kill admits B within a decider pass of its arrival, while here A's flow first reads
+  the request at its next lease renewal (up to FLOW_LEASE_S / 3 = 10 s) and its ranks commit.
 - `preemptions`, `stop_deadline_s`, `checkpoint_interval_steps`: the drill's settings.
 - `resize_s_p50`: null. Shrinking and growing (issue 31 items 2-3) are not built yet.
 
