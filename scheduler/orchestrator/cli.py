@@ -80,8 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     cancel = subparsers.add_parser(
         "cancel", parents=[common], help="stop a job: a queued one leaves the queue, a running one stops gracefully",
-        description="A queued job is cancelled at once. A running job's flow sees the request at its next "
-                    "lease renewal (about 10 s): its ranks get SIGTERM, commit the step they are on and exit, "
+        description="A queued job is cancelled at once. A running job's flow sees the request within "
+                    "about 2 s: its ranks get SIGTERM, commit the step they are on and exit, "
                     "and the job ends as cancelled, its GPUs released. Who cancelled and why is recorded.")
     cancel.add_argument("job_id", type=int, metavar="ID", help="job id (see `forgeflow jobs`)")
     cancel.add_argument("--reason", default="cancelled with forgeflow cancel", help="why (kept with the job)")

@@ -4,7 +4,8 @@
         ...run attempts...                         # held.lost is set if the lease was lost
     # released: finished on a normal exit, failed on an exception, cancelled on
     # KeyboardInterrupt / a cancellation (BaseException that is not an Exception)
-    # held.stop_requested: `forgeflow cancel` asked the job to stop (read at each renewal)
+    # held.stop_requested: `forgeflow cancel` or a preemption asked the job to stop (read every
+    # STOP_CHECK_S)
 
 A process that dies without reaching the `finally` stops renewing; the lease then
 expires and the GPUs go back to the pool (see `Orchestrator._expire`).
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from infra.statedb.retry import OUTAGE_ERRORS, StateDbRetry
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
@@ -37,6 +39,9 @@ from scheduler.orchestrator.service import Orchestrator
 log = logging.getLogger(__name__)
 
 RETRY_S = 2.0  # how soon a holder retries a renewal the database did not take
+# How soon a holder sees a stop request (`forgeflow cancel`, a preemption) between renewals: one
+# read of the job's row by its primary key, so a preempting job waits seconds, not a renewal period.
+STOP_CHECK_S = 2.0
 
 
 class HeldJob:
@@ -48,7 +53,7 @@ class HeldJob:
         self.every_s = every_s or orchestrator.config.lease_s / 3
         self.attempt: int | None = None  # the admission held (read on entering)
         self.lost: LeaseLostError | None = None
-        # `forgeflow cancel`'s request ({"by", "reason", "at"}), read at each renewal: the holder
+        # `forgeflow cancel`'s request ({"by", "reason", "at"}), read every STOP_CHECK_S: the holder
         # stops its work gracefully and ends the job as cancelled
         self.stop_requested: dict | None = None
         self.outcome: str | None = None  # set to override what the exit decides
@@ -58,13 +63,21 @@ class HeldJob:
 
     def _renew_loop(self) -> None:
         wait, failing = self.every_s, 0
-        while not self._stop.wait(wait):
+        renew_at = time.monotonic() + wait
+        while not self._stop.wait(max(0.0, min(renew_at - time.monotonic(), STOP_CHECK_S))):
+            if time.monotonic() < renew_at:  # between renewals: only look for a stop request
+                try:
+                    self.stop_requested = self.orchestrator.stop_request(self.job_id)
+                except Exception as e:  # noqa: BLE001 - the renewal that follows handles an outage
+                    log.debug("job %s: stop request not read: %s", self.job_id, e)
+                continue
             try:
                 self.orchestrator.renew(self.job_id, self.attempt)
                 if failing:
                     log.warning("lease of job %s renewed again after %d failed tries", self.job_id, failing)
                     self.db.answered(f"job {self.job_id}'s lease renewal")
                 wait, failing = self.every_s, 0
+                renew_at = time.monotonic() + wait
                 self.stop_requested = self.orchestrator.stop_request(self.job_id)
                 # keep this process's view of the cluster near current, so the release at the end
                 # replays the last changes instead of reading the whole cluster and queue back
@@ -76,6 +89,7 @@ class HeldJob:
             except Exception as e:  # the database is out of reach: the work goes on, retry soon
                 failing += 1
                 wait = min(self.every_s, RETRY_S)
+                renew_at = time.monotonic() + wait
                 if isinstance(e, OUTAGE_ERRORS):  # the flow's one outage: alerted once it lasts
                     self.db.failed(e, f"job {self.job_id}'s lease renewal (its work goes on)")
                 if failing == 1 or failing % 10 == 0:

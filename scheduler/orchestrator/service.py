@@ -632,7 +632,7 @@ class Orchestrator:
 
     def request_stop(self, job_id: int, reason: str, *, by: str | None = None) -> str:
         """`forgeflow cancel`: a queued job leaves the queue at once (cancelled); a running one is
-        asked to stop. Its flow sees the request at its next lease renewal, stops the ranks
+        asked to stop. Its flow sees the request within seconds (lease.STOP_CHECK_S), stops the ranks
         gracefully (they commit the step they are on) and ends the job as cancelled; its GPUs
         stay held until then, so no other job is placed where its ranks still run (a flow that
         died ends it when its lease runs out). Returns the state the job was in;

@@ -136,7 +136,30 @@ def test_cancel_a_running_job_asks_its_flow_to_stop(lab, capsys):
     assert code == 0 and out["previous_state"] == "running" and out["state"] == "running"
     assert out["stop_requested"]["reason"] == "diverging" and out["stop_requested"]["by"] == orch.actor
     assert "asked to stop" in out["message"] and "last reported: step 12" in out["message"]
-    assert orch.stop_request(running)["reason"] == "diverging"  # what the job's flow reads at its next renewal
+    assert orch.stop_request(running)["reason"] == "diverging"  # what its flow reads (HeldJob)
+
+
+def test_the_holder_sees_a_cancel_before_its_next_renewal(lab, capsys):
+    """A renewal comes every lease_s / 3 (10 s for a flow); the stop request is read in between
+    (STOP_CHECK_S), so a cancelled or preempted job stops seconds after it is asked."""
+    import time
+
+    from scheduler.orchestrator.lease import HeldJob
+
+    db, orch, cluster = lab
+    running = orch.submit("held", demand_options(cluster, 4))
+    renewals = []
+    renew = orch.renew
+    orch.renew = lambda *a, **k: renewals.append(1) or renew(*a, **k)
+    with HeldJob(orch, running, every_s=3600) as held:  # no renewal in this test but the first
+        assert held.stop_requested is None and renewals == [1]
+        assert main(["cancel", str(running), "--reason", "done", *db]) == 0
+        deadline = time.monotonic() + 60
+        while held.stop_requested is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert held.stop_requested is not None and held.stop_requested["reason"] == "done"
+        assert renewals == [1]  # seen between renewals
+    capsys.readouterr()
 
 
 @pytest.mark.parametrize("case, message", [
