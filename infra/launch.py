@@ -301,8 +301,11 @@ class LocalJob:
                         fds.append(os.pidfd_open(proc.pid))
                     except ProcessLookupError:  # reaped by someone else: poll() will say so
                         return
-            if fds:
-                select.select(fds, [], [], seconds)
+            if fds:  # poll, not select: a busy worker's descriptors may be numbered past select's 1024
+                waiter = select.poll()
+                for fd in fds:
+                    waiter.register(fd, select.POLLIN)
+                waiter.poll(seconds * 1000)
             else:
                 time.sleep(seconds)
         finally:
