@@ -131,9 +131,12 @@ def load_units(model_dir: str | Path, config, indices, dtype: torch.dtype = torc
         state = {}
         for local_name, param in module.state_dict().items():
             key = hf_key(config, index, local_name)
+            if key == "lm_head.weight" and getattr(config, "tie_word_embeddings", False):
+                # Tied: the head is the input embedding, untied here for fine-tuning. A stored
+                # lm_head.weight (a checkpoint may carry one that differs) is not what the config
+                # says the model is; the reference run (train_without_offload) unties the same way.
+                key = "model.embed_tokens.weight"
             tensor = store.get(key)
-            if tensor is None and key == "lm_head.weight":
-                tensor = store.get("model.embed_tokens.weight")  # tied: untie for fine-tuning
             if tensor is None:
                 raise OffloadModelError(f"{model_dir} has no tensor {key!r} (unit {unit_name(config, index)}); "
                                         f"is it a complete LlamaForCausalLM checkpoint?")

@@ -88,3 +88,24 @@ def test_world_of_one_with_tied_embeddings_matches_reference(tmp_path):
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         reference = pool.apply(train_without_offload, (cfg,))
     assert max(abs(a - b) for a, b in zip(report["losses"], reference)) < LOSS_TOLERANCE
+
+
+def test_a_tied_checkpoint_that_also_stores_a_head_loads_the_embedding_as_its_head(tmp_path):
+    """A tied model's file may carry an lm_head.weight of its own (saved untied by another tool,
+    or by a process where the tie was broken): the config says the head is the input embedding,
+    so the executor loads that, as the reference run (train_without_offload) unties it; using the
+    stored head trained another model (a full test run once saved such a file: 0.057 apart)."""
+    from safetensors.torch import load_file, save_file
+
+    from training.offload.units import load_llama_config, load_units, unit_count
+
+    make_tiny_llama(tmp_path / "model", layers=2, hidden=64, tie=True)
+    path = next((tmp_path / "model").glob("*.safetensors"))
+    tensors = load_file(str(path))
+    tensors["lm_head.weight"] = torch.randn_like(tensors["model.embed_tokens.weight"])  # not the embedding
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+    config = load_llama_config(tmp_path / "model")
+    assert config.tie_word_embeddings
+    (head,) = load_units(tmp_path / "model", config, [unit_count(config) - 1]).values()  # the head is last
+    assert torch.equal(head.lm_head.weight, tensors["model.embed_tokens.weight"])
