@@ -15,6 +15,8 @@
                   run by simulator and orchestrator
     fair_share    teams: quotas with borrowing, fair-share order, decayed usage; the admission decision
                   over a snapshot (queue, holdings, quotas, usage, policy)
+    elastic       elastic policy: running data-parallel jobs shrink so queued jobs start, grow into idle
+                  GPUs, shrink back when needed; one pass, run by the simulator (policy `elastic`)
     preemption    which running jobs give way to a waiting one: the fewest GPU-seconds lost since
                   their last committed checkpoint (lower class, or another team's borrowed quota)
     simulate      discrete-event cluster simulator running the placement policies

@@ -56,11 +56,12 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
 from scheduler.cluster import Cluster
+from scheduler.elastic import ElasticConfig, ElasticRunning, Resize, elastic_pass, resizable_layouts
 from scheduler.fair_share import DecayedUsage, RunningJob, Snapshot, TeamRules, decide, holdings, team_usage
 from scheduler.gpus import gpu_spec
 from scheduler.placement import Placement, placed_step_time, release_placement
@@ -85,6 +86,12 @@ from scheduler.policy import (
 )
 from scheduler.traces import REFERENCE_GPU, TraceError, TraceJob
 
+# The policies the simulator runs: the one-pass admission policies, and ``elastic``
+# (`scheduler.elastic`: admission, then running jobs shrink and grow).
+SIM_POLICIES: tuple[str, ...] = POLICIES + ("elastic",)
+SIM_POLICY_LABELS = {**POLICY_LABELS, "elastic": "Elastic (shrink/grow)"}
+
+
 class SimulationError(TraceError):
     """The simulation cannot run as asked (unknown policy, bad trace for this cluster)."""
 
@@ -102,6 +109,10 @@ class JobRecord:
     nodes: tuple[str, ...] = ()
     gpus: tuple[tuple[str, int], ...] = ()  # (node, GPU index) held while running
     rejected: str | None = None  # why the job can never run on this cluster
+    resizes: int = 0  # times it moved to another layout while running (policy elastic)
+    work_done: float = 0.0  # fraction of its work done when it ended (1.0: all of it)
+    # every placement it held: (from, to, GPUs as (node, index)); one unless it was resized
+    spans: list[tuple[float, float, tuple[tuple[str, int], ...]]] = field(default_factory=list)
 
     @property
     def jct_s(self) -> float:
@@ -151,6 +162,7 @@ class SimResult:
             "makespan_s": makespan,
             "utilisation": self.busy_gpu_seconds / (self.total_gpus * makespan) if makespan else 0.0,
             "decisions": self.decisions,
+            "resizes": sum(r.resizes for r in self.records),
             "us_per_decision": 1e6 * self.decision_seconds / max(1, self.decisions),
             "avg_jct_s_by_category": {c: sum(v) / len(v) for c, v in sorted(by_cat.items())},
         }
@@ -181,6 +193,7 @@ class JobCatalogue:
             raise SimulationError(f"cluster {cluster.name!r} has no schedulable GPUs")
         self._plans: dict[tuple, list[Plan]] = {}
         self.steps: dict[str, float] = {}
+        self._layouts: dict[tuple, tuple[Option, ...]] = {}
 
     def _plans_for(self, job: TraceJob, counts: tuple[int, ...], pools) -> list[Plan]:
         # The whole pool is the key, not its GPU type: the reference pool (catalogue nodes of 8)
@@ -231,16 +244,14 @@ class JobCatalogue:
                 for p in fastest_first
                 if p.memory_bytes >= need and p.total_gpus >= job.num_gpus
             ]
-            return {"fcfs": opts, "has": opts, "ect": opts, "easy": opts, "sjf": opts}
+            return {"fcfs": opts, "has": opts, "ect": opts, "easy": opts, "sjf": opts, "elastic": opts}
 
         n_ref, ref_step = self._reference(job)
         steps = job.steps or max(1.0, job.duration_s / ref_step)
         self.steps[job.job_id] = steps
 
         def option(p: Plan) -> Option:
-            return Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
-                          min_memory_bytes=p.required_memory_bytes, run_s=steps * p.predicted_step_time_s,
-                          plan=p, dp=p.dp, tp=p.tp, pp=p.pp)
+            return self._option(job, p)
 
         # Baseline: exactly the requested count, fastest type first.
         fcfs = []
@@ -272,8 +283,37 @@ class JobCatalogue:
         has = sorted(largest.values(), key=lambda o: (o.run_s, o.num_gpus))
         # ECT weighs every sized plan by expected completion time.
         ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
-        # The Slurm-style baselines run what the user asked for, like FCFS.
-        return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs}
+        # The Slurm-style baselines run what the user asked for, like FCFS; so does the elastic
+        # policy at admission (it resizes running jobs afterwards: `layouts`).
+        return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs, "elastic": fcfs}
+
+    def _option(self, job: TraceJob, p: Plan) -> Option:
+        return Option(gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp,
+                      min_memory_bytes=p.required_memory_bytes, run_s=self.steps[job.job_id] * p.predicted_step_time_s,
+                      plan=p, dp=p.dp, tp=p.tp, pp=p.pp)
+
+    def layouts(self, job: TraceJob, current: Option, config: ElasticConfig) -> tuple[Option, ...]:
+        """The layouts a job started on `current` may resize to (`scheduler.elastic.resizable_layouts`):
+        its data-parallel degree doubled or halved, within the config's factors of `current`'s count
+        (the request: the elastic policy admits jobs on it). Empty for plain GPU demands."""
+        if current.plan is None or job.job_id not in self.steps:
+            return ()
+        key = (job.job_id, current.gpu_type, current.num_gpus, current.tp, current.pp,
+               config.min_shrink_factor, config.max_grow_factor)
+        if key not in self._layouts:
+            pool = next(p for p in self.pools if p.gpu_type == current.gpu_type)
+            counts, n = set(), current.num_gpus
+            while n >= max(1, current.num_gpus * config.min_shrink_factor) and n % (current.tp * current.pp) == 0:
+                counts.add(n)
+                n //= 2
+            n = current.num_gpus
+            while n <= current.num_gpus * config.max_grow_factor:
+                counts.add(n)
+                n *= 2
+            plans = self._plans_for(job, tuple(sorted(counts)), (pool,))
+            self._layouts[key] = resizable_layouts([self._option(job, p) for p in plans], current,
+                                                   current.num_gpus, config)
+        return self._layouts[key]
 
 
 # --- the event loop ----------------------------------------------------------------------
@@ -285,6 +325,19 @@ class _Running:
     placement: Placement
     end_s: float  # actual end (the event queue's)
     predicted_end_s: float  # what the policies are told
+    option: Option | None = None
+    event_seq: int = -1  # its finish event's; a resize pushes a new one and the old one is ignored
+    # progress (fraction of the work) = done + rate × time since max(mark_s, resume_s)
+    done: float = 0.0
+    mark_s: float = 0.0
+    resume_s: float = 0.0  # a resize's restart: no progress until then
+    rate: float = 0.0  # actual fraction of the work per second on its placement
+    predicted_run_s: float = 0.0  # the whole job on its placement, predicted
+    last_resize_s: float = 0.0
+    layouts: tuple[Option, ...] = ()
+
+    def progress(self, now: float) -> float:
+        return self.done + self.rate * max(0.0, now - max(self.mark_s, self.resume_s))
 
 
 class Simulator:
@@ -292,16 +345,24 @@ class Simulator:
 
     def __init__(self, cluster: Cluster, jobs: Iterable[TraceJob], policy: str,
                  catalogue: JobCatalogue | None = None, options: dict[str, dict[str, list[Option]]] | None = None,
-                 reservation_depth: int = 8, teams: TeamRules | None = None, team_of: dict[str, str] | None = None):
-        if policy not in POLICIES:
-            raise SimulationError(f"unknown policy {policy!r}; choose from {', '.join(POLICIES)}")
+                 reservation_depth: int = 8, teams: TeamRules | None = None, team_of: dict[str, str] | None = None,
+                 elastic: ElasticConfig | None = None):
+        if policy not in SIM_POLICIES:
+            raise SimulationError(f"unknown policy {policy!r}; choose from {', '.join(SIM_POLICIES)}")
+        if policy == "elastic" and teams is not None:
+            raise SimulationError("the elastic policy is simulated without teams' quotas; drop the teams or "
+                                  "choose another policy")
         self.policy = policy
+        self.elastic = elastic or ElasticConfig()
         self.cluster = cluster.copy_state()
         self.jobs = sorted(jobs, key=lambda j: j.arrival_s)
         if not self.jobs:
             raise SimulationError("the trace has no jobs")
         self.catalogue = catalogue or JobCatalogue(cluster)
         self.options = options if options is not None else {j.job_id: self.catalogue.options(j) for j in self.jobs}
+        if policy == "elastic":  # options computed before the elastic policy existed
+            for opts in self.options.values():
+                opts.setdefault("elastic", opts["fcfs"])
         self.total_gpus = sum(n.gpu_count for n in self.cluster.schedulable_nodes())
         self.free = FreeGpus(self.cluster)
         self.reservation_depth = reservation_depth
@@ -314,6 +375,27 @@ class Simulator:
         }
 
     # -- helpers
+    def _resize(self, run: _Running, job: TraceJob, rz: Resize, now: float, events: list, seq: int) -> int:
+        """Move a running job to its new layout: it keeps the work done, makes no progress for the
+        restart (`ElasticConfig.resize_cost_s`), then runs at the new layout's speed. Returns the next seq."""
+        rec = run.record
+        rec.spans.append((run.mark_s, now, rec.gpus))
+        rec.resizes += 1
+        rec.gpus = tuple((a.node, g) for a in rz.placement.assignments for g in a.gpus)
+        rec.nodes = tuple(rz.placement.nodes)
+        rec.num_gpus = rz.placement.world_size
+        run.done = min(1.0, run.progress(now))
+        run.mark_s, run.resume_s = now, now + self.elastic.resize_cost_s
+        run.placement, run.option, run.last_resize_s = rz.placement, rz.new, now
+        run.predicted_run_s = self._run_seconds(job, rz.new, rz.placement)
+        run.rate = 1.0 / (run.predicted_run_s * job.runtime_factor)
+        left = 1.0 - run.done
+        run.predicted_end_s = run.resume_s + left * run.predicted_run_s
+        run.end_s = run.resume_s + left / run.rate
+        run.event_seq = seq
+        heapq.heappush(events, (run.end_s, 0, seq, job.job_id))
+        return seq + 1
+
     def _run_seconds(self, job: TraceJob, opt: Option, placement: Placement) -> float:
         """Predicted run time on the placement the job got (what a scheduler can know at start)."""
         if opt.plan is None:
@@ -346,13 +428,17 @@ class Simulator:
             busy_integral += busy * (now - last_t)
             last_t = now
             while events and events[0][0] == now:
-                _, kind, _, job_id = heapq.heappop(events)
+                _, kind, ev_seq, job_id = heapq.heappop(events)
                 if kind == 0:
+                    if job_id not in running or running[job_id].event_seq != ev_seq:
+                        continue  # a resize moved its end: another event finishes it
                     done = running.pop(job_id)
                     release_placement(self.cluster, done.placement)
                     self.free.give_back(done.placement.gpu_type, done.placement.world_size)
                     busy -= done.placement.world_size
                     done.record.end_s = now
+                    done.record.work_done = done.progress(now)
+                    done.record.spans.append((done.mark_s, now, done.record.gpus))
                     if job_id in held:
                         gone = held.pop(job_id)
                         usage.add(gone.team, gone.num_gpus, gone.admitted_s, now)
@@ -366,7 +452,14 @@ class Simulator:
             t0 = time.perf_counter()
             busy_now = ([Busy(r.placement.gpu_type, r.placement.world_size, r.predicted_end_s) for r in running.values()]
                         if self.policy in USES_RUNNING else ())
-            if self.teams is None:
+            resizes: list[Resize] = []
+            if self.policy == "elastic":
+                views = [ElasticRunning(jid, r.option, r.placement, r.predicted_end_s, max(0.0, 1.0 - r.progress(now)),
+                                        r.last_resize_s, r.record.requested_gpus, r.layouts)
+                         for jid, r in running.items()]
+                decision = elastic_pass(now, queue, views, self.free, self.elastic)
+                started, considered, resizes = decision.started, decision.considered, decision.resizes
+            elif self.teams is None:
                 started, considered = schedule_pass(self.policy, now, queue, busy_now, self.free,
                                                     reservation_depth=self.reservation_depth)
             else:
@@ -381,6 +474,9 @@ class Simulator:
             decision_seconds += time.perf_counter() - t0
             decisions += considered
             passes += 1
+            for rz in resizes:
+                busy += rz.placement.world_size - rz.old_placement.world_size
+                seq = self._resize(running[rz.job_id], by_id[rz.job_id], rz, now, events, seq)
             for queued, opt, placement in started:
                 job = by_id[queued.job_id]
                 rec = records[job.job_id]
@@ -389,7 +485,10 @@ class Simulator:
                 rec.gpus = tuple((a.node, g) for a in placement.assignments for g in a.gpus)
                 predicted = self._run_seconds(job, opt, placement)
                 end = now + predicted * job.runtime_factor
-                running[job.job_id] = _Running(rec, placement, end, now + predicted)
+                running[job.job_id] = _Running(
+                    rec, placement, end, now + predicted, opt, seq, mark_s=now, resume_s=now,
+                    rate=1.0 / (predicted * job.runtime_factor), predicted_run_s=predicted, last_resize_s=now,
+                    layouts=self.catalogue.layouts(job, opt, self.elastic) if self.policy == "elastic" else ())
                 if self.teams is not None:
                     held[job.job_id] = RunningJob(self.team_of.get(job.job_id, ""), opt.gpu_type,
                                                   placement.world_size, now)
@@ -410,15 +509,15 @@ class Simulator:
 
 
 def simulate(cluster: Cluster, jobs: list[TraceJob], policies: Iterable[str] = POLICIES,
-             planner: PlannerConfig | None = None) -> dict[str, SimResult]:
+             planner: PlannerConfig | None = None, elastic: ElasticConfig | None = None) -> dict[str, SimResult]:
     """Run every policy on the same trace and cluster; options are computed once and shared."""
     policies = list(policies)
     for p in policies:
-        if p not in POLICIES:
-            raise SimulationError(f"unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+        if p not in SIM_POLICIES:
+            raise SimulationError(f"unknown policy {p!r}; choose from {', '.join(SIM_POLICIES)}")
     catalogue = JobCatalogue(cluster, planner)
     options = {j.job_id: catalogue.options(j) for j in jobs}
-    return {p: Simulator(cluster, jobs, p, catalogue, options).run() for p in policies}
+    return {p: Simulator(cluster, jobs, p, catalogue, options, elastic=elastic).run() for p in policies}
 
 
 def effective_capacity(cluster: Cluster, reference_gpu: str = REFERENCE_GPU) -> float:
@@ -456,7 +555,7 @@ def plot_jct_cdf(results: dict[str, SimResult], path: str | Path, title: str = "
             continue
         ys = [(i + 1) / len(jcts) for i in range(len(jcts))]
         avg = sum(jcts) / len(jcts)
-        ax.step(jcts, ys, where="post", label=f"{POLICY_LABELS.get(policy, policy)} (avg {avg:.2f} h)")
+        ax.step(jcts, ys, where="post", label=f"{SIM_POLICY_LABELS.get(policy, policy)} (avg {avg:.2f} h)")
     ax.set_xscale("log")
     ax.set_xlabel("job completion time (hours, log scale)")
     ax.set_ylabel("fraction of jobs")
