@@ -50,6 +50,8 @@ from flows.evaluate import created_through_the_api
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
     FlowSeat,
+    choose_slurm_option,
+    delegates_to_slurm,
     flow_db_retry,
     join_cluster,
     publish_cluster_table,
@@ -303,6 +305,10 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         # 4. Launch one torchrun per node on the held GPUs and watch it.
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
             result.failures[-1].relaunched_at = time.time()
+        if delegates_to_slurm(launcher, inventory):  # Slurm knows its queue: each option is put to it
+            # (sbatch --test-only) and the one it would finish first is submitted (infra.slurm_start)
+            placement = choose_slurm_option(spec, seat.plans, placement, attempt, inventory,
+                                            spec.training.steps - result.final_step)
         result.placements.append({"attempt": attempt, "nodes": list(placement.nodes),
                                   "world_size": placement.world_size, "dp": placement.dp, "tp": placement.tp,
                                   "pp": placement.pp, "gpu_type": placement.gpu_type,

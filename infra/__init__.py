@@ -6,6 +6,7 @@
     yaml_config   the YAML loader of every config kind: `base:` inheritance, field-naming errors
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
+    slurm_start   delegated Slurm: sbatch --test-only for each option, submit the one done first
     kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,
                   evaluation Jobs, the Prefect kubernetes work pool's base job template
     reaper        run a command so none of its descendants outlives its starter

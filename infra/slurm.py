@@ -10,6 +10,11 @@ Two modes (`SlurmSettings.mode`):
            --signal=B:TERM@<signal_s> [--exclude=<nodes a node check found faulty>]
            [--partition] [--account] [--qos] [--time]  job.sbatch
 
+  Which layout: before each submission the flow asks Slurm when each of the job's options (GPU
+  type, count, layout) would start, with `sbatch --test-only` and the options it would be
+  submitted with, and submits the one it would finish first (start + predicted run time;
+  infra.slurm_start).
+
   Inside the job each node's task builds its launch from Slurm's environment (node rank
   SLURM_NODEID, rendezvous on node rank 0 = the job's first node, the GPUs Slurm bound) and
   writes it to `launch/attempt-K/placement/`; the watcher's `SlurmJob` gathers them into
@@ -136,11 +141,12 @@ def _env(settings: SlurmSettings, environ: dict[str, str] | None = None) -> dict
 
 
 def slurm_command(args: list[str], settings: SlurmSettings, check: bool = True, *,
-                  environ: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+                  environ: dict[str, str] | None = None, stdin_text: str | None = None) -> subprocess.CompletedProcess:
     """Run a Slurm client command in ``environ`` (default: this process's environment; sbatch
-    passes its environment on to the job)."""
+    passes its environment on to the job); `stdin_text`: its standard input (sbatch's script)."""
     try:
-        result = subprocess.run(args, env=_env(settings, environ), capture_output=True, text=True, timeout=60)
+        result = subprocess.run(args, env=_env(settings, environ), capture_output=True, text=True, timeout=60,
+                                **({"input": stdin_text} if stdin_text is not None else {}))
     except FileNotFoundError:
         raise SlurmError(f"`{args[0]}` is not installed here: the Slurm launcher needs Slurm's client "
                          "commands (Debian: apt-get install slurm-client)") from None
@@ -528,6 +534,14 @@ class SlurmLauncher:
                 + ". Place the job on other nodes, or return a node to service with "
                 "`scontrol update NodeName=NAME State=RESUME` once it is healthy.")
 
+    def submit_args(self, request: LaunchRequest, gpu_type: str | None = None) -> list[str]:
+        """sbatch's options for `request` (on `gpu_type`, default the launcher's): what `start` submits
+        and what `infra.slurm_start` asks `sbatch --test-only` about. Delegated: with the nodes this
+        launcher and the run must not get again (`--exclude`)."""
+        delegated = self.settings.mode == "delegate"
+        exclude = sorted(set(self.exclude) | set(excluded_nodes(request.run_dir))) if delegated else []
+        return sbatch_args(request, self.settings, gpu_type or self.gpu_type, exclude)
+
     def start(self, request: LaunchRequest) -> SlurmJob:
         delegated = self.settings.mode == "delegate"
         if not delegated:  # Slurm chooses the nodes when delegated, and skips drained ones itself
@@ -547,8 +561,7 @@ class SlurmLauncher:
         placement_path(request).unlink(missing_ok=True)
         signalled_path(request).unlink(missing_ok=True)
         script.write_text(batch_script(request, request_file, self.grace_s, delegated=delegated))
-        exclude = sorted(set(self.exclude) | set(excluded_nodes(request.run_dir))) if delegated else []
-        args = ["sbatch", "--parsable", *sbatch_args(request, self.settings, self.gpu_type, exclude), str(script)]
+        args = ["sbatch", "--parsable", *self.submit_args(request), str(script)]
         # sbatch exports its environment to the job: only what the ranks need
         job_id = slurm_command(args, self.settings, environ=worker_environment()).stdout.strip().split(";")[0]
         (folder / "slurm-job-id").write_text(job_id)

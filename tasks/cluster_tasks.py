@@ -85,28 +85,102 @@ def join_cluster(orch: Orchestrator, inventory: Cluster, db: StateDbRetry | None
     return inventory.name
 
 
-def plans_table(plans: list, chosen=None, top: int = 10) -> list[dict]:
+def plans_table(plans: list, chosen=None, top: int = 10, starts: dict | None = None) -> list[dict]:
     """The ranked plans as rows: `peak_gib` is MARP's per-GPU peak (what `forgeflow plan`
     shows), `needs_gib` that with the planner's safety margin (the GPU memory the plan asks
     of a GPU); `chosen` marks the plan the orchestrator admitted, once known (listed after
-    the `top` when it ranks below them)."""
-    return [
-        {"rank": i + 1, "chosen": "✓" if p is chosen else "", "gpu_type": p.gpu_type, "gpus": p.num_gpus,
-         "layout": p.layout, "peak_gib": round(p.peak_memory_bytes / 2**30, 2),
-         "needs_gib": round(p.required_memory_bytes / 2**30, 2),
-         "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
-        for i, p in enumerate(plans) if i < top or p is chosen
-    ]
+    the `top` when it ranks below them). `starts` (delegated Slurm: id(plan) -> its
+    `infra.slurm_start.StartOption`) adds Slurm's predicted start and completion of each option."""
+    rows = []
+    for i, p in enumerate(plans):
+        if not (i < top or p is chosen or (starts and id(p) in starts)):
+            continue
+        row = {"rank": i + 1, "chosen": "✓" if p is chosen else "", "gpu_type": p.gpu_type, "gpus": p.num_gpus,
+               "layout": p.layout, "peak_gib": round(p.peak_memory_bytes / 2**30, 2),
+               "needs_gib": round(p.required_memory_bytes / 2**30, 2),
+               "step_s": round(p.predicted_step_time_s, 3), "tokens_per_s": round(p.tokens_per_s)}
+        if starts is not None:
+            option = starts.get(id(p))
+            row["slurm_start"] = ("" if option is None else f"refused: {option.said}" if option.refused
+                                  else f"{option.start:%Y-%m-%d %H:%M:%S} UTC")
+            row["slurm_completes"] = "" if option is None or option.refused else f"{option.completion:%Y-%m-%d %H:%M:%S} UTC"
+        rows.append(row)
+    return rows
 
 
-def publish_plans(job: str, cluster: str, plans: list, chosen=None) -> None:
-    """The `pretrain-plans` table: at submission, and again with the admitted plan marked."""
-    admitted = f"; ✓ the admitted plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout})" if chosen else ""
+def publish_plans(job: str, cluster: str, plans: list, chosen=None, starts: dict | None = None) -> None:
+    """The `pretrain-plans` table: at submission, and again with the admitted plan marked (on a
+    delegated Slurm, with Slurm's predicted start of each option and the one submitted marked)."""
+    what = "submitted to Slurm: the earliest predicted completion" if starts is not None else "admitted"
+    admitted = f"; ✓ the {what} plan ({chosen.num_gpus}x {chosen.gpu_type}, {chosen.layout})" if chosen else ""
     create_table_artifact(
-        key="pretrain-plans", table=plans_table(plans, chosen),
+        key="pretrain-plans", table=plans_table(plans, chosen, starts=starts),
         description=(f"Ranked plans for {job} on {cluster} (MARP peak memory per GPU, and with the safety "
                      f"margin; cost-model step time){admitted}"),
     )
+
+
+def delegates_to_slurm(launcher: str, inventory: Cluster) -> bool:
+    """The attempt goes to a site's Slurm that chooses the nodes (`slurm:` mode delegate)."""
+    slurm = getattr(inventory, "slurm", None)
+    return launcher == "slurm" and (slurm is None or slurm.mode == "delegate")
+
+
+def slurm_candidates(spec: JobSpec, plans: list, placement: Placement, attempt: int, inventory: Cluster,
+                     steps_left: int) -> list[tuple[object, Placement, object]]:
+    """The job's options as Slurm would be asked for them, in the planner's order: the best plan
+    of each (GPU type, GPU count), laid out in nodes x ranks per node as the orchestrator lays it
+    (the admitted option: the admitted placement; the others on the idle inventory: Slurm chooses
+    the nodes, only their number and ranks per node are asked for). (plan, placement, candidate)."""
+    from infra.launch import LaunchRequest
+    from infra.slurm_start import StartCandidate
+    from scheduler.placement import place_plans
+
+    admitted = (placement.gpu_type, placement.world_size)
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for plan in plans:
+        key = (plan.gpu_type, plan.num_gpus)
+        if key in seen:
+            continue
+        seen.add(key)
+        laid = placement if key == admitted else place_plans([plan], inventory, job=spec.name)
+        if laid is None:  # no longer fits the inventory's schedulable nodes
+            continue
+        if laid is placement and placement.plan is None:
+            placement.plan = plan
+        step_s = laid.predicted_step_time_s or plan.predicted_step_time_s
+        per_node = max(a.nproc for a in laid.assignments)
+        label = (f"{plan.num_gpus}x {plan.gpu_type} on {len(laid.assignments)} node(s) x {per_node} "
+                 f"({plan.layout})")
+        request = LaunchRequest(spec.name, laid.launch_specs(), [], spec.resolved_run_dir, attempt=attempt)
+        out.append((plan, laid, StartCandidate(label, request, laid.gpu_type, max(1, steps_left) * step_s)))
+    return out
+
+
+@task(name="choose-slurm-option", cache_policy=NO_CACHE)
+def choose_slurm_option(spec: JobSpec, plans: list, placement: Placement, attempt: int, inventory: Cluster,
+                        steps_left: int) -> Placement:
+    """Delegated Slurm: `sbatch --test-only` for each of the job's options and the placement of
+    the one Slurm would finish first (`infra.slurm_start.choose_start`); the choice and the
+    others' predicted starts in the log and the plans table. SlurmStartRefused when Slurm would
+    start none."""
+    from datetime import datetime, timezone
+
+    from infra.slurm_start import choose_start
+    from tasks.launchers import make_launcher
+
+    options = slurm_candidates(spec, plans, placement, attempt, inventory, steps_left)
+    if not options:
+        return placement
+    launcher = make_launcher("slurm", cluster=inventory, gpu_type=placement.gpu_type)
+    choice = choose_start(launcher, [candidate for _, _, candidate in options])
+    plan, chosen, _ = options[choice.chosen_index]
+    get_run_logger().info("attempt %d: %s", attempt, choice.summary(datetime.now(timezone.utc)))
+    chosen.plan = chosen.plan or plan
+    publish_plans(spec.name, inventory.name, plans, plan,
+                  starts={id(p): option for (p, _, _), option in zip(options, choice.options)})
+    return chosen
 
 
 @task(name="submit-job", cache_policy=NO_CACHE)

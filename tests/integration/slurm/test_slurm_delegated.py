@@ -81,6 +81,8 @@ def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_i
     result = results[0]
     assert result.finished and result.final_step == 12 and result.attempts == 1 and not result.failures, result
     assert f"waiting in Slurm: {reason}" in caplog.text
+    # Slurm was asked when each option would start; the one it would finish first was submitted
+    assert "Slurm's predicted starts (sbatch --test-only)" in caplog.text and "✓ 2x cpu on 1 node(s) x 2" in caplog.text
     # The placement the job really had, built inside it from Slurm's environment.
     placement = json.loads((run_dir / "launch" / "attempt-0" / "placement.json").read_text())
     assert placement["slurm_job_id"] == ours and placement["master_addr"] == slurm.node
@@ -110,3 +112,64 @@ def test_forgeflow_cancel_while_pending_takes_the_job_out_of_slurms_queue(
     assert "not needed after all" in result.stopped_because
     assert _slurm(slurm, "squeue", "-h", "-j", ours, "-o", "%T") in ("", "CANCELLED")  # out of Slurm's queue
     assert _slurm(slurm, "squeue", "-h", "-j", sleeper, "-o", "%T") == "RUNNING"  # the other job untouched
+
+
+def test_slurm_is_asked_when_each_option_would_start_and_the_one_done_first_is_submitted(slurm, tmp_path, monkeypatch):
+    """`sbatch --test-only` for each option with the options it would be submitted with; the one
+    Slurm would finish first (not the one it would start first) is submitted, never with --nodelist."""
+    from datetime import datetime, timedelta, timezone
+
+    from infra import slurm as slurm_module
+    from infra import slurm_start
+    from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, NodeLaunch
+    from infra.slurm import SlurmLauncher, SlurmSettings
+    from infra.slurm_start import StartCandidate, choose_start
+
+    sbatch_calls: list[list[str]] = []
+    real = slurm_module.slurm_command
+
+    def spy(args, settings, check=True, **kwargs):
+        if args[0] == "sbatch":
+            sbatch_calls.append(list(args))
+        return real(args, settings, check, **kwargs)
+
+    monkeypatch.setattr(slurm_module, "slurm_command", spy)
+    monkeypatch.setattr(slurm_start, "slurm_command", spy)
+
+    def request(nodes: int, nproc: int) -> LaunchRequest:
+        return LaunchRequest("start-choice", [
+            NodeLaunch(node=f"any-{i}", address=f"any-{i}", node_rank=i, nnodes=nodes, nproc_per_node=nproc,
+                       cuda_visible_devices="", master_addr="any-0", master_port=CHOOSE_ON_NODE_0,
+                       first_global_rank=i * nproc) for i in range(nodes)], [], tmp_path / "run")
+
+    # Someone else's job holds one of the node's two CPUs for up to 10 minutes.
+    other = _slurm(slurm, "sbatch", "--parsable", "--cpus-per-task=1", "--time=10", "--job-name=someone-else",
+                   "--output=/dev/null", "--wrap", "sleep 900").split(";")[0]
+    try:
+        _until("the other job to run", lambda: _slurm(slurm, "squeue", "-h", "-j", other, "-o", "%T") == "RUNNING")
+        launcher = SlurmLauncher(SlurmSettings(partition="debug", slurm_conf=str(slurm.conf), poll_s=0.5))
+        candidates = [StartCandidate("1 CPU for 20 min", request(1, 1), "cpu", 1200.0),
+                      StartCandidate("2 CPUs for 1 min", request(1, 2), "cpu", 60.0),
+                      StartCandidate("2 nodes", request(2, 1), "cpu", 30.0)]
+        now = datetime.now(timezone.utc)
+        choice = choose_start(launcher, candidates)
+        assert [call[:2] for call in sbatch_calls] == [["sbatch", "--test-only"]] * 3
+        for call, candidate in zip(sbatch_calls, candidates):
+            assert call[2:] == launcher.submit_args(candidate.request, candidate.gpu_type)
+        one_cpu, two_cpus, two_nodes = choice.options
+        assert two_nodes.refused and two_nodes.said == "Requested node configuration is not available"
+        assert abs(one_cpu.start - now) < timedelta(minutes=2)  # the free CPU, now (read in UTC)
+        assert two_cpus.start >= one_cpu.start + timedelta(minutes=8)  # both CPUs once the other job ends
+        assert choice.chosen is two_cpus  # it starts later and finishes first
+
+        job = launcher.start(candidates[choice.chosen_index].request)
+        try:
+            submitted = sbatch_calls[-1]
+            assert submitted[:2] == ["sbatch", "--parsable"] and submitted[2:-1] == list(two_cpus.args)
+            assert not any(a.startswith(("--nodelist", "-w")) for call in sbatch_calls for a in call)
+            assert "--signal=B:TERM@120" in submitted and "--partition=debug" in submitted
+            assert job.waiting() is not None  # queued behind the other job, as Slurm predicted
+        finally:
+            job.terminate(grace_s=1.0)
+    finally:
+        subprocess.run(["scancel", other], env={**os.environ, **slurm.env()}, check=False)
