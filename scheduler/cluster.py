@@ -168,9 +168,11 @@ class Cluster(BaseModel):
     name: str = Field(default="cluster", min_length=1, max_length=MAX_NAME_CHARS, pattern=NAME_PATTERN)
     inter_node_bandwidth_gbps: float = Field(default=100.0, gt=0, description="per node NIC, Gbit/s")
     nodes: list[Node] = Field(min_length=1)
-    policy: Literal["has", "easy", "ect"] = Field(
+    policy: Literal["has", "easy", "ect", "elastic"] = Field(
         default="has", description="how the orchestrator admits queued jobs: has (best fit in queue order), "
-        "easy (FCFS + EASY backfilling), ect (expected completion, HRRN, conservative backfilling)")
+        "easy (FCFS + EASY backfilling), ect (expected completion, HRRN, conservative backfilling), elastic "
+        "(FCFS admission; running data-parallel jobs shrink so queued ones start and grow into idle GPUs: "
+        "scheduler.elastic; the simulator runs it, the orchestrator does not resize jobs yet)")
     usage_half_life_hours: float = Field(default=168.0, gt=0, description="fair share: past GPU use counts half "
                                          "after this long")
     slurm: SlurmSettings | None = Field(

@@ -194,6 +194,7 @@ class JobCatalogue:
         self._plans: dict[tuple, list[Plan]] = {}
         self.steps: dict[str, float] = {}
         self._layouts: dict[tuple, tuple[Option, ...]] = {}
+        self.requested: dict[str, int] = {}  # training job -> the GPU count it asked for (raised to fit)
 
     def _plans_for(self, job: TraceJob, counts: tuple[int, ...], pools) -> list[Plan]:
         # The whole pool is the key, not its GPU type: the reference pool (catalogue nodes of 8)
@@ -249,6 +250,7 @@ class JobCatalogue:
         n_ref, ref_step = self._reference(job)
         steps = job.steps or max(1.0, job.duration_s / ref_step)
         self.steps[job.job_id] = steps
+        self.requested[job.job_id] = n_ref
 
         def option(p: Plan) -> Option:
             return self._option(job, p)
@@ -293,27 +295,34 @@ class JobCatalogue:
                       plan=p, dp=p.dp, tp=p.tp, pp=p.pp)
 
     def layouts(self, job: TraceJob, current: Option, config: ElasticConfig) -> tuple[Option, ...]:
-        """The layouts a job started on `current` may resize to (`scheduler.elastic.resizable_layouts`):
-        its data-parallel degree doubled or halved, within the config's factors of `current`'s count
-        (the request: the elastic policy admits jobs on it). Empty for plain GPU demands."""
+        """The layouts a job running on `current` may resize to (`scheduler.elastic.resizable_layouts`):
+        its data-parallel degree halved or doubled, within the config's factors of its request.
+        Empty for plain GPU demands."""
         if current.plan is None or job.job_id not in self.steps:
             return ()
-        key = (job.job_id, current.gpu_type, current.num_gpus, current.tp, current.pp,
-               config.min_shrink_factor, config.max_grow_factor)
+        requested = self.requested[job.job_id]
+        # keyed by what the layouts depend on, not the job id (traces reuse ids)
+        key = (id(job.model), job.global_batch, job.precision, self.steps[job.job_id], requested, current.gpu_type,
+               current.num_gpus, current.tp, current.pp, config.min_shrink_factor, config.max_grow_factor)
         if key not in self._layouts:
             pool = next(p for p in self.pools if p.gpu_type == current.gpu_type)
-            counts, n = set(), current.num_gpus
-            while n >= max(1, current.num_gpus * config.min_shrink_factor) and n % (current.tp * current.pp) == 0:
-                counts.add(n)
-                n //= 2
+            group = current.tp * current.pp
+            counts = {current.num_gpus}
             n = current.num_gpus
-            while n <= current.num_gpus * config.max_grow_factor:
+            while n % 2 == 0 and n // 2 >= max(group, requested * config.min_shrink_factor):
+                n //= 2
                 counts.add(n)
+            n = current.num_gpus
+            while 2 * n <= requested * config.max_grow_factor:
                 n *= 2
+                counts.add(n)
             plans = self._plans_for(job, tuple(sorted(counts)), (pool,))
-            self._layouts[key] = resizable_layouts([self._option(job, p) for p in plans], current,
-                                                   current.num_gpus, config)
+            self._layouts[key] = resizable_layouts([self._option(job, p) for p in plans], current, requested, config)
         return self._layouts[key]
+
+    def smaller_starts(self, job: TraceJob, options: list[Option], config: ElasticConfig) -> tuple[Option, ...]:
+        """Layouts below its request a waiting job may start on (and grow later), on each type it may run on."""
+        return tuple(o for opt in options for o in self.layouts(job, opt, config) if o.num_gpus < opt.num_gpus)
 
 
 # --- the event loop ----------------------------------------------------------------------
@@ -455,9 +464,12 @@ class Simulator:
             resizes: list[Resize] = []
             if self.policy == "elastic":
                 views = [ElasticRunning(jid, r.option, r.placement, r.predicted_end_s, max(0.0, 1.0 - r.progress(now)),
-                                        r.last_resize_s, r.record.requested_gpus, r.layouts)
+                                        r.last_resize_s, self.catalogue.requested.get(jid, r.record.requested_gpus),
+                                        r.layouts)
                          for jid, r in running.items()]
-                decision = elastic_pass(now, queue, views, self.free, self.elastic)
+                smaller = {q.job_id: self.catalogue.smaller_starts(by_id[q.job_id], q.options, self.elastic)
+                           for q in queue[:4 * self.elastic.shrink_depth]} if self.elastic.start_smaller else None
+                decision = elastic_pass(now, queue, views, self.free, self.elastic, smaller)
                 started, considered, resizes = decision.started, decision.considered, decision.resizes
             elif self.teams is None:
                 started, considered = schedule_pass(self.policy, now, queue, busy_now, self.free,
