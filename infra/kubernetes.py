@@ -16,6 +16,15 @@ same attempt as one PyTorchJob (Master + Worker replicas; the operator sets
 MASTER_ADDR/RANK itself). Evaluation trials get `evaluation_job_manifest`: one
 GPU, the memory-backed /dev/shm the preload copies the exported checkpoint into.
 
+A Job's nodeSelector pins the GPU type its placement was planned for (`gpu_type_label`, or
+the node labels `gpu_node_labels` names for it), so what runs is what the flow recorded. With
+a `kueue:` part in the settings the Jobs are queued in Kueue instead of starting at once
+(infra/kueue.py): `KubernetesJob.waiting()` says why until Kueue admits the Workload, the
+admitted flavors and their node labels are read back (`admission`, and the attempt's
+`kueue-admission.json`), and an eviction (preempted, deactivated, ...) ends the attempt as
+the batch system's doing (`ended_by_batch_system`), which run_attempt reports as "evicted",
+as it does a Slurm preemption: the flow resumes from the newest committed checkpoint.
+
 Every manifest here is validated against the Kubernetes API schema in the tests
 (the `kubernetes` client's models: each object round-trips through its model
 without losing a field). No Kubernetes cluster was available while this was
@@ -29,12 +38,16 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.atomic_write import atomic_write_json
+from infra.kueue import (JOB_UID_LABEL, KUEUE_GROUP, KUEUE_VERSION, Admission, KueueSettings, admission_of,
+                         eviction_of, gpu_type_of, kueue_job, label_key_problem, label_value_problem,
+                         pending_reason, workload_finished)
 from infra.launch import TORCHRUN_MONITOR_INTERVAL_S, LaunchRequest, node_log_path, wait_for_exit
 from infra.lease_guard import FILE_LEASE_S, LeaseFileRenewer, lease_file_path
 
@@ -63,6 +76,50 @@ class KubernetesSettings(BaseModel):
         default=None, description="kubeconfig file of the API server; None: the in-cluster service account "
         "when the flow runs in a pod, else $KUBECONFIG or ~/.kube/config")
     context: str | None = Field(default=None, description="kubeconfig context; None: its current context")
+    gpu_type_label: str = Field(
+        default="forgeflow.io/gpu-type", description="the node label whose value is a node's GPU type as the "
+        "cluster file names it (H100-80G); a Job's nodeSelector pins the type its placement was planned for")
+    gpu_node_labels: dict[str, dict[str, str]] = Field(
+        default_factory=dict, description="per GPU type, the node labels that select its nodes instead "
+        "(e.g. H100-80G: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}); a type not listed: gpu_type_label")
+    kueue: KueueSettings | None = Field(
+        default=None, description="Kueue admits the Jobs: their LocalQueue, priority class, topology request; "
+        "None: no Kueue, Jobs start at once and pin their GPU type by nodeSelector")
+
+    @field_validator("gpu_type_label")
+    @classmethod
+    def _gpu_label(cls, value: str) -> str:
+        if problem := label_key_problem(value):
+            raise ValueError(problem)
+        return value
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, value: dict[str, str]) -> dict[str, str]:
+        for key, val in value.items():
+            if problem := label_key_problem(key) or label_value_problem(val):
+                raise ValueError(problem)
+        return value
+
+    @field_validator("gpu_node_labels")
+    @classmethod
+    def _gpu_labels(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        for gpu_type, labels in value.items():
+            if not labels:
+                raise ValueError(f"gpu_node_labels[{gpu_type!r}] is empty: name the node labels of its nodes")
+            for key, val in labels.items():
+                if problem := label_key_problem(key) or label_value_problem(val):
+                    raise ValueError(f"gpu_node_labels[{gpu_type!r}]: {problem}")
+        return value
+
+    @model_validator(mode="after")
+    def _pins_agree(self) -> "KubernetesSettings":
+        for gpu_type, labels in self.gpu_node_labels.items():
+            clash = {k for k, v in labels.items() if k in self.node_selector and self.node_selector[k] != v}
+            if clash:
+                raise ValueError(f"gpu_node_labels[{gpu_type!r}] and node_selector disagree on {sorted(clash)}: "
+                                 "no node could run that GPU type")
+        return self
 
 
 def object_name(request: LaunchRequest) -> str:
@@ -103,6 +160,30 @@ def _resources(gpus: int, settings: KubernetesSettings) -> dict:
             "limits": {GPU_RESOURCE: str(gpus), "memory": f"{mem_gi}Gi"}}
 
 
+def gpu_node_selector(gpu_type: str, settings: KubernetesSettings) -> dict[str, str]:
+    """The node labels that pin `gpu_type` (none for "cpu"): its `gpu_node_labels`, else
+    `gpu_type_label: <gpu_type>`."""
+    if gpu_type == "cpu":
+        return {}
+    if gpu_type in settings.gpu_node_labels:
+        return dict(settings.gpu_node_labels[gpu_type])
+    if problem := label_value_problem(gpu_type):
+        raise ValueError(f"GPU type {gpu_type!r} cannot be a node label value ({problem}); name its nodes' "
+                         "labels under kubernetes.gpu_node_labels in the cluster file")
+    return {settings.gpu_type_label: gpu_type}
+
+
+def _node_selector(gpu_type: str, settings: KubernetesSettings) -> dict[str, str]:
+    """What a Job's pods need of a node: the settings' node_selector and, unless Kueue is told to
+    choose the flavor itself, the GPU type the placement was planned for."""
+    chooses = settings.kueue is not None and not settings.kueue.pin_gpu_type
+    pin = {} if chooses else gpu_node_selector(gpu_type, settings)
+    clash = sorted(k for k, v in pin.items() if settings.node_selector.get(k, v) != v)
+    if clash:
+        raise ValueError(f"kubernetes.node_selector sets {clash} to other values than GPU type {gpu_type!r} needs")
+    return {**settings.node_selector, **pin}
+
+
 def headless_service_manifest(request: LaunchRequest, settings: KubernetesSettings) -> dict:
     name = object_name(request)
     return {
@@ -128,7 +209,8 @@ def torchrun_container_args(request: LaunchRequest, settings: KubernetesSettings
 def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu",
                           grace_s: float = 10.0) -> dict:
     """One indexed Job: pod i is node rank i (hostname <name>-i under the headless Service); its
-    torchrun runs under the reaper, which stops it once the attempt's lease file goes stale."""
+    torchrun runs under the reaper, which stops it once the attempt's lease file goes stale.
+    Its nodeSelector pins `gpu_type`; with Kueue it is created suspended in its queue (infra.kueue)."""
     name = object_name(request)
     nodes = len(request.nodes)
     gpus = 0 if gpu_type == "cpu" else max(n.nproc_per_node for n in request.nodes)
@@ -147,13 +229,13 @@ def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, 
         "volumes": volumes,
         "terminationGracePeriodSeconds": 60,  # SIGTERM: ranks commit their checkpoint and exit
     }
-    if settings.node_selector:
-        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    if selector := _node_selector(gpu_type, settings):
+        pod_spec["nodeSelector"] = selector
     if settings.tolerations:
         pod_spec["tolerations"] = list(settings.tolerations)
     if settings.service_account:
         pod_spec["serviceAccountName"] = settings.service_account
-    return {
+    manifest = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": _labels(request)},
         "spec": {
@@ -163,12 +245,16 @@ def training_job_manifest(request: LaunchRequest, settings: KubernetesSettings, 
             "template": {"metadata": {"labels": {**_labels(request), "job-name": name}}, "spec": pod_spec},
         },
     }
+    return kueue_job(manifest, settings.kueue, pods=nodes) if settings.kueue is not None else manifest
 
 
 def pytorch_job_manifest(request: LaunchRequest, settings: KubernetesSettings, gpu_type: str = "cpu") -> dict:
     """The same attempt as a Kubeflow PyTorchJob (training operator), one Master + N-1 Workers."""
     job = training_job_manifest(request, settings, gpu_type)
     template = job["spec"]["template"]
+    run_policy: dict[str, Any] = {"backoffLimit": 0, "cleanPodPolicy": "Running"}
+    if job["spec"].get("suspend"):  # queued in Kueue (its labels are in the metadata): admitted, it runs
+        run_policy["suspend"] = True
     container = template["spec"]["containers"][0]
     nproc = max(n.nproc_per_node for n in request.nodes)
     # The operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nodes) and RANK (node rank).
@@ -185,28 +271,35 @@ def pytorch_job_manifest(request: LaunchRequest, settings: KubernetesSettings, g
     if len(request.nodes) > 1:
         specs["Worker"] = replicas(len(request.nodes) - 1)
     return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": job["metadata"],
-            "spec": {"runPolicy": {"backoffLimit": 0, "cleanPodPolicy": "Running"}, "pytorchReplicaSpecs": specs}}
+            "spec": {"runPolicy": run_policy, "pytorchReplicaSpecs": specs}}
 
 
 def evaluation_job_manifest(name: str, command: list[str], settings: KubernetesSettings, gpus: int = 1,
-                            env: dict[str, str] | None = None) -> dict:
+                            env: dict[str, str] | None = None, gpu_type: str = "cpu") -> dict:
     """One evaluation trial: GPUs, the memory-backed /dev/shm it preloads the checkpoint into,
-    S3 credentials to read the exported checkpoint, the run volume for generations."""
+    S3 credentials to read the exported checkpoint, the run volume for generations. Pinned to
+    `gpu_type` by nodeSelector when one is named; with Kueue, suspended in the evaluation queue."""
     request = LaunchRequest(name, [_single_node()], [], Path(settings.run_mount), env=env or {})
     volumes, mounts = _volumes(settings)
     env_list, env_from = _env(request, settings)
     label = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")[:52]
-    return {
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never", "volumes": volumes, "containers": [{
+        "name": "evaluate", "image": settings.image, "command": list(command), "env": env_list,
+        "envFrom": env_from, "resources": _resources(gpus, settings), "volumeMounts": mounts}]}
+    if selector := _node_selector(gpu_type, settings):
+        pod_spec["nodeSelector"] = selector
+    if settings.tolerations:
+        pod_spec["tolerations"] = list(settings.tolerations)
+    manifest = {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": label, "namespace": settings.namespace,
                      "labels": {"app.kubernetes.io/name": "forgeflow", "forgeflow/role": "evaluation"}},
         "spec": {"backoffLimit": 1, "ttlSecondsAfterFinished": 24 * 3600, "template": {
             "metadata": {"labels": {"app.kubernetes.io/name": "forgeflow", "forgeflow/role": "evaluation"}},
-            "spec": {"restartPolicy": "Never", "volumes": volumes, "containers": [{
-                "name": "evaluate", "image": settings.image, "command": list(command), "env": env_list,
-                "envFrom": env_from, "resources": _resources(gpus, settings), "volumeMounts": mounts}]},
+            "spec": pod_spec,
         }},
     }
+    return kueue_job(manifest, settings.kueue, evaluation=True) if settings.kueue is not None else manifest
 
 
 def _single_node():
@@ -220,6 +313,12 @@ def _single_node():
 
 CONTAINER = "torchrun"
 INDEX_KEY = "batch.kubernetes.io/job-completion-index"  # label since 1.28, annotation before
+EVICTED_EXIT_CODE = 143  # a node whose pod Kueue's eviction deleted before it said how it ended (SIGTERM)
+
+
+def admission_path(request: LaunchRequest) -> Path:
+    """Where Kueue admitted the attempt (flavors, their node labels, the GPU type they mean)."""
+    return request.run_dir / "launch" / f"attempt-{request.attempt}" / "kueue-admission.json"
 
 
 def api_client(settings: KubernetesSettings):
@@ -266,9 +365,14 @@ class KubernetesJob:
     poll_s: float = 2.0
     api_calls: int = 0
     lease: LeaseFileRenewer | None = None  # renewed on each poll: the pods stop the ranks once it goes stale
+    uid: str | None = None  # the Job's, as the API server created it (Kueue labels its Workload with it)
+    gpu_type: str = "cpu"  # the GPU type the placement was planned for
+    admission: Admission | None = None  # with Kueue: where it admitted the attempt (`waiting`)
+    evicted: str | None = None  # with Kueue: why it took the admission back (`ended_by_batch_system`)
     _exit: dict[int, int] = field(default_factory=dict)
     _captured: set[int] = field(default_factory=set)
     _read_at: float = -1e9
+    _deleted: bool = False
 
     def _pods(self) -> list:
         from kubernetes import client
@@ -302,19 +406,120 @@ class KubernetesJob:
         tmp.replace(path)
         return path
 
+    # --- Kueue (infra.kueue) -------------------------------------------------------
+
+    def _workload(self) -> dict | None:
+        """The Kueue Workload of this attempt's Job (labelled with the Job's uid), None before Kueue made it."""
+        from kubernetes import client
+
+        self.api_calls += 1
+        try:
+            found = client.CustomObjectsApi(self.api).list_namespaced_custom_object(
+                KUEUE_GROUP, KUEUE_VERSION, self.settings.namespace, "workloads",
+                label_selector=f"{JOB_UID_LABEL}={self.uid}")
+        except client.ApiException as e:
+            if e.status == 404:
+                raise RuntimeError(
+                    f"the cluster file queues Jobs in Kueue (kubernetes.kueue), but the API server serves no "
+                    f"{KUEUE_GROUP}/{KUEUE_VERSION} workloads: install Kueue, or remove the 'kueue:' part "
+                    f"(Job {self.name} would stay suspended)") from None
+            if e.status == 403:
+                raise RuntimeError(
+                    f"the flow's Kubernetes identity may not list workloads.{KUEUE_GROUP} in namespace "
+                    f"{self.settings.namespace}: grant get/list/watch on them (README, Kubernetes)") from None
+            raise
+        items = [w for w in found.get("items") or []
+                 if not (w.get("metadata") or {}).get("ownerReferences")
+                 or any(o.get("uid") == self.uid for o in w["metadata"]["ownerReferences"])]
+        return max(items, key=lambda w: w["metadata"].get("creationTimestamp") or "") if items else None
+
+    def _node_labels(self, flavors: dict[str, str]) -> dict[str, str]:
+        """The admitted flavors' node labels: each ResourceFlavor's spec.nodeLabels, else (not
+        allowed to read ResourceFlavors) what Kueue put in the Job's pod template nodeSelector."""
+        from kubernetes import client
+
+        labels: dict[str, str] = {}
+        try:
+            for flavor in sorted(set(flavors.values())):
+                self.api_calls += 1
+                found = client.CustomObjectsApi(self.api).get_cluster_custom_object(
+                    KUEUE_GROUP, KUEUE_VERSION, "resourceflavors", flavor)
+                labels.update((found.get("spec") or {}).get("nodeLabels") or {})
+            return labels
+        except client.ApiException as e:
+            if e.status not in (403, 404):
+                raise
+        self.api_calls += 1
+        job = client.BatchV1Api(self.api).read_namespaced_job(self.name, self.settings.namespace)
+        return dict(job.spec.template.spec.node_selector or {})
+
+    def _admitted(self, admission: Admission) -> None:
+        labels = self._node_labels(admission.flavors)
+        gpu_type = gpu_type_of(labels, self.settings.gpu_node_labels, self.settings.gpu_type_label)
+        self.admission = replace(admission, node_labels=labels, gpu_type=gpu_type)
+        atomic_write_json(admission_path(self.request), self.admission.as_record(self.gpu_type))
+
+    def waiting(self) -> str | None:
+        """Why the attempt does not run yet: with Kueue, until its Workload is admitted (then the
+        admitted flavors and the GPU type they mean are read back: `admission`, and written to the
+        attempt's `kueue-admission.json`); None once it may run. Renews the lease file meanwhile."""
+        if self.lease is not None:
+            self.lease.renew()
+        kueue = self.settings.kueue
+        if kueue is None or self.admission is not None or self.evicted is not None:
+            return None
+        workload = self._workload()
+        if workload is None:
+            return (f"waiting in Kueue: no Workload for Job {self.name} yet (queue {kueue.queue_name}; Kueue "
+                    "makes one for a Job whose namespace it manages)")
+        admitted = admission_of(workload)
+        if admitted is None:
+            return (f"waiting in Kueue: {pending_reason(workload)} (workload {workload['metadata']['name']}, "
+                    f"queue {kueue.queue_name})")
+        self._admitted(admitted)
+        return None
+
+    def _check_eviction(self) -> None:
+        """Kueue took the admission back (Evicted: preempted, deactivated, pods not ready in time...):
+        it suspends the Job, whose pods get SIGTERM (the ranks commit) and are deleted."""
+        if self.settings.kueue is None or self.admission is None or self.evicted is not None or self._deleted:
+            return
+        workload = self._workload()
+        if workload is not None and workload_finished(workload):
+            return
+        admitted = admission_of(workload) if workload is not None else None
+        if admitted is None or (admitted.workload, admitted.since) != (self.admission.workload, self.admission.since):
+            self.evicted = eviction_of(workload, self.admission.workload)
+
+    def ended_by_batch_system(self) -> str | None:
+        """Why the attempt ended, when Kueue ended it (an eviction) rather than its code; else None."""
+        self._check_eviction()
+        return self.evicted
+
+    ended_by_slurm = ended_by_batch_system  # the name run_attempt asks a launcher's job by
+
     def poll(self) -> dict[str, int | None]:
-        """Exit code per node from its pod's container; its log is captured as it ends."""
+        """Exit code per node from its pod's container; its log is captured as it ends. After a
+        Kueue eviction, a node whose pod is gone without an exit code reads EVICTED_EXIT_CODE (a
+        pod still stopping reads None: its ranks are committing their checkpoint)."""
         if self.lease is not None:
             self.lease.renew()
         if time.monotonic() - self._read_at >= self.poll_s:
-            for pod in self._pods():
+            self._check_eviction()  # before the pods: a pod stopped by the eviction is read as that
+            present: set[int] = set()
+            for pod in [] if self._deleted else self._pods():
                 index = pod_index(pod)
+                present.add(index)
                 for status in (pod.status.container_statuses or []) if pod.status else []:
                     if status.name == CONTAINER and status.state and status.state.terminated is not None:
                         self._exit[index] = int(status.state.terminated.exit_code)
                 if index in self._exit and index not in self._captured:
                     if self.capture_log(pod, index) is not None:
                         self._captured.add(index)
+            if self.evicted is not None:
+                for n in self.request.nodes:
+                    if n.node_rank not in present:
+                        self._exit.setdefault(n.node_rank, EVICTED_EXIT_CODE)
             self._read_at = time.monotonic()
         return {n.node: self._exit.get(n.node_rank) for n in self.request.nodes}
 
@@ -328,6 +533,7 @@ class KubernetesJob:
 
         if self.lease is not None:  # the pods stop too should the deletion not reach them
             self.lease.release("the flow stopped the attempt")
+        self._check_eviction()  # the Workload goes with the Job: read why it ended while it is there
         try:
             for pod in self._pods():
                 index = pod_index(pod)
@@ -347,6 +553,7 @@ class KubernetesJob:
             except client.ApiException as e:
                 if e.status != 404:
                     raise
+        self._deleted = True
 
     def log_paths(self) -> dict[str, Path]:
         return {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
@@ -368,14 +575,17 @@ class KubernetesLauncher:
         api = api_client(self.settings)
         lease = LeaseFileRenewer(lease_file_path(request.run_dir, request.attempt), self.lease_s)
         lease.renew()  # written before any pod reads it
-        job = KubernetesJob(request, self.settings, object_name(request), api=api, lease=lease)
+        job = KubernetesJob(request, self.settings, object_name(request), api=api, lease=lease,
+                            gpu_type=self.gpu_type)
+        # a manifest the settings cannot make (a GPU type no label value can name) fails before any create
+        manifest = training_job_manifest(request, self.settings, self.gpu_type, self.grace_s)
         client.CoreV1Api(api).create_namespaced_service(self.settings.namespace,
                                                         headless_service_manifest(request, self.settings))
         job.api_calls += 1
         try:
-            client.BatchV1Api(api).create_namespaced_job(
-                self.settings.namespace, training_job_manifest(request, self.settings, self.gpu_type, self.grace_s))
+            created = client.BatchV1Api(api).create_namespaced_job(self.settings.namespace, manifest)
             job.api_calls += 1
+            job.uid = created.metadata.uid
         except BaseException:
             job.terminate(grace_s=0)  # no Service left behind
             raise
@@ -416,7 +626,9 @@ def prefect_base_job_template(settings: KubernetesSettings | None = None) -> dic
         "image": {"type": "string", "default": image, "title": "Image", "description": "the forgeflow image"},
         "namespace": {"type": "string", "default": namespace, "title": "Namespace"},
         "service_account_name": {"type": "string", "default": "forgeflow", "title": "Service account",
-                                 "description": "needs create/delete on jobs, services and pods (the launcher)"},
+                                 "description": "the launcher's rights: create/get/delete jobs, create/delete "
+                                 "services, list pods, get pods/log; with Kueue also list workloads.kueue.x-k8s.io "
+                                 "(README, Kubernetes)"},
         "image_pull_policy": {"type": "string", "default": "IfNotPresent", "enum": ["IfNotPresent", "Always", "Never"]},
         "cpu": {"type": "string", "default": "2"},
         "memory": {"type": "string", "default": "8Gi"},

@@ -9,12 +9,24 @@ container is waiting, 422 Invalid), so the real `kubernetes` client talks to it 
     DELETE /api/v1/namespaces/{ns}/services/{name}
     POST   /apis/batch/v1/namespaces/{ns}/jobs              create a Job (+ its indexed pods)
     DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}       delete it and its pods
+    GET    /apis/batch/v1/namespaces/{ns}/jobs/{name}
     GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v   list pods (equality selectors)
     GET    /api/v1/namespaces/{ns}/pods/{name}/log?container=c
+    GET    /apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads?labelSelector=k=v
+    GET    /apis/kueue.x-k8s.io/v1beta1/resourceflavors/{name}
 
 Posted objects must deserialize into the client's model of their kind (as the API server
 validates them), or the answer is 422. There are no kubelets: a test moves a pod's container
 to running or terminated with `run_pod` / `finish_pod`, and sets what its log says.
+
+Kueue's part (unless `kueue=False`: then its paths answer 404, as without its CRDs): a Job
+labelled `kueue.x-k8s.io/queue-name` is kept suspended (its webhook's doing) and gets a
+Workload in Kueue's v1beta1 shape (`job-<name>-<hash>`, labelled with the Job's uid, owned
+by it, pending with a QuotaReserved=False message). A test plays Kueue's scheduler with
+`admit` (admission with the flavor's resources, QuotaReserved/Admitted, the flavor's node
+labels into the pod template, the Job unsuspended: its pods appear) and `evict` (Evicted
+with a reason, admission gone, the Job suspended again: its pods deleted). `add_flavor`
+makes a ResourceFlavor with `spec.nodeLabels`.
 """
 
 from __future__ import annotations
@@ -27,6 +39,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+KUEUE = ["apis", "kueue.x-k8s.io", "v1beta1"]
+TOPOLOGY = {"kueue.x-k8s.io/podset-required-topology": "required",
+            "kueue.x-k8s.io/podset-preferred-topology": "preferred"}
 
 
 def _now() -> str:
@@ -38,12 +56,37 @@ def _status(code: int, reason: str, message: str) -> dict:
             "reason": reason, "code": code}
 
 
+def _selected(items, query: dict) -> list[dict]:
+    """The objects an equality label selector (k=v,k2=v2) picks."""
+    wanted = {}
+    for term in (query.get("labelSelector") or [""])[0].split(","):
+        if term:
+            key, _, value = term.partition("=")
+            wanted[key] = value
+    return [o for o in items if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())]
+
+
+def _set_condition(obj: dict, kind: str, status: bool, reason: str, message: str) -> None:
+    conditions = obj["status"].setdefault("conditions", [])
+    old = next((c for c in conditions if c["type"] == kind), None)
+    new = {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message,
+           "lastTransitionTime": _now(), "observedGeneration": 1}
+    if old is None:
+        conditions.append(new)
+    else:
+        old.update(new)
+
+
 class KubeApiServer:
-    def __init__(self) -> None:
+    def __init__(self, kueue: bool = True, flavors_readable: bool = True) -> None:
+        self.kueue = kueue  # Kueue's CRDs installed
+        self.flavors_readable = flavors_readable  # else 403 on ResourceFlavors (a namespaced Role only)
         self.services: dict[tuple[str, str], dict] = {}
         self.jobs: dict[tuple[str, str], dict] = {}
         self.pods: dict[tuple[str, str], dict] = {}
         self.logs: dict[tuple[str, str], str] = {}
+        self.workloads: dict[tuple[str, str], dict] = {}
+        self.flavors: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
         self.lock = threading.Lock()
         server = self
@@ -133,6 +176,77 @@ class KubeApiServer:
                                     "startedAt": _now(), "finishedAt": _now()}}
             self._set_state(self.pod_of(job, index), state, "Succeeded" if exit_code == 0 else "Failed", log)
 
+    # --- what Kueue would do ---------------------------------------------------------------
+
+    def add_flavor(self, name: str, node_labels: dict[str, str]) -> None:
+        with self.lock:
+            self.flavors[name] = {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "ResourceFlavor",
+                                  "metadata": {"name": name, "uid": str(uuid.uuid4()), "creationTimestamp": _now()},
+                                  "spec": {"nodeLabels": dict(node_labels)}}
+
+    def workload_of(self, job: str, namespace: str = "forgeflow") -> dict:
+        uid = self.jobs[(namespace, job)]["metadata"]["uid"]
+        return next(w for (ns, _), w in self.workloads.items()
+                    if ns == namespace and w["metadata"]["labels"][JOB_UID_LABEL] == uid)
+
+    def admit(self, job: str, flavor: str, cluster_queue: str = "cluster-queue", namespace: str = "forgeflow") -> None:
+        """Kueue's scheduler admits the Job's Workload into `flavor`, and its job controller
+        unsuspends the Job with the flavor's node labels in the pod template."""
+        with self.lock:
+            workload = self.workload_of(job, namespace)
+            (pod_set,) = workload["spec"]["podSets"]
+            requests = pod_set["template"]["spec"]["containers"][0].get("resources", {}).get("requests", {})
+            assignment = {"name": pod_set["name"], "flavors": {r: flavor for r in requests},
+                          "resourceUsage": dict(requests), "count": pod_set["count"]}
+            if "topologyRequest" in pod_set:
+                level = next(iter(pod_set["topologyRequest"].values()))
+                assignment["topologyAssignment"] = {"levels": [level],
+                                                    "domains": [{"values": ["block-1"], "count": pod_set["count"]}]}
+            workload["status"]["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [assignment]}
+            _set_condition(workload, "QuotaReserved", True, "QuotaReserved",
+                           f"Quota reserved in ClusterQueue {cluster_queue}")
+            _set_condition(workload, "Admitted", True, "Admitted", "The workload is admitted")
+            if any(c["type"] == "Evicted" for c in workload["status"]["conditions"]):
+                _set_condition(workload, "Evicted", False, "QuotaReserved", "Previously: evicted")
+                _set_condition(workload, "Requeued", True, "QuotaReserved", "")
+            obj = self.jobs[(namespace, job)]
+            pod_spec = obj["spec"]["template"]["spec"]
+            obj["_selector_before"] = dict(pod_spec.get("nodeSelector") or {})
+            pod_spec["nodeSelector"] = {**obj["_selector_before"], **self.flavors[flavor]["spec"]["nodeLabels"]}
+            obj["spec"]["suspend"] = False
+            self._create_pods(namespace, obj)
+
+    def evict(self, job: str, reason: str = "Preempted", message: str = "", delete_pods: bool = True,
+              namespace: str = "forgeflow") -> None:
+        """Kueue evicts the Job's Workload: Evicted (and Preempted) true, the admission released, the
+        Job suspended (the Job controller then deletes its pods: `delete_pods`), the flavor's node
+        labels taken out of the pod template again."""
+        with self.lock:
+            workload = self.workload_of(job, namespace)
+            message = message or {"Preempted": "Preempted to accommodate a workload (UID: 7c0e) due to "
+                                               "prioritization in the ClusterQueue",
+                                  "InactiveWorkload": "The workload is deactivated"}.get(reason, reason)
+            _set_condition(workload, "Evicted", True, reason, message)
+            if reason == "Preempted":
+                _set_condition(workload, "Preempted", True, "InClusterQueue", message)
+            if reason == "InactiveWorkload":
+                workload["spec"]["active"] = False
+            workload["status"].pop("admission", None)
+            _set_condition(workload, "QuotaReserved", False, "Pending", "couldn't assign flavors to pod set main: "
+                           "insufficient unused quota for nvidia.com/gpu in flavor h100, 4 more needed")
+            _set_condition(workload, "Admitted", False, "NoReservation", "The workload has no reservation")
+            obj = self.jobs[(namespace, job)]
+            obj["spec"]["suspend"] = True
+            obj["spec"]["template"]["spec"]["nodeSelector"] = obj.pop("_selector_before", {})
+            if delete_pods:
+                self.delete_pods(job, namespace)
+
+    def delete_pods(self, job: str, namespace: str = "forgeflow") -> None:
+        """The Job controller deleting a suspended Job's pods (their grace period over)."""
+        for key in [k for k, p in self.pods.items() if k[0] == namespace and
+                    p["metadata"]["labels"].get("job-name") == job]:
+            del self.pods[key]
+
     # --- the API --------------------------------------------------------------------------
 
     def route(self, method: str, parts: list[str], query: dict, body):
@@ -147,6 +261,18 @@ class KubeApiServer:
                     return self._log(ns, rest[0], query)
         if parts[:3] == ["apis", "batch", "v1"] and len(parts) >= 6 and parts[3] == "namespaces" and parts[5] == "jobs":
             return self._crud(method, parts[4], parts[6:], body, self.jobs, "Job", "V1Job", "batch/v1")
+        if parts[:3] == KUEUE and self.kueue and method == "GET":
+            if len(parts) == 6 and parts[3] == "namespaces" and parts[5] == "workloads":
+                items = _selected([w for (ns, _), w in sorted(self.workloads.items()) if ns == parts[4]], query)
+                return 200, {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "WorkloadList",
+                             "metadata": {"resourceVersion": "1"}, "items": items}, "application/json"
+            if len(parts) == 5 and parts[3] == "resourceflavors":
+                if not self.flavors_readable:
+                    return 403, _status(403, "Forbidden", f'resourceflavors.kueue.x-k8s.io "{parts[4]}" is '
+                                        "forbidden: cannot get resource at the cluster scope"), "application/json"
+                if parts[4] in self.flavors:
+                    return 200, self.flavors[parts[4]], "application/json"
+                return 404, _status(404, "NotFound", f'resourceflavors "{parts[4]}" not found'), "application/json"
         return 404, _status(404, "NotFound", f"the server could not find the requested resource ({method} "
                                               f"/{'/'.join(parts)})"), "application/json"
 
@@ -168,9 +294,16 @@ class KubeApiServer:
             obj["metadata"].update(namespace=ns, uid=str(uuid.uuid4()), resourceVersion="1",
                                    creationTimestamp=_now())
             store[(ns, name)] = obj
-            if kind == "Job":
+            if kind == "Job" and self.kueue and QUEUE_LABEL in (obj["metadata"].get("labels") or {}):
+                obj["spec"]["suspend"] = True  # Kueue's webhook: a queued Job starts suspended
+                self._create_workload(ns, obj)
+            if kind == "Job" and not obj["spec"].get("suspend"):
                 self._create_pods(ns, obj)
             return 201, obj, "application/json"
+        if method == "GET" and len(rest) == 1:
+            if (ns, rest[0]) not in store:
+                return 404, _status(404, "NotFound", f'{kind.lower()}s "{rest[0]}" not found'), "application/json"
+            return 200, {k: v for k, v in store[(ns, rest[0])].items() if not k.startswith("_")}, "application/json"
         if method == "DELETE" and len(rest) == 1:
             name = rest[0]
             if (ns, name) not in store:
@@ -178,10 +311,11 @@ class KubeApiServer:
             gone = store.pop((ns, name))
             if kind == "Service":  # the API answers a Service's deletion with the object (OpenAPI: V1Service)
                 return 200, gone, "application/json"
-            if kind == "Job":  # foreground propagation: its pods go with it
-                for key in [k for k, p in self.pods.items() if k[0] == ns and
-                            p["metadata"]["labels"].get("job-name") == name]:
-                    del self.pods[key]
+            if kind == "Job":  # foreground propagation: its pods and its Workload go with it
+                self.delete_pods(name, ns)
+                for key in [k for k, w in self.workloads.items() if k[0] == ns and
+                            w["metadata"]["ownerReferences"][0]["uid"] == gone["metadata"]["uid"]]:
+                    del self.workloads[key]
             return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                          "details": {"name": name, "kind": kind.lower() + "s"}}, "application/json"
         return 405, _status(405, "MethodNotAllowed", f"{method} not supported here"), "application/json"
@@ -189,7 +323,7 @@ class KubeApiServer:
     def _create_pods(self, ns: str, job: dict) -> None:
         """The Job controller's part: one pod per completion index, labelled as 1.28+ does."""
         name, template = job["metadata"]["name"], job["spec"]["template"]
-        for index in range(job["spec"]["completions"]):
+        for index in range(job["spec"].get("completions", 1)):
             pod_name = f"{name}-{index}-{uuid.uuid4().hex[:5]}"
             labels = {**template["metadata"].get("labels", {}), "job-name": name, INDEX_LABEL: str(index)}
             spec = json.loads(json.dumps(template["spec"]))
@@ -201,14 +335,35 @@ class KubeApiServer:
                 "spec": spec, "status": {"phase": "Pending"},
             }
 
+    def _create_workload(self, ns: str, job: dict) -> None:
+        """Kueue's job controller: the Job's Workload, pending until a test admits it."""
+        meta, template = job["metadata"], job["spec"]["template"]
+        pod_set = {"name": "main", "count": job["spec"].get("parallelism", 1),
+                   "template": json.loads(json.dumps(template))}
+        annotations = (template.get("metadata") or {}).get("annotations") or {}
+        for key, mode in TOPOLOGY.items():
+            if key in annotations:
+                pod_set["topologyRequest"] = {mode: annotations[key]}
+        name = f"job-{meta['name']}-{uuid.uuid4().hex[:5]}"
+        spec = {"queueName": meta["labels"][QUEUE_LABEL], "podSets": [pod_set], "active": True, "priority": 0}
+        if PRIORITY_LABEL in meta["labels"]:
+            spec.update(priorityClassName=meta["labels"][PRIORITY_LABEL],
+                        priorityClassSource="kueue.x-k8s.io/workloadpriorityclass")
+        workload = {
+            "apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "Workload",
+            "metadata": {"name": name, "namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": _now(),
+                         "labels": {JOB_UID_LABEL: meta["uid"]},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True, "blockOwnerDeletion": True}]},
+            "spec": spec, "status": {"conditions": []},
+        }
+        _set_condition(workload, "QuotaReserved", False, "Pending",
+                       f"couldn't assign flavors to pod set main: insufficient unused quota for nvidia.com/gpu "
+                       f"in flavor h100, {pod_set['count'] * 4} more needed")
+        self.workloads[(ns, name)] = workload
+
     def _list_pods(self, ns: str, query: dict):
-        wanted = {}
-        for term in (query.get("labelSelector") or [""])[0].split(","):
-            if term:
-                key, _, value = term.partition("=")
-                wanted[key] = value
-        items = [p for (pns, _), p in sorted(self.pods.items())
-                 if pns == ns and all(p["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+        items = _selected([p for (pns, _), p in sorted(self.pods.items()) if pns == ns], query)
         return 200, {"kind": "PodList", "apiVersion": "v1", "metadata": {"resourceVersion": "1"},
                      "items": items}, "application/json"
 
