@@ -68,7 +68,7 @@ Run:  .venv/bin/python benchmarks/eval_makespan.py [--skip-real | --flow-only | 
 
 `--smoke` (seconds, the same keys, not a figure): the simulation at the headline point only (no
 sweep: the `*_min_sweep` keys are then that point's), one real run of each policy on a cut-down
-suite (SMOKE_SUITE) with a 64-wide 2-layer model and no warm-up run (the naive run, first, fills
+suite (SMOKE_SUITE, on one slot process instead of two) with a 64-wide 2-layer model and no warm-up run (the naive run, first, fills
 the runtime history the coordinator's run plans with) and one load each way of a 128-wide 2-layer
 model. It leaves out 4 and 5:
 each starts Prefect (an ephemeral API; a server, two workers and a deployment), which costs more
@@ -383,8 +383,10 @@ datasets:
 """
 
 
-# --smoke: REAL_SUITE's datasets, a few samples each
-SMOKE_SUITE = REAL_SUITE.replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 2, max_new_tokens: 16}") \
+# --smoke: REAL_SUITE's datasets, a few samples each, on one slot process (each slot process's start,
+# its imports and model load, is most of a run's seconds on a small machine)
+SMOKE_SUITE = REAL_SUITE.replace("slots: 2\n", "slots: 1\n") \
+    .replace("options: {limit: 32, max_new_tokens: 128}", "options: {limit: 2, max_new_tokens: 16}") \
     .replace("max_windows: 64", "max_windows: 4") \
     .replace("- name: arith-em\n", "- name: arith-em\n    options: {limit: 4}\n") \
     .replace("- name: capitals-mc\n", "- name: capitals-mc\n    options: {limit: 4}\n")
@@ -710,7 +712,7 @@ def main() -> int:
         try:
             real = (real_run(work, repeats=1, suite_text=SMOKE_SUITE, hidden=64, layers=2, warmup=False)
                     if args.smoke else real_run(work, repeats=args.repeats))
-            print(f"real (this machine, 2 slots, median of {args.repeats}, interleaved): naive {real['naive_s']:.1f}s, coordinator "
+            print(f"real (this machine, {1 if args.smoke else 2} slot(s), median of {args.repeats}, interleaved): naive {real['naive_s']:.1f}s, coordinator "
                   f"{real['coordinator_s']:.1f}s, speedup {real['speedup']:.2f}x, same scores: {real['same_scores']}")
             if args.real_only:
                 headline.update(speedup_real_cpu=round(real["speedup"], 3))
