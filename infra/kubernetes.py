@@ -199,7 +199,7 @@ def torchrun_container_args(request: LaunchRequest, settings: KubernetesSettings
     name = object_name(request)
     nproc = max(n.nproc_per_node for n in request.nodes)
     log_dir = f"{settings.run_mount}/{name}/torchrun"
-    return [settings.python, "-m", "torch.distributed.run", f"--nnodes={len(request.nodes)}",
+    return [settings.python, "-m", "infra.torchrun", f"--nnodes={len(request.nodes)}",
             "--node-rank=$(JOB_COMPLETION_INDEX)", f"--nproc-per-node={nproc}",
             f"--master-addr={name}-0.{name}", f"--master-port={RENDEZVOUS_PORT}",
             "--max-restarts=0", f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_S}", "--tee=3", f"--log-dir={log_dir}",
@@ -259,7 +259,7 @@ def pytorch_job_manifest(request: LaunchRequest, settings: KubernetesSettings, g
     nproc = max(n.nproc_per_node for n in request.nodes)
     # The operator sets MASTER_ADDR, MASTER_PORT, WORLD_SIZE (nodes) and RANK (node rank).
     container["name"] = "pytorch"
-    container["command"] = [settings.python, "-m", "torch.distributed.run", f"--nnodes={len(request.nodes)}",
+    container["command"] = [settings.python, "-m", "infra.torchrun", f"--nnodes={len(request.nodes)}",
                             "--node-rank=$(RANK)", f"--nproc-per-node={nproc}", "--master-addr=$(MASTER_ADDR)",
                             "--master-port=$(MASTER_PORT)", "--max-restarts=0", *request.worker_args]
     template["spec"].pop("subdomain")

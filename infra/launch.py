@@ -117,7 +117,7 @@ def torchrun_command(spec: NodeLaunch, request: LaunchRequest) -> list[str]:
     restart is the flow's decision, made after diagnosis.
     """
     return [
-        sys.executable, "-m", "torch.distributed.run",
+        sys.executable, "-m", "infra.torchrun",  # torchrun, exiting as soon as its ranks have
         *spec.torchrun_args(),
         "--max-restarts=0",
         f"--monitor-interval={TORCHRUN_MONITOR_INTERVAL_S}",

@@ -56,7 +56,7 @@ def _ranks(job) -> list[psutil.Process]:
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
         if ("training.train" in cmd and any(a.startswith(spec_dir) for a in cmd)
-                and "torch.distributed.run" not in cmd):
+                and "infra.torchrun" not in cmd):  # a rank, not its torchrun agent
             found.append(p)
     return found
 

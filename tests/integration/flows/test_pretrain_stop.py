@@ -32,7 +32,7 @@ KILL_AFTER = 15  # attempt 1 (resumed at step 6) has its torchrun agent killed a
 
 
 def _kill_the_torchrun_agent_after(run_dir, step: int, killed: list[int], done: threading.Event) -> None:
-    """SIGKILL the torchrun agent (this process's descendant `python -m torch.distributed.run`) once
+    """SIGKILL the torchrun agent (this process's descendant `python -m infra.torchrun`) once
     a rank reports `step`."""
     reached = after_step(run_dir, step)
     while not done.wait(0.02):
@@ -40,7 +40,7 @@ def _kill_the_torchrun_agent_after(run_dir, step: int, killed: list[int], done: 
             continue
         for proc in psutil.Process().children(recursive=True):
             try:
-                if proc.cmdline()[1:3] == ["-m", "torch.distributed.run"]:  # not the reaper around it
+                if proc.cmdline()[1:3] == ["-m", "infra.torchrun"]:  # not the reaper around it
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.append(proc.pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):

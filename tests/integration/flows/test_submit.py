@@ -59,7 +59,7 @@ def _ranks_of(run_dir: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "training.train" in cmd and "torch.distributed.run" not in cmd and any(a.startswith(run_dir) for a in cmd):
+        if "training.train" in cmd and "infra.torchrun" not in cmd and any(a.startswith(run_dir) for a in cmd):
             found.append(p)
     return found
 

@@ -36,7 +36,7 @@ def _rank_joined_world(lost: NodeLoss) -> bool:
     for proc in lost.node_processes():
         try:
             command = " ".join(proc.cmdline())
-            if "infra.nodecheck_worker" in command and "torch.distributed.run" not in command:
+            if "infra.nodecheck_worker" in command and "infra.torchrun" not in command:
                 if any(c.status == psutil.CONN_ESTABLISHED for c in proc.net_connections("tcp")):
                     return True
         except psutil.Error:

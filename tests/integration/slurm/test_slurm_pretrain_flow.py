@@ -98,7 +98,7 @@ def test_cancelling_the_pretrain_run_scancels_its_slurm_job(slurm, slurm_job, sl
                 return [p.pid for p in psutil.process_iter(["cmdline"])
                         if "training.train" in (p.info["cmdline"] or [])
                         and any(a.startswith(spec_dir) for a in p.info["cmdline"])
-                        and "torch.distributed.run" not in p.info["cmdline"]]
+                        and "infra.torchrun" not in p.info["cmdline"]]
 
             deadline = time.monotonic() + 240
             while len(ranks()) < 2 and time.monotonic() < deadline:

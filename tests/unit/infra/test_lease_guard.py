@@ -95,4 +95,4 @@ def test_slurm_and_kubernetes_nodes_run_torchrun_under_the_reaper_with_the_attem
     settings = KubernetesSettings(image="forgeflow:1", run_volume_claim="runs")
     (container,) = training_job_manifest(request, settings, grace_s=5.0)["spec"]["template"]["spec"]["containers"]
     assert container["command"][:3] == ["python", "-m", "infra.reaper"] and lease in container["command"]
-    assert "torch.distributed.run" in container["command"][container["command"].index("--"):]
+    assert "infra.torchrun" in container["command"][container["command"].index("--"):]
