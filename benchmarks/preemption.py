@@ -38,7 +38,7 @@ against 15 (the box was busy with other benchmarks: A's wall 398 s).
 
 Run:  .venv/bin/python benchmarks/preemption.py [--preemptions 3] [--interval 10] [--hold-s 5]
 (--smoke: one preemption of a smaller model whose first attempt is slowed, checkpoints every 4
-steps; same flows and keys.)
+steps, idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE unless set); same flows and keys.)
 """
 
 from __future__ import annotations
@@ -142,6 +142,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.preemptions, args.interval, args.hold_s = 1, 4, 1.0
+        # one rank: torchrun leaves its intra-op threads at the core count, and spinning idle OpenMP
+        # threads stall a busy machine (the smoke's steps took seconds, its wall 63 s against 46 s)
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import yaml
 
