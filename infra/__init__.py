@@ -12,6 +12,7 @@
     kueue         Kubernetes under Kueue: admission, the admitted flavor, eviction as preemption
     reaper        run a command so none of its descendants outlives its starter
     torchrun      torchrun (the agent on each node), exiting as soon as its ranks have
+    fast_exit     exit a process that imported torch without the interpreter's teardown
     lease_guard   a node's own check of its job's lease (database or lease file): ranks stop once the holder is gone
     stop_signal   stop a loop on SIGTERM/SIGINT: a handler that only flags (and wakes a pipe), never locks
     watch         follow a launched job until it finishes, fails, hangs or spikes

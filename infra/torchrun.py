@@ -12,9 +12,9 @@ report diagnosis reads) and exits 1.
 
 from __future__ import annotations
 
-import atexit
-import os
 import sys
+
+from infra.fast_exit import exit_now
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,9 +34,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    code = main()
-    # The exit handlers run (torch's and logging's); the interpreter's teardown does not.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(main())

@@ -12,8 +12,6 @@ What the worker leaves on disk and its exit codes: infra.runfiles.
 from __future__ import annotations
 
 import argparse
-import atexit
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from infra import runfiles
+from infra.fast_exit import exit_now
 from training.config import ConfigError, JobSpec, dotted_overrides, load_job_spec
 
 
@@ -305,13 +304,4 @@ if __name__ == "__main__":
     except Exception:  # printed as Python would, through torch's hook: "[rankN]: ..." lines diagnosis reads
         sys.excepthook(*sys.exc_info())
         code = 1
-    # Exit without the interpreter's teardown. Its last garbage collection and the module teardown
-    # walk every object torch and megatron made and join the process groups' threads: seconds of
-    # CPU (2-9 s on a busy 2-core machine) between the last step, a committed stop or a peer's
-    # failure and the exit, which torchrun, the flow and a restart wait out. Nothing is left to
-    # finalize by then: the run log, checkpoints and stop markers are closed or committed, and the
-    # exit handlers (the metrics' last flush) run here.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_now(code)  # without the interpreter's teardown: nothing is left to finalize by now
