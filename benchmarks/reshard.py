@@ -26,9 +26,11 @@ Two measurements, both with real torchrun/gloo worlds of at most 4 CPU processes
 Layouts with pipeline parallelism are skipped while the worker does not run it.
 The last line is one JSON object: layouts_resumed, max_rel_loss_delta,
 reshard_load_over_same_layout (HEADLINE_KEYS), and per-layout load times. `--smoke` (seconds,
-not a figure): a 64-wide model loaded once per world, and only the first layout, (TP2, PP1, DP1);
+not a figure): a 64-wide model loaded once per layout, and only the first layout, (TP2, PP1, DP1);
 the world that saves the checkpoint also times the same-layout load (mode `save+load`, a new
-Checkpointer after the save): four 2-process worlds (the PP layouts' 4-process worlds and the way
+Checkpointer after the save) and then, in the same two processes on a new process group, the
+(TP2, PP1, DP1) load (model, optimizer and Checkpointer built anew, as in a fresh world): three
+2-process worlds, each mostly its ranks' start (the PP layouts' 4-process worlds and the way
 back cost more than the whole smoke budget; tests/integration/checkpoint/test_reshard_resume.py
 resumes across PP).
 """
@@ -103,9 +105,12 @@ def _job(args, tp: int, pp: int, url: str) -> dict:
             "checkpoint": {"url": url, "async_save": False, "keep_last": 1}}
 
 
-def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
+def worker(mode: str, job_file: str, out_file: str, repeats: int, then: list[str] = ()) -> int:
     """Runs on every rank: `save` one checkpoint after one training step, or time `load`s; `save+load`
-    (--smoke) does both in one world, the loads as a fresh `load` world would (a new Checkpointer)."""
+    (--smoke) does both in one world, the loads as a fresh `load` world would (a new Checkpointer).
+    `then` (--smoke): JOB OUT pairs timed next as `load`s in the same processes, each at its own
+    layout on a new process group (the model, optimizer and Checkpointer built anew, as a fresh
+    world's are)."""
     import torch
 
     from training.checkpointing import Checkpointer
@@ -116,6 +121,8 @@ def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
     spec = load_job_spec(job_file)
     cfg = spec.training
     torch.set_num_threads(1)
+    if mode == "load" and _WORLDS_BEFORE[0]:
+        _fresh_process_group()
     env = (init_distributed(cfg.tensor_parallel) if cfg.pipeline_parallel == 1
            else init_distributed(cfg.tensor_parallel, cfg.pipeline_parallel))
     try:
@@ -151,22 +158,53 @@ def worker(mode: str, job_file: str, out_file: str, repeats: int) -> int:
             Path(out_file).write_text(json.dumps(times))
     finally:
         shutdown_distributed()
+        _WORLDS_BEFORE[0] += 1
+    if then:
+        return worker("load", then[0], then[1], repeats, then[2:])
     return 0
+
+
+_WORLDS_BEFORE = [0]  # process groups this process has had (--smoke's `then`)
+
+
+def _fresh_process_group() -> None:
+    """The next process group of the same processes (--smoke's `then`) on keys of its own in
+    torchrun's store: the default ones still hold the first group's gloo addresses, which a new
+    group would read and fail to connect to. init_distributed then finds it started."""
+    import datetime
+
+    import torch
+
+    from training.model import default_backend
+
+    base = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                                      timeout=datetime.timedelta(seconds=600))
+    store = torch.distributed.PrefixStore(f"reshard-world-{_WORLDS_BEFORE[0]}/", base)
+    torch.distributed.init_process_group(backend=default_backend(), store=store,
+                                         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+                                         timeout=datetime.timedelta(seconds=600))
 
 
 def measure_loads(args, work: Path, layouts: list[tuple[int, int, int]], one_world_same: bool = False
                   ) -> dict[str, float]:
-    """`one_world_same` (--smoke): the world that saves also times the same-layout loads (one
-    torchrun world less; the full run times them in a fresh world, as every other layout)."""
+    """`one_world_same` (--smoke): the world that saves also times the same-layout loads, then the
+    other layouts of as many processes (`then`; torchrun worlds fewer: the full run times each
+    layout in a fresh world)."""
     import yaml
 
     url = str(work / "load-ckpt")
     save_job = work / "save.yaml"
     save_job.write_text(yaml.safe_dump(_job(args, SAME[0], SAME[1], url)))
     same_out = work / f"load-{SAME[0]}{SAME[1]}{SAME[2]}.json"
-    if one_world_same:
+    if one_world_same:  # and the other layouts of as many processes, next in the same processes
+        then = []
+        for tp, pp, dp in layouts:
+            if tp * pp * dp == SAME[0] * SAME[1] * SAME[2]:
+                job = work / f"load-{tp}{pp}{dp}.yaml"
+                job.write_text(yaml.safe_dump(_job(args, tp, pp, url)))
+                then += ["--then", str(job), str(work / f"load-{tp}{pp}{dp}.json")]
         torchrun(SAME[0] * SAME[1] * SAME[2], [__file__, "--worker", "save+load", str(save_job), str(same_out),
-                                               "--repeats", str(args.repeats)])
+                                               "--repeats", str(args.repeats), *then])
     else:
         torchrun(SAME[0] * SAME[1] * SAME[2], [__file__, "--worker", "save", str(save_job), "-"])
     from checkpoint.manifest import committed_checkpoints
@@ -179,7 +217,7 @@ def measure_loads(args, work: Path, layouts: list[tuple[int, int, int]], one_wor
         job = work / f"load-{tp}{pp}{dp}.yaml"
         job.write_text(yaml.safe_dump(_job(args, tp, pp, url)))
         out = work / f"load-{tp}{pp}{dp}.json"
-        if not (one_world_same and (tp, pp, dp) == SAME):
+        if not (one_world_same and tp * pp * dp == SAME[0] * SAME[1] * SAME[2]):
             torchrun(tp * pp * dp, [__file__, "--worker", "load", str(job), str(out),
                                     "--repeats", str(args.repeats)])
         times = json.loads(out.read_text())
@@ -248,6 +286,7 @@ def resume_curves(work: Path, layouts: list[tuple[int, int, int]]) -> tuple[list
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--worker", nargs=3, metavar=("MODE", "JOB", "OUT"), help=argparse.SUPPRESS)
+    p.add_argument("--then", nargs=2, action="append", default=[], metavar=("JOB", "OUT"), help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--heads", type=int, default=8)
@@ -256,11 +295,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workdir", default=None)
     p.add_argument("--smoke", action="store_true",
-                   help="a 64-wide model, one load per world, only (TP2, PP1, DP1), the same-layout load in the "
-                        "saving world: seconds, same keys")
+                   help="a 64-wide model, one load per layout, only (TP2, PP1, DP1), both loads timed in the "
+                        "saving world's processes: seconds, same keys")
     args = p.parse_args()
     if args.worker:
-        return worker(*args.worker, repeats=args.repeats)
+        return worker(*args.worker, repeats=args.repeats, then=[x for pair in args.then for x in pair])
     if args.smoke:
         args.hidden, args.layers, args.heads, args.vocab, args.seq, args.repeats = 64, 4, 4, 512, 32, 1
 
