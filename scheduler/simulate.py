@@ -37,6 +37,13 @@ Policies
           cannot delay it.
 ``sjf``   shortest job first on estimates (baseline): the requested GPUs as in
           ``fcfs``, the queue ordered by predicted run time.
+``elastic`` `scheduler.elastic.elastic_pass` (`Simulator(..., elastic=ElasticConfig(...))`):
+          admission as ``fcfs``, then running training jobs change their data-parallel
+          degree with the free GPUs (shrink so a queued job starts, grow into idle GPUs,
+          shrink back). A job's progress is tracked as a fraction of its work: it advances
+          at 1 / (actual run time on its current placement), stops for `resize_cost_s`
+          after each resize, and the job ends when the fraction reaches 1
+          (`JobRecord.work_done`, `resizes`, `spans`: every placement it held, and when).
 
 Predicted vs actual run time. Every policy sees predictions only: the options'
 `run_s` and, for running jobs, start + the run time predicted for the placement
