@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Protocol
+from typing import Callable, Iterable, Mapping, Protocol
 
 import psutil
 
@@ -219,6 +219,27 @@ def wait_for_exit(poll, timeout: float | None, any_exit: bool, interval_s: float
         if left is not None and left <= 0:
             return codes
         sleep(interval_s if left is None else min(interval_s, left))
+
+
+def wait_until_started(job, on_waiting: Callable[[str | None], None] | None = None,
+                       stop_requested: Callable[[], str | None] | None = None, poll_s: float = 1.0) -> str | None:
+    """Wait while the batch system keeps `job` queued (a job without `waiting()` has started).
+    `on_waiting(reason)` at each new reason and `on_waiting(None)` once it runs, if it waited; a
+    queued job is never a hang: the watcher (and its start-up timeout) begins after this returns.
+    Returns the stop request that ended the wait (`forgeflow cancel`), else None."""
+    waiting = getattr(job, "waiting", None)
+    said = None
+    while waiting is not None and (reason := waiting()):
+        if reason != said and on_waiting is not None:
+            on_waiting(reason)
+        said = reason
+        requested = stop_requested() if stop_requested is not None else None
+        if requested:
+            return requested
+        time.sleep(poll_s)
+    if said is not None and on_waiting is not None:
+        on_waiting(None)
+    return None
 
 
 class Launcher(Protocol):

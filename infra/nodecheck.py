@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from infra.launch import LaunchRequest, Launcher, local_node_launches
+from infra.launch import LaunchRequest, Launcher, local_node_launches, wait_until_started
 
 
 @dataclass(frozen=True)
@@ -205,6 +205,10 @@ class LauncherWorldRunner:
             )
             jobs.append((world, result_path, time.monotonic(), self.launcher.start(request)))
 
+        # A world queued by the batch system (Slurm PENDING, a Job suspended in Kueue) is not
+        # slow: its deadline starts when it runs.
+        for _, _, _, job in jobs:
+            wait_until_started(job)
         # A world is decided as soon as one of its nodes fails: the others would only
         # sit in the rendezvous or the collective until their timeout.
         results: dict[int, WorldResult] = {}

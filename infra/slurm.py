@@ -395,7 +395,7 @@ class SlurmJob:
 
     def waiting(self) -> str | None:
         """Why Slurm has not started the job yet ("waiting in Slurm: Priority"), None once it runs
-        (or ended). The start-up timeout starts only when this turns None (`wait_until_started`).
+        (or ended). The start-up timeout starts only when this turns None (`infra.launch.wait_until_started`).
         Renews the lease file: a job that waits in the queue must not start with a stale one."""
         if self.lease is not None:
             self.lease.renew()
@@ -483,27 +483,6 @@ class SlurmJob:
         paths = {n.node: node_log_path(self.request, n.node) for n in self.request.nodes}
         paths["slurm-batch"] = batch_log_path(self.request)
         return paths
-
-
-def wait_until_started(job, on_waiting: Callable[[str | None], None] | None = None,
-                       stop_requested: Callable[[], str | None] | None = None, poll_s: float = 1.0) -> str | None:
-    """Wait while the batch system keeps `job` queued (a job without `waiting()` has started).
-    `on_waiting(reason)` at each new reason and `on_waiting(None)` once it runs, if it waited; a
-    queued job is never a hang: the watcher (and its start-up timeout) begins after this returns.
-    Returns the stop request that ended the wait (`forgeflow cancel`), else None."""
-    waiting = getattr(job, "waiting", None)
-    said = None
-    while waiting is not None and (reason := waiting()):
-        if reason != said and on_waiting is not None:
-            on_waiting(reason)
-        said = reason
-        requested = stop_requested() if stop_requested is not None else None
-        if requested:
-            return requested
-        time.sleep(poll_s)
-    if said is not None and on_waiting is not None:
-        on_waiting(None)
-    return None
 
 
 class SlurmLauncher:

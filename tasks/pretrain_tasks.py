@@ -21,8 +21,8 @@ from prefect.artifacts import create_markdown_artifact, update_progress_artifact
 from diagnosis.recovery import AttemptOverrides
 from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
-from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest
-from infra.slurm import placed_first_ranks, wait_until_started
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, wait_until_started
+from infra.slurm import placed_first_ranks
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement

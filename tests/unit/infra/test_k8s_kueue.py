@@ -29,7 +29,7 @@ from infra.kubernetes import (
 )
 from infra.kueue import PRIORITY_LABEL, QUEUE_LABEL, KueueSettings
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, NodeLaunch, node_log_path
-from infra.slurm import wait_until_started
+from infra.launch import wait_until_started
 from infra.watch import watch
 from scheduler.cluster import ClusterError, parse_cluster
 

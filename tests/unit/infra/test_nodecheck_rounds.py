@@ -76,3 +76,38 @@ def test_round_two_never_puts_one_node_in_two_concurrent_worlds():
     for call in log[1:]:
         members = [n for w in call for n in w]
         assert len(members) == len(set(members))
+
+
+def test_a_world_the_batch_system_keeps_queued_is_not_timed_out_while_it_waits(tmp_path):
+    """A world waiting in Slurm or Kueue (`job.waiting()` says why) starts its deadline when it
+    runs: queued longer than the check's timeout, it still passes."""
+    import json
+    import time as clock
+    from pathlib import Path
+
+    from infra.nodecheck import LauncherWorldRunner
+
+    class QueuedThenDone:
+        def __init__(self, request):
+            self.request, self.queued_until = request, clock.monotonic() + 1.5
+
+        def waiting(self):
+            return "waiting in Kueue: quota" if clock.monotonic() < self.queued_until else None
+
+        def poll(self):  # queued: nothing ran, nothing exited
+            if self.waiting():
+                return {n.node: None for n in self.request.nodes}
+            result = self.request.worker_args[2].split("=", 1)[1]
+            Path(result).parent.mkdir(parents=True, exist_ok=True)
+            Path(result).write_text(json.dumps({"allgather_s": 0.01}))
+            return {n.node: 0 for n in self.request.nodes}
+
+        def terminate(self, grace_s=0.0):
+            pass
+
+    class Launcher:
+        def start(self, request):
+            return QueuedThenDone(request)
+
+    (result,) = LauncherWorldRunner(Launcher(), tmp_path, timeout_s=0.5)([("node-a", "node-b")])
+    assert result.ok, result
