@@ -496,8 +496,6 @@ class KubernetesJob:
         self._check_eviction()
         return self.evicted
 
-    ended_by_slurm = ended_by_batch_system  # the name run_attempt asks a launcher's job by
-
     def poll(self) -> dict[str, int | None]:
         """Exit code per node from its pod's container; its log is captured as it ends. After a
         Kueue eviction, a node whose pod is gone without an exit code reads EVICTED_EXIT_CODE (a

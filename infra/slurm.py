@@ -403,7 +403,7 @@ class SlurmJob:
             return None
         return f"waiting in Slurm: {self._reason or 'no reason given'} (job {self.job_id})"
 
-    def ended_by_slurm(self) -> str | None:
+    def ended_by_batch_system(self) -> str | None:
         """Why the job ended, when Slurm ended it rather than its code: it signalled the job (its
         time limit was near, or a preemption) and the ranks committed and stopped, or the job
         ended TIMEOUT, PREEMPTED, NODE_FAIL or DEADLINE. None otherwise (asks Slurm once more)."""

@@ -128,8 +128,8 @@ def run_attempt(
         outcome = watch(job, spec.resolved_run_dir, request.world_size, hang_timeout_s=hang_timeout_s,
                         stop_grace_s=stop_s, on_progress=progress, on_straggler=straggler, stop_when=stop_when,
                         stop_requested=stop_requested)
-        ended_by = job.ended_by_slurm() if outcome.status in ("failed", "hang") and hasattr(job, "ended_by_slurm") \
-            else None
+        ended_by = (job.ended_by_batch_system() if outcome.status in ("failed", "hang")
+                    and hasattr(job, "ended_by_batch_system") else None)
         if ended_by:  # a time limit, a preemption, a node failure: not the job's fault, not a failure
             outcome = replace(outcome, status="evicted", evicted=ended_by, failed_nodes=[])
         return outcome

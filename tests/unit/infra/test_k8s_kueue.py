@@ -148,7 +148,7 @@ def run_until_evicted_or_done(job, req: LaunchRequest):
     """What run_attempt does with a started job: watch it, and an attempt the batch system
     ended is "evicted" (tasks/pretrain_tasks.py)."""
     outcome = watch(job, req.run_dir, req.world_size, poll_s=0.05, failure_grace_s=0.5, startup_timeout_s=5.0)
-    ended_by = job.ended_by_slurm() if outcome.status in ("failed", "hang") else None
+    ended_by = job.ended_by_batch_system() if outcome.status in ("failed", "hang") else None
     if ended_by:
         outcome = replace(outcome, status="evicted", evicted=ended_by, failed_nodes=[])
     return outcome
@@ -219,7 +219,7 @@ def test_the_launcher_waits_for_admission_reads_the_flavor_and_resumes_after_an_
     server.finish_pod(second, 0, 0, "resumed from step 40\ndone\n")
     server.finish_pod(second, 1, 0, "resumed from step 40\ndone\n")
     assert job.wait(timeout=30) == {"gpu-0": 0, "gpu-1": 0}
-    assert job.ended_by_slurm() is None  # finished, not evicted
+    assert job.ended_by_batch_system() is None  # finished, not evicted
     job.terminate(grace_s=1)
     assert not server.jobs and not server.workloads
 
@@ -257,7 +257,7 @@ def test_an_eviction_seen_only_when_the_attempt_is_stopped_still_counts(kube, tm
     assert job.waiting() is None
     server.evict(name, "PodsReadyTimeout", "Exceeded the PodsReady timeout default/job", delete_pods=False)
     job.terminate(grace_s=1)  # the Workload is read before it goes with the Job
-    assert job.ended_by_slurm() == (f"Kueue evicted workload {job.admission.workload} (PodsReadyTimeout): "
+    assert job.ended_by_batch_system() == (f"Kueue evicted workload {job.admission.workload} (PodsReadyTimeout): "
                                     "Exceeded the PodsReady timeout default/job")
 
 
