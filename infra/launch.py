@@ -174,6 +174,11 @@ def node_env(spec: NodeLaunch, request: LaunchRequest) -> dict[str, str]:
     env = worker_environment()
     env.update(request.env)
     env["PYTHONUNBUFFERED"] = "1"
+    # Idle OpenMP threads sleep instead of spinning (unless the launcher's environment says
+    # otherwise): a rank's spinning intra-op threads fight the other ranks, the checkpoint writer
+    # and the node's agents for cores. On CPU nodes steps ran up to 10x slower on a busy machine
+    # (`forgeflow train` sets the same); on GPU nodes the host threads are mostly idle anyway.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     env["FORGEFLOW_NODE_NAME"] = spec.node
     if spec.cuda_visible_devices:  # empty: leave device visibility as the node has it
         env["CUDA_VISIBLE_DEVICES"] = spec.cuda_visible_devices

@@ -18,6 +18,9 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")  # chromadb
+# Idle OpenMP threads sleep, as the launchers give every rank (infra.launch.node_env): for the
+# tests that start torchrun themselves, and this process's own torch.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ["FORGEFLOW_STATE_DIR"] = str(_SESSION_DIR / "state")
 os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
