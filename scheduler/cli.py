@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="actual run time = prediction x log-normal(0, SIGMA); policies see predictions (default 0)")
     sim.add_argument("--cluster", default=None,
                      help="cluster YAML (default: crius-sim for acme/CSV, frenzy-testbed for frenzy)")
-    sim.add_argument("--policies", default="fcfs,has,ect", help="comma-separated: fcfs, has, ect, easy, sjf")
+    sim.add_argument("--policies", default="fcfs,has,ect", help="comma-separated: fcfs, has, ect, easy, sjf, elastic")
     sim.add_argument("--out", default="runs/simulate", help="directory for the JCT CDF PNG and results JSON")
     sim.add_argument("--json", action="store_true", help="print the summaries as one JSON object")
     sim.set_defaults(func=_simulate_command)

@@ -49,6 +49,14 @@ POLICY_LABELS = {"fcfs": "FCFS-opportunistic", "has": "HAS + MARP", "ect": "ECT 
                  "easy": "FCFS + EASY backfill", "sjf": "SJF (estimates)"}
 # Policies whose pass reads the running jobs' predicted ends (the others ignore `running`).
 USES_RUNNING: frozenset[str] = frozenset({"ect", "easy"})
+# Policies that are more than an admission pass, and the pass that admits for them: ``elastic``
+# (`scheduler.elastic`) admits FCFS-opportunistic (`ElasticConfig.admission`) and resizes running jobs.
+ADMITS_AS: dict[str, str] = {"elastic": "fcfs"}
+
+
+def admission_policy(policy: str) -> str:
+    """The `schedule_pass` policy that admits queued jobs under `policy` (itself for all but ``elastic``)."""
+    return ADMITS_AS.get(policy, policy)
 
 
 @dataclass(frozen=True)

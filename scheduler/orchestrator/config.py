@@ -23,8 +23,9 @@ class OrchestratorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # None: the policy the cluster file chose (`policy:` in the inventory, stored by register)
-    policy: Literal["fcfs", "has", "ect", "easy"] | None = None
+    # None: the policy the cluster file chose (`policy:` in the inventory, stored by register);
+    # elastic admits as FCFS (`scheduler.policy.ADMITS_AS`)
+    policy: Literal["fcfs", "has", "ect", "easy", "elastic"] | None = None
     lease_s: float = Field(default=60.0, gt=0, description="how long one renewal holds the GPUs")
     grace_s: float = Field(default=30.0, ge=0, description="extra time before an expired lease is reclaimed")
     on_lost: Literal["requeue", "fail"] = "requeue"

@@ -28,7 +28,11 @@ def _all_ready(cluster: Cluster) -> Cluster:
 
 # Policies whose options are the requested count, FCFS's list (stored for them since issue 30; a
 # job queued before has an empty list for them, and its FCFS list stands in: service, start_estimates)
-REQUESTED_AS = {"easy": "fcfs", "sjf": "fcfs"}
+# (elastic since issue 31: it admits the requested count FCFS, `scheduler.policy.ADMITS_AS`; the
+# layouts a running job may resize to are its ECT list, every plan size)
+REQUESTED_AS = {"easy": "fcfs", "sjf": "fcfs", "elastic": "fcfs"}
+# The option lists stored with a job: one per admission policy, and elastic's
+STORED_POLICIES: tuple[str, ...] = POLICIES + ("elastic",)
 
 
 def _by_policy(sized: list[Option], fastest_type_first: list[str]) -> dict[str, list[Option]]:
@@ -40,7 +44,7 @@ def _by_policy(sized: list[Option], fastest_type_first: list[str]) -> dict[str, 
     fcfs = sorted(smallest.values(), key=lambda o: rank.get(o.gpu_type, len(rank)))
     ect = sorted(sized, key=lambda o: (o.run_s, o.num_gpus))
     # the Slurm-style baselines run what was asked for, like FCFS (as in the simulator's catalogue)
-    return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs}
+    return {"fcfs": fcfs, "has": has, "ect": ect, "easy": fcfs, "sjf": fcfs, "elastic": fcfs}
 
 
 def job_options(job: Any, cluster: Cluster, *, gpu_type: str | None = None, gpus: int | None = None,
@@ -179,7 +183,7 @@ def _names(names: list[str], most: int = 4) -> str:
 
 
 def options_to_json(options: dict[str, list[Option]]) -> dict[str, list[dict[str, Any]]]:
-    return {policy: [o.to_dict() for o in options.get(policy, [])] for policy in POLICIES}
+    return {policy: [o.to_dict() for o in options.get(policy, [])] for policy in STORED_POLICIES}
 
 
 def placement_from_dict(data: dict[str, Any]) -> Placement:

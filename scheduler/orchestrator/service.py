@@ -63,7 +63,7 @@ from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.placement import Placement
 from scheduler.fair_share import NO_TEAM, Snapshot
-from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, schedule_pass
+from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, admission_policy, schedule_pass
 import scheduler.orchestrator.epoch as epoch
 import scheduler.orchestrator.identity as identity
 import scheduler.orchestrator.inventory as inventory
@@ -819,11 +819,12 @@ class Orchestrator:
                 max(float((r.progress or {}).get("committed_at") or 0.0), r.admitted_at),
                 stopping=r.stop_requested is not None)
                 for r in rows if r.id not in out["forced"] and r.id in view.running]
+            admits = admission_policy(self.policy)
             if view.teams is not None:
-                snap = view.teams.snapshot(conn, self.policy, now, view.queue, view.keys, list(view.running.values()),
+                snap = view.teams.snapshot(conn, admits, now, view.queue, view.keys, list(view.running.values()),
                                            view.free, reservation_depth=self.config.reservation_depth)
             else:
-                snap = Snapshot(self.policy, now, view.queue, list(view.running.values()), view.free,
+                snap = Snapshot(admits, now, view.queue, list(view.running.values()), view.free,
                                 priority_of={str(k[2]): -k[0] for k in view.keys})
             for p in preemption.plan(snap, holders):
                 for victim in p.victims:
@@ -1223,7 +1224,7 @@ class Orchestrator:
             return result
         if view.teams is not None:  # fair-share order and the teams' quotas
             started, result.considered = view.teams.decide(
-                conn, self.policy, now, view.queue, view.keys, list(view.running.values()), free,
+                conn, admission_policy(self.policy), now, view.queue, view.keys, list(view.running.values()), free,
                 reservation_depth=self.config.reservation_depth)
             if free.reservation is not None and int(free.reservation[0]) != view.teams.head:
                 view.teams.head = int(free.reservation[0])
@@ -1231,7 +1232,7 @@ class Orchestrator:
             result.reservation = free.reservation
         else:
             started, result.considered = schedule_pass(
-                self.policy, now, view.queue, list(view.running.values()), free,
+                admission_policy(self.policy), now, view.queue, list(view.running.values()), free,
                 reservation_depth=self.config.reservation_depth)
         if not started:
             return result

@@ -49,7 +49,8 @@ from infra.statedb import read_transaction
 from infra.statedb.schema import clusters, jobs, nodes
 from scheduler.cluster import Cluster, ClusterError
 from scheduler.fair_share import NO_TEAM, RunningJob as FairRunning, Snapshot, decide, holdings, pass_order, team_usage
-from scheduler.policy import USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, expected_end, schedule_pass
+from scheduler.policy import (USES_RUNNING, Busy, FreeGpus, Option, QueuedJob, admission_policy, expected_end,
+                              schedule_pass)
 import scheduler.orchestrator.inventory as inventory
 from scheduler.orchestrator.config import OrchestratorConfig
 import scheduler.orchestrator.quotas as quotas
@@ -374,7 +375,7 @@ def read_queue_state(engine: Engine, cluster: str | None = None, *, policy: str 
                        tuple((n["node"], tuple(n["gpus"])) for n in r.placement["nodes"]),
                        r.admitted_at or 0.0, r.predicted_run_s, r.progress)
             for r in running if r.placement]
-    return QueueState(current, waiting, held, health, policy, teams)
+    return QueueState(current, waiting, held, health, admission_policy(policy), teams)
 
 
 def queue_estimates(engine: Engine, cluster: str | None = None, *, now: float | None = None,
