@@ -2,12 +2,16 @@
 embedded defaults (no Prefect server: the detached runner starts a temporary one).
 
     .venv/bin/python benchmarks/submit_latency.py [--repeats 5] [--config configs/tiny-cpu.yaml]
+        [--prefect-home DIR]
 
 Each repeat submits the job (3 steps, its data prepared beforehand and shared, so data
 preparation is not timed), notes the wall time `forgeflow submit` returned, and reads the
 first step line of rank 0's log (its timestamp is written when the step ends); the job then
 finishes before the next repeat, so the cluster is idle each time. `submit_to_running_s_p50`
-is the median of (first step's time - submit's return).
+is the median of (first step's time - submit's return). The runners' Prefect home is a fresh one in
+the run's folder (the first repeat's temporary server migrates its database, the later ones find it
+done), or `--prefect-home`'s (the benchmark smoke test passes its session's: after another smoke
+has started a Prefect server there, the runner's finds the migrations done).
 
 The floor beside it, measured in the same run: `torchrun_to_first_step_s_p50`, the same job
 started directly with `torchrun -m training.train` (what a user without forgeflow runs on a
@@ -114,6 +118,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--config", default="configs/tiny-cpu.yaml")
+    p.add_argument("--prefect-home", default=None,
+                   help="PREFECT_HOME of the submitted jobs' runners (default: a fresh one in this run's folder, "
+                        "whose migrations the first repeat's temporary server runs)")
     p.add_argument("--smoke", action="store_true", help="one repeat of each (same keys)")
     args = p.parse_args()
     repeats = 1 if args.smoke else args.repeats
@@ -124,7 +131,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="forgeflow-submit-latency-"))
     data_dir = work / "data"
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "FORGEFLOW_DB_URL", "FORGEFLOW_FAULT")}
-    env.update(FORGEFLOW_STATE_DIR=str(work / "state"), PREFECT_HOME=str(work / "prefect-home"),
+    env.update(FORGEFLOW_STATE_DIR=str(work / "state"), PREFECT_HOME=args.prefect_home or str(work / "prefect-home"),
                PREFECT_SERVER_ANALYTICS_ENABLED="false", PYTHONUNBUFFERED="1")
     if args.smoke:  # what torchrun sets for each rank when it starts more than one (the full run's two)
         env.setdefault("OMP_NUM_THREADS", "1")
