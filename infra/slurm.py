@@ -410,10 +410,25 @@ class SlurmJob:
         state = self.state(fresh=True)
         if state in SLURM_ENDED:
             return f"Slurm ended job {self.job_id}: {state}"
+        preempted_at = self._preempt_time()
+        if preempted_at:  # its state may read CANCELLED or COMPLETING: the flow's scancel came after
+            return (f"Slurm ended job {self.job_id}: PREEMPTED at {preempted_at} (a job of a higher "
+                    f"priority tier took its resources; the ranks committed and stopped)")
         if signalled_path(self.request).exists():
             return (f"Slurm signalled job {self.job_id} (its time limit was near, or a preemption): "
                     f"the ranks committed and stopped; it ended {state}")
         return None
+
+    def _preempt_time(self) -> str | None:
+        """When Slurm chose the job for preemption (`scontrol show job`'s PreemptTime), or None.
+        A preemption's SIGTERM reaches the ranks (within the partition's GraceTime) but not the
+        batch script's trap, and once the ranks have stopped the flow's scancel can end the job
+        before Slurm writes PREEMPTED: the preemption time is what it keeps either way."""
+        self.calls += 1
+        out = slurm_command(["scontrol", "show", "job", "-o", self.job_id], self.settings, check=False)
+        fields = dict(item.split("=", 1) for item in out.stdout.split() if "=" in item)
+        found = fields.get("PreemptTime", "None") if out.returncode == 0 else "None"
+        return None if found in ("None", "Unknown", "") else found
 
     def poll(self) -> dict[str, int | None]:
         if self.lease is not None:

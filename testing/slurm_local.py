@@ -130,6 +130,11 @@ class LocalSlurm:
             "MinJobAge=600",  # finished jobs stay visible to `scontrol show job` (no slurmdbd here)
             "SlurmdTimeout=60",
             "InactiveLimit=0",
+            # A partition of a higher PriorityTier preempts jobs of a lower one (the tests' "high"
+            # and "low" partitions; the default partitions share one tier: no preemption there).
+            # REQUEUE: a preempted job that asked for no requeue (forgeflow's) ends PREEMPTED.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
             node_line(),
             f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
