@@ -172,7 +172,8 @@ class Cluster(BaseModel):
         default="has", description="how the orchestrator admits queued jobs: has (best fit in queue order), "
         "easy (FCFS + EASY backfilling), ect (expected completion, HRRN, conservative backfilling), elastic "
         "(FCFS admission; running data-parallel jobs shrink so queued ones start and grow into idle GPUs: "
-        "scheduler.elastic; the simulator runs it; the orchestrator admits FCFS and does not resize jobs yet)")
+        "scheduler.elastic; the simulator runs it, and the orchestrator's decider, `forgeflow cluster serve`, "
+        "resizes jobs as checkpoint-first preemptions; without a decider jobs are admitted FCFS, not resized)")
     usage_half_life_hours: float = Field(default=168.0, gt=0, description="fair share: past GPU use counts half "
                                          "after this long")
     slurm: SlurmSettings | None = Field(

@@ -103,6 +103,9 @@ jobs = sa.Table(
     sa.Column("stop_requested", JSON, nullable=True),
     # (migration 0008) the submitting role's team (NULL on SQLite and while no team is defined)
     sa.Column("team", sa.Text, nullable=True),
+    # (migration 0013) the admission an elastic resize promised the job: {"option", "placement",
+    # "reason", "until"}; its GPUs are kept from other jobs until then; cleared when admitted
+    sa.Column("promised", JSON, nullable=True),
     sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled')", name="ck_jobs_state"),
 )
 sa.Index("ix_jobs_cluster_state", jobs.c.cluster, jobs.c.state)
@@ -142,6 +145,11 @@ preemptions = sa.Table(
     sa.Column("asked_at", sa.Float, nullable=False),
     sa.Column("ended_at", sa.Float, nullable=True),
     sa.Column("forced", sa.Boolean, nullable=False, server_default=sa.false()),
+    # (migration 0013) preempt | shrink (for the waiting job `preempted_by`) | grow (`preempted_by`:
+    # the job itself); an elastic resize's GPU count before and after
+    sa.Column("kind", sa.String(10), nullable=False, server_default="preempt"),
+    sa.Column("from_gpus", sa.Integer, nullable=True),
+    sa.Column("to_gpus", sa.Integer, nullable=True),
 )
 sa.Index("ix_preemptions_job_open", preemptions.c.job_id, sqlite_where=sa.text("ended_at IS NULL"),
          postgresql_where=sa.text("ended_at IS NULL"))

@@ -505,7 +505,7 @@ def _jobs(args: argparse.Namespace) -> int:
             when = (f"#{j['position']}, " + (f"{time.strftime('%H:%M', time.gmtime(start))} UTC "
                                             f"({in_words(j['estimated_start_in_s'])})" if start is not None else "not yet"))
             note = j["why"]
-            if j["state"] == "preempted" and (j["reason"] or "").startswith("preempted by job"):
+            if j["state"] == "preempted" and (j["reason"] or "").startswith(("preempted by job", "resized to")):
                 note = f"{j['reason']}; {note}" if note else j["reason"]
         else:
             when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])

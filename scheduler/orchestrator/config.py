@@ -34,3 +34,6 @@ class OrchestratorConfig(BaseModel):
     # (issue 31) the decider (`serve`) preempts for waiting jobs of a higher class or on their own
     # quota (`scheduler.preemption`), giving each victim this long to stop; None: no preemption
     preempt_stop_s: float | None = Field(default=None, gt=0, description="a preempted job's time to stop")
+    # (issue 31 items 3-4) on a cluster with policy elastic the decider (`serve`) resizes running jobs
+    # (`scheduler.elastic`, carried out like a preemption: `Orchestrator.resize`), giving each this long to stop
+    resize_stop_s: float = Field(default=300.0, gt=0, description="a resized job's time to stop")

@@ -31,6 +31,8 @@ def _all_ready(cluster: Cluster) -> Cluster:
 # (elastic since issue 31: it admits the requested count FCFS, `scheduler.policy.ADMITS_AS`; the
 # layouts a running job may resize to are its ECT list, every plan size)
 REQUESTED_AS = {"easy": "fcfs", "sjf": "fcfs", "elastic": "fcfs"}
+# The stored list a running job's elastic layouts come from (`scheduler.elastic.resizable_layouts`)
+ELASTIC_LAYOUTS = "ect"
 # The option lists stored with a job: one per admission policy, and elastic's
 STORED_POLICIES: tuple[str, ...] = POLICIES + ("elastic",)
 

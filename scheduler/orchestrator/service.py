@@ -61,6 +61,7 @@ from infra.statedb.schema import (allocations, cluster_changes, clusters, contro
                                   preemptions)
 from infra.stop_signal import Stop
 from scheduler.cluster import Cluster, ClusterError
+from scheduler.elastic import ElasticConfig, ElasticRunning, elastic_pass, resizable_layouts
 from scheduler.placement import Placement
 from scheduler.fair_share import NO_TEAM, Snapshot
 from scheduler.policy import Busy, FreeGpus, Option, QueuedJob, admission_policy, schedule_pass
@@ -70,7 +71,7 @@ import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
 import scheduler.preemption as preemption
 from scheduler.orchestrator.config import LeaseLostError, OrchestratorConfig, OrchestratorError
-from scheduler.orchestrator.options import REQUESTED_AS, options_to_json, placement_from_dict
+from scheduler.orchestrator.options import ELASTIC_LAYOUTS, REQUESTED_AS, options_to_json, placement_from_dict
 from scheduler.orchestrator.start_estimates import WaitingJob, queue_order
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,46 @@ _RENEW = (sa.update(allocations).where(allocations.c.job_id == sa.bindparam("jid
 _RENEW_ADMISSION = _RENEW.where(_SAME_ADMISSION)
 _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
+
+# Elastic resizes' promised admissions (`jobs.promised`, `Orchestrator.resize`): the live ones of a
+# cluster, and dropping one (admitted, expired, or on a node out of service).
+_PROMISES = sa.select(jobs.c.id, jobs.c.state, jobs.c.promised).where(
+    jobs.c.cluster == sa.bindparam("cname"), jobs.c.promised.is_not(None), jobs.c.state.in_(ACTIVE))
+_DROP_PROMISE = sa.update(jobs).where(jobs.c.id == sa.bindparam("jid")).values(promised=sa.null())
+
+
+@dataclass(frozen=True)
+class _Promised:
+    """A job admitted on what a resize promised it (a pass's started entry, like a QueuedJob)."""
+
+    job_id: str
+    options: tuple
+    run_s: float  # what is left of its run on the promised layout, predicted
+
+
+def _promise_gpus(promise: dict[str, Any]) -> list[tuple[str, int]]:
+    return [(n["node"], g) for n in promise["placement"]["nodes"] for g in n["gpus"]]
+
+
+def _hold(cluster: Cluster, free: FreeGpus, gpus: list[tuple[str, int]]) -> None:
+    """Take `gpus` (idle, on schedulable nodes) on `cluster` and out of `free`'s counts."""
+    by_node: dict[str, list[int]] = {}
+    for node, gpu in gpus:
+        by_node.setdefault(node, []).append(gpu)
+    for node, taken in by_node.items():
+        cluster.allocate(node, taken)
+        gpu_type = cluster.node(node).gpu_type
+        free.by_type[gpu_type] = free.by_type.get(gpu_type, 0) - len(taken)
+
+
+def _unhold(view: "_View", gpus: list[tuple[str, int]]) -> None:
+    """Give back what `_hold` kept from a pass."""
+    by_node: dict[str, list[int]] = {}
+    for node, gpu in gpus:
+        by_node.setdefault(node, []).append(gpu)
+    for node, taken in by_node.items():
+        view.cluster.release(node, taken)
+        view.free.give_back(view.cluster.node(node).gpu_type, len(taken))
 
 
 PRIORITY_RANGE = (-1000, 1000)
@@ -257,8 +298,9 @@ class Orchestrator:
     """Cluster state, queue and leases in the state database at `url` (default: FORGEFLOW_DB_URL or SQLite)."""
 
     def __init__(self, url: str | None = None, config: OrchestratorConfig | None = None, *,
-                 engine: Engine | None = None, actor: str | None = None):
+                 engine: Engine | None = None, actor: str | None = None, elastic: ElasticConfig | None = None):
         self.engine = engine or open_state_db(url)
+        self.elastic = elastic or ElasticConfig()  # how the decider resizes jobs under policy elastic (`resize`)
         self.url = str(self.engine.url)
         self.config = config or OrchestratorConfig()
         self.policy: str | None = self.config.policy  # else the cluster file's (`_resolve_policy`)
@@ -876,6 +918,172 @@ class Orchestrator:
             state="queued", queued_at=submitted_at, placement=None, reason=why, stop_requested=sa.null()))
         self._forget_view()
 
+    # ---------------------------------------------------------------- elastic resizes (issue 31)
+    def resize(self, cluster: str | None = None, *, stop_s: float | None = None) -> dict[str, list]:
+        """The decider's elastic pass on a cluster with policy elastic (`serve` makes one every
+        DECIDER_BEAT_S there): `scheduler.elastic.elastic_pass` decides, this carries it out as
+        preemptions. First every resized job past its deadline is force-released (as `preempt`
+        does). Then each Resize asks its job to stop (`stop_requested`: "resized to N GPUs", its
+        `preempted_by` the waiting job a shrink makes room for, or the job itself when it grows,
+        a `deadline` `stop_s` from now; its flow stops the ranks gracefully and releases it as
+        preempted, as for a preemption) and promises it its next admission (`jobs.promised`: the
+        new layout on the GPUs the pass chose); the waiting job a shrink makes room for is
+        promised the GPUs it freed. A pass admits a promised job there once all its GPUs are free
+        and keeps them from every other job meanwhile (`_promised_admissions`); a promise lapses
+        2 x `stop_s` after it was made. Each resize is recorded in `preemptions` (kind shrink or
+        grow, GPUs before and after). Returns {"asked": [[job, from GPUs, to GPUs, for job or
+        None], ...], "promised": [job, ...], "forced": [job, ...]}."""
+        stop_s = self.config.resize_stop_s if stop_s is None else stop_s
+        out: dict[str, list] = {"asked": [], "promised": [], "forced": []}
+        with self._locked(cluster) as (conn, cname):
+            now = self._now
+            if self._resolve_policy(conn, cname) != "elastic":
+                return out
+            rows = conn.execute(sa.select(
+                jobs.c.id, jobs.c.submitted_at, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement,
+                jobs.c.options, jobs.c.progress, jobs.c.stop_requested, jobs.c.promised).where(
+                jobs.c.cluster == cname, jobs.c.state == "running")).all()
+            for r in rows:
+                request = r.stop_requested or {}
+                if request.get("preempted_by") is not None and request.get("deadline", math.inf) <= now:
+                    self._requeue_preempted(conn, r.id, r.submitted_at,
+                                            f"{request['reason']} (forced: not stopped by its deadline)", forced=True)
+                    out["forced"].append(r.id)
+            if out["forced"]:
+                self._pass(conn, cname)  # the freed GPUs go to the jobs promised them
+            view = self._view(conn, cname)
+            # the pass decides on a copy: the view's cluster with every live promise's idle GPUs kept
+            promises = {job_id: (state, p) for job_id, state, p in conn.execute(_PROMISES, {"cname": cname})
+                        if p.get("until", math.inf) >= now}
+            cluster_copy = view.cluster.copy_state()
+            free = FreeGpus(cluster_copy)
+            for _, p in promises.values():
+                idle = [(n, g) for n, g in _promise_gpus(p) if n in {x.name for x in cluster_copy.schedulable_nodes()}
+                        and g in cluster_copy.node(n).free_gpus]
+                _hold(cluster_copy, free, idle)
+            queue = [q for q in view.queue if int(q.job_id) not in promises]
+            running = [self._elastic_running(r, now, resizable=r.stop_requested is None and r.id not in promises)
+                       for r in rows if r.id not in out["forced"] and r.id in view.running]
+            decision = elastic_pass(now, queue, running, free, self.elastic)
+            until = now + 2 * stop_s
+            remaining = {e.job_id: e.remaining for e in running}
+            for rz in decision.resizes:
+                job_id, to = int(rz.job_id), rz.placement.world_size
+                reason = f"resized to {to} GPUs" + (f" for job {rz.for_job}" if rz.for_job is not None else "")
+                by = int(rz.for_job) if rz.for_job is not None else job_id
+                promise = {"option": rz.new.to_dict(), "placement": rz.placement.to_dict(), "reason": reason,
+                           "until": until, "run_s": rz.new.run_s * remaining.get(rz.job_id, 1.0)}
+                asked = conn.execute(sa.update(jobs).where(
+                    jobs.c.id == job_id, jobs.c.state == "running", jobs.c.stop_requested.is_(None)).values(
+                    stop_requested={"by": "elastic", "reason": reason, "at": now, "deadline": now + stop_s,
+                                    "preempted_by": by,
+                                    "resize": {"kind": rz.kind, "from_gpus": rz.old_placement.world_size, "to_gpus": to}},
+                    promised=promise))
+                if not asked.rowcount:
+                    continue
+                conn.execute(sa.insert(preemptions).values(
+                    cluster=cname, job_id=job_id, preempted_by=by, asked_at=now, kind=rz.kind,
+                    from_gpus=rz.old_placement.world_size, to_gpus=to))
+                out["asked"].append([job_id, rz.old_placement.world_size, to,
+                                     None if rz.for_job is None else int(rz.for_job)])
+                log.info("job %s: %s (predicted gain %.0f s, cost %.0f s)", job_id, reason, rz.gain_s, rz.cost_s)
+            made_room = {int(rz.for_job) for rz in decision.resizes if rz.for_job is not None}
+            for queued, opt, placement in decision.started:
+                job_id = int(queued.job_id)
+                if job_id not in made_room:
+                    continue  # started by admission alone: the pass (`_pass`) admits it, not this copy
+                placement.job = self._names.get(job_id) or str(job_id)
+                conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == "queued").values(
+                    promised={"option": opt.to_dict(), "placement": placement.to_dict(), "until": until,
+                              "run_s": opt.run_s, "reason": "started on GPUs freed by resizing other jobs"}))
+                out["promised"].append(job_id)
+        return out
+
+    def _elastic_running(self, row: Any, now: float, *, resizable: bool) -> ElasticRunning:
+        """A running job as `elastic_pass` sees it: its layout now (the stored option of its GPU type,
+        count, tp and pp; its ECT list holds every plan size), the layouts it may resize to (none
+        when `resizable` is False: asked to stop, or promised an admission), the fraction of its
+        work left (its flow's progress, else its predicted end) and when it was last (re)admitted."""
+        placement = placement_from_dict(row.placement)
+        stored = row.options or {}
+        sized = [Option.from_dict(o) for o in stored.get(ELASTIC_LAYOUTS) or ()]
+        key = (placement.gpu_type, placement.world_size, placement.tp, placement.pp)
+        current = next((o for o in sized if (o.gpu_type, o.num_gpus, o.tp, o.pp) == key), None)
+        run_s = row.predicted_run_s or 0.0
+        end = row.admitted_at + run_s
+        if current is None:  # a plain GPU demand (or a layout no plan names): not resizable
+            current = Option(gpu_type=placement.gpu_type, num_gpus=placement.world_size, unit=placement.tp,
+                             min_memory_bytes=0, run_s=max(run_s, 1e-9), dp=placement.dp, tp=placement.tp,
+                             pp=placement.pp)
+            resizable = False
+        progress = row.progress or {}
+        if progress.get("steps") and progress.get("step") is not None:
+            remaining = 1.0 - float(progress["step"]) / float(progress["steps"])
+        else:
+            remaining = (end - now) / current.run_s
+        remaining = min(1.0, max(0.01, remaining))
+        asked = [Option.from_dict(x) for x in stored.get("elastic") or stored.get("fcfs") or ()]  # its request
+        requested = next((o.num_gpus for o in asked if o.gpu_type == current.gpu_type), current.num_gpus)
+        layouts = resizable_layouts(sized, current, requested, self.elastic) if resizable else ()
+        return ElasticRunning(str(row.id), current, placement, end, remaining, row.admitted_at, requested, layouts)
+
+    def _promised_admissions(self, conn: Connection, cname: str, view: _View,
+                             now: float) -> tuple[list, list[tuple[str, int]], list[QueuedJob], list[tuple]]:
+        """Under policy elastic, before the policy pass: admit every queued job whose resize promise
+        (`resize`) has all its GPUs idle, on the promised layout and GPUs, and keep the idle GPUs of
+        every other live promise from the pass. Returns (the admissions as the pass's started
+        entries, the GPUs kept: `_unhold` gives them back, the queue and its keys without the jobs
+        promised an admission). A promise past its `until`, or on a node out of service, lapses
+        (the job waits in the queue as any other)."""
+        started: list = []
+        held: list[tuple[str, int]] = []
+        promised: set[int] = set()
+        dropped: list[dict[str, int]] = []
+        schedulable = {n.name for n in view.cluster.schedulable_nodes()}
+        for job_id, state, promise in conn.execute(_PROMISES, {"cname": cname}).all():
+            gpus = _promise_gpus(promise)
+            if promise.get("until", math.inf) < now or any(n not in schedulable for n, _ in gpus):
+                dropped.append({"jid": job_id})
+                continue
+            idle = [(n, g) for n, g in gpus if g in view.cluster.node(n).free_gpus]
+            if state == "queued":
+                promised.add(job_id)
+                if len(idle) == len(gpus):
+                    _hold(view.cluster, view.free, gpus)  # taken for good: the admission's allocation
+                    opt = Option.from_dict(promise["option"])
+                    started.append((_Promised(str(job_id), (opt,), float(promise.get("run_s", opt.run_s))), opt,
+                                    placement_from_dict(promise["placement"])))
+                    dropped.append({"jid": job_id})
+                    continue
+            _hold(view.cluster, view.free, idle)
+            held.extend(idle)
+        if dropped:
+            self._batch.add(_DROP_PROMISE, dropped)
+        if not promised:
+            return started, held, view.queue, view.keys
+        kept = [i for i, k in enumerate(view.keys) if k[2] not in promised]
+        return started, held, [view.queue[i] for i in kept], [view.keys[i] for i in kept]
+
+    def _elastic_due(self, cname: str) -> bool:
+        """Whether the decider's elastic pass has anything to look at on a cluster with policy
+        elastic: a running job, and a queued job or an idle GPU (one read, without the lock)."""
+        with read_transaction(self.engine) as conn:
+            policy = self.config.policy or conn.execute(
+                sa.select(clusters.c.policy).where(clusters.c.name == cname)).scalar()
+            if policy != "elastic":
+                return False
+            counts = dict(conn.execute(sa.select(jobs.c.state, sa.func.count()).where(
+                jobs.c.cluster == cname, jobs.c.state.in_(ACTIVE)).group_by(jobs.c.state)).all())
+            if not counts.get("running"):
+                return False
+            if counts.get("queued"):
+                return True
+            ready = conn.execute(sa.select(sa.func.coalesce(sa.func.sum(nodes.c.gpu_count), 0)).where(
+                nodes.c.cluster == cname, nodes.c.state == "ready")).scalar()
+            held = conn.execute(sa.select(sa.func.count()).select_from(allocations).where(
+                allocations.c.cluster == cname, allocations.c.released_at.is_(None))).scalar()
+            return held < ready  # (a GPU of a ready node held by nobody; a job may grow into it)
+
     def renew(self, job_id: int, attempt: int | None = None) -> float:
         """Extend the job's lease by `lease_s`; LeaseLostError when its GPUs were reclaimed.
 
@@ -953,6 +1161,8 @@ class Orchestrator:
                         if (self.config.preempt_stop_s is not None and now - checked >= DECIDER_BEAT_S
                                 and self._preemption_due(name)):
                             self.preempt(name)
+                        if now - checked >= DECIDER_BEAT_S and self._elastic_due(name):
+                            self.resize(name)
                         if now - checked >= DECIDER_BEAT_S:
                             checked = now
                         if on_pass is not None:
@@ -1222,18 +1432,25 @@ class Orchestrator:
         free = view.free
         if not free.any():
             return result
-        if view.teams is not None:  # fair-share order and the teams' quotas
-            started, result.considered = view.teams.decide(
-                conn, admission_policy(self.policy), now, view.queue, view.keys, list(view.running.values()), free,
-                reservation_depth=self.config.reservation_depth)
-            if free.reservation is not None and int(free.reservation[0]) != view.teams.head:
-                view.teams.head = int(free.reservation[0])
-                self._record(["head", view.teams.head])
-            result.reservation = free.reservation
-        else:
-            started, result.considered = schedule_pass(
-                admission_policy(self.policy), now, view.queue, list(view.running.values()), free,
-                reservation_depth=self.config.reservation_depth)
+        queue, keys, promised, held = view.queue, view.keys, [], []
+        if self.policy == "elastic":  # resizes' promised admissions first; their GPUs kept from the pass
+            promised, held, queue, keys = self._promised_admissions(conn, cname, view, now)
+        try:
+            if view.teams is not None:  # fair-share order and the teams' quotas
+                started, result.considered = view.teams.decide(
+                    conn, admission_policy(self.policy), now, queue, keys, list(view.running.values()), free,
+                    reservation_depth=self.config.reservation_depth)
+                if free.reservation is not None and int(free.reservation[0]) != view.teams.head:
+                    view.teams.head = int(free.reservation[0])
+                    self._record(["head", view.teams.head])
+                result.reservation = free.reservation
+            else:
+                started, result.considered = schedule_pass(
+                    admission_policy(self.policy), now, queue, list(view.running.values()), free,
+                    reservation_depth=self.config.reservation_depth)
+        finally:
+            _unhold(view, held)
+        started = promised + started
         if not started:
             return result
         lease = now + self.config.lease_s
@@ -1244,12 +1461,13 @@ class Orchestrator:
                 sa.select(jobs.c.name).where(jobs.c.id == job_id)).scalar_one()
             rows.extend(dict(job_id=job_id, cluster=cname, node=a.node, gpu_index=g, allocated_at=now,
                              lease_expires_at=lease) for a in placement.assignments for g in a.gpus)
-            updates.append(dict(jid=job_id, now=now, placement=placement.to_dict(), predicted_run_s=opt.run_s))
-            view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + opt.run_s)
+            run_s = getattr(queued, "run_s", opt.run_s)  # a resized job's promise: what is left of its run
+            updates.append(dict(jid=job_id, now=now, placement=placement.to_dict(), predicted_run_s=run_s))
+            view.running[job_id] = Busy(opt.gpu_type, placement.world_size, now + run_s)
             if view.teams is not None:
                 view.teams.admitted(job_id, opt.gpu_type, placement.world_size, now)
             result.admitted.append(job_id)
-            self._record(["admit", job_id, opt.gpu_type, placement.world_size, now + opt.run_s, lease,
+            self._record(["admit", job_id, opt.gpu_type, placement.world_size, now + run_s, lease,
                           [[a.node, list(a.gpus)] for a in placement.assignments], now])
         # Every job this pass admits, in one multi-row statement each (the history rows come from
         # the database's trigger on allocations).

@@ -6,7 +6,8 @@ while live), clipped to the window. Queue time is each admission's wait, from th
 (last) queueing to its admission, for jobs admitted in the window (a preempted job is queued
 again at its submit time, so its wait counts from there). Preemptions are the records that
 ended in the window (the victim released as preempted, or forced at its deadline): suffered by
-the victim's team or user, caused by the preempting job's.
+the victim's team or user, caused by the preempting job's (an elastic resize, recorded there too,
+is not a preemption).
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ def usage(engine: Engine, cluster: str | None = None, *, since_s: float = 7 * 86
             sa.select(who, by_preemptor)
             .select_from(preemptions.join(jobs, jobs.c.id == preemptions.c.job_id)
                          .join(preemptor, preemptor.c.id == preemptions.c.preempted_by))
-            .where(preemptions.c.cluster == name, preemptions.c.ended_at.is_not(None),
+            .where(preemptions.c.cluster == name, preemptions.c.kind == "preempt",  # not elastic resizes
+                   preemptions.c.ended_at.is_not(None),
                    preemptions.c.ended_at >= start, preemptions.c.ended_at < now)).all()
     rows: dict[str, dict[str, Any]] = {}
 
