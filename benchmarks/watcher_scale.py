@@ -1,8 +1,11 @@
 """Prefect API load of the watcher for a 64-node job on the Prefect launcher.
 
     .venv/bin/python benchmarks/watcher_scale.py [--nodes 64] [--ranks-per-node 8] [--seconds 15]
+        [--prefect-home DIR]
 
-A real `prefect server start` (SQLite, its own home) holds one RUNNING flow run
+A real `prefect server start` (SQLite, its own home: a fresh one, or `--prefect-home`'s, where
+the benchmark smoke test passes its session's so that the server skips the database migrations an
+earlier smoke ran) holds one RUNNING flow run
 per simulated node, as the Prefect launcher's node-launch runs would be; a
 thread refreshes a heartbeat file for every rank (64 × 8 = 512), as training
 does. `infra.watch.watch` then follows the job exactly as the pretrain flow
@@ -141,6 +144,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--ranks-per-node", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--prefect-home", default=None,
+                        help="the server's Prefect home (default: a fresh one, whose database it migrates first)")
     parser.add_argument("--smoke", action="store_true", help="4 nodes x 2 ranks for 1 s: seconds, same keys")
     args = parser.parse_args()
     settle_s = 1.5
@@ -148,8 +153,8 @@ def main() -> int:
         args.nodes, args.ranks_per_node, args.seconds, settle_s = 4, 2, 1.0, 0.5
 
     workdir = Path(tempfile.mkdtemp(prefix="forgeflow-watch-bench-"))
-    home = workdir / "prefect-home"
-    home.mkdir()
+    home = Path(args.prefect_home) if args.prefect_home else workdir / "prefect-home"
+    home.mkdir(parents=True, exist_ok=True)
     port = free_port()  # known before the server answers: Prefect reads its settings when first imported
     os.environ.update(PREFECT_API_URL=f"http://127.0.0.1:{port}/api", PREFECT_HOME=str(home),
                       PREFECT_LOGGING_LEVEL="WARNING")

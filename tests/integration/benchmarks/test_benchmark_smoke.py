@@ -42,11 +42,13 @@ HEAVIEST_FIRST = ("recovery.py", "reshard.py", "train_throughput.py", "eval_make
 SCRIPTS = sorted((p.name for p in BENCHMARKS.glob("*.py") if p.name not in NOT_BENCHMARKS),
                  key=lambda name: (HEAVIEST_FIRST.index(name) if name in HEAVIEST_FIRST else len(HEAVIEST_FIRST),
                                    name))
-# Options after --smoke, per script. submit_latency: the session's Prefect home (tests/conftest.py's)
-# for its detached runner's temporary server instead of a fresh one, so that its database migrations
-# (~10 s on 2 cores) are not run again when an earlier smoke in the session has run them.
+# Options after --smoke, per script. submit_latency, watcher_scale: the session's Prefect home
+# (tests/conftest.py's) for the Prefect server they start (the detached runner's temporary one, a
+# `prefect server start`) instead of a fresh one, so that its database migrations (~10 s on 2 cores)
+# are not run again when an earlier smoke in the session has run them.
 SCRIPT_ARGS = {
     "submit_latency.py": lambda: ["--prefect-home", os.environ["PREFECT_HOME"]],
+    "watcher_scale.py": lambda: ["--prefect-home", os.environ["PREFECT_HOME"]],
 }
 # A smoke takes seconds of CPU; the wall-clock limit only stops a hung one (a loaded 2-core box
 # has stretched the heaviest, recovery's three flow runs and torchrun baseline, to several minutes).
