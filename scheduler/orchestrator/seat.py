@@ -26,7 +26,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from infra import runfiles
 from infra.statedb.retry import StateDbRetry
@@ -323,6 +323,13 @@ class Seat:
         """The job the orchestrator asked this one to stop for (`Orchestrator.preempt`), or None."""
         request = self.held.stop_requested
         return None if not request else request.get("preempted_by")
+
+    def resize(self) -> dict[str, Any] | None:
+        """When the stop request is an elastic resize (`Orchestrator.resize`, also `preempted_by`:
+        the waiting job a shrink makes room for, or the job itself when it grows): {"kind":
+        "shrink" | "grow", "from_gpus", "to_gpus"}; its next admission is on the new layout. None
+        otherwise."""
+        return (self.held.stop_requested or {}).get("resize")
 
     def stop_requested(self) -> str | None:
         """Who asked the job to stop and why (`forgeflow cancel`, or "preempted by job N"), or None

@@ -1067,6 +1067,8 @@ class Orchestrator:
     def _elastic_due(self, cname: str) -> bool:
         """Whether the decider's elastic pass has anything to look at on a cluster with policy
         elastic: a running job, and a queued job or an idle GPU (one read, without the lock)."""
+        if (self.config.policy or self.policy) not in (None, "elastic"):
+            return False  # (a re-registered file's policy is read back with the view: `_resolve_policy`)
         with read_transaction(self.engine) as conn:
             policy = self.config.policy or conn.execute(
                 sa.select(clusters.c.policy).where(clusters.c.name == cname)).scalar()

@@ -185,6 +185,7 @@ def test_the_decider_resizes_and_the_jobs_seat_yields_then_holds_each_new_layout
             _until(lambda: flow.stop_request(a) is not None, "the decider to ask A to shrink")
             held.stop_requested = flow.stop_request(a)  # what the holder's next renewal reads
             assert seat.preempted_by() == b and seat.stop_requested() == f"resized to 1 GPUs for job {b}"
+            assert seat.resize() == {"kind": "shrink", "from_gpus": 2, "to_gpus": 1}
             placement = seat.yield_to_preemption()  # admitted again at once, on the GPU it was promised
             assert placement.world_size == 1 and placement.dp == 1 and held.attempt == 2
             assert flow.job(b)["state"] == "running"
@@ -192,6 +193,7 @@ def test_the_decider_resizes_and_the_jobs_seat_yields_then_holds_each_new_layout
             _until(lambda: flow.stop_request(a) is not None, "the decider to ask A to grow")
             held.stop_requested = flow.stop_request(a)
             assert seat.preempted_by() == a and seat.stop_requested() == "resized to 2 GPUs"
+            assert seat.resize() == {"kind": "grow", "from_gpus": 1, "to_gpus": 2}
             placement = seat.yield_to_preemption()
             assert placement.world_size == 2 and held.attempt == 3
         assert flow.job(a)["state"] == "finished"
