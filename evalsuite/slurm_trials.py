@@ -74,8 +74,10 @@ def sbatch_args(trial: Trial, settings: SlurmSettings, output: Path) -> list[str
         args.append(f"--cpus-per-task={gpus * settings.cpus_per_gpu}")
     else:
         args.append(f"--cpus-per-task={max(1, len(cpu_cores(trial.devices)))}")
-    if trial.node:   # a plan for named nodes: the trial's slot lives there
+    if trial.node and settings.mode == "pin":   # a cluster forgeflow owns: the trial's slot lives there
         args.append(f"--nodelist={trial.node}")
+    # Delegated (the default, a site's shared Slurm): Slurm chooses the node, as for training;
+    # the plan's node was only its estimate, and a trial on another node preloads there itself.
     return args + site_args(settings)
 
 

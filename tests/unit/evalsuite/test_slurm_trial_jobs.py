@@ -18,10 +18,14 @@ def _trial(devices: list[str], node: str = "") -> Trial:
 
 def test_a_gpu_slot_asks_slurm_for_its_gpu_count_in_the_cluster_partition_and_account():
     settings = SlurmSettings(partition="h100", account="llm-team", time_limit="01:00:00", cpus_per_gpu=4,
-                             extra_sbatch_args=["--qos=eval"])
+                             extra_sbatch_args=["--qos=eval"], mode="pin")
     args = sbatch_args(_trial(["cuda:2", "cuda:3"], node="gpu-07"), settings, Path("/shared/out/t.out"))
     assert "--gpus-per-node=2" in args and "--cpus-per-task=8" in args
     assert {"--partition=h100", "--account=llm-team", "--time=01:00:00", "--nodelist=gpu-07"} <= set(args)
+    # delegated (the default): the same request, and Slurm chooses the node
+    delegated = sbatch_args(_trial(["cuda:2", "cuda:3"], node="gpu-07"), settings.model_copy(update={"mode": "delegate"}),
+                            Path("/shared/out/t.out"))
+    assert delegated == [a for a in args if a != "--nodelist=gpu-07"]
     assert args[-1] == "--qos=eval" and "--job-name=forgeflow-eval-t001-humaneval" in args
     gres = sbatch_args(_trial(["cuda:0"]), SlurmSettings(gpu_request="gres"), Path("o"))
     assert "--gres=gpu:1" in gres and not any(a.startswith(("--gpus", "--partition", "--nodelist")) for a in gres)
