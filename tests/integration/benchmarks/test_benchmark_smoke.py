@@ -13,7 +13,7 @@ The smoke's figures are not checked: a smoke is a few steps or jobs, not a measu
 Each runs with idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE unless set): a single-process
 torch spins its intra-op threads, which on a loaded 2-core machine stalls the smoke's own other
 processes (preemption's smoke: 63 s against 46 s). SCRIPT_ARGS adds a script's options the full
-run also takes.
+run also takes; SHARED_PREFECT_SERVER's smokes use one Prefect server for them all.
 """
 
 from __future__ import annotations
@@ -50,6 +50,10 @@ SCRIPT_ARGS = {
     "submit_latency.py": lambda: ["--prefect-home", os.environ["PREFECT_HOME"]],
     "watcher_scale.py": lambda: ["--prefect-home", os.environ["PREFECT_HOME"]],
 }
+# Smokes whose flows would each start Prefect's temporary server (seconds to start and to stop,
+# each time): they share one instead, started for this module on the session's Prefect home and
+# handed to them as PREFECT_API_URL, the way a configured server is (the same client calls).
+SHARED_PREFECT_SERVER = ("recovery.py", "preemption.py", "control_plane_orphans.py")
 # A smoke takes seconds of CPU; the wall-clock limit only stops a hung one (a loaded 2-core box
 # has stretched the heaviest, recovery's three flow runs and torchrun baseline, to several minutes).
 TIMEOUT_S = 1200
@@ -95,10 +99,26 @@ def test_every_file_in_benchmarks_is_run_or_named_as_not_a_benchmark():
     assert SCRIPTS and "placement_latency.py" in SCRIPTS and "data_prepare.py" in SCRIPTS
     assert set(HEAVIEST_FIRST) <= present, f"HEAVIEST_FIRST names files that are gone: {set(HEAVIEST_FIRST) - present}"
     assert set(SCRIPT_ARGS) <= set(SCRIPTS), f"SCRIPT_ARGS names no benchmark: {set(SCRIPT_ARGS) - set(SCRIPTS)}"
+    assert set(SHARED_PREFECT_SERVER) <= set(SCRIPTS), \
+        f"SHARED_PREFECT_SERVER names no benchmark: {set(SHARED_PREFECT_SERVER) - set(SCRIPTS)}"
+
+
+@pytest.fixture(scope="module")
+def shared_prefect_api_url():
+    """One Prefect server (the kind the flows' temporary one is) for SHARED_PREFECT_SERVER's smokes
+    on this worker, on the session's Prefect home; started by the first of them that runs."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=180)  # a fresh home's migrations take minutes on a loaded machine
+    try:
+        yield server.api_url
+    finally:
+        server.stop()
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
-def test_smoke_run_ends_with_its_headline_keys(script: str) -> None:
+def test_smoke_run_ends_with_its_headline_keys(script: str, request: pytest.FixtureRequest) -> None:
     keys = headline_keys(script)
     assert keys, f"{script}: HEADLINE_KEYS is empty"
     assert len(set(keys)) == len(keys), f"{script}: HEADLINE_KEYS names a key twice"
@@ -107,6 +127,8 @@ def test_smoke_run_ends_with_its_headline_keys(script: str) -> None:
     extra = SCRIPT_ARGS[script]() if script in SCRIPT_ARGS else []
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    if script in SHARED_PREFECT_SERVER and not env.get("PREFECT_API_URL"):
+        env["PREFECT_API_URL"] = request.getfixturevalue("shared_prefect_api_url")
     proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *extra], cwd=REPO,
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
