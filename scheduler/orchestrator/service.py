@@ -1329,7 +1329,13 @@ class Orchestrator:
                 state="queued" if requeue else "cancelled" if row.stop_requested and not preempted else "failed",
                 lost_count=row.lost_count + 1,
                 queued_at=now, placement=None if requeue else row.placement,
-                finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else "")))
+                finished_at=None if requeue else now, reason=why + ("; re-queued" if requeue else ""),
+                # a preempted (or resized) job queued again: its stop request is done with, as when its
+                # flow releases it (`_requeue_preempted`); else its next admission would be stopped too
+                **({"stop_requested": sa.null()} if requeue and preempted else {})))
+            if requeue and preempted:
+                conn.execute(sa.update(preemptions).where(preemptions.c.job_id == job_id,
+                                                          preemptions.c.ended_at.is_(None)).values(ended_at=now))
         return lost
 
     def _load_queue(self, conn: Connection, cname: str) -> tuple[list[QueuedJob], list[tuple]]:

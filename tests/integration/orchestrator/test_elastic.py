@@ -201,3 +201,19 @@ def test_the_decider_resizes_and_the_jobs_seat_yields_then_holds_each_new_layout
         stop.set()
         decider.join(timeout=30)
     assert double_booked(orch.engine) == 0
+
+
+def test_a_resized_job_whose_flow_died_is_admitted_on_its_promise_once_its_lease_runs_out(state_db_url):
+    orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=1.0, grace_s=0.5),
+                        elastic=ElasticConfig(min_resize_interval_s=0))
+    orch.register(parse_cluster(TWO_CPUS))
+    a = orch.submit("a", _data_parallel({1: 1200.0, 2: 1000.0}))
+    b = orch.submit("b", demand_options(orch.cluster(), 1, duration_s=100))
+    assert orch.resize()["asked"] == [[a, 2, 1, b]]
+    _until(lambda: orch.reconcile().expired_jobs == [a], "A's lease to run out (nobody renews it)", 30)
+    assert orch.admission(a).placement.world_size == 1 and orch.job(b)["state"] == "running"
+    row = orch.job(a)
+    assert row["stop_requested"] is None and row["promised"] is None  # nothing left to stop it again
+    assert _records(orch) == [(a, b, "shrink", 2, 1, True, False)]
+    assert orch.resize(stop_s=0.1)["forced"] == []
+    assert double_booked(orch.engine) == 0
