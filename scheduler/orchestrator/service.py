@@ -931,7 +931,8 @@ class Orchestrator:
         promised the GPUs it freed. A pass admits a promised job there once all its GPUs are free
         and keeps them from every other job meanwhile (`_promised_admissions`); a promise lapses
         2 x `stop_s` after it was made. Each resize is recorded in `preemptions` (kind shrink or
-        grow, GPUs before and after). Returns {"asked": [[job, from GPUs, to GPUs, for job or
+        grow, GPUs before and after). While teams' quotas are defined nothing is resized (the
+        elastic pass knows no quotas). Returns {"asked": [[job, from GPUs, to GPUs, for job or
         None], ...], "promised": [job, ...], "forced": [job, ...]}."""
         stop_s = self.config.resize_stop_s if stop_s is None else stop_s
         out: dict[str, list] = {"asked": [], "promised": [], "forced": []}
@@ -952,6 +953,9 @@ class Orchestrator:
             if out["forced"]:
                 self._pass(conn, cname)  # the freed GPUs go to the jobs promised them
             view = self._view(conn, cname)
+            if view.teams is not None:  # elastic_pass knows no quotas (nor does the simulator's elastic policy)
+                log.info("cluster %s: teams' quotas are defined; jobs are admitted FCFS, not resized", cname)
+                return out
             # the pass decides on a copy: the view's cluster with every live promise's idle GPUs kept
             promises = {job_id: (state, p) for job_id, state, p in conn.execute(_PROMISES, {"cname": cname})
                         if p.get("until", math.inf) >= now}

@@ -217,3 +217,15 @@ def test_a_resized_job_whose_flow_died_is_admitted_on_its_promise_once_its_lease
     assert _records(orch) == [(a, b, "shrink", 2, 1, True, False)]
     assert orch.resize(stop_s=0.1)["forced"] == []
     assert double_booked(orch.engine) == 0
+
+
+def test_with_teams_quotas_defined_nothing_is_resized(state_db_url):
+    from scheduler.orchestrator.teams import add_team
+
+    orch, _ = _elastic(state_db_url)
+    add_team(orch.engine, "A")
+    orch.rules_changed()
+    a = orch.submit("a", _data_parallel({1: 1200.0, 2: 1000.0}))
+    b = orch.submit("b", demand_options(orch.cluster(), 1, duration_s=100))
+    assert orch.resize() == {"asked": [], "promised": [], "forced": []}  # the elastic pass knows no quotas
+    assert orch.stop_request(a) is None and orch.job(b)["state"] == "queued"
