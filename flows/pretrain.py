@@ -411,6 +411,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
             result.stopped_because = decided.reason
             break
         wait(decided.backoff_s)
+        seat.check_stop()  # as of now: a preemption or cancel while it recovered launches nothing
         if seat.preempted_by() is not None:  # preempted while it recovered: yield, then relaunch
             placement, stopped = _preempted(seat, None, job, notifier, link, report)
             if stopped:

@@ -319,6 +319,13 @@ class Seat:
         self.held.resume()
         return placement
 
+    def check_stop(self) -> None:
+        """Read the job's stop request now, not as of the holder's last look (every
+        lease.STOP_CHECK_S): a decision between attempts acts on it, and a preemption or a cancel
+        asked a moment ago must not start an attempt only to stop it."""
+        self.held.stop_requested = self.db.call(lambda: self.orchestrator.stop_request(self.job_id),
+                                                f"job {self.job_id} reading its stop request")
+
     def preempted_by(self) -> int | None:
         """The job the orchestrator asked this one to stop for (`Orchestrator.preempt`), or None."""
         request = self.held.stop_requested
