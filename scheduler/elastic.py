@@ -1,7 +1,9 @@
 """Elastic scheduling: running data-parallel jobs shrink and grow with the free GPUs — one pass.
 
 `elastic_pass` is the decision; the simulator (`scheduler.simulate`, policy ``elastic``) runs
-it after every batch of events, and the live orchestrator can call it the same way: it reads
+it after every batch of events, and the live orchestrator's decider the same way
+(`scheduler.orchestrator.service.Orchestrator.resize`, which carries each resize out as a
+checkpoint-first preemption with a promised next admission on the new layout): it reads
 the queue, every running job (`ElasticRunning`: its layout now, the layouts it may take, the
 fraction of its work left, when it last resized) and the idle GPUs (`scheduler.policy.FreeGpus`,
 allocated on as it decides), and returns the jobs to start and the jobs to resize, each with

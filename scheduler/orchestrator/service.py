@@ -942,7 +942,7 @@ class Orchestrator:
                 return out
             rows = conn.execute(sa.select(
                 jobs.c.id, jobs.c.submitted_at, jobs.c.admitted_at, jobs.c.predicted_run_s, jobs.c.placement,
-                jobs.c.options, jobs.c.progress, jobs.c.stop_requested, jobs.c.promised).where(
+                jobs.c.options, jobs.c.progress, jobs.c.stop_requested).where(
                 jobs.c.cluster == cname, jobs.c.state == "running")).all()
             for r in rows:
                 request = r.stop_requested or {}
@@ -961,16 +961,17 @@ class Orchestrator:
                         if p.get("until", math.inf) >= now}
             cluster_copy = view.cluster.copy_state()
             free = FreeGpus(cluster_copy)
+            schedulable = {n.name for n in cluster_copy.schedulable_nodes()}
             for _, p in promises.values():
-                idle = [(n, g) for n, g in _promise_gpus(p) if n in {x.name for x in cluster_copy.schedulable_nodes()}
-                        and g in cluster_copy.node(n).free_gpus]
-                _hold(cluster_copy, free, idle)
+                _hold(cluster_copy, free, [(n, g) for n, g in _promise_gpus(p)
+                                           if n in schedulable and g in cluster_copy.node(n).free_gpus])
             queue = [q for q in view.queue if int(q.job_id) not in promises]
             running = [self._elastic_running(r, now, resizable=r.stop_requested is None and r.id not in promises)
                        for r in rows if r.id not in out["forced"] and r.id in view.running]
             decision = elastic_pass(now, queue, running, free, self.elastic)
             until = now + 2 * stop_s
             remaining = {e.job_id: e.remaining for e in running}
+            unasked: set[str] = set()  # waiting jobs some of whose victims could not be asked (a cancel came first)
             for rz in decision.resizes:
                 job_id, to = int(rz.job_id), rz.placement.world_size
                 reason = f"resized to {to} GPUs" + (f" for job {rz.for_job}" if rz.for_job is not None else "")
@@ -984,6 +985,7 @@ class Orchestrator:
                                     "resize": {"kind": rz.kind, "from_gpus": rz.old_placement.world_size, "to_gpus": to}},
                     promised=promise))
                 if not asked.rowcount:
+                    unasked.add(rz.for_job)
                     continue
                 conn.execute(sa.insert(preemptions).values(
                     cluster=cname, job_id=job_id, preempted_by=by, asked_at=now, kind=rz.kind,
@@ -991,7 +993,7 @@ class Orchestrator:
                 out["asked"].append([job_id, rz.old_placement.world_size, to,
                                      None if rz.for_job is None else int(rz.for_job)])
                 log.info("job %s: %s (predicted gain %.0f s, cost %.0f s)", job_id, reason, rz.gain_s, rz.cost_s)
-            made_room = {int(rz.for_job) for rz in decision.resizes if rz.for_job is not None}
+            made_room = {int(rz.for_job) for rz in decision.resizes if rz.for_job not in (None, *unasked)}
             for queued, opt, placement in decision.started:
                 job_id = int(queued.job_id)
                 if job_id not in made_room:
