@@ -110,3 +110,82 @@ def test_a_low_priority_job_commits_yields_to_a_high_one_and_resumes_at_its_comm
     assert double_booked(orch.engine, CLUSTER["name"]) == 0
     preempted = [t for t in slack.texts() if f"preempted by job {b}" in t]
     assert len(preempted) == 1 and f"after step {stopped[0]}" in preempted[0], slack.texts()
+
+
+def _urgent_job_while_recovering(name: str, seen: dict, done: threading.Event) -> None:
+    """Once A's flow is recovering from its failure (diagnosed, checking its node: `forgeflow jobs`
+    says "recovering"): B arrives and the decider's preemption pass runs; once B holds the GPU, B ends."""
+    from scheduler.orchestrator.views import job_list
+
+    orch = seat.cluster_orchestrator()
+    while not done.wait(0.05):
+        if any(j["name"] == name and j["state"] == "recovering" for j in job_list(orch.engine)["jobs"]):
+            break
+    if done.is_set():
+        return
+    seen["b"] = orch.submit("urgent", demand_options(orch.cluster(RECOVERING), 1, duration_s=5),
+                            cluster=RECOVERING, priority=10)
+    seen["asked"] = orch.preempt(RECOVERING, stop_s=120)["asked"]
+    while not done.wait(0.1):
+        if orch.job(seen["b"])["state"] == "running":
+            orch.release(seen["b"])
+            return
+
+
+RECOVERING = "preempt-recovering"
+
+
+def test_a_job_preempted_while_it_recovers_yields_then_resumes_from_its_newest_checkpoint(
+        prefect_api, make_job, tmp_path, monkeypatch):
+    """Issue 31: the preemption arrives while A's flow is between attempts (a CUDA error diagnosed,
+    its node being checked). A launches nothing more, yields (released as preempted, queued at its
+    submit time), B runs, and A resumes from its newest committed checkpoint: no checkpoint lost,
+    no step after it trained twice, no restart counted for the preemption."""
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(yaml.safe_dump({**CLUSTER, "name": RECOVERING}, sort_keys=False))
+    job = make_job("preempted-recovering", training={"steps": 24, "lr_decay_steps": 24})
+    run_dir = load_job_spec(job).resolved_run_dir
+    monkeypatch.setattr(seat, "FLOW_LEASE_S", 3.0)
+    seen: dict = {}
+    done = threading.Event()
+    urgent = threading.Thread(target=_urgent_job_while_recovering, args=("preempted-recovering", seen, done),
+                              daemon=True)
+    urgent.start()
+    import flows.pretrain
+
+    real_node_check = flows.pretrain.node_check
+
+    def node_check_meanwhile_preempted(*args, **kwargs):  # the real check; B arrives while it runs
+        checked = real_node_check(*args, **kwargs)
+        deadline = time.monotonic() + 60
+        while "asked" not in seen and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return checked
+
+    monkeypatch.setattr(flows.pretrain, "node_check", node_check_meanwhile_preempted)
+    try:
+        result = pretrain(str(job), cluster=str(cluster), drill_faults=["cuda_error@14"], backoff_s=0.5,
+                          hang_timeout_s=120)
+    finally:
+        done.set()
+        urgent.join(timeout=30)
+
+    a, b = result.job_id, seen.get("b")
+    assert seen.get("asked") == [[a, b]], seen
+    assert result.finished and result.final_step == 24, result
+    assert len(result.failures) == 1 and result.failures[0].root_cause == "CUDAError", result.failures
+    assert len(result.placements) == 2, result.placements  # the failed attempt, then after B
+
+    log = runfiles.log_path(run_dir, 0)
+    assert _events(log, "resumed") == [10]  # the newest committed checkpoint before the failure at 14
+    steps = [r.step for r in read_steps(log, latest_only=False)]
+    assert steps == list(range(1, 15)) + list(range(11, 25)), steps  # 11-14 again, once: after the checkpoint
+
+    orch = seat.cluster_orchestrator()
+    with read_transaction(orch.engine) as conn:
+        events = [(j, e) for j, e in conn.execute(
+            sa.select(allocation_events.c.job_id, allocation_events.c.event)
+            .where(allocation_events.c.job_id.in_([a, b])).order_by(allocation_events.c.id))]
+    assert events == [(a, "allocate"), (a, "preempt"), (b, "allocate"), (b, "release"), (a, "allocate"),
+                      (a, "release")], events
+    assert double_booked(orch.engine, RECOVERING) == 0
