@@ -242,18 +242,22 @@ def _preempted(seat: Seat, outcome, job: str, notifier, link, report: ProgressRe
     at its submit time), say so, and wait to be placed again: (placement, None), or (None, why)
     when it was not placed again (cancelled meanwhile)."""
     by = seat.preempted_by()
+    resize = seat.resize()  # an elastic resize stops the same way; its next admission is the new layout
+    what = (f"resized from {resize['from_gpus']} to {resize['to_gpus']} GPUs"
+            + (f" for job {by}" if resize.get("kind") == "shrink" else "") if resize else f"preempted by job {by}")
     stop = outcome.stop if outcome is not None else None
     where = (f"after step {stop.step} with checkpoint {stop.checkpoint_step} committed" if stop
              else "while it recovered from a failure" if outcome is None
              else "with no new checkpoint committed on the way out")
-    get_run_logger().warning("%s preempted by job %s %s; waiting to be placed again", job, by, where)
-    report.phase("preempted", preempted_by=by)
-    send_alert(notifier, Alert(f"{job} preempted by job {by}: stopped {where}, queued again at its submit time",
-                               "warning", {"preempted by": f"job {by}"}, link=link))
+    get_run_logger().warning("%s %s %s; waiting to be placed again", job, what, where)
+    report.phase("preempted", preempted_by=by, **({"resize": resize} if resize else {}))
+    send_alert(notifier, Alert(f"{job} {what}: stopped {where}, queued again at its submit time",
+                               "info" if resize else "warning",
+                               {"resized" if resize else "preempted by": what if resize else f"job {by}"}, link=link))
     try:
         return seat.yield_to_preemption(), None
     except OrchestratorError as e:
-        return None, f"preempted by job {by} and not placed again: {e}"
+        return None, f"{what} and not placed again: {e}"
 
 
 def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, max_restarts: int, hang_timeout_s: float,

@@ -28,13 +28,16 @@ def _all_ready(cluster: Cluster) -> Cluster:
 
 # Policies whose options are the requested count, FCFS's list (stored for them since issue 30; a
 # job queued before has an empty list for them, and its FCFS list stands in: service, start_estimates)
-# (elastic since issue 31: it admits the requested count FCFS, `scheduler.policy.ADMITS_AS`; the
-# layouts a running job may resize to are its ECT list, every plan size)
+# (elastic since issue 31: it admits the requested count FCFS, `scheduler.policy.ADMITS_AS`)
 REQUESTED_AS = {"easy": "fcfs", "sjf": "fcfs", "elastic": "fcfs"}
-# The stored list a running job's elastic layouts come from (`scheduler.elastic.resizable_layouts`)
-ELASTIC_LAYOUTS = "ect"
-# The option lists stored with a job: one per admission policy, and elastic's
-STORED_POLICIES: tuple[str, ...] = POLICIES + ("elastic",)
+# The stored list a running job's elastic layouts come from (`scheduler.elastic.resizable_layouts`):
+# the best plan of every (GPU type, count, tp, pp), so that the data-parallel variants of the layout
+# a job runs are there even where another layout is the best of its count (ECT's list keeps only
+# that one: two GPUs of tp=2 hide the two of dp=2 a dp=1 job could grow to). A job queued before
+# has none; its ECT list stands in.
+ELASTIC_LAYOUTS = "layouts"
+# The option lists stored with a job: one per admission policy, elastic's, and its layouts
+STORED_POLICIES: tuple[str, ...] = POLICIES + ("elastic", ELASTIC_LAYOUTS)
 
 
 def _by_policy(sized: list[Option], fastest_type_first: list[str]) -> dict[str, list[Option]]:
@@ -103,6 +106,12 @@ def options_from_plans(plans: list[Any], steps: int, fastest_type_first: list[st
     options = _by_policy(sized, fastest_type_first)
     # HAS on a live job (ARCHITECTURE.md): walk the ranked plans, take the first the free GPUs satisfy.
     options["has"] = sized
+    layouts: dict[tuple[str, int, int, int], Option] = {}
+    for p in plans:  # best first: the first plan of a layout is the one to run
+        layouts.setdefault((p.gpu_type, p.num_gpus, p.tp, p.pp), Option(
+            gpu_type=p.gpu_type, num_gpus=p.num_gpus, unit=p.tp, min_memory_bytes=p.required_memory_bytes,
+            run_s=steps * p.predicted_step_time_s, plan=p, dp=p.dp, tp=p.tp, pp=p.pp))
+    options[ELASTIC_LAYOUTS] = list(layouts.values())
     return options
 
 

@@ -1007,12 +1007,12 @@ class Orchestrator:
 
     def _elastic_running(self, row: Any, now: float, *, resizable: bool) -> ElasticRunning:
         """A running job as `elastic_pass` sees it: its layout now (the stored option of its GPU type,
-        count, tp and pp; its ECT list holds every plan size), the layouts it may resize to (none
+        count, tp and pp; its stored layouts hold every plan's), the layouts it may resize to (none
         when `resizable` is False: asked to stop, or promised an admission), the fraction of its
         work left (its flow's progress, else its predicted end) and when it was last (re)admitted."""
         placement = placement_from_dict(row.placement)
         stored = row.options or {}
-        sized = [Option.from_dict(o) for o in stored.get(ELASTIC_LAYOUTS) or ()]
+        sized = [Option.from_dict(o) for o in stored.get(ELASTIC_LAYOUTS) or stored.get("ect") or ()]
         key = (placement.gpu_type, placement.world_size, placement.tp, placement.pp)
         current = next((o for o in sized if (o.gpu_type, o.num_gpus, o.tp, o.pp) == key), None)
         run_s = row.predicted_run_s or 0.0
