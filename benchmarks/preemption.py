@@ -26,7 +26,15 @@ Keys (last line):
   B's wait: a kill admits B within a decider pass of its arrival, while here A's flow first reads
   the request (every lease.STOP_CHECK_S = 2 s) and its ranks commit the step they are on.
 - `preemptions`, `stop_deadline_s`, `checkpoint_interval_steps`: the drill's settings.
-- `resize_s_p50`: null. Shrinking and growing (issue 31 items 2-3) are not built yet.
+- `resize_s_p50`: a second drill, elastic (issue 31 items 2-3): job C (the same model and
+  interval; the planner sizes it at one GPU) on an elastic cluster of two "GPUs" whose decider
+  serves with `policy: elastic` (`Orchestrator.serve`: the elastic pass every beat). The pass
+  grows C into the idle GPU; once C trains on two, a job B arrives for one GPU and the pass
+  shrinks C back (B holds it `--hold-s`). A resize's time is from the decision (its record's
+  `asked_at`) to C's first step on the new layout: the stop request read, the ranks' commit, the
+  release, the re-admission and a cold restart with the checkpoint resharded on load. The drill's
+  elastic config has no minimum interval and no resize cost (the tiny job's predicted gains are
+  fractions of a second); what it measures is the cost `ElasticConfig.resize_cost_s` should be.
 
 Measured 2026-11-29 (3 preemptions, checkpoints every 10 steps, the tiny GPT at ~0.5 s a step on
 a 2-core box): B admitted after 9.45 / 11.16 / 4.6 s (p50 9.45 s, max 11.16 s against a 60 s
@@ -38,7 +46,8 @@ against 15 (the box was busy with other benchmarks: A's wall 398 s).
 
 Run:  .venv/bin/python benchmarks/preemption.py [--preemptions 3] [--interval 10] [--hold-s 5]
 (--smoke: one preemption of a smaller model whose first attempt is slowed, checkpoints every 4
-steps, idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE unless set); same flows and keys.)
+steps, idle OpenMP threads sleeping (OMP_WAIT_POLICY=PASSIVE unless set), and in the elastic
+drill the grow only; same flows and keys.)
 """
 
 from __future__ import annotations
@@ -124,6 +133,98 @@ class Arrivals(threading.Thread):
             orch.release(b)
 
 
+ELASTIC_CLUSTER = {"name": "elastic-bench", "policy": "elastic",
+                   "nodes": [{"name": "duo", "gpu_type": "cpu", "gpu_count": 2, "gpu_memory_gib": 8,
+                              "peak_tflops": 0.05, "address": "127.0.0.1"}]}
+
+
+def elastic_drill(config: str, work: Path, interval: int, hold_s: float, overrides: dict | None,
+                  shrink: bool) -> list[float]:
+    """The elastic drill (module doc): C grows into the idle GPU, then (with `shrink`) shrinks back
+    for B. Returns each resize's seconds from the decision to C's first step on the new layout."""
+    import datetime as dt
+
+    import sqlalchemy as sa
+    import yaml
+
+    from flows.pretrain import pretrain
+    from infra import runfiles
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import preemptions
+    from scheduler.cluster import load_inventory
+    from scheduler.elastic import ElasticConfig
+    from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked
+    from training.config import load_job_spec
+    from training.runlog import LogFormatError, parse_line
+
+    steps = 12 * interval
+    job = write_job(config, work, "elastic", steps, interval, overrides)
+    run_dir = load_job_spec(job).resolved_run_dir
+    cluster = work / "elastic-cluster.yaml"
+    cluster.write_text(yaml.safe_dump(ELASTIC_CLUSTER, sort_keys=False))
+    decider = Orchestrator(None, OrchestratorConfig(),
+                           elastic=ElasticConfig(min_resize_interval_s=0.0, resize_cost_s=0.0))
+    decider.register(load_inventory(str(cluster)), source=str(cluster))
+    stop = threading.Event()
+    serving = threading.Thread(target=decider.serve, args=(ELASTIC_CLUSTER["name"],), kwargs={"stop": stop},
+                               daemon=True)
+
+    def newcomer() -> None:  # B, once C trains on two GPUs (its rank 1 steps)
+        while not stop.wait(0.1):
+            beats = runfiles.read_heartbeats(run_dir)
+            if 1 in beats and beats[1].phase == "train" and beats[1].step >= 2 * interval:
+                break
+        if stop.is_set():
+            return
+        b = decider.submit("newcomer", demand_options(decider.cluster(ELASTIC_CLUSTER["name"]), 1,
+                                                      duration_s=hold_s), cluster=ELASTIC_CLUSTER["name"])
+        while not stop.wait(0.1) and decider.job(b)["state"] != "running":
+            pass
+        stop.wait(hold_s)
+        decider.release(b)
+
+    arrival = threading.Thread(target=newcomer, daemon=True)
+    serving.start()
+    if shrink:
+        arrival.start()
+    try:
+        result = pretrain(str(job), cluster=str(cluster), hang_timeout_s=120, backoff_s=1.0)
+    finally:
+        stop.set()
+        serving.join(timeout=30)
+        if shrink:
+            arrival.join(timeout=30)
+    with read_transaction(decider.engine) as conn:
+        asked = [(r.kind, r.from_gpus, r.to_gpus, r.asked_at) for r in conn.execute(
+            sa.select(preemptions).where(preemptions.c.job_id == result.job_id).order_by(preemptions.c.asked_at))]
+    expected = [("grow", 1, 2)] + ([("shrink", 2, 1)] if shrink else [])
+    if not result.finished or result.failures or [a[:3] for a in asked[:len(expected)]] != expected \
+            or double_booked(decider.engine, ELASTIC_CLUSTER["name"]):
+        raise SystemExit(f"the elastic drill did not run as planned: finished={result.finished}, "
+                         f"{len(result.failures)} failures, resizes {asked} (expected {expected} first), "
+                         f"placements {[p['world_size'] for p in result.placements]} ({result.stopped_because})")
+    # each attempt's start and first step (the step line after its `started` event in rank 0's log);
+    # a resize's new layout is the first attempt started after its decision
+    def stamp(parsed) -> float:
+        return dt.datetime.strptime(parsed.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc).timestamp()
+
+    attempts: list[list[float]] = []  # [started, first step]
+    for line in runfiles.log_path(run_dir, 0).read_text().splitlines():
+        try:
+            parsed = parse_line(line)
+        except (LogFormatError, ValueError):
+            continue
+        if parsed.event == "started":
+            attempts.append([stamp(parsed)])
+        elif parsed.event is None and attempts and len(attempts[-1]) == 1:
+            attempts[-1].append(stamp(parsed))
+    times = [round(next(a[1] for a in attempts if a[0] > at and len(a) == 2) - at, 2)
+             for _, _, _, at in asked[:len(expected)]]
+    print(f"C: {steps} steps on {[p['world_size'] for p in result.placements]} GPUs; resizes "
+          f"{[a[:3] for a in asked]}: decision to first step on the new layout {times} s", flush=True)
+    return times
+
+
 def steps_trained_twice(log: Path) -> int:
     from training.runlog import read_steps
 
@@ -203,6 +304,7 @@ def main() -> None:
     log = runfiles.log_path(load_job_spec(job).resolved_run_dir, 0)
     waits = [r["preempt_to_admit_s"] for r in driver.records]
     print(f"A: {steps} steps, {result.attempts} attempts, {wall:.1f} s wall; B's waits {waits} s", flush=True)
+    resizes = elastic_drill(args.config, work, args.interval, args.hold_s, overrides, shrink=not args.smoke)
     headline = {
         "preempt_to_admit_s_p50": round(statistics.median(waits), 2),
         "preempt_to_admit_s_max": max(waits),
@@ -211,7 +313,7 @@ def main() -> None:
         "preemptions": len(driver.records),
         "stop_deadline_s": args.stop_s,
         "checkpoint_interval_steps": args.interval,
-        "resize_s_p50": None,
+        "resize_s_p50": round(statistics.median(resizes), 2),
     }
     print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
