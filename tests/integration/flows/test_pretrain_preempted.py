@@ -22,6 +22,7 @@ from infra.statedb.schema import allocation_events
 
 import scheduler.orchestrator.seat as seat
 from flows.pretrain import pretrain
+from tasks import checkpoint_events
 from infra import runfiles
 from scheduler.orchestrator import demand_options, double_booked
 from testing.node_faults import after_step
@@ -72,6 +73,8 @@ def test_a_low_priority_job_commits_yields_to_a_high_one_and_resumes_at_its_comm
     job = make_job("preempted", training={"steps": STEPS, "lr_decay_steps": STEPS})
     run_dir = load_job_spec(job).resolved_run_dir
     monkeypatch.setattr(seat, "FLOW_LEASE_S", 3.0)  # the holder reads stop requests every second
+    announced: list[int] = []  # each checkpoint-committed event triggers one evaluation
+    monkeypatch.setattr(checkpoint_events, "emit_checkpoint_committed", lambda ref, spec: announced.append(ref.step))
     seen: dict = {}
     done = threading.Event()
     urgent = threading.Thread(target=_urgent_job, args=(run_dir, seen, done), daemon=True)
@@ -96,6 +99,8 @@ def test_a_low_priority_job_commits_yields_to_a_high_one_and_resumes_at_its_comm
     stopped, resumed = _events(log, "stopped"), _events(log, "resumed")
     assert len(stopped) == 1 and stopped[0] >= ARRIVE_AFTER and resumed == stopped, (stopped, resumed)
     assert [r.step for r in read_steps(log, latest_only=False)] == list(range(1, STEPS + 1))
+    # every commit, the one made on the way out included, is announced once: evaluated once
+    assert stopped[0] in announced and announced == sorted(set(announced)) and announced[-1] == STEPS, announced
 
     orch = seat.cluster_orchestrator()
     a_row, b_row = orch.job(a), orch.job(b)
