@@ -53,8 +53,8 @@ SCRIPT_ARGS = {
 # Smokes whose flows would each start Prefect's temporary server (seconds to start and to stop,
 # each time): they share one instead, started for this module on the session's Prefect home and
 # handed to them as PREFECT_API_URL, the way a configured server is (the same client calls).
-# Not preemption: on the shared server its smoke took 55.6 s against 44.8 s on its own temporary
-# one (not yet explained: its flow is preempted and admitted again while B's job runs).
+# Not preemption: no gain measured there (one run each on a loaded box: 73.3 s on the shared
+# server, 68.4 s on its own temporary one).
 SHARED_PREFECT_SERVER = ("recovery.py", "control_plane_orphans.py")
 # A smoke takes seconds of CPU; the wall-clock limit only stops a hung one (a loaded 2-core box
 # has stretched the heaviest, recovery's three flow runs and torchrun baseline, to several minutes).
