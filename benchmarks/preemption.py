@@ -43,6 +43,11 @@ would have lost 15 steps (5 each: B arrived mid-interval). A's wall: 126 s for 1
 Then the holder read stop requests between renewals (lease.STOP_CHECK_S, 2 s) instead of only at
 its renewal (10 s): B admitted after 5.56 / 6.38 / 2.9 s (p50 5.56 s, max 6.38 s), 0 steps lost
 against 15 (the box was busy with other benchmarks: A's wall 398 s).
+2026-11-29, later (ranks' idle OpenMP threads sleep, fast exits; load 4-10 from another
+benchmark): B admitted after 2.74 / 3.56 / 2.46 s (p50 2.74 s, max 3.56 s), 0 steps lost against
+15. Elastic drill: C grew 1 -> 2 GPUs, shrank 2 -> 1 for the newcomer and grew back once it left;
+decision to first step on the new layout 13.22 s (grow) and 18.54 s (shrink): resize_s_p50 15.88 s
+(a cold restart of tiny-cpu on this box plus the stop, release and re-admission).
 
 Run:  .venv/bin/python benchmarks/preemption.py [--preemptions 3] [--interval 10] [--hold-s 5]
 (--smoke: one preemption of a smaller model whose first attempt is slowed, checkpoints every 4
