@@ -257,6 +257,20 @@ BF16_CASES = [
     Case("fp16-h256-l2-s256-v16k", _m(256, 2, 4, 2, 256, v=16000), micro=2, global_batch=2, precision="fp16"),
 ]
 
+# Calibration shapes added 2026-11-29 (issue 26, third change), after both held-out sets were
+# written down (so a list of their own: the fresh set's "only new shapes" check is against what
+# existed before it): half precision with GQA and MHA, micro batches 2-3, full recompute and
+# long sequences without recompute; none of them a held-out shape. scheduler/memory_model.py
+# names the tensors each one showed at its peak.
+BF16_CASES_2026_11_29 = [
+    Case("bf16-h256-l2-s768-b2-gqa-full", _m(256, 2, 8, 2, 768, v=4000), micro=2, global_batch=2,
+         precision="bf16", recompute="full"),
+    Case("bf16-h384-l2-s896-b3-gqa-full", _m(384, 2, 6, 2, 896, v=5000), micro=3, global_batch=3,
+         precision="bf16", recompute="full"),
+    Case("bf16-h320-l2-s1024-b2-gqa", _m(320, 2, 10, 2, 1024, v=3000), micro=2, global_batch=2, precision="bf16"),
+    Case("bf16-h256-l3-s1536-mha", _m(256, 3, 4, 4, 1536, v=3000), micro=1, global_batch=1, precision="bf16"),
+]
+
 
 # ---------------------------------------------------------------------------------------
 # HELD-OUT SET — decided 2026-11-23 before any further tuning of scheduler/memory_model.py, and
@@ -534,7 +548,7 @@ def main() -> int:
     sets = smoke_cases() if args.smoke else {
         "heldout": HELDOUT_CASES, "fresh": FRESH_HELDOUT_CASES, "frenzy": FRENZY_CASES,
         "grid": [] if args.heldout_only else grid(),
-        "half": [] if args.heldout_only else BF16_CASES,
+        "half": [] if args.heldout_only else BF16_CASES + BF16_CASES_2026_11_29,
         "fake": [] if args.no_fake or args.heldout_only else FAKE_CASES,
     }
     heldout, fresh, frenzy_cases = keep(sets["heldout"]), keep(sets["fresh"]), keep(sets["frenzy"])

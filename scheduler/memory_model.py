@@ -63,8 +63,18 @@ with the unfused softmax's forward moment and the small per-token and per-tensor
 left 95 % of the calibration rows a few bytes short. After the change: calibration 40 rows
 mean 0.9993, under-predicted 12.5 %, largest -0.53 %; the old held-out set mean 0.9954,
 2 of 9 under (largest -0.37 %); a fresh held-out set frozen before the change, mean 0.9955,
-2 of 10 under (largest -0.11 %, both bf16 with full recompute: the calibration rows show
-one fp32 s x s tensor not yet accounted for at the MLP backward under full recompute).
+2 of 10 under (largest -0.11 %, both bf16 with full recompute). Third change (2026-11-29),
+read off MemTracker's live tensors (creating op, shape, dtype) at the peak of calibration
+shapes only — the bf16/fp16 rows of the benchmark's BF16_CASES, four of them added for this
+(GQA and MHA, micro batch 1-3, full recompute, long sequences), none a held-out shape:
+under full recompute the last layer's softmax runs in its replay inside the backward, so the
+loss's per-token bookkeeping is alive there; the key after RoPE is alive at the unfused softmax
+(GQA); in the first forward the token ids and the last layer's input (its residual) are alive
+there; RoPE's cos/sin are stored in the activations' dtype (4 bytes were counted); the final
+norm's x·rstd is fp32 in half precision; the output layer's backward sees the half logits
+gradient, not the fp32 logits. Every one of those calibration shapes then matched MemTracker
+to the byte or over-predicted (at most a few bytes per token, or two h-wide tensors at the MHA
+full-recompute attention backward); the fp32 grid's predictions are unchanged.
 `MEGATRON_GPU` (and `MEGATRON_SDPA_GPU`, the fused-SDPA variant `training.attention: auto`
 builds on a GPU) is the default for GPUs: the same model code in bf16 on the stack
 forgeflow's worker image installs (megatron-core without TE/apex, so torch's foreach AdamW),
@@ -409,7 +419,13 @@ def layer_activation_terms(
         if profile.softmax_in_fp32 and e < 4:
             terms["attention_probs_fp32"] = scores * 4
         terms["context"] = tokens * h * e // t
-    terms["rope_cos_sin"] = 4 * s * m.head_dim * 4
+    # RoPE's cos and sin for q and for k: megatron's _apply_rotary_pos_emb_bshd computes them in
+    # fp32 from the fp32 frequencies and casts them to the activations' dtype
+    # (`(torch.cos(freqs) * mscale).to(t.dtype)`), and the multiplies save the cast copies:
+    # 4 x s x head_dim elements of e bytes (counted at 4 bytes before; MemTracker's live
+    # tensors on the bf16 calibration row bf16-h384-l2-s896-b3-gqa-full hold four
+    # s x head_dim bf16 tensors, 114,688 B each, per layer).
+    terms["rope_cos_sin"] = 4 * s * m.head_dim * e
     terms["attention_residual"] = tokens * h * e // sp
     norm("mlp_norm")
     terms["fc1_out"] = tokens * 2 * f * e // t
@@ -497,9 +513,17 @@ def _estimate_stage(
     final_norm = 0
     loss_per_token = 0
     if last:
-        final_norm = tokens * 4 // sp + tokens * h * e // sp * (2 if profile.rmsnorm_composite else 1)
-        if profile.rmsnorm_composite and e < 4:
-            final_norm += tokens * h * 4 // sp
+        final_norm = tokens * 4 // sp + tokens * h * e // sp  # rstd, the output the output layer saves
+        if profile.rmsnorm_composite:
+            # The composite RMSNorm's normalised input x·rstd, computed on the fp32 upcast, so
+            # fp32 in half precision too (counted at e bytes before: in the layers the
+            # residual-stream terms balance that, see `_half_norm_shortfall`, but after the final
+            # norm there is no residual). MemTracker's live tensors at the cross-entropy forward
+            # of the bf16 calibration row bf16-h256-l2-s128 hold final_layernorm's fp32 mul
+            # output, (128, 2, 256); the estimate was one tokens x h x 2 B short there.
+            final_norm += tokens * h * (4 if e < 4 else e) // sp
+            if e < 4:
+                final_norm += tokens * h * 4 // sp  # and the fp32 upcast of its input
         # The loss's per-token bookkeeping, alive from the loss through the whole backward:
         # the labels' contiguous int64 copy the vocab-parallel cross entropy is given and the
         # fp32 per-token loss the training loop holds until backward returns (12 bytes/token).
@@ -534,8 +558,13 @@ def _estimate_stage(
         events["cross-entropy forward"] = (stored - tokens * 4, logits,
                                            ce_per_token + (tokens * vocab_shard * e if e < 4 else 0))
         # Output layer backward: its weight gradient (before DDP's hook moves it into the
-        # grad buffer) and the gradient of its input.
-        events["output-layer backward"] = (stored, logits, vocab_shard * h * e + tokens * h * e)
+        # grad buffer) and the gradient of its input. In half precision the logits' gradient
+        # reaching it is the half copy the fp32 upcast's backward makes; the fp32 logits (turned
+        # in place into the softmax and then into their gradient) are freed by then. On the
+        # bf16 calibration row bf16-h256-l2-s128 MemTracker held, at the output layer's
+        # backward mm, a (128, 2, 4096) bf16 gradient and no fp32 logits-sized tensor.
+        events["output-layer backward"] = (stored, tokens * vocab_shard * e if last else 0,
+                                           vocab_shard * h * e + tokens * h * e)
     else:
         # Inner stages start their backward with the gradient received from the next stage.
         events["stage backward start"] = (stored, 0, tokens * h * e // sp)
@@ -557,7 +586,34 @@ def _estimate_stage(
             # The last layer's softmax in the forward (or in its replay under full recompute):
             # everything before this layer, the layer's saved inputs to the core attention
             # and the score-sized tensors of the unfused softmax.
-            before_layer = base - sum(replayed.values()) - loss_per_token
+            before_layer = base - sum(replayed.values())
+            if plan.recompute != "full":
+                # In the first forward the loss's bookkeeping does not exist yet, except the
+                # micro-batch's int64 token ids (8 B/token), the model's input, which the training
+                # loop holds throughout (MemTracker counts them once it has seen them, from the
+                # first loss on). The bf16 calibration shape LONG of
+                # tests/unit/scheduler/test_memory_estimator.py (no recompute) peaked at this
+                # softmax 256 x 8 B above the event without them.
+                before_layer -= loss_per_token - tokens * 8
+                if layers > 1:
+                    # The last layer's input, the previous layer's output: no node saves it (the
+                    # norm saves its fp32 upcast), but TransformerLayer.forward holds it as the
+                    # residual until the attention's output is added, so it is alive at this
+                    # softmax. The completed layers' terms do not contain it, and with one layer it
+                    # is the stage input, counted already. (Under full recompute each layer's
+                    # input is a saved term.) MemTracker on the bf16 calibration rows
+                    # bf16-h320-l2-s1024-b2-gqa and bf16-h256-l3-s1536-mha (no recompute, peak at
+                    # the last layer's softmax) held exactly one tokens x h x 2 B tensor more than
+                    # the event: layer L-2's output (the residual add's result).
+                    before_layer += tokens * h * e // sp
+            # Under full recompute that softmax runs in the layer's replay, which is part of the
+            # backward: all of the loss's per-token bookkeeping (the int64 token ids, the fp32
+            # per-token loss the training loop holds until backward returns, with tp > 1 the
+            # cross entropy's all-reduced per-token tensors, the 0-dim loss and its gradient)
+            # exists then. The calibration row bf16-h256-l2-s768-b2-gqa-full peaked at this
+            # replay's fp32 upcast (aten._to_copy in the last layer's scale_mask_softmax, in the
+            # backward) exactly 12 B/token + 8 B (18,440 B at 1,536 tokens) above the event
+            # when it was counted as absent.
             events["attention forward"] = _attention_forward(m, plan, profile, replayed, before_layer)
     if optimizer:
         # Alive through the step besides Adam's temporaries: the RoPE table (megatron's
@@ -715,6 +771,13 @@ def _attention_forward(
         transient += scores + (scores_fp32 if half_softmax_in_fp32 else 0)
     if m.kv_heads < m.num_attention_heads:
         transient += tokens * m.hidden_size * e // t  # the query's contiguous copy
+        if "k_rope" not in terms:
+            # The key after RoPE (tokens x kv_heads x head_dim): the core attention's matmul
+            # saves its repeated copy (`k_repeated`), but SelfAttention.forward's `key` still
+            # references it until the core attention returns. Missing before: the bf16
+            # calibration row bf16-h384-l2-s896-b3-gqa-full held one 688,128 B tensor
+            # (2,688 tokens x 128 x 2 B) at this moment that no term named.
+            transient += tokens * m.kv_heads * m.head_dim * e // t
         if "qkv_out" not in terms:  # saved under selective recompute, alive in any case
             transient += tokens * (m.hidden_size + 2 * m.kv_heads * m.head_dim) * e // t
         if plan.recompute == "selective":

@@ -192,7 +192,11 @@ def test_bf16_keeps_fp32_logits_and_softmax_copies():
     bd = estimate_memory(short, ParallelPlan(global_batch_size=1, precision="bf16"),
                          profile_for_device("A100-80G", "bf16", "local", fused_adam=True))
     assert bd.peak_event == "output-layer backward"
-    assert bd.logits == 256 * 32000 * 4  # fp32 whatever the training precision
+    # By the output layer's backward the fp32 logits are freed: the gradient reaching it is the
+    # half copy the fp32 upcast's backward makes (256·32000·2). The fp32 logits themselves are
+    # counted where they exist, at the cross-entropy forward (whatever the training precision;
+    # see test_cross_entropy_forward_counts_its_int64_index_and_the_token_ids).
+    assert bd.logits == 256 * 32000 * 2
 
 
 def test_profile_for_device():
@@ -294,8 +298,10 @@ def test_half_precision_softmax_backward_holds_three_fp32_score_tensors():
     # stage input 32,768 + input norm (rstd 1,024 + out, normalised 2 × 32,768 + fp32 input
     # 65,536) + qkv output 65,536 + q 32,768 + k 16,384 + context 32,768 + RoPE cos/sin 65,536
     # + attention residual 32,768 (the MLP half and the layer output are freed by then)
-    # + the RoPE table 256·16·4 = 16,384 + the loss's 256·12 + 8 = 3,080 + recompute's scalar 4
-    assert bd.activations == (32_768 + 132_096 + 65_536 + 32_768 + 16_384 + 32_768 + 65_536 + 32_768
+    # + the RoPE table 256·16·4 = 16,384 + the loss's 256·12 + 8 = 3,080 + recompute's scalar 4.
+    # RoPE cos/sin: 4·256·16 elements cast to bf16 (megatron's `.to(t.dtype)`), 32,768 (was
+    # counted in fp32, 65,536).
+    assert bd.activations == (32_768 + 132_096 + 65_536 + 32_768 + 16_384 + 32_768 + 32_768 + 32_768
                               + 16_384 + 3_080 + 4)
     assert bd.persistent_buffers == 524_288 + 65_536  # bf16 score buffer + boolean causal mask
 
@@ -305,14 +311,62 @@ def test_half_precision_attention_forward_is_a_peak_moment():
     bd = estimate_memory(LONG, plan, CPU_MEASURED, optimizer=False)
     assert bd.peak_event == "attention forward"
     # Saved up to the softmax: stage input 32,768, RoPE table 16,384, input norm 132,096, q and
-    # the repeated k, v 3 × 32,768, RoPE cos/sin 65,536, the probabilities in bf16 and fp32
-    # 524,288 + 1,048,576 (no loss yet).
-    assert bd.activations == 32_768 + 16_384 + 132_096 + 98_304 + 65_536 + 524_288 + 1_048_576 == 1_917_952
+    # the repeated k, v 3 × 32,768, RoPE cos/sin in bf16 4·256·16·2 = 32,768, the probabilities
+    # in bf16 and fp32 524,288 + 1,048,576; of the loss only the int64 token ids 256·8 = 2,048.
+    assert bd.activations == 32_768 + 16_384 + 132_096 + 98_304 + 32_768 + 524_288 + 1_048_576 + 2_048
+    assert bd.activations == 1_887_232
     # Alive besides: the raw scores 524,288, their fp32 upcast 1,048,576, the query's copy
-    # 32,768, the fused qkv output 256·128·2 = 65,536, and the norm's fp32 x·rstd beyond its
-    # bf16-sized term 256·64·2 = 32,768.
-    assert bd.transient == 524_288 + 1_048_576 + 32_768 + 65_536 + 32_768 == 1_703_936
-    assert bd.total == 100_096 + 199_424 + 1_917_952 + 1_703_936 + 589_824  # 4.30 MiB; measured 4.29
+    # 32,768, the fused qkv output 256·128·2 = 65,536, the norm's fp32 x·rstd beyond its
+    # bf16-sized term 256·64·2 = 32,768, and the key after RoPE 256·32·2 = 16,384.
+    assert bd.transient == 524_288 + 1_048_576 + 32_768 + 65_536 + 32_768 + 16_384 == 1_720_320
+    # MemTracker (CPU, bf16, forward + backward): 4,496,896 B, exactly this.
+    assert bd.total == 100_096 + 199_424 + 1_887_232 + 1_720_320 + 589_824 == 4_496_896
+
+
+def test_full_recompute_replay_holds_the_loss_bookkeeping():
+    """Under full recompute the last layer's softmax runs in its replay, inside the backward:
+    the loss's per-token bookkeeping (token ids, fp32 per-token loss, 0-dim loss and gradient:
+    256·12 + 8 = 3,080 B) is alive then; in the first forward only the token ids (256·8)."""
+    def at(recompute):
+        plan = ParallelPlan(global_batch_size=1, precision="bf16", recompute=recompute)
+        return estimate_memory(LONG, plan, CPU_MEASURED, optimizer=False)
+
+    full, none = at("full"), at("none")
+    assert full.peak_event == none.peak_event == "attention forward"
+    # the checkpointed layer input 32,768 + stage input 32,768 + RoPE table 16,384 + the loss's
+    # 3,080, then what the replay saves up to the softmax (as without recompute)
+    assert full.activations == (32_768 + 32_768 + 16_384 + 3_080
+                                + 132_096 + 98_304 + 32_768 + 524_288 + 1_048_576)
+    assert full.total == 4_530_696  # MemTracker (CPU, bf16, forward + backward): 4,530,696 B
+    # Absent without full recompute: the same moment holds only the token ids of the loss's
+    # bookkeeping (the other difference is the checkpointed layer input, 256·64·2).
+    assert full.activations - none.activations == 256 * 64 * 2 + 3_080 - 2_048
+    # Selective recompute replays the core attention in the backward, but its attention-forward
+    # moment is the first forward's: no loss bookkeeping either.
+    selective = estimate_memory(LONG, ParallelPlan(global_batch_size=1, precision="bf16", recompute="selective"),
+                                CPU_MEASURED, optimizer=False)
+    assert selective.peak_event == "attention backward"
+
+
+def test_the_last_layers_input_is_alive_at_its_softmax_without_full_recompute():
+    """With more than one layer the last layer's input (the previous layer's output) is held
+    as the residual until the attention's output is added: one tokens x h tensor that no
+    completed layer's terms contain. With full recompute it is a saved term already."""
+    two = LONG.model_copy(update={"num_layers": 2})
+    for recompute, extra in (("none", 256 * 64 * 2), ("full", 0)):
+        plan = ParallelPlan(global_batch_size=1, precision="bf16", recompute=recompute)
+        one_bd = estimate_memory(LONG, plan, CPU_MEASURED, optimizer=False)
+        two_bd = estimate_memory(two, plan, CPU_MEASURED, optimizer=False)
+        assert one_bd.peak_event == two_bd.peak_event == "attention forward"
+        layer = sum(layer_activation_terms(two, plan, CPU_MEASURED).values())
+        assert two_bd.activations - one_bd.activations == layer + extra
+
+
+def test_rope_cos_sin_are_stored_in_the_activation_dtype():
+    # megatron casts cos/sin to the activations' dtype: 4 x s x head_dim elements of e bytes
+    for precision, e in (("bf16", 2), ("fp16", 2), ("fp32", 4)):
+        terms = layer_activation_terms(LONG, ParallelPlan(global_batch_size=1, precision=precision), CPU_MEASURED)
+        assert terms["rope_cos_sin"] == 4 * 256 * 16 * e
 
 
 def test_fp32_and_flash_keep_their_peak_moments():
@@ -364,12 +418,14 @@ def test_cross_entropy_forward_counts_its_int64_index_and_the_token_ids():
     bd = estimate_memory(m, ParallelPlan(global_batch_size=1, precision="bf16", recompute="full"),
                          CPU_MEASURED, optimizer=False)
     assert bd.peak_event == "cross-entropy forward"
+    assert bd.logits == 128 * 4096 * 4  # fp32 logits in bf16 training
     # bf16 logits next to the fp32 copy (128·4096·2) and 37 B/token: masked targets, the
     # arange row index and the token ids (int64 each), the target mask, three fp32 per token.
     assert bd.transient == 1_048_576 + 128 * 37
-    # layer input and output 2·16,384 + RoPE table 8,192 + final norm 66,048 + the loss's
-    # 128·12 + 8, less the fp32 per-token loss that does not exist yet (128·4)
-    assert bd.activations == 32_768 + 8_192 + 66_048 + 1_544 - 512 == 108_040
+    # layer input and output 2·16,384 + RoPE table 8,192 + final norm 82,432 (rstd 512, bf16
+    # output 16,384, fp32 x·rstd 32,768 — counted at 2 bytes before — and fp32 input 32,768)
+    # + the loss's 128·12 + 8, less the fp32 per-token loss that does not exist yet (128·4)
+    assert bd.activations == 32_768 + 8_192 + 82_432 + 1_544 - 512 == 124_424
 
 
 # torch's multi-tensor AdamW (foreach), its default on CUDA and so megatron's without TE/apex.
