@@ -33,6 +33,24 @@ and fragmentation, the CUDA context). This script reports what a CPU can say, in
    (2 of 10, both bf16 with full recompute), largest under 0.11 % -> 0.11 %; every
    under-prediction far inside the planner's 10 % margin. The rate goal (<= 10 %) is met on
    neither set yet.
+   Third issue-26 change (c6618ee, 2026-11-29), again from calibration shapes only and
+   committed before either held-out set was re-measured: MemTracker's live tensors at the
+   peak (creating operator, shape, dtype) on the half-precision rows `BF16_CASES` and four new
+   ones, `BF16_CASES_2026_11_29` (GQA and MHA, micro batch 2-3, full recompute, long sequences;
+   none a held-out shape; which kind to build was steered by the note above that the fresh
+   shortfalls were bf16 + full recompute). Found, each an itemised tensor, no constant fitted:
+   under full recompute the last layer's softmax is replayed inside the backward, where the
+   loss's per-token bookkeeping is alive (12 B/token + 8 short); the key after RoPE is alive at
+   the unfused softmax (GQA); in the first forward the token ids and the last layer's input
+   (its residual) are alive there; RoPE's cos/sin are stored in the activations' dtype (counted
+   at 4 bytes, an excess that had hidden the others on the older rows); the final norm's x·rstd
+   is fp32 in half precision; the output layer's backward holds the half logits gradient, not
+   the fp32 logits. Measured 2026-11-29 (`--heldout-only`, 1,016 s on this loaded 2-core box;
+   every peak byte-identical to the 2026-11-28 run's): held-out 2026-11-23 mean 0.9983, worst
+   0.9914, mean signed +0.17 %, under-predicted 0 of 9; fresh 2026-11-28 mean 0.9981, worst
+   0.9911, mean signed +0.19 %, under-predicted 0 of 10; largest under-prediction 0 on both.
+   The goal (rate <= 10 %, none beyond the margin, mean >= 0.95) is met on both sets; the worst
+   rows are over-predictions (fp16/fp32 rows, +0.7..0.9 %).
 2. **Frenzy's formula where its own assumptions hold** (`FRENZY_CASES`): fp16,
    GPT-style parameter count (tied embedding, multi-head attention, a SwiGLU
    width of 8h/3 so a block holds 12h² weights like GPT's 4h MLP), no gradient
@@ -137,6 +155,9 @@ HEADLINE_KEYS = (
     "fake_mean_accuracy",
     "fake_worst_accuracy",
 )  # the last line, full run and --smoke alike (benchmarks.headline)
+# The regression grid's keys (absent from a --heldout-only run, like half_precision_* and fake_*).
+REGRESSION_KEYS = ("configs", "mean_accuracy", "worst_accuracy", "frenzy_mean_accuracy", "frenzy_worst_accuracy",
+                   "underprediction_rate", "largest_underprediction")
 
 # The fraction of GPU memory the planner keeps free (`PlannerConfig.memory_margin`): a plan is
 # kept when predicted <= (1 - margin) x capacity, so an under-prediction of up to `margin` of
@@ -645,7 +666,16 @@ def main() -> int:
             fake_mean_accuracy=round(fake_summary["mean"], 4),
             fake_worst_accuracy=round(fake_summary["worst"], 4),
         )
-    print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
+    # A partial run checks the keys of the tables it ran: --heldout-only skips the regression
+    # grid, the half-precision table and FakeTensorMode, --no-fake the last (without this the
+    # partial runs ended in checked_headline's error instead of their JSON line).
+    skipped: tuple[str, ...] = ()
+    if args.heldout_only and not args.smoke:
+        skipped = REGRESSION_KEYS + tuple(k for k in HEADLINE_KEYS if k.startswith(("half_precision_", "fake_")))
+    elif args.no_fake and not args.smoke:
+        skipped = tuple(k for k in HEADLINE_KEYS if k.startswith("fake_"))
+    required = tuple(k for k in HEADLINE_KEYS if k not in skipped)
+    print(json.dumps(checked_headline(headline, required)), flush=True)
     return 0
 
 
