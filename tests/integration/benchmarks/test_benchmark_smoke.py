@@ -109,9 +109,17 @@ def test_every_file_in_benchmarks_is_run_or_named_as_not_a_benchmark():
 def shared_prefect_api_url():
     """One Prefect server (the kind the flows' temporary one is) for SHARED_PREFECT_SERVER's smokes
     on this worker, on the session's Prefect home; started by the first of them that runs."""
+    import socket
+
     from prefect.server.api.server import SubprocessASGIServer
 
-    server = SubprocessASGIServer()
+    # A port of its own: SubprocessASGIServer() without one is the process's default server, which
+    # is the session's test API (`prefect_api`) once that started on this worker; stopping it here
+    # at module end refused every later flow test of the worker.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = SubprocessASGIServer(port=port)
     server.start(timeout=180)  # a fresh home's migrations take minutes on a loaded machine
     try:
         yield server.api_url
