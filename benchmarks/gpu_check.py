@@ -59,7 +59,9 @@
    planner's 10 % margin 6 -> 0. Held-out totals 0-10 come from heldout.log's table (GiB to two
    decimals), row 11 from grid.jsonl. The remaining under-predictions (largest -6.4 %, held-out
    row 5, full recompute) are within the margin; the fragmentation fraction varies 0.017-0.139
-   by row and is the largest source of spread.
+   by row and is the largest source of spread. Re-scored 2026-11-29 with the estimator's
+   itemised terms of issue 26 (scheduler/memory_model.py's docstring; same recorded rows, no new
+   GPU run): held-out mean 0.9716 -> 0.9719, under-predicted 6 -> 7 of 12, none beyond the margin.
 
 The last line is the JSON object {"gpu", "train_loss_first", "train_loss_last",
 "train_tokens_per_s", "memory_configs", "memory_mean_accuracy", "memory_worst_accuracy",

@@ -238,9 +238,10 @@ def _name_this_run(orchestrator, job_id: int, name: str, db) -> None:
 
 
 def _preempted(seat: Seat, outcome, job: str, notifier, link, report: ProgressReport):
-    """Yield the GPUs to the job this one was preempted for (released as preempted, queued again
-    at its submit time), say so, and wait to be placed again: (placement, None), or (None, why)
-    when it was not placed again (cancelled meanwhile)."""
+    """Yield the GPUs to the job this one was preempted for, or for an elastic resize (released as
+    preempted, queued again at its submit time; a resize's next admission is its new layout), say
+    so, and wait to be placed again: (placement, None), or (None, why) when it was not placed
+    again (cancelled meanwhile)."""
     by = seat.preempted_by()
     resize = seat.resize()  # an elastic resize stops the same way; its next admission is the new layout
     what = (f"resized from {resize['from_gpus']} to {resize['to_gpus']} GPUs"
