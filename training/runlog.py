@@ -140,6 +140,19 @@ def read_steps(path: str | Path, latest_only: bool = True) -> list[StepRecord]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def event_steps(path: str | Path, event: str) -> list[int]:
+    """The `step=` of each `event=EVENT` line of one rank log, in order (e.g. every `resumed`)."""
+    steps = []
+    for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            parsed = parse_line(line)
+        except (LogFormatError, ValueError):
+            continue
+        if parsed.event == event and "step" in parsed.fields:
+            steps.append(int(parsed.fields["step"]))
+    return steps
+
+
 def last_step(path: str | Path, tail_bytes: int = 16384) -> StepRecord | None:
     """The newest step record of a rank log, read from its last `tail_bytes` (cheap on a long
     log: a job's flow asks every few seconds); None when there is none there."""

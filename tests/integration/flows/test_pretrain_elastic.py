@@ -24,24 +24,13 @@ from infra import runfiles
 from scheduler.elastic import ElasticConfig
 from scheduler.orchestrator import Orchestrator, OrchestratorError, demand_options, double_booked
 from training.config import load_job_spec
-from training.runlog import LogFormatError, parse_line, read_steps
+from training.runlog import event_steps, read_steps
 
 CLUSTER = {"name": "elastic-live", "policy": "elastic",
            "nodes": [{"name": "duo", "gpu_type": "cpu", "gpu_count": 2, "gpu_memory_gib": 4, "peak_tflops": 0.05,
                       "address": "127.0.0.1"}]}
 STEPS, ARRIVE_AFTER = 300, 10  # A grows after 10 steps; B arrives 10 steps after A resumed on two
 
-
-def _events(log, name: str) -> list[int]:
-    steps = []
-    for line in log.read_text().splitlines():
-        try:
-            parsed = parse_line(line)
-        except LogFormatError:
-            continue
-        if parsed.event == name:
-            steps.append(int(parsed.fields["step"]))
-    return steps
 
 
 def _step(run_dir) -> int:
@@ -102,7 +91,7 @@ def test_a_data_parallel_job_shrinks_for_a_new_job_and_grows_back_when_it_ends(
     assert [p["world_size"] for p in result.placements] == [1, 2, 1], result.placements
 
     log = runfiles.log_path(run_dir, 0)
-    stopped, resumed = _events(log, "stopped"), _events(log, "resumed")
+    stopped, resumed = event_steps(log, "stopped"), event_steps(log, "resumed")
     assert len(stopped) == 2 and resumed == stopped, (stopped, resumed)  # each resize resumed at its stop step
     records = read_steps(log, latest_only=False)
     assert [r.step for r in records] == list(range(1, STEPS + 1))  # none lost, none trained twice

@@ -27,23 +27,12 @@ from infra import runfiles
 from scheduler.orchestrator import demand_options, double_booked
 from testing.node_faults import after_step
 from training.config import load_job_spec
-from training.runlog import LogFormatError, parse_line, read_steps
+from training.runlog import event_steps, read_steps
 
 CLUSTER = {"name": "preempt-live", "nodes": [{"name": "solo", "gpu_type": "cpu", "gpu_count": 1,
                                               "gpu_memory_gib": 4, "peak_tflops": 0.05, "address": "127.0.0.1"}]}
 STEPS, ARRIVE_AFTER = 40, 12
 
-
-def _events(log, name: str) -> list[int]:
-    steps = []
-    for line in log.read_text().splitlines():
-        try:
-            parsed = parse_line(line)
-        except LogFormatError:
-            continue
-        if parsed.event == name:
-            steps.append(int(parsed.fields["step"]))
-    return steps
 
 
 def _urgent_job(run_dir, seen: dict, done: threading.Event) -> None:
@@ -96,7 +85,7 @@ def test_a_low_priority_job_commits_yields_to_a_high_one_and_resumes_at_its_comm
 
     # resumed from exactly the step its stop committed: no step lost, none trained twice
     log = runfiles.log_path(run_dir, 0)
-    stopped, resumed = _events(log, "stopped"), _events(log, "resumed")
+    stopped, resumed = event_steps(log, "stopped"), event_steps(log, "resumed")
     assert len(stopped) == 1 and stopped[0] >= ARRIVE_AFTER and resumed == stopped, (stopped, resumed)
     assert [r.step for r in read_steps(log, latest_only=False)] == list(range(1, STEPS + 1))
     # every commit, the one made on the way out included, is announced once: evaluated once
@@ -182,7 +171,7 @@ def test_a_job_preempted_while_it_recovers_yields_then_resumes_from_its_newest_c
     assert len(result.placements) == 2, result.placements  # the failed attempt, then after B
 
     log = runfiles.log_path(run_dir, 0)
-    assert _events(log, "resumed") == [10]  # the newest committed checkpoint before the failure at 14
+    assert event_steps(log, "resumed") == [10]  # the newest committed checkpoint before the failure at 14
     steps = [r.step for r in read_steps(log, latest_only=False)]
     assert steps == list(range(1, 15)) + list(range(11, 25)), steps  # 11-14 again, once: after the checkpoint
 

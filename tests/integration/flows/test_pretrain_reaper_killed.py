@@ -23,7 +23,7 @@ from flows.pretrain import pretrain
 from infra import runfiles
 from testing.node_faults import after_step
 from training.config import load_job_spec
-from training.runlog import LogFormatError, parse_line, read_steps
+from training.runlog import event_steps, read_steps
 
 KILL_AFTER, STEPS = 10, 40
 
@@ -46,17 +46,6 @@ def _kill_the_reaper_after(run_dir, step: int, killed: dict[int, list[int]], don
         if killed:
             return
 
-
-def _steps_of(log, name: str) -> list[int]:
-    steps = []
-    for line in log.read_text().splitlines():
-        try:
-            parsed = parse_line(line)
-        except LogFormatError:
-            continue
-        if parsed.event == name:
-            steps.append(int(parsed.fields["step"]))
-    return steps
 
 
 def test_a_sigkilled_reaper_is_a_failure_recovered_from_with_no_process_left_behind(prefect_api, make_job):
@@ -82,8 +71,8 @@ def test_a_sigkilled_reaper_is_a_failure_recovered_from_with_no_process_left_beh
     (failure,) = result.failures
     assert failure.status == "failed", failure
     log = runfiles.log_path(run_dir, 0)
-    stopped, resumed = _steps_of(log, "stopped"), _steps_of(log, "resumed")
+    stopped, resumed = event_steps(log, "stopped"), event_steps(log, "resumed")
     assert len(stopped) == 1 and stopped[0] >= KILL_AFTER and resumed == stopped, (stopped, resumed)
     # every step trained exactly once: no orphaned ranks trained on beside the restart
     assert [r.step for r in read_steps(log, latest_only=False)] == list(range(1, STEPS + 1))
-    assert _steps_of(log, "finished") == [STEPS]
+    assert event_steps(log, "finished") == [STEPS]

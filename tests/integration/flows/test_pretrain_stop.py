@@ -26,7 +26,7 @@ from flows.pretrain import pretrain
 from infra import runfiles
 from testing.node_faults import after_step
 from training.config import load_job_spec
-from training.runlog import LogFormatError, parse_line, read_steps
+from training.runlog import event_steps, read_steps
 
 KILL_AFTER = 15  # attempt 1 (resumed at step 6) has its torchrun agent killed after this step
 
@@ -48,18 +48,6 @@ def _kill_the_torchrun_agent_after(run_dir, step: int, killed: list[int], done: 
         if killed:
             return
 
-
-def _events(log, name: str) -> list[int]:
-    """The steps of rank 0's `name` events, in order."""
-    steps = []
-    for line in log.read_text().splitlines():
-        try:
-            parsed = parse_line(line)
-        except LogFormatError:
-            continue
-        if parsed.event == name:
-            steps.append(int(parsed.fields["step"]))
-    return steps
 
 
 def test_stops_nobody_asked_for_are_failures_recovered_from_their_committed_step(prefect_api, make_job, slack):
@@ -92,7 +80,7 @@ def test_stops_nobody_asked_for_are_failures_recovered_from_their_committed_step
 
     # Each restart resumed from the step its stop committed: no step lost, none trained twice.
     log = runfiles.log_path(run_dir, 0)
-    stopped, resumed = _events(log, "stopped"), _events(log, "resumed")
+    stopped, resumed = event_steps(log, "stopped"), event_steps(log, "resumed")
     assert len(stopped) == 2 and stopped[0] == 6 and stopped[1] >= KILL_AFTER, stopped
     assert resumed == stopped and agent_killed.step == stopped[1], (resumed, agent_killed)
     assert [r.step for r in read_steps(log, latest_only=False)] == list(range(1, 41))

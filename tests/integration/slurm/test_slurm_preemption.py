@@ -17,7 +17,7 @@ import yaml
 
 from flows.pretrain import pretrain
 from infra.runfiles import log_path
-from training.runlog import LogFormatError, parse_line, read_steps
+from training.runlog import event_steps, read_steps
 
 
 def _slurm(slurm, *args: str, check: bool = True) -> str:
@@ -75,17 +75,8 @@ def test_a_low_partition_job_preempted_by_a_high_one_commits_resumes_and_finishe
     assert not result.failures and result.attempts == 2, result  # max_restarts=0: none was spent
     assert len(result.interruptions) == 1 and "PREEMPTED" in result.interruptions[0], result.interruptions
 
-    events = []
-    for line in log_path(run_dir, 0).read_text().splitlines():
-        try:
-            parsed = parse_line(line)
-        except (LogFormatError, ValueError):
-            continue
-        if parsed.event in ("stopped", "resumed"):
-            events.append((parsed.event, int(parsed.fields["step"])))
-    stopped = [s for e, s in events if e == "stopped"]
-    resumed = [s for e, s in events if e == "resumed"]
-    assert stopped and resumed and resumed[0] == stopped[0] >= 12, events  # from the step committed on the signal
+    stopped, resumed = event_steps(log_path(run_dir, 0), "stopped"), event_steps(log_path(run_dir, 0), "resumed")
+    assert stopped and resumed and resumed[0] == stopped[0] >= 12, (stopped, resumed)  # from the step committed on the signal
     # the loss curve goes on from there: the first step after the resume trains on, not from scratch
     records = read_steps(log_path(run_dir, 0), latest_only=False)
     first_loss = next(r.loss for r in records if r.step == 1)

@@ -118,3 +118,16 @@ def test_compute_timers_sum_only_forward_and_backward_compute():
         timers(name).stop()
     assert timers.take() >= 0.02  # both intervals, at least as long as the sleeps
     assert timers.take() == 0.0  # take() resets
+
+
+def test_event_steps_reads_each_events_step_in_order_and_skips_other_lines(tmp_path):
+    from training.runlog import event_steps
+
+    log = tmp_path / "rank0.log"
+    log.write_text("2026-11-29T10:00:00.000Z rank=0 event=stopped step=12 signal=SIGTERM\n"
+                   "torchrun noise\n"
+                   "2026-11-29T10:00:01.000Z rank=0 step=13 loss=1 lr=1e-3 grad_norm=1 tokens_per_s=1 elapsed_s=1\n"
+                   "2026-11-29T10:00:02.000Z rank=0 event=resumed step=12 world_size=2\n"
+                   "2026-11-29T10:00:03.000Z rank=0 event=stopped step=30\n")
+    assert event_steps(log, "stopped") == [12, 30] and event_steps(log, "resumed") == [12]
+    assert event_steps(log, "finished") == []
