@@ -7,6 +7,7 @@
     model             megatron-core GPTModel (Llama-style), pipeline stages, DDP wrapper, optimizer
     attention         core attention: megatron's unfused kernel or torch's fused SDPA
     megatron_compat   CPU patches for megatron-core 0.16.1 (applied only without CUDA)
+    fusion_compile    megatron's fused kernels compiled at their first call, not at import (rank start-up)
     schedule          learning-rate schedule
     spike             loss-spike detection and its marker
     faults            fault injection for drills (off unless asked for)
@@ -24,3 +25,7 @@
     cli               `forgeflow prepare | train | export`
     offload/          Mobius offloaded fine-tuning: stages in host memory, prefetched to the device
 """
+
+from training import fusion_compile
+
+fusion_compile.install()  # before anything imports megatron: its fusions compile when first called
