@@ -140,17 +140,22 @@ def read_steps(path: str | Path, latest_only: bool = True) -> list[StepRecord]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def event_steps(path: str | Path, event: str) -> list[int]:
-    """The `step=` of each `event=EVENT` line of one rank log, in order (e.g. every `resumed`)."""
-    steps = []
+def events(path: str | Path, event: str) -> list[dict[str, str]]:
+    """The fields of each `event=EVENT` line of one rank log, in order (e.g. every `started`)."""
+    found = []
     for line in Path(path).read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             parsed = parse_line(line)
         except (LogFormatError, ValueError):
             continue
-        if parsed.event == event and "step" in parsed.fields:
-            steps.append(int(parsed.fields["step"]))
-    return steps
+        if parsed.event == event:
+            found.append(dict(parsed.fields))
+    return found
+
+
+def event_steps(path: str | Path, event: str) -> list[int]:
+    """The `step=` of each `event=EVENT` line of one rank log, in order (e.g. every `resumed`)."""
+    return [int(fields["step"]) for fields in events(path, event) if "step" in fields]
 
 
 def last_step(path: str | Path, tail_bytes: int = 16384) -> StepRecord | None:

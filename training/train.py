@@ -15,6 +15,7 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -106,8 +107,9 @@ def train_step(ddp_chunks: list, optimizer, sampler, step: int, env, cfg, num_mi
     return StepResult(loss=(loss_sum / env.dp_size).item(), grad_norm=grad_norm)
 
 
-def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
-    """Run (or resume) the job; returns the process exit code (infra.runfiles)."""
+def train(spec: JobSpec, resume_from_step: int | None = None, warm: bool = False) -> int:
+    """Run (or resume) the job; returns the process exit code (infra.runfiles). `warm`: this rank
+    was started ahead, as a standby (training.standby), and only waited for this attempt."""
     from training.checkpointing import open_checkpointer
     from training.data import BatchSampler, PackedTokens, SkippedBatches, load_prepared
     from training.data import micro_batches_per_rank
@@ -143,7 +145,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None) -> int:
     model = build_model(spec.model, cfg)
     # what `auto` chose is part of the run's record (the same job runs unfused on CPU)
     log.event("started", attention=attention_kernel(cfg), parameters=count_parameters(model),
-              world_size=env.world_size)
+              world_size=env.world_size, warm=warm)
     ddp_model = wrap_data_parallel(model, cfg)
     optimizer = build_optimizer(ddp_model, cfg)
     ddp_chunks = ddp_model if isinstance(ddp_model, list) else [ddp_model]
@@ -269,7 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, warm: bool = False) -> int:
     args = parse_args(argv)
     try:
         if args.config_hash is not None:
@@ -285,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     from infra.storage import StorageError
 
     try:
-        return train(spec, resume_from_step=args.resume_from_step)
+        return train(spec, resume_from_step=args.resume_from_step, warm=warm)
     except StorageError as e:  # e.g. the preflight: bad credentials, missing bucket, full disk
         print(f"error: checkpoint storage ({type(e).__name__}): {e}", file=sys.stderr)
         return 2
@@ -298,10 +300,16 @@ def main(argv: list[str] | None = None) -> int:
         shutdown_distributed()
 
 
-if __name__ == "__main__":
+def run_worker(argv: list[str] | None = None, warm: bool = False) -> NoReturn:
+    """`main`, then exit with its code: a rank's whole life (`python -m training.train`, and a standby
+    rank once its gate opens: training.standby)."""
     try:
-        code = main()
+        code = main(argv, warm)
     except Exception:  # printed as Python would, through torch's hook: "[rankN]: ..." lines diagnosis reads
         sys.excepthook(*sys.exc_info())
         code = 1
     exit_now(code)  # without the interpreter's teardown: nothing is left to finalize by now
+
+
+if __name__ == "__main__":
+    run_worker()

@@ -1,0 +1,154 @@
+"""Warm restarts: the next attempt's world, started ahead and waiting at a gate.
+
+A cold restart starts a torchrun agent per node (it imports torch: 1.7 s here), which starts the
+ranks, each importing torch, megatron and the trainer (2.4 s), and then rendezvous. None of that
+depends on the attempt: only the worker's arguments (the attempt's spec file, the step to resume
+from, a drill) do. So once an attempt trains, the flow starts the *next* attempt's world on the
+same nodes (`Standby.start`): the same reaper, agent and ranks a launch would start, with
+`-m training.standby GATE` for the worker; its ranks import everything and wait for the gate
+file. When that attempt is launched on the same placement, `Standby.open` writes the gate (the
+worker's arguments and the attempt's environment) and the ranks run `training.train` at once: a
+restart is a rendezvous of processes that are already up, a checkpoint load and a step. A launch
+the standby does not match (another placement: a node was cordoned; another agent setting) is
+started cold and the standby is stopped; so is a standby that is no longer needed (the job ended).
+
+What it costs: one idle interpreter per rank with torch and megatron imported (host memory, no
+GPU memory: CUDA is initialised after the gate) and one agent per node. `wanted()` turns it on
+where a node has the cores to spare (at least two per rank: GPU servers have 8-28), not on a box
+whose every core already runs a rank (this test machine), where the standby's imports would
+slow the running attempt; the pretrain flow's `warm_standby` parameter overrides it.
+
+Only the local launcher (every node's torchrun under this process, `infra.launch.LocalLauncher`)
+keeps a standby: Slurm's would be a second allocation, Kubernetes' a second Job.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from infra.atomic_write import atomic_write_json
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalJob, LocalLauncher
+
+WORKER_MODULE = "training.train"  # what a launch runs on every rank: ["-m", WORKER_MODULE, *args]
+STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their gate opens
+# What torchrun's agent reads from its environment: a launch that sets them otherwise than the
+# standby's agent was started with is started cold (the ranks' variables travel through the gate).
+AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
+
+
+def gate_path(request: LaunchRequest) -> Path:
+    """The file a standby's ranks wait for: the attempt's worker arguments and environment."""
+    return request.run_dir / "launch" / f"attempt-{request.attempt}" / "standby-gate.json"
+
+
+def wanted(launcher: str, world_size: int, asked: bool | None = None, cores: int | None = None) -> bool:
+    """Whether a job of `world_size` ranks keeps a standby world: only on the local launcher
+    (whatever was `asked`); there as `asked`, by default where this machine has two cores per rank
+    (`cores`: this process's, os.sched_getaffinity)."""
+    if launcher != "local":
+        return False
+    if asked is not None:
+        return asked
+    cores = len(os.sched_getaffinity(0)) if cores is None else cores
+    return cores >= 2 * world_size
+
+
+def _agent_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(AGENT_ENV_PREFIXES)}
+
+
+@dataclass
+class Standby:
+    """The next attempt's world on `request`'s nodes, waiting at its gate (`gate_path`)."""
+
+    request: LaunchRequest  # the standby's own: attempt N, worker = training.standby GATE
+    job: LocalJob
+
+    @classmethod
+    def start(cls, launching: LaunchRequest, grace_s: float = 10.0) -> "Standby":
+        """Start the world for the attempt after `launching`, on its nodes, with its agent settings."""
+        attempt = launching.attempt + 1
+        request = replace(launching, attempt=attempt, env=_agent_env(launching.env),
+                          nodes=[replace(n, master_port=CHOOSE_ON_NODE_0) for n in launching.nodes])
+        request.worker_args = ["-m", STANDBY_MODULE, str(gate_path(request))]
+        gate_path(request).unlink(missing_ok=True)
+        return cls(request, LocalLauncher(grace_s).start(request))
+
+    def matches(self, request: LaunchRequest) -> str | None:
+        """None when `request` can run in this standby, else why not."""
+        def layout(r: LaunchRequest):
+            return [replace(n, master_port=CHOOSE_ON_NODE_0, master_addr="") for n in r.nodes]
+
+        if request.attempt != self.request.attempt:
+            return f"started for attempt {self.request.attempt}, not {request.attempt}"
+        if request.run_dir != self.request.run_dir:
+            return "another run directory"
+        if layout(request) != layout(self.request):
+            return "another placement"
+        if _agent_env(request.env) != self.request.env:
+            return "other agent settings"
+        if request.worker_args[:2] != ["-m", WORKER_MODULE]:
+            return f"another worker ({' '.join(request.worker_args[:2])})"
+        if any(code is not None for code in self.job.poll().values()):
+            return "its world exited"
+        return None
+
+    def open(self, request: LaunchRequest) -> LocalJob:
+        """Run `request` (which `matches`) in this world: its ranks start training now. The job is
+        the standby's processes, named after `request` (its log paths are the same)."""
+        why = self.matches(request)
+        if why is not None:
+            raise ValueError(f"the standby world cannot run attempt {request.attempt}: {why}")
+        atomic_write_json(gate_path(self.request), {"argv": list(request.worker_args[2:]),
+                                                    "env": dict(request.env)})
+        self.job.request = request
+        return self.job
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Stop the standby's processes (they only wait: nothing to commit) and drop their console
+        logs: an attempt started cold after it writes the same files, and its diagnosis must not
+        read the standby's shutdown there."""
+        self.job.terminate(grace_s=grace_s)
+        if self.job.request is self.request:  # never opened: nothing of an attempt's is in them
+            for log in self.job.log_paths().values():
+                log.unlink(missing_ok=True)
+
+
+class WarmRestarts:
+    """A flow's standby world across its attempts: `launch` runs an attempt in the standby when it
+    matches, else cold; `prepare_next` starts the standby for the attempt after (once the current
+    one trains); `close` stops what is left. Off (`enabled` False): every launch is cold."""
+
+    def __init__(self, enabled: bool, grace_s: float = 10.0, log=None):
+        self.enabled, self.grace_s = enabled, grace_s
+        self.standby: Standby | None = None
+        self._log = log or (lambda message: None)
+
+    def launch(self, request: LaunchRequest, start_cold) -> tuple[object, bool]:
+        """(the attempt's job, whether it started warm); `start_cold(request)` launches it otherwise."""
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            why = standby.matches(request)
+            if why is None:
+                return standby.open(request), True
+            self._log(f"attempt {request.attempt} starts cold: the standby world does not fit ({why})")
+            standby.stop()
+        return start_cold(request), False
+
+    def prepare_next(self, request: LaunchRequest) -> None:
+        """Start the world for the attempt after `request` (on its nodes), unless off or started."""
+        if self.enabled and self.standby is None:
+            self.standby = Standby.start(request, self.grace_s)
+
+    def close(self) -> None:
+        standby, self.standby = self.standby, None
+        if standby is not None:
+            standby.stop()
+
+    def __enter__(self) -> "WarmRestarts":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

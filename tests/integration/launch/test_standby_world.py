@@ -1,0 +1,63 @@
+"""infra.standby with real processes: a standby world waits at its gate, runs the attempt it is
+opened for, and one that does not fit is stopped and leaves nothing behind."""
+
+from __future__ import annotations
+
+import time
+
+import psutil
+
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
+from infra.standby import WarmRestarts, gate_path
+
+
+def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str]) -> LaunchRequest:
+    return LaunchRequest("job", local_node_launches(nodes, 1, CHOOSE_ON_NODE_0), worker_args, tmp_path,
+                         env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "15"}, attempt=attempt)
+
+
+def _waiting_ranks(gate) -> list[psutil.Process]:
+    """The standby's rank processes (python -m training.standby GATE), once they run."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        ranks = [p for p in psutil.process_iter(["cmdline"]) if str(gate) in (p.info["cmdline"] or [])
+                 and "training.standby" in p.info["cmdline"]]
+        if ranks:
+            return ranks
+        time.sleep(0.2)
+    raise AssertionError(f"no standby rank waits for {gate}")
+
+
+def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path):
+    with WarmRestarts(enabled=True, grace_s=2) as warm:
+        warm.prepare_next(_launch(tmp_path, 0, ["node-a"], ["-m", "training.train", "a.json"]))
+        _waiting_ranks(gate_path(warm.standby.request))
+        # the next attempt: training.train with a spec file that does not exist
+        attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", str(tmp_path / "missing.json")])
+        job, started_warm = warm.launch(attempt, start_cold=lambda request: None)  # (no cold start here)
+        assert started_warm and job.request is attempt
+        codes = job.wait(timeout=120)
+        log = job.log_paths()["node-a"].read_text()
+        # training.train's own refusal, from the waiting rank: its gate carried the attempt's arguments
+        assert "missing.json" in log and "error:" in log, log[-3000:]
+        assert codes["node-a"] not in (None, 0)
+
+
+def test_one_that_does_not_fit_is_stopped_and_the_attempt_starts_cold(tmp_path):
+    warm = WarmRestarts(enabled=True, grace_s=2)
+    warm.prepare_next(_launch(tmp_path, 0, ["node-a", "node-b"], ["-m", "training.train", "a.json"]))
+    standby = warm.standby
+    _waiting_ranks(gate_path(standby.request))
+    processes = standby.job.pids()
+    logs = list(standby.job.log_paths().values())
+    assert processes and all(log.exists() for log in logs)
+
+    # node-b was cordoned: the next attempt runs on node-a alone
+    started = []
+    attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", "a.json"])
+    job, started_warm = warm.launch(attempt, start_cold=lambda request: started.append(request) or "cold job")
+    assert (job, started_warm, started) == ("cold job", False, [attempt])
+    assert warm.standby is None
+    assert not [pid for pid in processes if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    assert not any(log.exists() for log in logs)  # the cold attempt's diagnosis reads no standby's shutdown
+    warm.close()  # nothing left: a no-op

@@ -1,0 +1,67 @@
+"""infra.standby: when a standby world is kept, and which launches it can run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
+from infra.standby import Standby, gate_path, wanted
+
+
+class _Running:
+    """A standby's job whose processes all run (poll: no exit code yet)."""
+
+    def __init__(self, nodes):
+        self.nodes, self.request = nodes, None
+
+    def poll(self):
+        return {node: None for node in self.nodes}
+
+
+def _launch(tmp_path: Path, attempt: int = 1, nproc: int = 1, env=None, worker="training.train") -> LaunchRequest:
+    nodes = local_node_launches(["node-a", "node-b"], nproc, CHOOSE_ON_NODE_0)
+    return LaunchRequest("job", nodes, ["-m", worker, "spec/attempt-%d.json" % attempt, "--config-hash", "abc"],
+                         tmp_path, env=dict(env or {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "35"}), attempt=attempt)
+
+
+def _standby_for(launching: LaunchRequest) -> Standby:
+    request = replace(launching, attempt=launching.attempt + 1,
+                      env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": launching.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]})
+    request.worker_args = ["-m", "training.standby", str(gate_path(request))]
+    return Standby(request, _Running([n.node for n in request.nodes]))
+
+
+def test_kept_on_the_local_launcher_where_there_are_two_cores_per_rank_unless_asked():
+    assert wanted("local", world_size=4, cores=8) and not wanted("local", world_size=4, cores=7)
+    assert wanted("local", world_size=4, cores=2, asked=True)
+    assert not wanted("local", world_size=1, cores=64, asked=False)
+    assert not wanted("slurm", world_size=1, cores=64) and not wanted("prefect", world_size=1, cores=64, asked=True)
+
+
+def test_the_next_attempt_on_the_same_nodes_runs_in_it_with_its_own_arguments_and_drills(tmp_path):
+    standby = _standby_for(_launch(tmp_path, attempt=0))
+    # the next attempt: another spec file, a drill and the flow run's scope for the ranks
+    launch = _launch(tmp_path, attempt=1, env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "35", "FORGEFLOW_FAULT": "oom_kill@9",
+                                               "FORGEFLOW_FAULT_SCOPE": "run-1"})
+    assert standby.matches(launch) is None
+    job = standby.open(launch)
+    assert job.request is launch
+    gate = json.loads(gate_path(standby.request).read_text())
+    assert gate == {"argv": ["spec/attempt-1.json", "--config-hash", "abc"],
+                    "env": {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "35", "FORGEFLOW_FAULT": "oom_kill@9",
+                            "FORGEFLOW_FAULT_SCOPE": "run-1"}}
+
+
+def test_a_launch_it_does_not_fit_says_why(tmp_path):
+    standby = _standby_for(_launch(tmp_path, attempt=0))
+    assert "attempt 1, not 2" in standby.matches(_launch(tmp_path, attempt=2))
+    assert standby.matches(_launch(tmp_path, nproc=2)) == "another placement"
+    one_node = _launch(tmp_path)
+    one_node.nodes = one_node.nodes[:1]
+    one_node.nodes[0] = replace(one_node.nodes[0], nnodes=1)
+    assert standby.matches(one_node) == "another placement"
+    assert standby.matches(_launch(tmp_path, env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "65"})) == "other agent settings"
+    assert "another worker" in standby.matches(_launch(tmp_path, worker="evalsuite.trial"))
+    assert standby.matches(replace(_launch(tmp_path), run_dir=tmp_path / "other")) == "another run directory"
