@@ -7,6 +7,11 @@ them, one partition, free ports chosen at start — and starts the two daemons.
 Every client (`sbatch`, `squeue`, `scontrol`, ...) needs `SLURM_CONF` pointing at
 that file, or it tries DNS SRV look-ups and fails: `LocalSlurm.env()` has it.
 
+`LocalSlurm(root, nodes=2)`: two Slurm nodes on this one host, one slurmd each (`slurmd -N NAME`,
+a port and a spool directory of its own; Debian's build runs several this way). Their names are
+ones this host resolves to itself (its own name, then `localhost`): a job's node rank 0 is the
+rendezvous host, reached by its Slurm node name. Each node claims the machine's CPUs.
+
 munged is shared by every Slurm on the machine and is started once and left
 running (it is a system daemon, not part of one cluster).
 
@@ -75,11 +80,26 @@ def node_name() -> str:
     return node_line().split()[0].split("=", 1)[1]
 
 
+# The names of the nodes of a several-node local Slurm: each must resolve to this host.
+EXTRA_NODE_NAMES = ("localhost",)
+
+
+def node_names(count: int) -> list[str]:
+    """The Slurm node names of a local Slurm of `count` nodes: this host's name, then EXTRA_NODE_NAMES.
+    In that order: slurmctld takes a first NodeName=localhost for this host itself, and then refuses
+    this host's own name ("Duplicated NodeHostName")."""
+    names = [node_name(), *[n for n in EXTRA_NODE_NAMES if n != node_name()]]
+    if not 1 <= count <= len(names):
+        raise SlurmUnavailable(f"a local Slurm has 1 to {len(names)} nodes on one host, not {count}")
+    return names[:count]
+
+
 @dataclass
 class LocalSlurm:
-    """One controller and one node daemon on this machine, configured under `root`."""
+    """One controller and `nodes` node daemons (one by default) on this machine, configured under `root`."""
 
     root: Path
+    nodes: int = 1
     conf: Path = field(init=False)
     processes: list[subprocess.Popen] = field(default_factory=list)
 
@@ -94,11 +114,28 @@ class LocalSlurm:
     def node(self) -> str:
         return node_name()
 
+    @property
+    def node_names(self) -> list[str]:
+        """Every node's Slurm name, in the configuration's order."""
+        return node_names(self.nodes)
+
+    def _node_lines(self, ports: list[int]) -> list[str]:
+        """One node: this machine as `slurmd -C` reports it. Several: the same hardware under each
+        name, each node's slurmd on its own port (NodeAddr: this host)."""
+        if self.nodes == 1:
+            return [node_line()]
+        hardware = " ".join(node_line().split()[1:])  # CPUs=.. RealMemory=.. State=UNKNOWN
+        return [f"NodeName={name} NodeHostname={name} NodeAddr=127.0.0.1 Port={port} {hardware}"
+                for name, port in zip(self.node_names, ports)]
+
     def write_conf(self) -> Path:
-        ctld_port, slurmd_port = free_ports(2)
-        for sub in ("state", "spool"):
+        ctld_port, slurmd_port, *node_ports = free_ports(2 + (self.nodes if self.nodes > 1 else 0))
+        several = self.nodes > 1
+        for sub in ("state", *([f"spool-{n}" for n in self.node_names] if several else ["spool"])):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         host = node_name()
+        # several slurmd on one host: `%n` is each one's node name
+        per_node = "-%n" if several else ""
         self.conf.write_text("\n".join([
             "ClusterName=forgeflow",
             f"SlurmctldHost={host}",
@@ -109,11 +146,11 @@ class LocalSlurm:
             "SlurmUser=root",
             "SlurmdUser=root",
             f"StateSaveLocation={self.root / 'state'}",
-            f"SlurmdSpoolDir={self.root / 'spool'}",
+            f"SlurmdSpoolDir={self.root / ('spool' + per_node)}",
             f"SlurmctldPidFile={self.root / 'slurmctld.pid'}",
-            f"SlurmdPidFile={self.root / 'slurmd.pid'}",
+            f"SlurmdPidFile={self.root / f'slurmd{per_node}.pid'}",
             f"SlurmctldLogFile={self.root / 'slurmctld.log'}",
-            f"SlurmdLogFile={self.root / 'slurmd.log'}",
+            f"SlurmdLogFile={self.root / f'slurmd{per_node}.log'}",
             # linuxproc: no cgroups in containers; it still kills a step's whole process tree.
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
@@ -135,7 +172,7 @@ class LocalSlurm:
             # REQUEUE: a preempted job that asked for no requeue (forgeflow's) ends PREEMPTED.
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
-            node_line(),
+            *self._node_lines(node_ports),
             f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO",
             "",
         ]))
@@ -150,10 +187,12 @@ class LocalSlurm:
         ensure_munge()
         self.write_conf()
         env = dict(os.environ, **self.env())
-        for daemon in ("slurmctld", "slurmd"):
+        daemons = [("slurmctld", ["-i"])] + ([("slurmd", [])] if self.nodes == 1
+                                             else [(f"slurmd-{n}", ["-N", n]) for n in self.node_names])
+        for daemon, extra in daemons:
             log = open(self.root / f"{daemon}.console", "ab")
             # -D: stay in the foreground so this object owns the process; -i: ignore stale state.
-            args = [_which(daemon), "-D", "-f", str(self.conf)] + (["-i"] if daemon == "slurmctld" else [])
+            args = [_which(daemon.split("-", 1)[0]), "-D", "-f", str(self.conf), *extra]
             self.processes.append(subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                    stdin=subprocess.DEVNULL, start_new_session=True))
         try:
@@ -174,25 +213,33 @@ class LocalSlurm:
                                            f"{self.log_tail()}")
             result = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=env, capture_output=True, text=True)
             state = result.stdout.strip()
-            if result.returncode == 0 and state.startswith("idle"):
+            states = state.split()
+            if result.returncode == 0 and len(states) == self.nodes and all(s.startswith("idle") for s in states):
                 return
             time.sleep(0.5)
-        raise SlurmUnavailable(f"the Slurm node is not idle after {timeout_s:.0f}s (state {state!r}): "
+        raise SlurmUnavailable(f"the Slurm node(s) not idle after {timeout_s:.0f}s (state {state!r}): "
                                f"{self.log_tail()}")
 
     def log_tail(self) -> str:
         parts = []
-        for name in ("slurmctld.log", "slurmd.log", "slurmctld.console", "slurmd.console"):
+        names = ["slurmctld.log", "slurmctld.console"] + (
+            ["slurmd.log", "slurmd.console"] if self.nodes == 1
+            else [f for n in self.node_names for f in (f"slurmd-{n}.log", f"slurmd-{n}.console")])
+        for name in names:
             path = self.root / name
             if path.exists():
                 parts.append(f"--- {name}\n" + path.read_text(errors="replace")[-1500:])
         return "\n".join(parts)
 
     def stop(self) -> None:
-        """Cancel what is still queued, then stop both daemons (steps die with slurmd's kill)."""
+        """Cancel what is still queued (every user's jobs), then stop the daemons (steps die with
+        slurmd's kill)."""
         if self.conf.exists():
-            subprocess.run(["scancel", "--full", "-u", "root"], env=dict(os.environ, **self.env()),
-                           capture_output=True)
+            env = dict(os.environ, **self.env())
+            queued = subprocess.run(["squeue", "-h", "-o", "%A"], env=env, capture_output=True, text=True)
+            jobs = queued.stdout.split() if queued.returncode == 0 else []
+            if jobs:
+                subprocess.run(["scancel", "--full", *jobs], env=env, capture_output=True)
         for proc in reversed(self.processes):
             if proc.poll() is None:
                 try:
