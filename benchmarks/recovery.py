@@ -76,6 +76,46 @@ line: HEADLINE_KEYS.
 With `--launcher slurm` every forgeflow attempt (and node check) is a Slurm batch job on the
 cluster SLURM_CONF names, or on a single-host Slurm this script starts (root, Debian's
 slurm-wlm + munge); the node_loss kind needs the two local nodes and is refused there.
+After the faults it runs two Slurm drills (`--slurm-drills preempt,pending`; each a flow run of
+its own on the same job config, about a minute or two each; with `--launcher local` they do not
+run and their keys are null). They are made for the single-host Slurm (they create partitions
+and block its one node with --exclusive jobs): on a shared cluster, `--slurm-drills none`.
+
+  preempt     (preempt_drill) partitions "recovery-low" (PriorityTier 1, PreemptMode=REQUEUE,
+              GraceTime 30 s) and "recovery-high" (tier 2) are created as in
+              tests/integration/slurm/test_slurm_preemption.py; the job trains in low, and at
+              mid-interval a high job (`sleep 10`, --exclusive, as another user's) preempts it.
+              `preempt_to_resumed_s`: from Slurm's preemption signal to rank 0's first step after
+              the resume. The signal's time is Slurm's PreemptTime for our job (`scontrol show
+              job`; whole seconds, so the later of it and our sbatch of the preemptor), not the
+              ranks' 'stopped' event: the commit the signal starts is part of what the
+              preemption costs. It includes the seconds the preemptor holds the node (the
+              table's "held": ~10 s of sleep plus its start; a higher tier's, not forgeflow's to
+              shorten), the commit (signal -> 'stopped') and the restart (the preemptor's EndTime
+              -> first step: the flow's resubmission, Slurm's start, torchrun, imports, load).
+              `preempt_lost_steps`: the newest step rank 0 trained before the stop minus the
+              step it resumed from (goal 0: the ranks commit the step they are on); it is the
+              preempt row of the per-fault table, with the restarts it spent (goal 0: a
+              preemption is an interruption, not a failure).
+  pending     (pending_drill) another user's `sleep` (--exclusive) holds the node; the job is
+              submitted behind it and stays PENDING 60 s, past the heartbeat timeout (40 s,
+              the drill's hang_timeout_s) and the watcher's start-up timeout (40 s, set as
+              tests/integration/slurm/test_slurm_delegated.py does: the flow's 600 s default is
+              too long to wait out here). `pending_reported_as_hang`, read from the flow's result:
+              attempts that failed as a hang, failed while the job was PENDING, or were replaced
+              by a new attempt before it left PENDING (goal 0). With a watcher that counted the
+              queue as start-up time this reads 1 (checked once by hand: the hang fires at the
+              start-up timeout, a restart is spent), so the 0 is measured, not built in.
+
+No baseline for either drill figure. Plain torchrun under Slurm has no flow: a job that is not
+requeueable (`--no-requeue`, or a site's JobRequeue=0) ends at the preemption and never comes
+back (no figure to compare); a requeueable one (Slurm's default) is put back in the queue by
+Slurm and its script starts torchrun again, from the newest checkpoint the worker committed.
+Its ranks are the same worker, whose SIGTERM handler commits the step it is on, so it would
+lose 0 steps too; what differs is only who resubmits (Slurm's requeue, or the flow's new
+attempt), and the wait for the preemptor dominates either, so the figure is not a ratio.
+Torchrun has no notion of PENDING (it starts when the batch job does), so a hang verdict on a
+queued job is a failure mode of a supervisor that watches from outside, forgeflow's alone.
 """
 
 from __future__ import annotations
@@ -109,7 +149,9 @@ HEADLINE_KEYS = (
     "node_loss_world_size", "torchrun_node_loss_seconds_to_resume", "hang_timeout_s", "hang_seconds_to_resume",
     "hang_detect_s", "hang_culprit_named",
     "torchrun_hang_seconds_to_resume", "torchrun_hang_detect_timeout_s", "per_kind_p50_s",
+    "preempt_to_resumed_s", "preempt_lost_steps", "pending_reported_as_hang",
 )
+DRILLS = ("preempt", "pending")
 TWO_NODES = {
     "name": "recovery-two-nodes",
     "inter_node_bandwidth_gbps": 10,
@@ -194,11 +236,12 @@ def slurm_cluster_file(work: Path) -> Path:
     return path
 
 
-def run_flow(job: Path, drills: list[str], hang_timeout_s: float, max_restarts: int) -> tuple[object, float]:
+def run_flow(job: Path, drills: list[str], hang_timeout_s: float, max_restarts: int,
+             cluster: str | None = None) -> tuple[object, float]:
     from flows.pretrain import pretrain
 
     started = time.time()
-    result = pretrain(str(job), cluster=LAUNCH["cluster"], launcher=LAUNCH["launcher"], backoff_s=1.0,
+    result = pretrain(str(job), cluster=cluster or LAUNCH["cluster"], launcher=LAUNCH["launcher"], backoff_s=1.0,
                       hang_timeout_s=hang_timeout_s, drill_faults=drills or None, max_restarts=max_restarts)
     return result, time.time() - started
 
@@ -335,6 +378,241 @@ def add_phases(rows: list[dict], result) -> None:
                    act_s=round(relaunched - failure.diagnosed_at, 2),
                    restart_s=round(row["first_step_at"] - relaunched, 2),
                    culprit=failure.culprit, suspect_ranks=failure.suspect_ranks, suspect_nodes=failure.suspect_nodes)
+
+
+# --- the Slurm drills (--launcher slurm): a preemption, a long PENDING ---------------------
+
+DRILL_LOW, DRILL_HIGH = "recovery-low", "recovery-high"  # the preemption drill's partitions (created here)
+PREEMPTOR_HOLD_S = 10  # the high-tier job holds the node this long (a sleep), then the flow's job may start again
+PREEMPT_MARGIN_S = 10.0  # the preemption drill's job trains at least this long after the preemptor's sbatch
+PENDING_HANG_TIMEOUT_S = 40.0  # the pending drill's flow: heartbeat timeout ...
+PENDING_STARTUP_TIMEOUT_S = 40.0  # ... and the watcher's start-up timeout (infra.watch; 600 s by default)
+PENDING_HOLD_S = 60.0  # the drill's job stays PENDING this long: past both timeouts
+
+
+def _slurm(*args: str, check: bool = True) -> str:
+    """A Slurm client command against SLURM_CONF's cluster (slurm_cluster_file set it)."""
+    out = subprocess.run(list(args), capture_output=True, text=True)
+    if check and out.returncode:
+        raise SystemExit(f"{' '.join(args)} exited {out.returncode}: {out.stderr.strip() or out.stdout.strip()}")
+    return out.stdout.strip()
+
+
+def _job_fields(job_id: str) -> dict[str, str]:
+    out = _slurm("scontrol", "show", "job", "-o", job_id, check=False)
+    return dict(item.split("=", 1) for item in out.split() if "=" in item)
+
+
+def _slurm_time(text: str | None) -> float | None:
+    """One of `scontrol show job`'s times (whole seconds, the controller's local time), as time.time()."""
+    if not text or text in ("None", "Unknown", "(null)"):
+        return None
+    return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+
+
+def _until(what: str, check, timeout_s: float, alive=lambda: True):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and alive():
+        found = check()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise SystemExit(f"timed out waiting for {what}" + ("" if alive() else " (the drill's flow ended)"))
+
+
+def drill_partitions() -> tuple[str, str]:
+    """Two partitions on every node, as tests/integration/slurm/test_slurm_preemption.py's: "low"
+    (PriorityTier 1, PreemptMode=REQUEUE, 30 s GraceTime to commit) and "high" (tier 2); the
+    cluster's PreemptType=preempt/partition_prio (testing.slurm_local's) lets high preempt low.
+    Created unless there; needs a Slurm operator (root on the local Slurm); removed at exit."""
+    import atexit
+
+    existing = _slurm("scontrol", "show", "partition", "-o", check=False)
+    for name, extra in ((DRILL_LOW, ["PriorityTier=1", "PreemptMode=REQUEUE", "GraceTime=30"]),
+                        (DRILL_HIGH, ["PriorityTier=2"])):
+        if f"PartitionName={name} " in existing:
+            continue
+        _slurm("scontrol", "create", f"PartitionName={name}", "Nodes=ALL", *extra, "State=UP")
+        atexit.register(_slurm, "scontrol", "delete", f"PartitionName={name}", check=False)
+    return DRILL_LOW, DRILL_HIGH
+
+
+def drill_cluster_file(work: Path, partition: str) -> Path:
+    """slurm_cluster_file's cluster with its jobs submitted to `partition` (a cluster of its own name)."""
+    import yaml
+
+    cluster = yaml.safe_load((work / "cluster-slurm.yaml").read_text())
+    cluster["name"] = f"recovery-slurm-{partition}"
+    cluster["slurm"]["partition"] = partition
+    path = work / f"cluster-slurm-{partition}.yaml"
+    path.write_text(yaml.safe_dump(cluster, sort_keys=False))
+    return path
+
+
+def _flow_thread(job: Path, hang_timeout_s: float, max_restarts: int, cluster: str | None) -> tuple:
+    results: list = []
+
+    def target() -> None:
+        try:
+            results.append(run_flow(job, [], hang_timeout_s, max_restarts, cluster=cluster))
+        except BaseException as e:  # noqa: BLE001 - re-raised by the drill
+            results.append(e)
+
+    thread = threading.Thread(target=target, daemon=True, name=f"flow-{job.stem}")
+    thread.start()
+    return thread, results
+
+
+def _flow_result(thread: threading.Thread, results: list, timeout_s: float, what: str):
+    thread.join(timeout=timeout_s)
+    if thread.is_alive():
+        raise SystemExit(f"{what}: the flow did not end within {timeout_s:.0f} s")
+    if isinstance(results[0], BaseException):
+        raise results[0]
+    return results[0]
+
+
+def preempt_drill(config: str, work: Path, interval: int, overrides: dict | None, hang_timeout_s: float,
+                  step_s: float) -> dict:
+    """The forgeflow job trains in the low partition; at mid-interval (interval + interval/2, where a
+    kill would lose interval/2 steps) a high-partition job (a `sleep`, as another user's would be)
+    that needs every CPU of the node is submitted, and Slurm preempts ours: SIGTERM to its steps,
+    the ranks commit the step they are on and stop, the flow records an interruption (no restart
+    spent) and submits the job again; it stays PENDING until the preemptor's sleep ends. The job
+    has PREEMPT_MARGIN_S of steps (at `step_s` a step, at least two intervals) after that step, so
+    Slurm's signal (a second or two after the sbatch) lands while it trains, not after its last step.
+
+    Measured from the preemption signal: Slurm's PreemptTime for our attempt's job (`scontrol show
+    job`; the moment it chose the job and signalled it). It has whole seconds, so the later of it and
+    our sbatch of the preemptor (the signal cannot come before that) is taken. Not the ranks'
+    'stopped' event: that comes after the commit the signal starts, which is part of what a
+    preemption costs. Up to rank 0's first step after the resume (its run log). Phases:
+    commit (signal -> rank 0's 'stopped'), held (-> the preemptor's EndTime: the node is the
+    higher tier's, nothing forgeflow can shorten; PREEMPTOR_HOLD_S of sleep plus its start-up),
+    restart (-> the first step: the flow's resubmission, Slurm's start, torchrun, load)."""
+    from infra import runfiles
+    from training.config import load_job_spec
+    from training.runlog import last_step
+
+    low, high = drill_partitions()
+    cluster = drill_cluster_file(work, low)
+    at = interval + interval // 2
+    margin = max(2 * interval, -(-int(PREEMPT_MARGIN_S / max(step_s, 1e-3)) // interval) * interval)
+    job = write_job(config, work, "preempt-drill", at + margin, interval, overrides)
+    run_dir = load_job_spec(job).resolved_run_dir
+    log0 = runfiles.log_path(run_dir, 0)
+    thread, results = _flow_thread(job, hang_timeout_s, 0, str(cluster))  # no restart to spend: none is needed
+
+    def reached() -> bool:
+        try:
+            record = last_step(log0)
+        except OSError:
+            return False
+        return record is not None and record.step >= at
+
+    _until(f"the preemption drill's job to reach step {at}", reached, 600, thread.is_alive)
+    ours = (run_dir / "launch" / "attempt-0" / "slurm-job-id").read_text().strip()
+    submitted_at = time.time()
+    preemptor = _slurm("sbatch", "--parsable", f"--partition={high}", "--exclusive", "--job-name=high-priority",
+                       "--output=/dev/null", "--wrap", f"sleep {PREEMPTOR_HOLD_S}").split(";")[0]
+    try:
+        result, wall = _flow_result(thread, results, 600, "the preemption drill")
+    finally:
+        _slurm("scancel", preemptor, check=False)
+    assert result.finished, result
+    preempt_at = _slurm_time(_job_fields(ours).get("PreemptTime"))
+    if preempt_at is None:
+        raise SystemExit(f"the preemption drill: Slurm never preempted job {ours} (no PreemptTime); "
+                         f"interruptions {result.interruptions}, failures {[f.root_cause for f in result.failures]}")
+    signal_at = max(preempt_at, submitted_at)
+    held = _job_fields(preemptor)
+    held_until = _slurm_time(held.get("EndTime"))
+    lines = [(l, _ts(l.time)) for l in _lines(log0)]
+    stopped = next(((l, t) for l, t in lines if l.event == "stopped" and t >= signal_at - 1), None)
+    resumed = next(((l, t) for l, t in lines if l.event == "resumed" and stopped and t > stopped[1]), None)
+    if stopped is None or resumed is None:
+        raise SystemExit(f"the preemption drill: rank 0's log has no 'stopped' then 'resumed' after the preemption "
+                         f"at {signal_at:.0f} ({log0})")
+    (stop_line, stop_t), (resume_line, resume_t) = stopped, resumed
+    trained = [int(l.fields["step"]) for l, t in lines if "loss" in l.fields and t <= stop_t]
+    first_t = next(t for l, t in lines if "loss" in l.fields and t > resume_t)
+    resumed_step = int(resume_line.fields["step"])
+    row = {
+        "kind": "preempt", "rank": None, "fault_step": max(trained), "resumed_from_step": resumed_step,
+        "lost_steps": max(trained) - resumed_step,
+        "world_size_after": int(resume_line.fields.get("world_size", 0)) or None,
+        "seconds_to_resume": round(first_t - signal_at, 2),
+        "commit_s": round(stop_t - signal_at, 2),
+        "held_s": round(held_until - stop_t, 2) if held_until else None,
+        "restart_s": round(first_t - held_until, 2) if held_until else None,
+        "stopped_step": int(stop_line.fields["step"]), "attempts": result.attempts,
+        "restarts_spent": len(result.failures), "interruptions": list(result.interruptions),
+        "slurm_jobs": {"ours": ours, "preemptor": preemptor}, "wall_s": round(wall, 1),
+    }
+    print(f"preemption drill: job {ours} preempted by {preemptor} at step {row['fault_step']}; "
+          f"{result.attempts} attempts, {len(result.failures)} failures; interruptions: {result.interruptions}",
+          flush=True)
+    return row
+
+
+def pending_drill(config: str, work: Path, interval: int, overrides: dict | None) -> dict:
+    """Another user's job (a `sleep`, --exclusive) holds every CPU of the node; the forgeflow job is
+    submitted behind it and stays PENDING for PENDING_HOLD_S, longer than the flow's heartbeat
+    timeout (PENDING_HANG_TIMEOUT_S, passed as the flow's hang_timeout_s) and the watcher's
+    start-up timeout (PENDING_STARTUP_TIMEOUT_S, set as tests/integration/slurm/test_slurm_delegated.py
+    does; 600 s by default, too long for a benchmark); then the sleeper is cancelled and the job
+    trains to its end. `pending_reported_as_hang` counts, from the flow's result, the attempts
+    that failed as a hang, failed before the job left PENDING, or were replaced by a new attempt
+    (a launch directory) before it left PENDING; 0 is the goal: a queued job is no hang and
+    costs no restart. max_restarts=2, so that a wrong verdict is counted instead of ending the run."""
+    import functools
+
+    import tasks.pretrain_tasks as pretrain_tasks
+    from infra.watch import watch
+    from training.config import load_job_spec
+
+    job = write_job(config, work, "pending-drill", interval, interval, overrides)
+    run_dir = load_job_spec(job).resolved_run_dir
+    sleeper = _slurm("sbatch", "--parsable", "--exclusive", "--job-name=someone-else", "--output=/dev/null",
+                     "--wrap", "sleep 900").split(";")[0]
+    pretrain_tasks.watch = functools.partial(watch, startup_timeout_s=PENDING_STARTUP_TIMEOUT_S)
+    released_at = None
+    try:
+        _until("the other user's sleeper to run",
+               lambda: _slurm("squeue", "-h", "-j", sleeper, "-o", "%T", check=False) == "RUNNING", 120)
+        thread, results = _flow_thread(job, PENDING_HANG_TIMEOUT_S, 2, None)
+        id_file = run_dir / "launch" / "attempt-0" / "slurm-job-id"
+        ours = _until("the pending drill's batch job", lambda: id_file.exists() and id_file.read_text().strip(),
+                      300, thread.is_alive)
+        def pending_reason() -> str | None:
+            out = _slurm("squeue", "-h", "-j", ours, "-o", "%T|%r", check=False)
+            return out.split("|", 1)[1] if out.startswith("PENDING|") else None
+
+        reason = _until("Slurm to hold it PENDING", pending_reason, 120, thread.is_alive)
+        pending_since = time.time()
+        while thread.is_alive() and time.time() - pending_since < PENDING_HOLD_S:
+            time.sleep(0.5)
+        _slurm("scancel", sleeper, check=False)
+        released_at = time.time()
+        result, wall = _flow_result(thread, results, 600, "the pending drill")
+    finally:
+        pretrain_tasks.watch = watch
+        if released_at is None:
+            _slurm("scancel", sleeper, check=False)
+    wrong = {f.attempt for f in result.failures if f.status == "hang" or f.detected_at < released_at}
+    wrong |= {k - 1 for k in range(1, result.attempts)
+              if (run_dir / "launch" / f"attempt-{k}").exists()
+              and (run_dir / "launch" / f"attempt-{k}").stat().st_mtime < released_at}
+    row = {"slurm_job": ours, "sleeper": sleeper, "reason": reason, "pending_s": round(released_at - pending_since, 1),
+           "hang_timeout_s": PENDING_HANG_TIMEOUT_S, "startup_timeout_s": PENDING_STARTUP_TIMEOUT_S,
+           "finished": result.finished, "final_step": result.final_step, "attempts": result.attempts,
+           "failures": [f"{f.status}: {f.root_cause}" for f in result.failures], "reported_as_hang": len(wrong),
+           "wall_s": round(wall, 1)}
+    print(f"pending drill: job {ours} PENDING ({reason}) for {row['pending_s']} s behind {sleeper} (hang timeout "
+          f"{PENDING_HANG_TIMEOUT_S:.0f} s, start-up timeout {PENDING_STARTUP_TIMEOUT_S:.0f} s): "
+          f"{result.attempts} attempt(s), failures {row['failures']}, reported as a hang or restarted while "
+          f"pending: {len(wrong)}", flush=True)
+    return row
 
 
 # --- the baseline: plain torchrun --------------------------------------------------------
@@ -511,6 +789,9 @@ def main() -> None:
                              "collective timeout)")
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
+    parser.add_argument("--slurm-drills", default=",".join(DRILLS),
+                        help="with --launcher slurm: the Slurm drills to run after the faults, comma-separated, "
+                             f"from {', '.join(DRILLS)} ('none': neither; their keys are then null)")
     parser.add_argument("--smoke", action="store_true",
                         help="one oom_kill, interval 4, no calibration run, a tiny model: same flows and keys")
     args = parser.parse_args()
@@ -529,6 +810,10 @@ def main() -> None:
         parser.error("--kinds: node_loss must come last (the node stays dead)")
     if args.launcher == "slurm" and "node_loss" in kinds:
         parser.error("--kinds: node_loss needs the two local nodes; not with --launcher slurm")
+    drills = [] if args.launcher != "slurm" else [d.strip() for d in args.slurm_drills.split(",")
+                                                   if d.strip() and d.strip() != "none"]
+    if set(drills) - set(DRILLS):
+        parser.error(f"--slurm-drills: unknown {sorted(set(drills) - set(DRILLS))}; use {', '.join(DRILLS)} or none")
 
     work = Path(tempfile.mkdtemp(prefix="forgeflow-recovery-"))
     os.environ.setdefault("PREFECT_HOME", str(work / "prefect-home"))
@@ -581,14 +866,14 @@ def main() -> None:
         placement = placement or free.placements[0]  # the baseline's layout: the flow's own
 
     # forgeflow with the faults: the cuda_error drill rides on its attempt's environment
-    drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
+    fault_drills = ["cuda_error@%d:%d" % (f.at_step, f.rank) if f.kind == "cuda_error" else "" for f in faults]
     faulty_job = write_job(args.config, work, "with-faults", steps, args.interval, overrides)
     faulty_dir = load_job_spec(faulty_job).resolved_run_dir
     with NodeLoss("node-b", trigger=lambda: False) as node_loss:
         driver = FaultDriver(faulty_dir, faults, node_loss, checkpoints=load_job_spec(faulty_job).checkpoint.url)
         driver.start()
         try:
-            faulty, wall_faults = run_flow(faulty_job, drills, args.hang_timeout_s, len(faults) + 2)
+            faulty, wall_faults = run_flow(faulty_job, fault_drills, args.hang_timeout_s, len(faults) + 2)
         finally:
             driver.stop.set()
     assert faulty.finished, faulty
@@ -610,6 +895,14 @@ def main() -> None:
         timeout_s=wall_faults * 3 + (MEGATRON_GROUP_TIMEOUT_S if args.baseline_hang else 0))
     theirs = resume_times(runfiles.log_path(base_dir, 0), base_faults)
 
+    # the Slurm drills (--launcher slurm): a preemption by a higher tier, a long PENDING behind another job
+    preempted = None
+    if "preempt" in drills:
+        times = step_times(runfiles.log_path(faulty_dir, 0))  # the step time under the flow (a restart's gap is one)
+        step_s = statistics.median(b - a for (_, a), (_, b) in zip(times, times[1:]))
+        preempted = preempt_drill(args.config, work, args.interval, overrides, args.hang_timeout_s, step_s)
+    pending = pending_drill(args.config, work, args.interval, overrides) if "pending" in drills else None
+
     print(f"\n{'system':>9} {'kind':>10} {'step':>5} {'from':>5} {'lost':>5} {'world':>5} {'detect':>7} "
           f"{'diagnose':>8} {'act':>6} {'restart':>8} {'to resume':>9}")
     for who, rows in (("forgeflow", ours), ("torchrun", theirs)):
@@ -617,6 +910,12 @@ def main() -> None:
             print(f"{who:>9} {p['kind']:>10} {p['fault_step']:>5} {p['resumed_from_step']:>5} {p['lost_steps']:>5} "
                   f"{p['world_size_after'] or '-':>5} {p.get('detect_s', '-'):>7} {p.get('diagnose_s', '-'):>8} "
                   f"{p.get('act_s', '-'):>6} {p.get('restart_s', '-'):>8} {p['seconds_to_resume']:>9.2f}")
+    if preempted:  # from Slurm's signal: its phases are commit, held (by the preemptor), restart
+        p = preempted
+        print(f"{'forgeflow':>9} {'preempt':>10} {p['fault_step']:>5} {p['resumed_from_step']:>5} {p['lost_steps']:>5} "
+              f"{p['world_size_after'] or '-':>5} {'-':>7} {'-':>8} {'-':>6} {p['restart_s'] or '-':>8} "
+              f"{p['seconds_to_resume']:>9.2f}   (signal -> stopped {p['commit_s']} s, held by the preemptor "
+              f"{p['held_s']} s; restarts spent {p['restarts_spent']})")
     print(f"\nforgeflow fault-free: {'-' if wall_free is None else f'{wall_free:.1f} s'} wall for {steps} steps; "
           f"with {len(ours)} faults: "
           f"{wall_faults:.1f} s; plain torchrun with {len(theirs)} faults: {wall_torchrun:.1f} s")
@@ -662,6 +961,9 @@ def main() -> None:
         "torchrun_hang_detect_timeout_s": MEGATRON_GROUP_TIMEOUT_S,
         "per_kind_p50_s": {k: {"forgeflow": _p50(kind_of(ours, k)), "torchrun": _p50(kind_of(theirs, k))}
                            for k in sorted(set(kinds))},
+        "preempt_to_resumed_s": preempted["seconds_to_resume"] if preempted else None,
+        "preempt_lost_steps": preempted["lost_steps"] if preempted else None,
+        "pending_reported_as_hang": pending["reported_as_hang"] if pending else None,
     }
     print(json.dumps(checked_headline(headline, HEADLINE_KEYS)), flush=True)
 
