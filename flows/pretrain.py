@@ -41,14 +41,15 @@ from diagnosis.recovery import (
 from checkpoint.manifest import committed_checkpoints
 from diagnosis.report import failure_markdown
 from scheduler.orchestrator import OrchestratorError
-from scheduler.orchestrator.lease import HeldJob
+from scheduler.orchestrator.lease import DelegatedJob, HeldJob
 from scheduler.cluster import load_inventory
-from scheduler.orchestrator.seat import ProgressReport, Seat, cluster_orchestrator, withdraw
+from scheduler.orchestrator.seat import ProgressReport, Seat, cluster_orchestrator, delegated_placement, withdraw
 from scheduler.planner import next_plan_hint
 from tasks.checkpoint_events import CommitAnnouncer
 from flows.evaluate import created_through_the_api
 from tasks.eval_tasks import register_for_evaluation
 from tasks.cluster_tasks import (
+    FlowDelegatedSeat,
     FlowSeat,
     choose_slurm_option,
     delegates_to_slurm,
@@ -149,10 +150,16 @@ def pretrain(
     # worker's SIGTERM) takes it out in `finally`, however early it comes. One that comes before
     # (or a run cancelled before any worker started it) is the release-cancelled deployment's.
     cluster_name = None
+    # Delegated Slurm (issue 32): Slurm decides where and when each attempt runs, so the job is
+    # recorded in the orchestrator as a mirror of its batch job (`forgeflow jobs` and `cluster
+    # queue` show what Slurm says) but never admitted onto the orchestrator's GPUs: it holds no
+    # lease and no allocation, and no other job waits for GPUs it does not use.
+    delegated = delegates_to_slurm(launcher, inventory)
     try:
         cluster_name = join_cluster(orchestrator, inventory, db=db,
                                     source=None if cluster in ("", "local") else str(Path(cluster).resolve()))
-        submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db)
+        submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db,
+                               delegated_to="slurm" if delegated else None)
         job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
         db.subject = f"{spec.name} (job {job_id})"
         _name_this_run(orchestrator, job_id, spec.name, db)
@@ -160,7 +167,8 @@ def pretrain(
         preflight_storage(spec)  # the job's own checkpoint prefix, before it waits for GPUs
         report.phase("queued")
         try:
-            placement = wait_for_gpus(orchestrator, job_id, plans, spec.name, db=db)
+            placement = (delegated_placement(plans, inventory, spec.name) if delegated
+                         else wait_for_gpus(orchestrator, job_id, plans, spec.name, db=db))
         except OrchestratorError as e:  # cancelled (or failed by an operator) while it waited
             state = db.call(lambda: orchestrator.job(job_id)["state"], f"job {job_id} reading its state")
             result = PretrainResult(job=spec.name, finished=False, attempts=0, final_step=0,
@@ -173,9 +181,11 @@ def pretrain(
             return result
         # 3. Hold the GPUs while attempts run: the lease is renewed in the background and the
         #    GPUs are released however the flow ends (a flow that dies stops renewing and its
-        #    lease expires).
-        with HeldJob(orchestrator, job_id, db=db) as held:
-            seat = FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db)
+        #    lease expires). A delegated job holds nothing: its stop requests are read all the same.
+        with (DelegatedJob if delegated else HeldJob)(orchestrator, job_id, db=db) as held:
+            seat = (FlowDelegatedSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db,
+                                      inventory=inventory) if delegated
+                    else FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db))
             result = _train(spec, inventory, placement, seat, report, max_restarts=max_restarts,
                             hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
                             breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
@@ -319,11 +329,17 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
                                   "pp": placement.pp, "gpu_type": placement.gpu_type,
                                   "micro_batch_size": getattr(placement.plan, "micro_batch_size", None)})
         report.phase("training", attempt=attempt)
+        gpus = f"{placement.world_size}x {placement.gpu_type}"
         outcome = run_attempt(spec, placement, attempt, resume_from, overrides,
                               hang_timeout_s, env, progress, launcher, announcer, cluster=inventory,
                               stop_when=seat.lease_lost, stop_requested=seat.stop_requested,
-                              on_step=report.step,  # and Slurm's reason while it keeps the job queued:
-                              on_waiting=lambda why: report.phase("waiting" if why else "training", waiting=why))
+                              # each step; and Slurm's reason while it keeps the job queued (a
+                              # delegated job's seat mirrors what Slurm says of its batch job)
+                              on_step=lambda step: (report.step(step), seat.attempt_running()),
+                              on_waiting=lambda why: (report.phase("waiting" if why else "training", waiting=why),
+                                                      seat.attempt_waiting(why)),
+                              on_started=lambda handle: seat.attempt_started(handle, gpus))
+        seat.attempt_ended()
         announcer.poll(force=True)
         result.attempts = attempt + 1
         result.final_step = max(result.final_step, outcome.last_step)

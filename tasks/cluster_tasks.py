@@ -25,8 +25,8 @@ from infra.statedb.retry import OUTAGE_ERRORS, OutagePolicy, StateDbRetry
 from infra.untrusted_text import fenced
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
-from scheduler.orchestrator.seat import (Seat, SubmittedJob, adopt_job, admitted_placement, cordon_nodes,
-                                        plan_and_submit, sync_inventory)
+from scheduler.orchestrator.seat import (DelegatedSeat, Seat, SubmittedJob, adopt_job, admitted_placement,
+                                        cordon_nodes, plan_and_submit, sync_inventory)
 from scheduler.orchestrator.start_estimates import queue_estimates, start_text
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
 from scheduler.placement import Placement
@@ -185,18 +185,31 @@ def choose_slurm_option(spec: JobSpec, plans: list, placement: Placement, attemp
 
 @task(name="submit-job", cache_policy=NO_CACHE)
 def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0,
-               job_id: int | None = None, db: StateDbRetry | None = None) -> SubmittedJob:
+               job_id: int | None = None, db: StateDbRetry | None = None,
+               delegated_to: str | None = None) -> SubmittedJob:
     """`plan_and_submit` (MARP plans on every GPU type, queued), or with `job_id` `adopt_job` (the
     job `forgeflow submit` queued), and the ranked plans as a table. A submission the database
-    did not answer was rolled back, so it is made again."""
+    did not answer was rolled back, so it is made again. `delegated_to` ("slurm": delegated
+    mode, `delegates_to_slurm`): recorded as a delegated job, never queued for the orchestrator's
+    GPUs (an adopted one leaves the queue: `Orchestrator.delegate`)."""
     db = db or StateDbRetry()
-    submitted = db.call(lambda: adopt_job(orch, job_id) if job_id is not None
-                        else plan_and_submit(orch, spec, cluster, priority), f"queueing {spec.name}")
+
+    def submit() -> SubmittedJob:
+        if job_id is None:
+            return plan_and_submit(orch, spec, cluster, priority, delegated_to=delegated_to)
+        adopted = adopt_job(orch, job_id)
+        if delegated_to is not None:
+            orch.delegate(job_id, delegated_to)
+        return adopted
+
+    submitted = db.call(submit, f"queueing {spec.name}")
     job_id, plans, spec = submitted.job_id, submitted.plans, submitted.spec
     inventory = db.call(lambda: orch.cluster(cluster), f"job {job_id} reading its cluster")
     publish_plans(spec.name, cluster, plans)
-    get_run_logger().info("job %s queued with the orchestrator as job %d (%d plan(s) on %s); run directory %s",
-                          spec.name, job_id, len(plans), ", ".join(inventory.gpu_types()), spec.run_dir)
+    where = (f"recorded with the orchestrator as job {job_id}, delegated to {delegated_to} (it decides where and "
+             "when; nothing is held here)" if delegated_to else f"queued with the orchestrator as job {job_id}")
+    get_run_logger().info("job %s %s (%d plan(s) on %s); run directory %s",
+                          spec.name, where, len(plans), ", ".join(inventory.gpu_types()), spec.run_dir)
     return submitted
 
 
@@ -279,6 +292,13 @@ class FlowSeat(Seat):
 
     def wait_for_gpus(self) -> Placement:
         return wait_for_gpus(self.orchestrator, self.job_id, self.plans, self.job, poll_s=self.poll_s, db=self.db)
+
+    def cordon(self, inventory: Cluster, nodes: list[str], why: str) -> None:
+        cordon_faulty(self.orchestrator, self.cluster, inventory, nodes, why, db=self.db)
+
+
+class FlowDelegatedSeat(DelegatedSeat):
+    """`DelegatedSeat` (Slurm's delegate mode: no GPUs held here) whose cordon is this module's task."""
 
     def cordon(self, inventory: Cluster, nodes: list[str], why: str) -> None:
         cordon_faulty(self.orchestrator, self.cluster, inventory, nodes, why, db=self.db)

@@ -77,11 +77,13 @@ def run_attempt(
     stop_requested: Callable[[], str | None] | None = None,
     on_step: Callable[[int], None] | None = None,
     on_waiting: Callable[[str | None], None] | None = None,
+    on_started: Callable[[object], None] | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
     `stop_when()` gives a reason: the job's GPU lease was lost; or `stop_requested()` does:
     `forgeflow cancel`, the ranks commit the step they are on). `on_step(step)`: each new step;
-    `on_waiting(reason)`: while a batch system (Slurm) keeps the job queued, and None once it runs.
+    `on_waiting(reason)`: while a batch system (Slurm) keeps the job queued, and None once it runs;
+    `on_started(job)`: the launcher's handle of the attempt, once launched (submitted to Slurm).
     An attempt Slurm ended (time limit, preemption, node failure) comes back "evicted", with why.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
@@ -121,6 +123,8 @@ def run_attempt(
             on_waiting(reason)
 
     try:
+        if on_started is not None:  # (inside the try: the job is terminated whatever the hook does)
+            on_started(job)
         # A job the batch system keeps queued is no hang: the watcher's start-up timeout starts once it runs.
         requested = wait_until_started(job, on_waiting=waiting, stop_requested=stop_requested)
         if requested:

@@ -81,7 +81,9 @@ jobs = sa.Table(
     sa.Column("spec", JSON, nullable=True),  # the job spec as submitted (JobSpec dump or a GPU demand)
     sa.Column("options", JSON, nullable=False),  # {policy: [Option, ...]} from MARP plans at submit
     sa.Column("priority", sa.Integer, nullable=False, default=0),
-    # queued | running | finished | failed | cancelled (lost jobs are re-queued or failed)
+    # queued | running | finished | failed | cancelled (lost jobs are re-queued or failed);
+    # (migration 0014) delegated: in a batch system that decides where and when it runs (Slurm's
+    # delegate mode): never admitted onto the orchestrator's GPUs, no lease, no allocation
     sa.Column("state", sa.String(20), nullable=False, default="queued"),
     sa.Column("submitted_at", sa.Float, nullable=False),
     sa.Column("queued_at", sa.Float, nullable=False),  # submit, or the last re-queue
@@ -106,7 +108,11 @@ jobs = sa.Table(
     # (migration 0013) the admission an elastic resize promised the job: {"option", "placement",
     # "reason", "until"}; its GPUs are kept from other jobs until then; cleared when admitted
     sa.Column("promised", JSON, nullable=True),
-    sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled')", name="ck_jobs_state"),
+    # (migration 0014) a delegated job's mirror of what the batch system says, written by its flow:
+    # {"system": "slurm", "id", "state" (PENDING, RUNNING, ...), "reason", "nodes", "gpus", "at"}
+    sa.Column("batch", JSON, nullable=True),
+    sa.CheckConstraint("state in ('queued', 'running', 'finished', 'failed', 'cancelled', 'delegated')",
+                       name="ck_jobs_state"),
 )
 sa.Index("ix_jobs_cluster_state", jobs.c.cluster, jobs.c.state)
 

@@ -442,13 +442,19 @@ def _queue(args: argparse.Namespace) -> int:
         print(json.dumps(snap, indent=2))
         return 0
     console = Console(width=200)
+    delegated = snap.get("delegated", [])
     table = Table(title=_plain(f"queue of {snap['cluster']}: {len(snap['queued'])} waiting, "
-                               f"{len(snap['running'])} running"))
+                               f"{len(snap['running'])} running"
+                               + (f", {len(delegated)} in the batch system (they hold no GPUs here)"
+                                  if delegated else "")))
     for col in ("#", "job id", "name", "team", "state", "priority", "wants / holds", "since", "note"):
         table.add_column(col)
     for j in snap["queued"]:
         table.add_row(*map(_plain, (str(j["position"]), str(j["job_id"]), j["name"], j["team"] or "", "queued",
                                     str(j["priority"]), j["wants"] or "", _when(j["submitted_at"]), j["reason"] or "")))
+    for j in delegated:  # the site's batch system (Slurm) decides where and when: what it says
+        table.add_row(*map(_plain, ("", str(j["job_id"]), j["name"], j["team"] or "", "delegated", str(j["priority"]),
+                                    j["batch_text"] or "", _when(j["submitted_at"]), j["reason"] or "")))
     for j in snap["running"] + snap["ended"]:
         p = j.get("placement")
         holds = f"{p['world_size']}x {p['gpu_type']} on {', '.join(p['nodes'])}" if p else ""
@@ -496,7 +502,7 @@ def _jobs(args: argparse.Namespace) -> int:
                 "why / last diagnosis"):
         table.add_column(col)
     style = {"running": "green", "finished": "blue", "failed": "red", "cancelled": "yellow",
-             "recovering": "magenta", "preempted": "magenta", "waiting": "yellow"}
+             "recovering": "magenta", "preempted": "magenta", "waiting": "yellow", "delegated": "yellow"}
     for j in listing["jobs"]:
         step = f"{j['step']}/{j['steps']}" if j["step"] is not None else ""
         loss = f"{j['loss']:.4f}" if isinstance(j["loss"], (int, float)) else ""
@@ -510,7 +516,9 @@ def _jobs(args: argparse.Namespace) -> int:
         else:
             when = _when(j["finished_at"] if j["finished_at"] else j["admitted_at"])
             note = j.get("waiting") or j["diagnosis"] or ""  # waiting: "waiting in Slurm: Priority (job N)"
-            if j["stop_requested"] and j["state"] in ("running", "recovering", "waiting"):
+            if j.get("batch"):  # a delegated job: what Slurm says ("slurm 123: RUNNING on n1")
+                note = j["batch"] + (f"; {note}" if note and not note.startswith("waiting in ") else "")
+            if j["stop_requested"] and j["state"] in ("running", "recovering", "waiting", "delegated"):
                 asked = (f"{j['stop_requested']['reason']}: stopping" if j["stop_requested"].get("preempted_by")
                          else f"cancel requested by {j['stop_requested']['by']}")
                 note = asked + (f"; {note}" if note else "")
@@ -533,6 +541,12 @@ def _cancel(args: argparse.Namespace) -> int:
     label = f"job {args.job_id} ({job['name']})"
     if previous == "queued":
         said = f"{label} was queued: cancelled, it left the queue"
+    elif previous == "delegated":
+        from scheduler.orchestrator.lease import STOP_CHECK_S  # its flow reads the request this often
+
+        said = (f"{label} is in the batch system: asked to stop; within about {STOP_CHECK_S:.0f} s its flow "
+                "cancels its batch job (a running one's ranks commit the step they are on first) "
+                "(`forgeflow jobs` shows it cancelled)")
     else:
         from scheduler.orchestrator.seat import FLOW_LEASE_S  # a flow reads the request at each renewal
 

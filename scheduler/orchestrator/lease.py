@@ -141,3 +141,30 @@ class HeldJob:
                          f"releasing job {self.job_id}", give_up_after_s=self.orchestrator.config.lease_s)
         except Exception as e:  # an outage past that, or the job is gone: never mask the holder's own outcome
             log.warning("releasing job %s: %s", self.job_id, e)
+
+
+class DelegatedJob(HeldJob):
+    """`HeldJob`'s stand-in for a delegated job (`service.DELEGATED`: a site's batch system places
+    it): it holds no GPUs here, so there is no lease to renew and none to lose (`lost` stays None);
+    the background thread only reads the job's stop request every STOP_CHECK_S (`forgeflow cancel`
+    reaches the flow through the database, as for a held job), and the exit ends the job
+    finished / failed / cancelled as `HeldJob`'s does."""
+
+    def _enter(self) -> "DelegatedJob":
+        from scheduler.orchestrator.service import DELEGATED
+
+        state = self.orchestrator.job(self.job_id)["state"]
+        if state != DELEGATED:
+            raise OrchestratorError(f"job {self.job_id} is {state}, not delegated to a batch system")
+        self.attempt, self.lost = None, None
+        self.stop_requested = self.orchestrator.stop_request(self.job_id)
+        self._thread = threading.Thread(target=self._renew_loop, name=f"stop-check-{self.job_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _renew_loop(self) -> None:
+        while not self._stop.wait(STOP_CHECK_S):
+            try:
+                self.stop_requested = self.orchestrator.stop_request(self.job_id)
+            except Exception as e:  # noqa: BLE001 - an outage: the work goes on, read again next time
+                log.debug("job %s: stop request not read: %s", self.job_id, e)

@@ -12,6 +12,9 @@ and the cluster table in the UI):
 - `admitted_placement`: wait until the policy admits the job; the placement with its plan;
 - `cordon_nodes`: cordon in the orchestrator, the flow's inventory and (Slurm) the batch system;
 - `Seat`: an admitted job placed again after a node check (`replace`) or a lost lease (`rejoin`);
+- `DelegatedSeat` (issue 32): a job a site's batch system places (Slurm's delegate mode): recorded
+  in the orchestrator as a mirror of the batch job (`Orchestrator.mirror`), never admitted onto
+  its GPUs, holding no lease (`lease.DelegatedJob`);
 - `withdraw`: take a job that still waits out of the queue;
 - `ProgressReport`: how far the job got (phase, step, loss, step time), for `forgeflow jobs`.
 
@@ -32,9 +35,9 @@ from infra import runfiles
 from infra.statedb.retry import StateDbRetry
 from scheduler.cluster import Cluster
 from scheduler.orchestrator.config import OrchestratorConfig, OrchestratorError
-from scheduler.orchestrator.lease import HeldJob
+from scheduler.orchestrator.lease import DelegatedJob, HeldJob
 from scheduler.orchestrator.options import job_plans, options_from_plans, require_idle_fit
-from scheduler.orchestrator.service import Orchestrator
+from scheduler.orchestrator.service import DELEGATED, Orchestrator
 from scheduler.orchestrator.views import cluster_status
 from scheduler.placement import Placement, placed_step_time
 from training.config import JobSpec
@@ -96,16 +99,19 @@ class SubmittedJob:
 
 
 def plan_and_submit(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 0, *,
-                    gpu_type: str | None = None, gpus: int | None = None) -> SubmittedJob:
+                    gpu_type: str | None = None, gpus: int | None = None,
+                    delegated_to: str | None = None) -> SubmittedJob:
     """MARP plans on every GPU type of the cluster (the user chose none), queued with the
     orchestrator. A cluster with no schedulable node, a job no GPU type can hold (PlannerError /
     InfeasibleJobError with the planner's advice), or a spec whose fixed run directory or
     checkpoint URL a queued or running job already uses (ConfigError) is refused here. `gpu_type`,
-    `gpus`: only plans of that type / that many GPUs (the user's choice; default: MARP's)."""
+    `gpus`: only plans of that type / that many GPUs (the user's choice; default: MARP's).
+    `delegated_to` ("slurm"): recorded as a delegated job (`Orchestrator.submit`), not queued."""
     refuse_shared_paths(orch, spec)
     plans = _plans(orch, spec, cluster, gpu_type=gpu_type, gpus=gpus)
     options = options_from_plans(plans, spec.training.steps, orch.cluster(cluster).gpu_types())
-    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority)
+    job_id = orch.submit(spec.name, options, cluster=cluster, spec=spec.model_dump(mode="json"), priority=priority,
+                         delegated_to=delegated_to)
     job_spec = spec.for_job(job_id)
     orch.set_spec(job_id, job_spec.model_dump(mode="json"))
     return SubmittedJob(job_id, job_spec, plans, cluster)
@@ -148,7 +154,7 @@ def adopt_job(orch: Orchestrator, job_id: int) -> SubmittedJob:
     from training.config import parse_job_spec
 
     job = orch.job(job_id)
-    if job["state"] not in ("queued", "running"):
+    if job["state"] not in ("queued", "running", DELEGATED):
         raise OrchestratorError(f"job {job_id} ({job['name']}) is {job['state']}: nothing to run"
                                 + (f" ({job['reason']})" if job["reason"] else ""))
     spec = parse_job_spec(job["spec"] or {}, source=f"job {job_id}'s spec in the state database")
@@ -235,8 +241,8 @@ def withdraw(orch: Orchestrator, job_id: int, db: StateDbRetry | None = None) ->
     """Take the job out of the queue if it is still waiting (a cancelled or failed flow), waiting
     out a database outage for up to WITHDRAW_GIVES_UP_S. Never raises: cleanup must not mask the
     flow's own outcome."""
-    def cancel_if_queued() -> None:
-        if orch.job(job_id)["state"] == "queued":
+    def cancel_if_queued() -> None:  # (a delegated job its flow no longer mirrors ends too)
+        if orch.job(job_id)["state"] in ("queued", DELEGATED):
             orch.cancel(job_id, reason="the flow run ended while waiting")
 
     try:
@@ -319,6 +325,20 @@ class Seat:
         self.held.resume()
         return placement
 
+    # What the batch system says of each attempt's job: nothing to mirror for a job that holds its
+    # GPUs here (`DelegatedSeat` mirrors Slurm's state).
+    def attempt_started(self, handle: Any, gpus: str | None = None) -> None:
+        """The attempt's job was launched (`run_attempt`'s on_started)."""
+
+    def attempt_waiting(self, reason: str | None) -> None:
+        """The batch system keeps the attempt's job queued (reason), or started it (None)."""
+
+    def attempt_running(self) -> None:
+        """The attempt reported a step."""
+
+    def attempt_ended(self) -> None:
+        """The attempt is over."""
+
     def check_stop(self) -> None:
         """Read the job's stop request now, not as of the holder's last look (every
         lease.STOP_CHECK_S): a decision between attempts acts on it, and a preemption or a cancel
@@ -363,6 +383,127 @@ class Seat:
                           if n["state"] != "ready"}
         require_idle_fit(options.get(self.orchestrator.policy or "") or options["has"], cluster, job=self.job,
                          out_of_service=out_of_service)
+
+
+MIRROR_ASK_S = 10.0  # a delegated job's flow asks Slurm where it runs at most this often while it trains
+
+
+def delegated_placement(plans: list, inventory: Cluster, job: str) -> Placement:
+    """A delegated job's layout: the best plan that fits the inventory's schedulable nodes, laid out
+    on the idle inventory (the batch system chooses the nodes and when; `tasks.cluster_tasks.
+    choose_slurm_option` asks Slurm about each option before each attempt). Nothing is admitted
+    or held. OrchestratorError when no plan fits the nodes in service."""
+    from scheduler.placement import place_plans
+
+    idle = inventory.copy_state()
+    for node in idle.nodes:  # the batch system's nodes: what this orchestrator's jobs hold is no matter
+        node.free_gpus = list(range(node.gpu_count))
+    placement = place_plans(plans, idle, job=job)
+    if placement is None:
+        raise OrchestratorError(f"no plan of {job} fits the schedulable nodes of {inventory.name} "
+                                f"({len(idle.schedulable_nodes())} in service)")
+    return placement
+
+
+def batch_said(handle: Any) -> dict[str, Any] | None:
+    """What the batch system says of an attempt's job now (`infra.launch` handle; Slurm's only):
+    {"id", "state", "reason", "nodes"} from one squeue (once gone from it, the handle's final
+    state), or None for a handle that is no batch job."""
+    job_id, settings = getattr(handle, "job_id", None), getattr(handle, "settings", None)
+    if job_id is None or settings is None:
+        return None
+    from infra.slurm import FINAL_STATES, slurm_command
+
+    out = slurm_command(["squeue", "-h", "-j", str(job_id), "-o", "%T|%r|%N"], settings, check=False)
+    state, reason, nodes = ((out.stdout.strip() if out.returncode == 0 else "").split("|") + ["", "", ""])[:3]
+    state = state.strip().upper()
+    if not state or state in FINAL_STATES:  # gone from squeue: its end state; the nodes it ran on stay
+        return {"id": str(job_id), "state": handle.state(fresh=True), "reason": None}
+    reason = reason.strip()
+    return {"id": str(job_id), "state": state, "reason": None if reason in ("", "None") else reason,
+            "nodes": _expand_nodes(nodes.strip(), settings)}
+
+
+def _expand_nodes(nodelist: str, settings: Any) -> list[str]:
+    """Slurm's compressed node list ("n[1-3]") as names (`scontrol show hostnames`); [] for none."""
+    if not nodelist or nodelist in ("(null)", "None"):
+        return []
+    if "[" not in nodelist:
+        return nodelist.split(",")
+    from infra.slurm import slurm_command
+
+    out = slurm_command(["scontrol", "show", "hostnames", nodelist], settings, check=False)
+    return out.stdout.split() if out.returncode == 0 and out.stdout.strip() else [nodelist]
+
+
+@dataclass
+class DelegatedSeat(Seat):
+    """A delegated job's seat (Slurm's delegate mode): the job is `DELEGATED` in the orchestrator,
+    holds nothing there (`held` is a `lease.DelegatedJob`), and its flow mirrors what Slurm says
+    of each attempt's batch job (`attempt_started`, `attempt_waiting`, `attempt_running`,
+    `attempt_ended`: `Orchestrator.mirror`). A mirror that cannot be written is logged, never
+    raised: a mirror is not worth stopping the job for. Placed again means laid out again: Slurm
+    decides where."""
+
+    inventory: Cluster | None = None  # the flow's inventory (its cordons); default: the orchestrator's
+    _handle: Any = field(default=None, init=False, repr=False)  # the attempt's batch job (infra.launch)
+    _said: dict | None = field(default=None, init=False, repr=False)  # what the mirror last recorded
+    _asked_at: float = field(default=-1e9, init=False, repr=False)
+
+    def wait_for_gpus(self) -> Placement:
+        if self.inventory is None:
+            self.inventory = self.orchestrator.cluster(self.cluster)
+        return delegated_placement(self.plans, self.inventory, self.job)
+
+    def replace(self, faulty: list[str], inventory: Cluster, why: str) -> Placement:
+        """Cordon the faulty nodes (here, in the inventory and, where it drains on cordon, in Slurm)
+        and lay the job out again on the nodes in service; nothing to give back or wait for."""
+        self.cordon(inventory, faulty, f"{why} (job {self.job})")
+        self.inventory = inventory
+        return self.wait_for_gpus()
+
+    def rejoin(self) -> Placement:  # no lease: never lost
+        return self.wait_for_gpus()
+
+    def yield_to_preemption(self) -> Placement:  # no preemption pass looks at a delegated job
+        self.held.stop_requested = None
+        return self.wait_for_gpus()
+
+    def check_still_fits(self) -> None:
+        self.wait_for_gpus()
+
+    # ------------------------------------------------------------ the mirror
+    def attempt_started(self, handle: Any, gpus: str | None = None) -> None:
+        """The attempt's batch job was submitted (`run_attempt`'s on_started)."""
+        self._handle, self._said = handle, None
+        self._mirror(gpus=gpus)
+
+    def attempt_waiting(self, reason: str | None) -> None:
+        """The batch system keeps it queued (reason), or it started (None)."""
+        self._mirror()
+
+    def attempt_running(self) -> None:
+        """A step was reported: say where it runs, once per attempt (asking Slurm at most every
+        MIRROR_ASK_S until it says RUNNING on its nodes)."""
+        if self._said is not None and self._said.get("state") == "RUNNING" and self._said.get("nodes"):
+            return
+        if time.monotonic() - self._asked_at >= MIRROR_ASK_S:
+            self._mirror()
+
+    def attempt_ended(self) -> None:
+        """The attempt is over: its batch job's end state."""
+        self._mirror()
+
+    def _mirror(self, **extra: Any) -> None:
+        self._asked_at = time.monotonic()
+        try:
+            said = batch_said(self._handle)
+            if said is None or said == self._said:
+                return
+            self._said = said
+            self.orchestrator.mirror(self.job_id, **said, **{k: v for k, v in extra.items() if v is not None})
+        except Exception as e:  # noqa: BLE001 - Slurm or the database out of reach: the next change writes it
+            log.warning("job %s: the mirror of its batch job was not updated: %s", self.job_id, e)
 
 
 class ProgressReport:

@@ -76,7 +76,14 @@ from scheduler.orchestrator.start_estimates import WaitingJob, queue_order
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ("queued", "running")
+# A delegated job (issue 32) is in a site's batch system (Slurm's delegate mode), which decides
+# where and when it runs: the orchestrator keeps a mirror of it (`jobs.batch`: what the batch system
+# says, written by its flow) so `forgeflow jobs` and `cluster queue` list it, but never admits it,
+# gives it no lease and no allocation, and no policy pass, quota or preemption counts it: every
+# admission path reads only queued and running jobs. It is active (cancel, shared paths, its flow)
+# and ends finished / failed / cancelled as every job does.
+DELEGATED = "delegated"
+ACTIVE = ("queued", "running", DELEGATED)
 # A waiting job's position (queue_position) orders by the teams' usage read at most this long ago:
 # it changes slowly, and reading the allocation history at every poll of every waiter would not.
 TEAM_USAGE_STALE_S = 30.0
@@ -97,6 +104,11 @@ _INSERT_JOB = sa.insert(jobs).values(
     {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_by", "team")},
      "submitted_at": db_now(), "queued_at": db_now(), "state": "queued", "attempts": 0, "lost_count": 0}
 ).returning(jobs.c.id, jobs.c.queued_at)
+_INSERT_DELEGATED = sa.insert(jobs).values(
+    {**{c: sa.bindparam(c) for c in ("cluster", "name", "spec", "options", "priority", "submitted_by", "team",
+                                     "batch")},
+     "submitted_at": db_now(), "queued_at": db_now(), "state": DELEGATED, "attempts": 0, "lost_count": 0}
+).returning(jobs.c.id)
 _JOB_STATE = sa.select(jobs.c.state, jobs.c.attempts).where(jobs.c.id == sa.bindparam("jid"))
 # (no IN list here: StatementBatch sends statements pre-compiled, without expanding parameters)
 _JOB_ENDED = (sa.update(jobs).where(jobs.c.id == sa.bindparam("jid"),
@@ -630,12 +642,17 @@ class Orchestrator:
 
     # ---------------------------------------------------------------- the queue
     def submit(self, name: str, options: dict[str, list[Option]], *, cluster: str | None = None,
-               spec: dict[str, Any] | None = None, priority: int | str = 0, team: str | None = None) -> int:
+               spec: dict[str, Any] | None = None, priority: int | str = 0, team: str | None = None,
+               delegated_to: str | None = None) -> int:
         """Queue a job with its options (see `options.job_options` / `demand_options`); returns its id.
 
         `priority`: a priority class's name, or (while no class is defined) a whole number; a
         class above the team's cap is refused. The same transaction makes a policy pass, so a
         job that fits starts at once.
+
+        `delegated_to` (e.g. "slurm"): the job runs where and when that batch system decides
+        (`DELEGATED`): recorded with the same checks, but never queued for this orchestrator's
+        GPUs; its flow mirrors the batch system's state (`mirror`).
         """
         if not any(options.values()):
             raise OrchestratorError(f"job {name!r} has no way to run on this cluster (no options)")
@@ -644,6 +661,8 @@ class Orchestrator:
             with read_transaction(self.engine) as conn:
                 priority = quotas.resolve_priority(conn, priority, team)
         check_priority(priority)
+        if delegated_to is not None:
+            return self._submit_delegated(name, options, cluster, spec, priority, team, delegated_to)
         with self._locked(cluster, deferred=True) as (conn, cname):
             # The lock and the new row in one round trip on PostgreSQL.
             inserted = self._batch.add(_INSERT_JOB, dict(
@@ -668,6 +687,53 @@ class Orchestrator:
             self._pass(conn, cname)
         return job_id
 
+    def _submit_delegated(self, name: str, options: dict[str, list[Option]], cluster: str | None,
+                          spec: dict[str, Any] | None, priority: int, team: str | None, system: str) -> int:
+        """`submit` of a delegated job: a row, and nothing else (no scheduler lock, no change to any
+        process's view of the cluster, no policy pass: no queue holds it)."""
+        with write_transaction(self.engine) as conn:
+            cname = inventory.resolve_cluster(conn, cluster)
+            job_id = conn.execute(_INSERT_DELEGATED, dict(
+                cluster=cname, name=name, spec=spec, options=options_to_json(options), priority=priority,
+                submitted_by=self.actor, team=team, batch={"system": system, "at": time.time()})).scalar_one()
+        self._job_cluster[job_id] = cname
+        return job_id
+
+    def delegate(self, job_id: int, system: str = "slurm") -> str:
+        """Hand a queued job (one `forgeflow submit` queued) to the batch system `system`: it leaves
+        the queue and becomes `DELEGATED` (an admission it got meanwhile is released, its GPUs go
+        to the jobs waiting). Idempotent; returns the state it was in. OrchestratorError once it
+        ended."""
+        cluster = self._cluster_of(job_id)
+        with self._locked(cluster) as (conn, cname):
+            row = self._job_row(conn, job_id, lock=True)
+            if row.state == DELEGATED:
+                return row.state
+            if row.state not in ACTIVE:
+                raise OrchestratorError(f"job {job_id} ({row.name}) is {row.state}: nothing to hand to {system}")
+            freed = self._free_allocations(conn, allocations.c.job_id == job_id, self._now, "release")
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+                state=DELEGATED, placement=None, promised=sa.null(), reason=None,
+                batch={"system": system, "at": time.time()}))
+            self._forget_view()  # other processes read the queue back (the log does not describe this)
+            if freed:
+                self._pass(conn, cname)
+        return row.state
+
+    def mirror(self, job_id: int, **said: Any) -> bool:
+        """Record what the batch system says of a delegated job (its flow, when that changes: "id",
+        "state", "reason", "nodes", ...), merged into what was recorded and stamped with the time.
+        False when the job is not delegated (any more): it ended, and nothing is written."""
+        with write_transaction(self.engine) as conn:
+            row = conn.execute(sa.select(jobs.c.state, jobs.c.batch).where(jobs.c.id == job_id)).one_or_none()
+            if row is None:
+                raise identity.no_such_job(job_id, self.identity)
+            if row.state != DELEGATED:
+                return False
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == DELEGATED).values(
+                batch={**(row.batch or {}), **said, "at": time.time()}))
+        return True
+
     def cancel(self, job_id: int, reason: str = "cancelled") -> str:
         """Remove a queued job from the queue, or release a running one; returns its previous state."""
         return self.release(job_id, outcome="cancelled", reason=reason)
@@ -677,7 +743,8 @@ class Orchestrator:
         asked to stop. Its flow sees the request within seconds (lease.STOP_CHECK_S), stops the ranks
         gracefully (they commit the step they are on) and ends the job as cancelled; its GPUs
         stay held until then, so no other job is placed where its ranks still run (a flow that
-        died ends it when its lease runs out). Returns the state the job was in;
+        died ends it when its lease runs out). A delegated job is asked the same way: its flow reads
+        the request (`lease.DelegatedJob`), cancels its batch job and ends it. Returns the state the job was in;
         OrchestratorError for an unknown job or one that already ended."""
         by = identity.acting(self.actor, self.identity, by)
         request = {"by": by, "reason": reason, "at": time.time()}

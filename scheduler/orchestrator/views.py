@@ -1,5 +1,7 @@
 """Snapshots a person reads: nodes with health and who holds each GPU; the queue; the jobs
-(`forgeflow jobs`); a markdown table.
+(`forgeflow jobs`); a markdown table. A delegated job (a site's batch system places it: Slurm's
+delegate mode) holds no GPU here; the queue and the jobs list show what the batch system says
+of it ("slurm 123: PENDING (Priority)", "slurm 123: RUNNING on n1").
 
 On PostgreSQL every read is the caller's role's: row-level security (migration 0008) shows it
 its own jobs, its teams' and, to an operator, every job; nodes and which GPUs are busy are
@@ -22,6 +24,25 @@ from infra.statedb.schema import allocations, jobs, nodes
 import scheduler.orchestrator.inventory as inventory
 import scheduler.orchestrator.quotas as quotas
 from scheduler.orchestrator.start_estimates import WaitingJob, queue_estimates, queue_order
+
+DELEGATED = "delegated"  # (service.DELEGATED) in a batch system that decides where and when it runs
+ACTIVE_STATES = ("queued", "running", DELEGATED)
+
+
+def batch_text(batch: dict[str, Any] | None) -> str:
+    """A delegated job's mirror as people read it: "slurm 123: PENDING (Priority)", "slurm 123:
+    RUNNING on n1, n2", "slurm: not submitted yet"; "" for none."""
+    if not batch:
+        return ""
+    system = batch.get("system") or "batch"
+    if not batch.get("id"):
+        return f"{system}: not submitted yet"
+    text = f"{system} {batch['id']}: {batch.get('state') or 'unknown'}"
+    if batch.get("reason"):
+        text += f" ({batch['reason']})"
+    if batch.get("nodes") and batch.get("state") != "PENDING":
+        text += f" on {', '.join(batch['nodes'])}"
+    return text
 
 RECENT_S = 3600.0  # `forgeflow jobs` without --all shows jobs that ended this recently
 HIDDEN_JOB = "(another team's)"  # the name shown for a GPU's holder the caller may not see
@@ -62,10 +83,11 @@ def cluster_status(engine: Engine, cluster: str | None = None) -> dict[str, Any]
 
 
 def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: int = 0) -> dict[str, Any]:
-    """Queued jobs in queue order (with position), running jobs, and the last `include_done` ended ones."""
+    """Queued jobs in queue order (with position), running jobs, delegated jobs (in the batch
+    system, with what it says: `batch`), and the last `include_done` ended ones."""
     cols = [jobs.c.id, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at, jobs.c.queued_at,
             jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
-            jobs.c.lost_count, jobs.c.placement, jobs.c.options, jobs.c.team]
+            jobs.c.lost_count, jobs.c.placement, jobs.c.options, jobs.c.team, jobs.c.batch]
     with read_transaction(engine) as conn:
         name = inventory.resolve_cluster(conn, cluster)
         queued = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "queued")
@@ -75,6 +97,8 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
             teams.learn_teams(conn, [r.id for r in queued])
         running = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == "running")
                                .order_by(jobs.c.admitted_at)).all()
+        delegated = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state == DELEGATED)
+                                 .order_by(jobs.c.id)).all()
         done = conn.execute(sa.select(*cols).where(jobs.c.cluster == name, jobs.c.state.in_(
             ("finished", "failed", "cancelled"))).order_by(jobs.c.id.desc()).limit(include_done)).all() \
             if include_done else []
@@ -92,6 +116,10 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
         if r.placement:
             e["placement"] = {"gpu_type": r.placement["gpu_type"], "world_size": r.placement["world_size"],
                               "nodes": {n["node"]: n["gpus"] for n in r.placement["nodes"]}}
+        if r.state == DELEGATED:
+            e["batch"], e["batch_text"] = r.batch, batch_text(r.batch)
+            if (r.batch or {}).get("gpus"):
+                e["wants"] = r.batch["gpus"]
         return e
 
     # in the order the next pass takes them (with teams: fair-share order), as `forgeflow jobs` counts
@@ -99,14 +127,24 @@ def queue_snapshot(engine: Engine, cluster: str | None = None, *, include_done: 
     by_id = {r.id: r for r in queued}
     queued = [by_id[w.job_id] for w in order]
     return {"cluster": name, "queued": [entry(r, i + 1) for i, r in enumerate(queued)],
-            "running": [entry(r) for r in running], "ended": [entry(r) for r in done]}
+            "running": [entry(r) for r in running], "delegated": [entry(r) for r in delegated],
+            "ended": [entry(r) for r in done]}
 
 
 def display_state(row: Any) -> str:
     """The state a person reads: the database's, plus `recovering` (running while its flow
     recovers from a failure: `progress.phase`), `waiting` (running, its batch job queued in Slurm)
     and `preempted` (queued again after it ran: its
-    lease was lost, a node check or a preemption put it back; `jobs.attempts` counts admissions)."""
+    lease was lost, a node check or a preemption put it back; `jobs.attempts` counts admissions).
+    A delegated job reads as the batch system has it: `waiting` while it keeps the batch job
+    PENDING, `running` (or `recovering`) once it runs, `delegated` before it was submitted."""
+    if row.state == DELEGATED:
+        batch = getattr(row, "batch", None) or {}
+        if batch.get("state") == "PENDING" or (row.progress or {}).get("phase") == "waiting":
+            return "waiting"
+        if (row.progress or {}).get("phase") == "recovering":
+            return "recovering"
+        return "running" if batch.get("state") == "RUNNING" else DELEGATED
     if row.state == "running" and (row.progress or {}).get("phase") in ("recovering", "waiting"):
         return (row.progress or {})["phase"]  # waiting: Slurm keeps its batch job queued
     if row.state == "queued" and (row.attempts or row.lost_count):
@@ -125,12 +163,13 @@ def job_list(engine: Engine, *, cluster: str | None = None, user: str | None = N
     now = time.time() if now is None else now
     cols = [jobs.c.id, jobs.c.cluster, jobs.c.name, jobs.c.state, jobs.c.priority, jobs.c.submitted_at,
             jobs.c.admitted_at, jobs.c.finished_at, jobs.c.reason, jobs.c.submitted_by, jobs.c.attempts,
-            jobs.c.lost_count, jobs.c.placement, jobs.c.progress, jobs.c.runner, jobs.c.stop_requested, jobs.c.team]
+            jobs.c.lost_count, jobs.c.placement, jobs.c.progress, jobs.c.runner, jobs.c.stop_requested, jobs.c.team,
+            jobs.c.batch]
     query = sa.select(*cols).order_by(jobs.c.id)
     if user is not None and exact_owner:
         query = query.where(jobs.c.submitted_by == user)
     if not include_all:
-        query = query.where(sa.or_(jobs.c.state.in_(("queued", "running")), jobs.c.finished_at >= now - RECENT_S))
+        query = query.where(sa.or_(jobs.c.state.in_(ACTIVE_STATES), jobs.c.finished_at >= now - RECENT_S))
     with read_transaction(engine) as conn:
         if cluster is not None:
             query = query.where(jobs.c.cluster == inventory.resolve_cluster(conn, cluster))
@@ -152,8 +191,15 @@ def _job_entry(r: Any, estimate: Any, now: float) -> dict[str, Any]:
              "waiting": progress.get("waiting") if progress.get("phase") == "waiting" else None,
              "submitted_at": r.submitted_at, "admitted_at": r.admitted_at, "finished_at": r.finished_at,
              "reason": r.reason, "attempts": r.attempts, "runner": r.runner, "stop_requested": r.stop_requested}
-    if r.state in ("queued", "running"):
+    if r.state in ACTIVE_STATES:
         entry["runner_alive"] = runner_alive(r.runner)
+    if r.state == DELEGATED or (r.batch and r.state != "queued"):  # (an ended one: what Slurm said last)
+        entry["delegated"] = True
+        entry["batch"] = batch_text(r.batch)
+        if (r.batch or {}).get("gpus"):
+            entry["gpus"] = r.batch["gpus"]
+        if (r.batch or {}).get("nodes") and (r.batch or {}).get("state") != "PENDING":
+            entry["nodes"] = list(r.batch["nodes"])
     if r.placement and r.state != "queued":
         entry["gpus"] = f"{r.placement['world_size']}x {r.placement['gpu_type']}"
         entry["nodes"] = [n["node"] for n in r.placement["nodes"]]

@@ -1,6 +1,8 @@
 """Delegated mode on the session's real Slurm: Slurm chooses the node (no --nodelist), the
 placement is read back from the job, and a job Slurm keeps PENDING behind another job shows
-Slurm's reason in the flow's log and `forgeflow jobs`, spends no restart, and trains once it starts."""
+Slurm's reason in the flow's log and `forgeflow jobs`, spends no restart, and trains once it starts.
+The orchestrator keeps a mirror of the delegated job (issue 32): Slurm's job id, state and reason,
+and no allocation or lease of the orchestrator's GPUs."""
 
 from __future__ import annotations
 
@@ -45,7 +47,12 @@ def sleeper(slurm):
 
 def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_it_starts(
         prefect_api, slurm, slurm_job, slurm_cluster, sleeper, caplog, monkeypatch):
+    import sqlalchemy as sa
+
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import allocations
     from infra.watch import watch
+    from scheduler.orchestrator import OrchestratorError
     from scheduler.orchestrator.seat import cluster_orchestrator
     from scheduler.orchestrator.views import job_list
 
@@ -72,6 +79,19 @@ def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_i
 
     entry = _until("forgeflow jobs to show it waiting in Slurm", listed)
     assert entry["waiting"] == f"waiting in Slurm: {reason} (job {ours})"
+    # The orchestrator's mirror of the delegated job: what Slurm says, and nothing held here
+    orch = cluster_orchestrator()
+    mirrored = _until("the mirror to show Slurm's PENDING and its reason", lambda: (
+        lambda e: e if e.get("batch") == f"slurm {ours}: PENDING ({reason})" else None)(listed() or {}))
+    row = orch.job(mirrored["job_id"])
+    assert row["state"] == "delegated" and row["placement"] is None and row["attempts"] == 0
+    assert (row["batch"]["system"], row["batch"]["id"], row["batch"]["state"], row["batch"]["reason"]) == (
+        "slurm", ours, "PENDING", reason)
+    with read_transaction(orch.engine) as conn:  # no allocation (so no lease), live or ended
+        assert conn.execute(sa.select(sa.func.count()).select_from(allocations).where(
+            allocations.c.job_id == row["id"])).scalar() == 0
+    with pytest.raises(OrchestratorError, match="delegated"):
+        orch.admission(row["id"])  # not admitted anywhere: nothing to hold
     time.sleep(STARTUP_S + 10)  # longer than the start-up timeout: a queued job is no hang
     assert flow.is_alive() and not (run_dir / "launch" / "attempt-1").exists()
 
@@ -80,6 +100,8 @@ def test_a_job_pending_behind_another_waits_with_slurms_reason_and_trains_when_i
     assert not flow.is_alive()
     result = results[0]
     assert result.finished and result.final_step == 12 and result.attempts == 1 and not result.failures, result
+    row = orch.job(result.job_id)  # ended as any job; the mirror keeps where Slurm ran it and how it ended
+    assert row["state"] == "finished" and row["batch"]["state"] == "COMPLETED" and row["batch"]["nodes"] == [slurm.node]
     assert f"waiting in Slurm: {reason}" in caplog.text
     # Slurm was asked when each option would start; the one it would finish first was submitted
     assert "Slurm's predicted starts (sbatch --test-only)" in caplog.text and "✓ 2x cpu on 1 node(s) x 2" in caplog.text
