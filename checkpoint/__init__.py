@@ -9,6 +9,7 @@
     plain     the JSON form of a state's structure (never a pickle: loading runs no code)
     legacy    format 2 (pickled), read only with FORGEFLOW_TRUST_LEGACY_CHECKPOINTS=1
     writer    background writers (thread, process) below the trainer's CPU priority, checksums
+    host_copy a node's copy of its ranks' newest shards in host memory (tmpfs), read before S3 on a restart
     manifest  the commit point: manifest written last, committed_checkpoints (the one
               listing), CheckpointRef (root URL, step, format) and locate, the step-folder
               spelling, leases, retention

@@ -53,6 +53,7 @@ from datetime import timedelta
 from typing import Any, Callable, Literal
 
 from checkpoint import legacy
+from checkpoint.host_copy import host_copies_for
 from checkpoint.manifest import (
     LATEST_KEY,
     CommitRecord,
@@ -154,18 +155,33 @@ class LoadedCheckpoint:
         return self.state is not None
 
 
+def _host_copy(storage: Any, record: ShardRecord) -> bytes | None:
+    """This node's copy of the shard (checkpoint.host_copy) when it has the manifest's size and
+    checksum; None otherwise (then the storage is read)."""
+    copies = host_copies_for(storage)
+    data = copies.read(record.key) if copies is not None else None
+    if data is None or len(data) != record.size or checksum_bytes(data) != record.checksum:
+        return None
+    return data
+
+
 def read_verified_shard(storage: Any, record: ShardRecord, step: int) -> tuple[Any, str | None]:
     """(state, None) for a shard that exists, has the manifest's size and checksum and parses;
-    (None, what is wrong) otherwise. The caller holds a lease on the step."""
-    try:
-        data = storage.get_bytes(record.key)
-    except ObjectNotFound:
-        return None, f"shard {record.key} is missing"
-    if len(data) != record.size:
-        return None, f"shard {record.key} has {len(data)} bytes, manifest says {record.size}"
-    checksum = checksum_bytes(data)
-    if checksum != record.checksum:
-        return None, f"shard {record.key} checksum {checksum} != manifest {record.checksum}"
+    (None, what is wrong) otherwise. The caller holds a lease on the step. Read from this node's
+    host copy when it has one that verifies, else from the storage."""
+    data = _host_copy(storage, record)  # verified against the manifest, or None
+    if data is not None:
+        log.info("checkpoint: shard %s read from this node's host copy", record.key)
+    else:
+        try:
+            data = storage.get_bytes(record.key)
+        except ObjectNotFound:
+            return None, f"shard {record.key} is missing"
+        if len(data) != record.size:
+            return None, f"shard {record.key} has {len(data)} bytes, manifest says {record.size}"
+        checksum = checksum_bytes(data)
+        if checksum != record.checksum:
+            return None, f"shard {record.key} checksum {checksum} != manifest {record.checksum}"
     try:
         shard_step, state = read_shard(data)
     except ShardFormatError as e:
@@ -328,6 +344,9 @@ class CheckpointEngine:
             self.storage.check_writable()
         if rank == 0:
             self._remove_stale_uploads()
+        self.host_copies = host_copies_for(self.storage)  # this node's copies of shards (None: off)
+        if self.host_copies is not None:
+            self.host_copies.remove_stale()
         self.writer_kind: WriterKind = writer or DEFAULT_WRITER
         if self.writer_kind not in ("process", "thread"):
             raise CheckpointError(f"writer must be 'process' or 'thread', got {self.writer_kind!r}")
@@ -717,6 +736,12 @@ class CheckpointEngine:
                     except Exception:  # noqa: BLE001 - teardown is best effort
                         pass
             self._commit_group = self._control_group = None
+
+    def forget_host_copies(self) -> None:
+        """Remove this rank's host copies (checkpoint.host_copy): the job finished, no restart
+        will read them."""
+        if self.host_copies is not None:
+            self.host_copies.remove_rank(self.rank, self.world_size)
 
     def __enter__(self) -> "CheckpointEngine":
         return self

@@ -36,6 +36,7 @@ import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
+from checkpoint.host_copy import host_copies_for
 from infra import storage as storage_mod
 from infra.storage import Storage, StorageError, StorageOptions, open_storage
 
@@ -78,9 +79,14 @@ def checksum_bytes(data: bytes | memoryview) -> str:
 
 
 def write_chunks(storage: Storage, key: str, chunks: Sequence[memoryview | bytes]) -> ShardWritten:
+    """Write one shard; for object storage, keep a copy in this node's host memory too
+    (checkpoint.host_copy: a restart here reads it instead of downloading it)."""
     start = time.perf_counter()
     checksum = crc32_of(chunks)
     size = storage.put_chunks(key, chunks)
+    copies = host_copies_for(storage)
+    if copies is not None:
+        copies.keep(key, chunks, size)
     return ShardWritten(key, size, checksum, time.perf_counter() - start)
 
 

@@ -23,6 +23,8 @@ os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")  # chromadb
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ["FORGEFLOW_STATE_DIR"] = str(_SESSION_DIR / "state")
 os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
+# checkpoint.host_copy: this session's shard copies next to its state, not in the machine's /dev/shm
+os.environ["FORGEFLOW_HOST_CHECKPOINT_DIR"] = str(_SESSION_DIR / "host-checkpoints")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.pop("FORGEFLOW_FAULT", None)
 os.environ.pop("SLACK_WEBHOOK_URL", None)

@@ -303,9 +303,12 @@ class Checkpointer:
                         found.step, found.manifest.layout, found.manifest.world_size, self.layout)
         return trainer
 
-    def close(self) -> None:
-        """Waits for the in-flight persist, so the last checkpoint is committed on exit."""
+    def close(self, job_finished: bool = False) -> None:
+        """Waits for the in-flight persist, so the last checkpoint is committed on exit; once the
+        job has finished, this rank's host copies of its shards go too (no restart reads them)."""
         self.engine.close()
+        if job_finished:
+            self.engine.forget_host_copies()
 
 
 def open_checkpointer(checkpoint_cfg, env,

@@ -241,7 +241,7 @@ def train(spec: JobSpec, resume_from_step: int | None = None, warm: bool = False
 
         faults.after_step(step)
 
-    checkpointer.close()
+    checkpointer.close(job_finished=True)
     if env.rank == 0:
         _write_finished(run_dir, step)
     log.event("finished", step=step)

@@ -118,7 +118,7 @@ def test_s3_server_down_mid_upload_then_back(seaweed):
         assert _same(engine.load(step=10).state, _state(10, 16 << 20))
 
 
-def test_corrupted_shard_after_commit_falls_back(moto_s3, caplog):
+def test_corrupted_shard_after_commit_falls_back(moto_s3, caplog, monkeypatch):
     url = f"s3://{moto_s3.make_bucket()}/run"
     options = moto_s3.options(part_size=5 << 20)
     with CheckpointEngine(url, storage_options=options, writer="thread", keep_last=5) as engine:
@@ -128,6 +128,13 @@ def test_corrupted_shard_after_commit_falls_back(moto_s3, caplog):
     shard = bytearray(storage.get_bytes(shard_key(20, 0, 1)))
     shard[-len(shard) // 3] ^= 0x40  # bit rot in the tensor bytes, size unchanged
     storage.put_bytes(shard_key(20, 0, 1), bytes(shard))
+    # On the node that wrote it, the host copy of the step-20 shard (checkpoint.host_copy) still
+    # has the manifest's checksum: the load reads it, not the rotten object, and gets step 20 whole.
+    with CheckpointEngine(url, storage_options=options, writer="thread") as engine:
+        here = engine.load()
+    assert here.step == 20 and here.skipped_steps == [] and _same(here.state, _state(20))
+    # Another node has no copy: it reads the object, which fails verification, and falls back.
+    monkeypatch.setenv("FORGEFLOW_HOST_CHECKPOINT_DIR", "off")
     with CheckpointEngine(url, storage_options=options, writer="thread") as engine:
         with caplog.at_level("WARNING"):
             loaded = engine.load()

@@ -28,6 +28,8 @@ def test_s3_outage_while_resuming_keeps_the_checkpoint_and_is_a_transient_failur
     from botocore.exceptions import EndpointConnectionError
 
     monkeypatch.setenv("FORGEFLOW_STATE_DIR", str(tmp_path / "state"))
+    # a node with no host copy of the shards (checkpoint.host_copy): every read goes to S3
+    monkeypatch.setenv("FORGEFLOW_HOST_CHECKPOINT_DIR", "off")
     url = f"s3://{moto_s3.make_bucket()}/run"
     options = moto_s3.options(retry_deadline_s=1.0)
     with CheckpointEngine(url, storage_options=options, writer="thread", keep_last=5) as engine:
