@@ -242,7 +242,8 @@ def run_flow(job: Path, drills: list[str], hang_timeout_s: float, max_restarts: 
 
     started = time.time()
     result = pretrain(str(job), cluster=cluster or LAUNCH["cluster"], launcher=LAUNCH["launcher"], backoff_s=1.0,
-                      hang_timeout_s=hang_timeout_s, drill_faults=drills or None, max_restarts=max_restarts)
+                      hang_timeout_s=hang_timeout_s, drill_faults=drills or None, max_restarts=max_restarts,
+                      warm_standby=LAUNCH.get("warm_standby"))
     return result, time.time() - started
 
 
@@ -334,7 +335,7 @@ class FaultDriver(threading.Thread):
                             command = " ".join(proc.cmdline())
                         except (KeyError, psutil.Error):
                             command = ""
-                        if "training.train" in command or "--torchrun-worker" in command:
+                        if any(w in command for w in ("training.train", "training.standby", "--torchrun-worker")):
                             fault.fired_step, fault.fired_at = step, time.time()
                             proc.send_signal(signal.SIGKILL if fault.kind == "oom_kill" else signal.SIGSTOP)
                             break
@@ -787,6 +788,9 @@ def main() -> None:
     parser.add_argument("--baseline-hang", action="store_true",
                         help="run the hang in the torchrun baseline too (it waits for megatron's 30 min "
                              "collective timeout)")
+    parser.add_argument("--warm-standby", choices=["on", "off", "auto"], default="on",
+                        help="the flow's warm_standby (infra.standby): on (default: what a GPU node with cores "
+                             "to spare gets), off (every restart cold), auto (the flow's rule on this machine)")
     parser.add_argument("--launcher", choices=["local", "slurm"], default="local",
                         help="slurm: every attempt is a Slurm batch job (SLURM_CONF's cluster, else a local one)")
     parser.add_argument("--slurm-drills", default=",".join(DRILLS),
@@ -825,6 +829,7 @@ def main() -> None:
     os.environ["FORGEFLOW_STATE_DIR"] = str(work / "state")
     os.environ.pop("FORGEFLOW_DB_URL", None)
     os.environ.pop("SLACK_WEBHOOK_URL", None)
+    LAUNCH["warm_standby"] = {"on": True, "off": False, "auto": None}[args.warm_standby]
     if args.launcher == "slurm":
         LAUNCH.update(launcher="slurm", cluster=str(slurm_cluster_file(work)))
     else:

@@ -28,6 +28,7 @@ from prefect import runtime as prefect_runtime
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from infra.notify import Alert, flow_run_url
+from infra.standby import WarmRestarts, wanted as standby_wanted
 from diagnosis.recovery import (
     AttemptOverrides,
     FailedAttempt,
@@ -108,6 +109,7 @@ def pretrain(
     launcher: str = "local",
     priority: int | str = 0,
     job_id: int | None = None,
+    warm_standby: bool | None = None,
 ) -> PretrainResult:
     """Train a job to completion through failures, with nobody watching.
 
@@ -131,6 +133,9 @@ def pretrain(
         priority: the job's place in the shared cluster's queue (higher goes first).
         job_id: a job `forgeflow submit` already queued (its spec is `job_spec`): this run
             takes it up instead of queueing a new one.
+        warm_standby: keep the next attempt's world started and waiting (infra.standby), so a
+            restart on the same nodes is warm; default: where the node has two cores per rank
+            (local launcher only).
     """
     if created_through_the_api():  # its parameters are whoever could create a flow run's
         job_spec = _recorded_spec(job_id, cluster)
@@ -186,10 +191,13 @@ def pretrain(
             seat = (FlowDelegatedSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db,
                                       inventory=inventory) if delegated
                     else FlowSeat(orchestrator, job_id, held, cluster_name, plans, spec.name, db=db))
-            result = _train(spec, inventory, placement, seat, report, max_restarts=max_restarts,
-                            hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
-                            breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
-                            launcher=launcher)
+            # the standby world (if any) is stopped however the attempts end
+            with WarmRestarts(standby_wanted(launcher, placement.world_size, asked=warm_standby),
+                              log=get_run_logger().info) as restarts:
+                result = _train(spec, inventory, placement, seat, report, max_restarts=max_restarts,
+                                hang_timeout_s=hang_timeout_s, skip_batches=skip_batches,
+                                breaker_count=breaker_count, backoff_s=backoff_s, drill_faults=drill_faults,
+                                launcher=launcher, warm=restarts)
             result.job_id, result.run_dir = job_id, str(spec.resolved_run_dir)
             held.outcome = "finished" if result.finished else "cancelled" if result.cancelled else "failed"
             held.reason = None if result.finished else result.stopped_because[:500]
@@ -273,7 +281,7 @@ def _preempted(seat: Seat, outcome, job: str, notifier, link, report: ProgressRe
 
 def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, max_restarts: int, hang_timeout_s: float,
            skip_batches: int, breaker_count: int, backoff_s: float, drill_faults: list[str] | None,
-           launcher: str) -> PretrainResult:
+           launcher: str, warm: WarmRestarts) -> PretrainResult:
     """The runbook's loop on the GPUs the job holds: launch, watch, diagnose, act, launch again."""
     logger = get_run_logger()
     notifier = build_notifier()
@@ -338,7 +346,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
                               on_step=lambda step: (report.step(step), seat.attempt_running()),
                               on_waiting=lambda why: (report.phase("waiting" if why else "training", waiting=why),
                                                       seat.attempt_waiting(why)),
-                              on_started=lambda handle: seat.attempt_started(handle, gpus))
+                              on_started=lambda handle: seat.attempt_started(handle, gpus), warm=warm)
         seat.attempt_ended()
         announcer.poll(force=True)
         result.attempts = attempt + 1

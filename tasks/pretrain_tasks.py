@@ -23,6 +23,7 @@ from diagnosis.vocabulary import Diagnosis
 from scheduler.cluster import Cluster
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, wait_until_started
 from infra.slurm import placed_first_ranks
+from infra.standby import WarmRestarts
 from infra.nodecheck import LauncherWorldRunner, NodeCheckReport, two_round_check
 from infra.notify import SLACK_BLOCK_VARIABLE, Alert, Notifier, notifier_for, slack_block_name
 from scheduler.placement import Placement
@@ -78,6 +79,7 @@ def run_attempt(
     on_step: Callable[[int], None] | None = None,
     on_waiting: Callable[[str | None], None] | None = None,
     on_started: Callable[[object], None] | None = None,
+    warm: WarmRestarts | None = None,
 ) -> AttemptOutcome:
     """Launch one torchrun per node, then watch until done, failure, hang or spike (or until
     `stop_when()` gives a reason: the job's GPU lease was lost; or `stop_requested()` does:
@@ -85,6 +87,8 @@ def run_attempt(
     `on_waiting(reason)`: while a batch system (Slurm) keeps the job queued, and None once it runs;
     `on_started(job)`: the launcher's handle of the attempt, once launched (submitted to Slurm).
     An attempt Slurm ended (time limit, preemption, node failure) comes back "evicted", with why.
+    `warm` (infra.standby): the attempt runs in the standby world started for it when that fits,
+    and once it trains, the next attempt's standby is started.
 
     `announcer` (tasks.checkpoint_events.CommitAnnouncer) emits a checkpoint-committed
     event for each checkpoint that commits meanwhile; `cluster` carries a Slurm
@@ -102,10 +106,14 @@ def run_attempt(
     request = LaunchRequest(spec.name, launches, args, spec.resolved_run_dir, env=env, attempt=attempt)
     logger.info("attempt %d: %d node(s), world size %d: %s", attempt, len(launches), request.world_size, " ".join(args))
     stop_s = spec.checkpoint.stop_deadline_s + 10.0  # SIGTERM: commit, then exit
-    job = make_launcher(launcher, cluster=cluster, gpu_type=placement.gpu_type, grace_s=stop_s,
-                        job_id=_job_id(spec)).start(request)
+    cold = make_launcher(launcher, cluster=cluster, gpu_type=placement.gpu_type, grace_s=stop_s, job_id=_job_id(spec))
+    warm = warm or WarmRestarts(enabled=False)
+    job, started_warm = warm.launch(request, cold.start)
+    if started_warm:
+        logger.info("attempt %d: started warm, in the world that waited for it (infra.standby)", attempt)
 
     def progress(step: int) -> None:
+        warm.prepare_next(request)  # the attempt trains: the next one's world gets ready meanwhile
         if progress_artifact_id is not None:
             report_progress(progress_artifact_id, spec.name, step, spec.training.steps)
         if announcer is not None:  # evaluation starts while training goes on

@@ -12,6 +12,7 @@ import shutil
 import socket
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -19,7 +20,9 @@ from flows.pretrain import pretrain
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
 from scheduler.cluster import load_inventory
 from scheduler.worker_command import plan_overrides
+from infra.runfiles import log_path
 from training.config import load_job_spec
+from training.runlog import events
 
 
 def _port() -> int:
@@ -145,10 +148,19 @@ def test_script_error_stops_and_alerts_the_diagnosis(prefect_api, make_job, slac
 def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, make_job, uninterrupted):
     job = make_job("hang-and-kill")
     # A healthy rank beats after every step (~0.05 s here; at most ~0.3 s between two beats,
-    # checkpoints included, at a load of 5): 6 s of silence is a hang.
+    # checkpoints included, at a load of 5): 6 s of silence is a hang. Restarts are warm: each
+    # attempt's world is started while the one before trains (on this 2-core box only when asked).
     result = pretrain(str(job), drill_faults=["hang@8", "oom_kill@14:1", "exit_mid_checkpoint@20"],
-                      backoff_s=0.5, hang_timeout_s=6)
+                      backoff_s=0.5, hang_timeout_s=6, warm_standby=True)
     assert result.finished and result.final_step == 40, result
+    # every restart ran in the world that waited for it (the node check found both nodes healthy:
+    # same placement), on every rank; and no standby is left once the flow has ended
+    run_dir = load_job_spec(job).resolved_run_dir
+    for rank in range(result.placements[0]["world_size"]):
+        started = [fields["warm"] for fields in events(log_path(run_dir, rank), "started")]
+        assert started == ["False", "True", "True", "True"], (rank, started)
+    assert [p.pid for p in psutil.process_iter(["cmdline"])
+            if "training.standby" in (p.info["cmdline"] or []) and str(run_dir) in " ".join(p.info["cmdline"])] == []
     hang, killed, mid_checkpoint = result.failures
     assert hang.root_cause == "Hang" and hang.status == "hang"
     assert "node check" in hang.action
