@@ -49,7 +49,13 @@ steps; both sides' torchrun agents check their ranks as often (torchrun's defaul
 interval, infra.launch.TORCHRUN_MONITOR_INTERVAL_S); torchrun restarts in place (its agents stay
 up: no new launch, no flow, no diagnosis, no node check) and resumes from the same committed
 checkpoints, so it is the floor of
-"restart without thinking". The hang is reported separately (`hang_*` keys): both sides'
+"restart without thinking". forgeflow restarts warm (`--warm-standby on`, the default here:
+infra.standby keeps the next attempt's agents and ranks started, imports done, waiting at a
+gate), as it does by default on a node with two cores per rank; this 2-core box has fewer, so
+the flow's own rule (`--warm-standby auto`) would start every attempt cold. The standby's start
+(imports of two ranks and two agents) runs while the job trains, on the same two cores: its
+cost is in forgeflow's wall times and goodput, not hidden. torchrun's workers restart cold
+in place (its agents stay up), which is what torchrun does. The hang is reported separately (`hang_*` keys): both sides'
 figures are mostly a detection timeout, a setting. torchrun's hang is run only with
 `--baseline-hang` (it waits for the collective timeout, 30 min with megatron's default); without
 it, its hang figure is not measured and `torchrun_hang_detect_timeout_s` says what it would
