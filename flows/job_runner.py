@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     except OrchestratorError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if job["state"] not in ("queued", "running"):
+    if job["state"] not in ("queued", "running", "delegated"):  # delegated: in a site's Slurm (issue 32)
         print(f"error: job {args.job_id} ({job['name']}) is {job['state']}: nothing to run", file=sys.stderr)
         return 2
 

@@ -92,7 +92,7 @@ def queue_from_args(args: argparse.Namespace, by: str):
     cluster = args.cluster or default_cluster_source(cluster_orchestrator())
     cluster = cluster if cluster in ("", "local") else str(Path(cluster).resolve())
     submitted = queue_spec(spec, cluster, args.priority, gpu_type=getattr(args, "gpu_type", None),
-                           gpus=getattr(args, "gpus", None), by=by)
+                           gpus=getattr(args, "gpus", None), by=by, launcher=args.launcher)
     flow_options = {"cluster": cluster, "max_restarts": args.max_restarts, "hang_timeout_s": args.hang_timeout,
                     "drill_faults": args.drill or None, "launcher": args.launcher, "priority": args.priority}
     return submitted, flow_options
@@ -147,6 +147,8 @@ def _submit_now(args: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
         return 0
     where = (f"position {position} of {length} in the queue" if job["state"] == "queued" else
+             "handed to Slurm, which decides where and when it runs (it holds no GPUs here)"
+             if job["state"] == "delegated" else
              f"admitted: {job['placement']['world_size']}x {job['placement']['gpu_type']}")
     by = (f"flow run {runner['flow_run_id']}" + (f" ({runner['url']})" if runner.get("url") else "")
           if runner["kind"] == "prefect" else f"a runner on {runner['host']} (pid {runner['pid']}, log {runner['log']})")

@@ -25,7 +25,7 @@ from infra.statedb.retry import OUTAGE_ERRORS, OutagePolicy, StateDbRetry
 from infra.untrusted_text import fenced
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
-from scheduler.orchestrator.seat import (DelegatedSeat, Seat, SubmittedJob, adopt_job, admitted_placement,
+from scheduler.orchestrator.seat import (DelegatedSeat, Seat, SubmittedJob, adopt_job, admitted_placement, delegated_to,
                                         cordon_nodes, plan_and_submit, sync_inventory)
 from scheduler.orchestrator.start_estimates import queue_estimates, start_text
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
@@ -122,8 +122,7 @@ def publish_plans(job: str, cluster: str, plans: list, chosen=None, starts: dict
 
 def delegates_to_slurm(launcher: str, inventory: Cluster) -> bool:
     """The attempt goes to a site's Slurm that chooses the nodes (`slurm:` mode delegate)."""
-    slurm = getattr(inventory, "slurm", None)
-    return launcher == "slurm" and (slurm is None or slurm.mode == "delegate")
+    return delegated_to(launcher, inventory) == "slurm"
 
 
 def slurm_candidates(spec: JobSpec, plans: list, placement: Placement, attempt: int, inventory: Cluster,

@@ -133,11 +133,20 @@ def default_cluster_source(orch: Orchestrator) -> str:
     return "local"
 
 
+def delegated_to(launcher: str, inventory: Cluster) -> str | None:
+    """"slurm" when the job's attempts go to a site's Slurm that chooses the nodes (launcher
+    slurm, the cluster file's `slurm:` mode delegate, the default): the orchestrator then keeps
+    the job as a mirror of its batch job, never on its own GPUs. None otherwise."""
+    slurm = getattr(inventory, "slurm", None)
+    return "slurm" if launcher == "slurm" and (slurm is None or slurm.mode == "delegate") else None
+
+
 def queue_spec(spec: JobSpec, cluster_source: str | None = None, priority: int = 0, *, gpu_type: str | None = None,
-               gpus: int | None = None, by: str = "forgeflow submit") -> SubmittedJob:
+               gpus: int | None = None, by: str = "forgeflow submit", launcher: str = "local") -> SubmittedJob:
     """`forgeflow submit` / `pretrain`: the inventory (a YAML file, or "local" for this machine)
-    joined with the orchestrator, and the job planned and queued there; no source: the one
-    registered cluster's file, else this machine (`default_cluster_source`)."""
+    joined with the orchestrator, and the job planned and queued there (recorded as delegated
+    when `launcher` hands it to a site's Slurm: `delegated_to`); no source: the one registered
+    cluster's file, else this machine (`default_cluster_source`)."""
     from scheduler.cluster import load_inventory
 
     orch = cluster_orchestrator()
@@ -145,7 +154,8 @@ def queue_spec(spec: JobSpec, cluster_source: str | None = None, priority: int =
     inventory = load_inventory(cluster_source)
     sync_inventory(orch, inventory, by=by,
                    source=None if cluster_source in ("", "local") else str(Path(cluster_source).resolve()))
-    return plan_and_submit(orch, spec, inventory.name, priority, gpu_type=gpu_type, gpus=gpus)
+    return plan_and_submit(orch, spec, inventory.name, priority, gpu_type=gpu_type, gpus=gpus,
+                           delegated_to=delegated_to(launcher, inventory))
 
 
 def adopt_job(orch: Orchestrator, job_id: int) -> SubmittedJob:

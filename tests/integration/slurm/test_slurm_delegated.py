@@ -195,3 +195,29 @@ def test_slurm_is_asked_when_each_option_would_start_and_the_one_done_first_is_s
             job.terminate(grace_s=1.0)
     finally:
         subprocess.run(["scancel", other], env={**os.environ, **slurm.env()}, check=False)
+
+
+def test_forgeflow_submit_to_delegated_slurm_records_a_mirror_that_holds_no_gpu(slurm, slurm_job, slurm_cluster):
+    """`forgeflow submit --launcher slurm` on a delegate-mode cluster: the job is recorded as
+    delegated from the start, never queued for (or admitted onto) the orchestrator's GPUs, even
+    before its runner takes it up; with `--launcher local` the same job is admitted."""
+    import sqlalchemy as sa
+
+    from infra.statedb import read_transaction
+    from infra.statedb.schema import allocations
+    from scheduler.orchestrator.seat import cluster_orchestrator, queue_spec
+    from training.config import load_job_spec
+
+    orch = cluster_orchestrator()
+    delegated = queue_spec(load_job_spec(slurm_job("submitted-delegated")), str(slurm_cluster),
+                           launcher="slurm").job_id
+    pinned_here = queue_spec(load_job_spec(slurm_job("submitted-here")), str(slurm_cluster), launcher="local").job_id
+    try:
+        assert orch.job(delegated)["state"] == "delegated"
+        assert orch.job(pinned_here)["state"] in ("queued", "running")
+        with read_transaction(orch.engine) as conn:
+            assert conn.execute(sa.select(sa.func.count()).select_from(allocations).where(
+                allocations.c.job_id == delegated)).scalar() == 0
+    finally:
+        for job_id in (delegated, pinned_here):
+            orch.cancel(job_id, reason="test over")
