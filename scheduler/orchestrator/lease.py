@@ -33,7 +33,7 @@ import threading
 import time
 
 from infra.statedb.retry import OUTAGE_ERRORS, StateDbRetry
-from scheduler.orchestrator.config import LeaseLostError, OrchestratorError
+from scheduler.orchestrator.config import LeaseLostError
 from scheduler.orchestrator.service import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -72,19 +72,16 @@ class HeldJob:
                     log.debug("job %s: stop request not read: %s", self.job_id, e)
                 continue
             try:
-                self.orchestrator.renew(self.job_id, self.attempt)
+                self._renew()
                 if failing:
                     log.warning("lease of job %s renewed again after %d failed tries", self.job_id, failing)
                     self.db.answered(f"job {self.job_id}'s lease renewal")
                 wait, failing = self.every_s, 0
                 renew_at = time.monotonic() + wait
                 self.stop_requested = self.orchestrator.stop_request(self.job_id)
-                # keep this process's view of the cluster near current, so the release at the end
-                # replays the last changes instead of reading the whole cluster and queue back
-                self.orchestrator.refresh()
+                self._renewed()
             except LeaseLostError as e:
-                self.lost = e
-                log.error("job %s lost its GPUs: %s", self.job_id, e)
+                self._lost(e)
                 return
             except Exception as e:  # the database is out of reach: the work goes on, retry soon
                 failing += 1
@@ -95,6 +92,19 @@ class HeldJob:
                 if failing == 1 or failing % 10 == 0:
                     log.warning("lease renewal of job %s failed (%d tries so far), its work goes on; "
                                 "retrying every %.0f s: %s", self.job_id, failing, wait, e)
+
+    def _renew(self) -> None:
+        """One renewal (LeaseLostError when there is nothing left to renew)."""
+        self.orchestrator.renew(self.job_id, self.attempt)
+
+    def _renewed(self) -> None:
+        # keep this process's view of the cluster near current, so the release at the end
+        # replays the last changes instead of reading the whole cluster and queue back
+        self.orchestrator.refresh()
+
+    def _lost(self, e: LeaseLostError) -> None:
+        self.lost = e
+        log.error("job %s lost its GPUs: %s", self.job_id, e)
 
     def __enter__(self) -> "HeldJob":
         return self.db.call(self._enter, f"job {self.job_id} taking hold of its GPUs")
@@ -145,26 +155,48 @@ class HeldJob:
 
 class DelegatedJob(HeldJob):
     """`HeldJob`'s stand-in for a delegated job (`service.DELEGATED`: a site's batch system places
-    it): it holds no GPUs here, so there is no lease to renew and none to lose (`lost` stays None);
-    the background thread only reads the job's stop request every STOP_CHECK_S (`forgeflow cancel`
-    reaches the flow through the database, as for a held job), and the exit ends the job
-    finished / failed / cancelled as `HeldJob`'s does."""
+    it): it holds no GPUs here, so there is no GPU lease to lose (`lost` stays None), but its flow
+    is alive only while it says so: entering and then every lease_s / 3 it renews the job's
+    liveness deadline (`Orchestrator.renew_delegated`: lease_s from now on the database's clock,
+    in `jobs.batch`), through an outage as `HeldJob` renews a lease (retried every RETRY_S, the
+    outage counted in `db`, the work goes on). A flow that dies stops renewing, and the policy
+    pass that reclaims expired leases ends its job once the deadline is grace_s past
+    (`Orchestrator._expire`): failed, with why, so `forgeflow jobs` shows no ghost and its run
+    directory and checkpoint URL are free again. Between renewals the thread reads the job's stop
+    request every STOP_CHECK_S (`forgeflow cancel` reaches the flow through the database, as for a
+    held job), and the exit ends the job finished / failed / cancelled as `HeldJob`'s does.
+
+    A flow that only stalled past its deadline (a partition) finds its job ended at its next
+    renewal: that reaches it as a stop request (`stop_requested`, "by the orchestrator", which no
+    later read of the database's request clears), so it stops the ranks gracefully and launches
+    nothing more; its exit then changes nothing (the job already ended)."""
+
+    def __init__(self, *args, **kwargs) -> None:  # noqa: ANN002, ANN003 - HeldJob's
+        self._ended: dict | None = None  # the stop this holder's ended job asks of its flow
+        super().__init__(*args, **kwargs)
+
+    @property
+    def stop_requested(self) -> dict | None:  # type: ignore[override]
+        return self._ended or self._requested
+
+    @stop_requested.setter
+    def stop_requested(self, request: dict | None) -> None:
+        self._requested = request
 
     def _enter(self) -> "DelegatedJob":
-        from scheduler.orchestrator.service import DELEGATED
-
-        state = self.orchestrator.job(self.job_id)["state"]
-        if state != DELEGATED:
-            raise OrchestratorError(f"job {self.job_id} is {state}, not delegated to a batch system")
-        self.attempt, self.lost = None, None
+        self.attempt, self.lost, self._ended = None, None, None
+        self._renew()  # OrchestratorError (LeaseLostError) unless the job is delegated
         self.stop_requested = self.orchestrator.stop_request(self.job_id)
-        self._thread = threading.Thread(target=self._renew_loop, name=f"stop-check-{self.job_id}", daemon=True)
+        self._thread = threading.Thread(target=self._renew_loop, name=f"delegated-{self.job_id}", daemon=True)
         self._thread.start()
         return self
 
-    def _renew_loop(self) -> None:
-        while not self._stop.wait(STOP_CHECK_S):
-            try:
-                self.stop_requested = self.orchestrator.stop_request(self.job_id)
-            except Exception as e:  # noqa: BLE001 - an outage: the work goes on, read again next time
-                log.debug("job %s: stop request not read: %s", self.job_id, e)
+    def _renew(self) -> None:
+        self.orchestrator.renew_delegated(self.job_id)
+
+    def _renewed(self) -> None:  # no view of the cluster to keep: the job is in none
+        pass
+
+    def _lost(self, e: LeaseLostError) -> None:
+        self._ended = {"by": "the orchestrator", "reason": str(e), "at": time.time()}
+        log.error("job %s: %s; stopping its work", self.job_id, e)

@@ -84,6 +84,19 @@ log = logging.getLogger(__name__)
 # and ends finished / failed / cancelled as every job does.
 DELEGATED = "delegated"
 ACTIVE = ("queued", "running", DELEGATED)
+# A delegated job's liveness (no lease: it holds nothing here): its flow (`lease.DelegatedJob`)
+# renews a deadline in `jobs.batch` every lease_s / 3, lease_s from now on the database's clock
+# (`renew_delegated`), and the pass that reclaims expired leases ends the job once the deadline is
+# grace_s past, after the same outage epoch (`_expire`). A job whose flow never took it up has no
+# deadline yet (as a queued job waits for its flow, it waits for its flow to start).
+DELEGATED_UNTIL = "delegated_until"  # jobs.batch: the deadline (database clock, s since the epoch)
+DELEGATED_RENEWED = "renewed_at"  # jobs.batch: the flow's last renewal (database clock)
+_DELEGATED_DEADLINE = jobs.c.batch[DELEGATED_UNTIL].as_float()
+_DELEGATED_SILENT = sa.select(jobs.c.id, jobs.c.batch, jobs.c.stop_requested, jobs.c.lost_count).where(
+    jobs.c.cluster == sa.bindparam("cname"), jobs.c.state == DELEGATED,
+    _DELEGATED_DEADLINE < sa.bindparam("cutoff"))
+_DELEGATED_FLOOR = sa.select(sa.func.min(_DELEGATED_DEADLINE)).where(
+    jobs.c.cluster == sa.bindparam("cname"), jobs.c.state == DELEGATED)
 # A waiting job's position (queue_position) orders by the teams' usage read at most this long ago:
 # it changes slowly, and reading the allocation history at every poll of every waiter would not.
 TEAM_USAGE_STALE_S = 30.0
@@ -158,6 +171,8 @@ _RENEW = (sa.update(allocations).where(allocations.c.job_id == sa.bindparam("jid
 _RENEW_ADMISSION = _RENEW.where(_SAME_ADMISSION)
 _LIVE_LEASE_FLOOR = sa.select(sa.func.min(allocations.c.lease_expires_at)).where(
     allocations.c.cluster == sa.bindparam("cname"), allocations.c.released_at.is_(None))
+# what a waiting job's poll reads (`pass_due`): the earliest lease and delegated deadline, one round trip
+_LIVENESS_FLOORS = sa.select(_LIVE_LEASE_FLOOR.scalar_subquery(), _DELEGATED_FLOOR.scalar_subquery())
 
 # Elastic resizes' promised admissions (`jobs.promised`, `Orchestrator.resize`): the live ones of a
 # cluster, and dropping one (admitted, expired, or on a node out of service).
@@ -201,6 +216,10 @@ def _unhold(view: "_View", gpus: list[tuple[str, int]]) -> None:
 
 
 PRIORITY_RANGE = (-1000, 1000)
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(at))
 
 
 def check_priority(priority: int | str) -> None:
@@ -725,7 +744,9 @@ class Orchestrator:
         "state", "reason", "nodes", ...), merged into what was recorded and stamped with the time.
         False when the job is not delegated (any more): it ended, and nothing is written."""
         with write_transaction(self.engine) as conn:
-            row = conn.execute(sa.select(jobs.c.state, jobs.c.batch).where(jobs.c.id == job_id)).one_or_none()
+            # (locked: a renewal of its deadline in between is never overwritten with what was read)
+            row = conn.execute(sa.select(jobs.c.state, jobs.c.batch).where(jobs.c.id == job_id)
+                               .with_for_update()).one_or_none()
             if row is None:
                 raise identity.no_such_job(job_id, self.identity)
             if row.state != DELEGATED:
@@ -733,6 +754,28 @@ class Orchestrator:
             conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == DELEGATED).values(
                 batch={**(row.batch or {}), **said, "at": time.time()}))
         return True
+
+    def renew_delegated(self, job_id: int) -> float:
+        """A delegated job's flow says it is alive (`lease.DelegatedJob`, every lease_s / 3): its
+        deadline (`jobs.batch`'s DELEGATED_UNTIL) runs `lease_s` from now on the database's clock,
+        never shortened; the renewal also records that a writer reached the database (`epoch`),
+        as a lease renewal does. Returns the deadline. LeaseLostError (naming how the job ended)
+        once the job is not delegated any more: its flow must stop its work."""
+        with write_transaction(self.engine) as conn:
+            epoch.noted(conn.execute(epoch.TOUCH_UNLESS_BUSY, epoch.touch_params(self.config.lease_s)).all())
+            row = conn.execute(sa.select(jobs.c.state, jobs.c.reason, jobs.c.batch, db_now()).where(
+                jobs.c.id == job_id).with_for_update()).one_or_none()
+            if row is None:
+                raise identity.no_such_job(job_id, self.identity)
+            state, reason, batch, now = row
+            if state != DELEGATED:
+                raise LeaseLostError(f"job {job_id} is {state}, not delegated to a batch system"
+                                     + (f" ({reason})" if reason else ""))
+            batch = dict(batch or {})
+            until = max(now + self.config.lease_s, float(batch.get(DELEGATED_UNTIL) or 0.0))
+            conn.execute(sa.update(jobs).where(jobs.c.id == job_id, jobs.c.state == DELEGATED).values(
+                batch={**batch, DELEGATED_UNTIL: until, DELEGATED_RENEWED: now}))
+        return until
 
     def cancel(self, job_id: int, reason: str = "cancelled") -> str:
         """Remove a queued job from the queue, or release a running one; returns its previous state."""
@@ -1295,14 +1338,17 @@ class Orchestrator:
 
     def pass_due(self, cluster: str | None = None) -> bool:
         """Whether a waiting job should make a policy pass itself (one read): a live allocation is
-        past its lease and grace (the pass reclaims it), or a change waits for a pass that no live
+        past its lease and grace (the pass reclaims it), or a delegated job's deadline is (its flow
+        stopped renewing: the pass ends it), or a change waits for a pass that no live
         decider will make (it stopped beating). Times on the database's clock; a lease is overdue
         only once its holders had a full lease after the last outage (`epoch`). When nobody else
         wrote lately, the poll records that a writer reached the database (`epoch.touch`)."""
         lease_s = self.config.lease_s
         with read_transaction(self.engine) as conn:
             name = inventory.resolve_cluster(conn, cluster)
-            oldest = conn.execute(_LIVE_LEASE_FLOOR, {"cname": name}).scalar()
+            # the earliest lease, or delegated job's deadline (its flow's liveness), of the cluster
+            floors = [f for f in conn.execute(_LIVENESS_FLOORS, {"cname": name}).one() if f is not None]
+            oldest = min(floors, default=None)
             pending, seen = conn.execute(_DECIDER_STATE, {"cname": name}).one()
             now, seen_at, epoch_at, _ = conn.execute(epoch.STATE).one()
         if seen_at is None or now - seen_at > epoch.keepalive_after_s(lease_s):
@@ -1409,7 +1455,27 @@ class Orchestrator:
             if requeue and preempted:
                 conn.execute(sa.update(preemptions).where(preemptions.c.job_id == job_id,
                                                           preemptions.c.ended_at.is_(None)).values(ended_at=now))
-        return lost
+        return lost + self._end_silent_delegated(conn, cname, now, cutoff)
+
+    def _end_silent_delegated(self, conn: Connection, cname: str, now: float, cutoff: float) -> list[int]:
+        """End the delegated jobs whose flow stopped renewing (deadline before `cutoff`, database
+        clock; `_expire` checked the outage epoch): failed, or cancelled when a stop was asked
+        (its flow died before it could end it), never queued again: nothing but its flow puts a
+        delegated job in the batch system, and that flow is gone. Its batch job stops on its own:
+        the nodes stop the ranks once the flow's lease file goes stale (`infra.lease_guard`)."""
+        ended = []
+        for row in conn.execute(_DELEGATED_SILENT, {"cname": cname, "cutoff": cutoff}).all():
+            batch = row.batch or {}
+            renewed, until = batch.get(DELEGATED_RENEWED), float(batch[DELEGATED_UNTIL])
+            why = (f"lost: its flow stopped renewing (last renewal {_utc(renewed) if renewed else 'unknown'} UTC, "
+                   f"deadline {_utc(until)} UTC passed at {_utc(now)} UTC)")
+            done = conn.execute(sa.update(jobs).where(jobs.c.id == row.id, jobs.c.state == DELEGATED).values(
+                state="cancelled" if row.stop_requested else "failed", lost_count=row.lost_count + 1,
+                finished_at=now, reason=why))
+            if done.rowcount:
+                ended.append(row.id)
+                log.warning("job %s (delegated): %s", row.id, why)
+        return ended
 
     def _load_queue(self, conn: Connection, cname: str) -> tuple[list[QueuedJob], list[tuple]]:
         # The queue with each job's name and options (as text: a process that knows a job skips it,

