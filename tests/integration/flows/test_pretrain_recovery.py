@@ -103,11 +103,15 @@ def test_infrastructure_error_then_loss_spike_recover_bit_exact(prefect_api, mak
     monkeypatch.setenv("SLACK_WEBHOOK_URL", failing_slack.url)
     job = make_job("drills")
     try:
+        # warm: the rollback's relaunch (resume from step 20, skip the spike's batches) reaches the
+        # ranks that waited through their gate
         result = pretrain(str(job), drill_faults=["cuda_error@12:1", "loss_spike@26"], backoff_s=0.5,
-                          hang_timeout_s=120, skip_batches=5)
+                          hang_timeout_s=120, skip_batches=5, warm_standby=True)
     finally:
         failing_slack.close()
     assert result.finished and result.final_step == 40, result
+    run_dir = load_job_spec(job).resolved_run_dir
+    assert [f["warm"] for f in events(log_path(run_dir, 0), "started")] == ["False", "True", "True"]
     causes = [(f.root_cause, f.step) for f in result.failures]
     assert causes[0] == ("CUDAError", 12)
     assert causes[1][0] == "LossSpike"
