@@ -14,6 +14,8 @@
     node_session.py multi-node evaluation, one long-lived session per node: the node's half (serve_node)
                     and the evaluator's (open_sessions: ready, hand out trials, stop)
     slurm_trials.py the Slurm submitter: one sbatch job per trial, watched, scancelled on interrupt
+    kubernetes_trials.py the Kubernetes submitter: one Job per trial (in Kueue when configured), deleted on interrupt
+    trial_job.py    inside a trial's batch job (Slurm or Kubernetes): run it, write its result file
     runner.py       the whole pipeline in one call
     suite.py        suite YAML
     reporting.py    results beside the checkpoint, score history across checkpoints, trend chart

@@ -22,11 +22,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "RUN_DIR/eval/step-N-SUITE under the job's run directory; else runs/eval/NAME-SUITE)")
     p.add_argument("--naive", action="store_true",
                    help="baseline: one trial per dataset, load per trial, metrics in the slot, FIFO")
-    p.add_argument("--submitter", choices=("local", "slurm"), default="local",
-                   help="where trials run: local (slot threads/processes here, default) or slurm "
-                        "(one sbatch job per trial; metrics stay here)")
+    p.add_argument("--submitter", choices=("local", "slurm", "kubernetes"), default="local",
+                   help="where trials run: local (slot threads/processes here, default), slurm "
+                        "(one sbatch job per trial) or kubernetes (one Job per trial, queued in Kueue "
+                        "when the cluster file says so); metrics stay here")
     p.add_argument("--cluster", help="with --submitter slurm: a cluster file whose slurm: section gives "
-                                     "partition, account, time limit, GPU request (default: the environment's Slurm)")
+                                     "partition, account, time limit, GPU request (default: the environment's "
+                                     "Slurm); with --submitter kubernetes (required): its kubernetes: section "
+                                     "(namespace, image, run volume, kueue); its nodes' one GPU type, if they "
+                                     "have one, pins the trial Jobs")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (logs, CI)")
     p.add_argument("--json", action="store_true",
                    help="print results.json's content (plus its path) as one JSON object; "
@@ -35,6 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _run_eval(args: argparse.Namespace) -> int:
+    import functools
     import sys
     from pathlib import Path
 
@@ -64,13 +69,19 @@ def _run_eval(args: argparse.Namespace) -> int:
         output = Path(args.output or eval_output_dir(target, suite.name, job_spec))
         source = model_source_for(target, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
-        where = {"submitter": args.submitter, "slurm": _slurm_settings(args.cluster, args.submitter)}
+        if args.submitter == "kubernetes":
+            from evalsuite.kubernetes_trials import evaluate_on_kubernetes
+
+            settings, gpu_type = _kubernetes_settings(args.cluster)
+            run: Any = functools.partial(evaluate_on_kubernetes, settings=settings, gpu_type=gpu_type)
+        else:
+            run = functools.partial(evaluate, submitter=args.submitter,
+                                    slurm=_slurm_settings(args.cluster, args.submitter))
         if args.no_progress or args.json:  # --json: stdout is one JSON object, stderr stays quiet
-            report = evaluate(source, suite, output, policy=policy, echo=echo, **where)
+            report = run(source, suite, output, policy=policy, echo=echo)
         else:
             with _Progress() as progress:
-                report = evaluate(source, suite, output, policy=policy, on_event=progress.on_event,
-                                  echo=progress.print, **where)
+                report = run(source, suite, output, policy=policy, on_event=progress.on_event, echo=progress.print)
     except EvalConfigError:
         raise  # forgeflow's main: one line naming what is wrong, exit 2
     except EvalError as e:
@@ -93,12 +104,29 @@ def _slurm_settings(cluster: str | None, submitter: str) -> Any:
     from scheduler.cluster import load_cluster
 
     if submitter != "slurm":
-        raise EvalConfigError(f"--cluster {cluster} is only used with --submitter slurm; add it or drop --cluster")
+        raise EvalConfigError(f"--cluster {cluster} is only used with --submitter slurm or kubernetes; add one "
+                              "or drop --cluster")
     settings = load_cluster(cluster).slurm   # a bad file raises its ConfigError: one line, exit 2
     if settings is None:
         raise EvalConfigError(f"{cluster} has no slurm: section; add one (partition, account, ...) "
                               "or drop --cluster to use the environment's Slurm defaults")
     return settings
+
+
+def _kubernetes_settings(cluster: str | None) -> tuple[Any, str]:
+    """The cluster file's kubernetes: section for --submitter kubernetes, and the GPU type that pins
+    the trial Jobs (its nodes' one GPU type; "cpu", no pin, when they have none or several)."""
+    from evalsuite.errors import EvalConfigError
+    from scheduler.cluster import load_cluster
+
+    if not cluster:
+        raise EvalConfigError("--submitter kubernetes needs --cluster FILE: a cluster file with a kubernetes: "
+                              "section (namespace, image, run_volume_claim, kueue)")
+    loaded = load_cluster(cluster)   # a bad file raises its ConfigError: one line, exit 2
+    if loaded.kubernetes is None:
+        raise EvalConfigError(f"{cluster} has no kubernetes: section; add one (image, run_volume_claim, ...)")
+    types = [t for t in loaded.gpu_types() if t != "cpu"]
+    return loaded.kubernetes, types[0] if len(types) == 1 else "cpu"
 
 
 class _Progress:

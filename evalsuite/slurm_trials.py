@@ -2,7 +2,8 @@
 
     sbatch --job-name=forgeflow-eval-<trial> --nodes=1 --ntasks=1
            [--gpus-per-node=G | --gres=gpu:G] --cpus-per-task=C [--partition] [--account] [--time]
-      └─ python -m evalsuite.slurm_trials run trial.json result.json   (this module, in the job)
+      └─ python -m evalsuite.trial_job run trial.json result.json   (in the job; the Kubernetes
+                                                                     submitter's jobs run it too)
            └─ evalsuite.trials.run_trial → result.json (atomic), or a traceback in the job's output
 
 One job per trial, so Slurm's queue decides where and when each trial runs; the
@@ -31,7 +32,6 @@ whole environment (a Slack webhook or the state database's URL stay here).
 from __future__ import annotations
 
 import concurrent.futures as cf
-import json
 import os
 import shlex
 import sys
@@ -44,7 +44,6 @@ from evalsuite.errors import EvalError, TrialError
 from evalsuite.metrics import MetricJob, run_metric_job
 from evalsuite.sandbox import Sandbox
 from evalsuite.trials import Trial, TrialResult, cpu_cores, cuda_indices
-from infra.atomic_write import atomic_write
 from infra.launch import worker_environment
 from infra.slurm import FINAL_STATES, SlurmError, SlurmSettings, site_args, slurm_command
 
@@ -83,7 +82,7 @@ def sbatch_args(trial: Trial, settings: SlurmSettings, output: Path) -> list[str
 
 def batch_script(trial: Trial, trial_file: Path, result_file: Path) -> str:
     root = Path(__file__).resolve().parents[1]
-    run = [sys.executable, "-m", "evalsuite.slurm_trials", "run", str(trial_file), str(result_file)]
+    run = [sys.executable, "-m", "evalsuite.trial_job", "run", str(trial_file), str(result_file)]
     lines = ["#!/bin/bash",
              f"# forgeflow evaluation trial {trial.trial_id}",
              f"export PYTHONPATH={shlex.quote(str(root))}${{PYTHONPATH:+:$PYTHONPATH}}",
@@ -237,29 +236,20 @@ def _future_done(handle: Any) -> bool:
     return wrapped.done() if isinstance(wrapped, cf.Future) else handle.state.is_final()
 
 
-# --- in the job: `python -m evalsuite.slurm_trials run trial.json result.json` ----------------------
+# --- in the job: `python -m evalsuite.trial_job run trial.json result.json` -----------------------
+# (evalsuite.trial_job, shared with the Kubernetes submitter; this module's old entry still works)
 
 
 def run_job(trial_file: Path, result_file: Path) -> int:
-    from evalsuite.trials import run_trial
+    from evalsuite.trial_job import run_job as run
 
-    trial = Trial.model_validate_json(Path(trial_file).read_text())
-    result = run_trial(trial)   # a failure raises: its traceback lands in the job's Slurm output
-    result.worker["slurm_job_id"] = os.environ.get("SLURM_JOB_ID", "")
-    atomic_write(result_file, json.dumps(result.model_dump(mode="json")))
-    return 0
+    return run(trial_file, result_file)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
+    from evalsuite.trial_job import main as entry
 
-    parser = argparse.ArgumentParser(prog="python -m evalsuite.slurm_trials", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one trial inside its Slurm job and write its result file")
-    run.add_argument("trial_file")
-    run.add_argument("result_file")
-    args = parser.parse_args(argv)
-    return run_job(Path(args.trial_file), Path(args.result_file))
+    return entry(argv, prog="python -m evalsuite.slurm_trials")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ container is waiting, 422 Invalid), so the real `kubernetes` client talks to it 
     POST   /apis/batch/v1/namespaces/{ns}/jobs              create a Job (+ its indexed pods)
     DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name}       delete it and its pods
     GET    /apis/batch/v1/namespaces/{ns}/jobs/{name}
+    GET    /apis/batch/v1/namespaces/{ns}/jobs?labelSelector=k=v   list Jobs (with their status)
     GET    /api/v1/namespaces/{ns}/pods?labelSelector=k=v   list pods (equality selectors)
     GET    /api/v1/namespaces/{ns}/pods/{name}/log?container=c
     GET    /apis/kueue.x-k8s.io/v1beta1/namespaces/{ns}/workloads?labelSelector=k=v
@@ -27,6 +28,11 @@ by it, pending with a QuotaReserved=False message). A test plays Kueue's schedul
 labels into the pod template, the Job unsuspended: its pods appear) and `evict` (Evicted
 with a reason, admission gone, the Job suspended again: its pods deleted). `add_flavor`
 makes a ResourceFlavor with `spec.nodeLabels`.
+
+A Job's status follows its pods as the Job controller keeps it: `finish_pod` counts the pod
+in `status.succeeded` / `status.failed` and adds the `Complete` condition once every
+completion succeeded, or `Failed` (BackoffLimitExceeded) once more pods failed than
+`backoffLimit` allows. A DELETE's options (propagationPolicy) are kept in `deletions`.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ class KubeApiServer:
         self.workloads: dict[tuple[str, str], dict] = {}
         self.flavors: dict[str, dict] = {}
         self.requests: list[tuple[str, str]] = []
+        self.deletions: list[tuple[str, str, dict]] = []  # (kind, name, the DELETE's body: propagationPolicy)
         self.lock = threading.Lock()
         server = self
 
@@ -174,7 +181,29 @@ class KubeApiServer:
         with self.lock:
             state = {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
                                     "startedAt": _now(), "finishedAt": _now()}}
-            self._set_state(self.pod_of(job, index), state, "Succeeded" if exit_code == 0 else "Failed", log)
+            pod = self.pod_of(job, index)
+            self._set_state(pod, state, "Succeeded" if exit_code == 0 else "Failed", log)
+            self._count_pod(pod["metadata"]["namespace"], job, exit_code == 0)
+
+    def _count_pod(self, namespace: str, job: str, succeeded: bool) -> None:
+        """The Job controller's status: a pod counted as succeeded or failed; Complete or Failed at the end."""
+        obj = self.jobs.get((namespace, job))
+        if obj is None:
+            return
+        status = obj.setdefault("status", {})
+        key = "succeeded" if succeeded else "failed"
+        status[key] = status.get(key, 0) + 1
+        spec = obj["spec"]
+        if status.get("succeeded", 0) >= spec.get("completions", 1):
+            kind, reason, message = "Complete", "CompletionsReached", "Reached expected number of succeeded pods"
+            status["completionTime"] = _now()
+        elif status.get("failed", 0) > spec.get("backoffLimit", 6):
+            kind, reason, message = "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"
+        else:
+            return
+        status.setdefault("conditions", []).append({"type": kind, "status": "True", "reason": reason,
+                                                    "message": message, "lastProbeTime": _now(),
+                                                    "lastTransitionTime": _now()})
 
     # --- what Kueue would do ---------------------------------------------------------------
 
@@ -260,6 +289,11 @@ class KubeApiServer:
                 if len(rest) == 2 and rest[1] == "log":
                     return self._log(ns, rest[0], query)
         if parts[:3] == ["apis", "batch", "v1"] and len(parts) >= 6 and parts[3] == "namespaces" and parts[5] == "jobs":
+            if method == "GET" and len(parts) == 6:
+                items = _selected([{k: v for k, v in j.items() if not k.startswith("_")}
+                                   for (ns, _), j in sorted(self.jobs.items()) if ns == parts[4]], query)
+                return 200, {"kind": "JobList", "apiVersion": "batch/v1", "metadata": {"resourceVersion": "1"},
+                             "items": items}, "application/json"
             return self._crud(method, parts[4], parts[6:], body, self.jobs, "Job", "V1Job", "batch/v1")
         if parts[:3] == KUEUE and self.kueue and method == "GET":
             if len(parts) == 6 and parts[3] == "namespaces" and parts[5] == "workloads":
@@ -306,6 +340,7 @@ class KubeApiServer:
             return 200, {k: v for k, v in store[(ns, rest[0])].items() if not k.startswith("_")}, "application/json"
         if method == "DELETE" and len(rest) == 1:
             name = rest[0]
+            self.deletions.append((kind, name, dict(body or {})))
             if (ns, name) not in store:
                 return 404, _status(404, "NotFound", f'{kind.lower()}s "{name}" not found'), "application/json"
             gone = store.pop((ns, name))
