@@ -70,10 +70,8 @@ def _run_eval(args: argparse.Namespace) -> int:
         source = model_source_for(target, job_spec, output)
         policy = Policy.naive() if args.naive else Policy()
         if args.submitter == "kubernetes":
-            from evalsuite.kubernetes_trials import evaluate_on_kubernetes
-
             settings, gpu_type = _kubernetes_settings(args.cluster)
-            run: Any = functools.partial(evaluate_on_kubernetes, settings=settings, gpu_type=gpu_type)
+            run: Any = functools.partial(evaluate, submitter="kubernetes", kubernetes=settings, gpu_type=gpu_type)
         else:
             run = functools.partial(evaluate, submitter=args.submitter,
                                     slurm=_slurm_settings(args.cluster, args.submitter))

@@ -59,6 +59,7 @@ TRIAL_LABEL = "forgeflow/trial"
 CONTAINER = "evaluate"             # evaluation_job_manifest's container
 MAX_EVICTIONS = 1                  # Kueue requeues an evicted trial once; the next eviction fails it
 FINAL = {"Complete", "Failed", "Gone", "Evicted", "Deactivated", "Deleted"}
+POLL_S = 2.0   # at most one list of the trial Jobs per this many seconds
 
 
 def job_name(trial_id: str, run_id: str) -> str:
@@ -130,9 +131,10 @@ class KubernetesSubmitter:
     machine's CPU workers. `on_waiting(trial_id, reason)` hears why a trial waits (None: it runs)."""
 
     def __init__(self, work_dir: str | Path, settings: KubernetesSettings, metric_workers: int,
-                 sandbox: Sandbox | None, gpu_type: str = "cpu", poll_s: float = 2.0,
+                 sandbox: Sandbox | None, gpu_type: str = "cpu", poll_s: float | None = None,
                  on_waiting: Callable[[str, str | None], None] | None = None) -> None:
-        self.settings, self.sandbox, self.gpu_type, self.poll_s = settings, sandbox, gpu_type, poll_s
+        self.settings, self.sandbox, self.gpu_type = settings, sandbox, gpu_type
+        self.poll_s = POLL_S if poll_s is None else poll_s
         self.work_dir = Path(work_dir).resolve()
         self._check_shared(self.work_dir, "the trial work folder")
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -360,36 +362,9 @@ def _log_waiting(trial_id: str, reason: str | None) -> None:
         log.info("trial %s: %s", trial_id, reason)
 
 
-def evaluate_on_kubernetes(model_source: str, suite: Any, output_dir: str | Path, settings: KubernetesSettings, *,
-                           gpu_type: str = "cpu", policy: Any = None, history: Any = None,
-                           on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                           echo: Callable[[str], None] = print, poll_s: float = 2.0) -> Any:
-    """`evalsuite.runner.evaluate` with every trial a Kubernetes Job (metrics stay here).
-
-    Nothing is preloaded on this machine: with the policy's preload each trial's pod copies the
-    model into its own /dev/shm (the suite's preload_root there), else into a scratch folder."""
-    from evalsuite.coordinator import Policy, format_plan
-    from evalsuite.executor import execute
-    from evalsuite.history import RuntimeHistory
+def pod_preload_path(model_source: str, suite: Any) -> Path:
+    """Where a trial's pod copies the model with the policy's preload (its own /dev/shm: nothing
+    is preloaded on the submitting machine for pods elsewhere): the suite's preload_root there."""
     from evalsuite.preload import preload_key
-    from evalsuite.runner import _local_path, _metric_cores, build_plan, write_results
 
-    policy = policy or Policy()
-    history = history or RuntimeHistory()
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    in_pod = Path(suite.preload_root or "/dev/shm/forgeflow-eval") / preload_key(model_source)
-    plan = build_plan(suite, model_path=_local_path(model_source), output_dir=output_dir, history=history,
-                      policy=policy, model_source=model_source, preloaded_path=str(in_pod) if policy.preload else "")
-    echo(format_plan(plan))
-    sandbox = Sandbox(suite.sandbox, cores=_metric_cores(suite.metric_workers))
-    runs = KubernetesSubmitter(output_dir / "kubernetes", settings, suite.metric_workers or sandbox.concurrency,
-                               sandbox, gpu_type=gpu_type, poll_s=poll_s,
-                               on_waiting=lambda trial, why: echo(f"trial {trial}: {why}") if why else None)
-    try:
-        report = execute(plan, runs, history=history, sandbox_limits=suite.sandbox, on_event=on_event)
-    finally:
-        runs.close()   # deletes the trial Jobs an interrupted plan left queued or running
-    echo(report.format())
-    write_results(output_dir / "results.json", report, suite, model_source, 0.0)
-    return report
+    return Path(suite.preload_root or "/dev/shm/forgeflow-eval") / preload_key(model_source)

@@ -68,23 +68,32 @@ def _batch_granularity(suite: SuiteConfig) -> int:
 
 def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, policy: Policy | None = None,
              history: RuntimeHistory | None = None, on_event: Callable[[str, dict[str, Any]], None] | None = None,
-             echo: Callable[[str], None] = print, submitter: Literal["local", "slurm"] = "local",
-             slurm: SlurmSettings | None = None) -> RunReport:
+             echo: Callable[[str], None] = print, submitter: Literal["local", "slurm", "kubernetes"] = "local",
+             slurm: SlurmSettings | None = None, kubernetes: Any = None, gpu_type: str = "cpu") -> RunReport:
     """Evaluate the Hugging Face folder at `model_source` (a path, file:// or s3:// URL).
 
     `submitter="slurm"`: each trial is a Slurm batch job (evalsuite.slurm_trials; `slurm` is the
-    cluster file's slurm: section, default: the environment's Slurm); metrics stay on this machine."""
+    cluster file's slurm: section, default: the environment's Slurm); `submitter="kubernetes"`:
+    each trial is a Job (evalsuite.kubernetes_trials; `kubernetes` is the cluster file's
+    kubernetes: section, `gpu_type` the GPU type its Jobs pin), and nothing is preloaded on this
+    machine: with the policy's preload each trial's pod copies the model into its own /dev/shm.
+    Metrics stay on this machine."""
     policy = policy or Policy()
     history = history or RuntimeHistory()
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    preload_ctx = preloaded(model_source, suite.preload_root) if policy.preload else nullcontext(None)
+    in_pods = submitter == "kubernetes"
+    preload_ctx = preloaded(model_source, suite.preload_root) if policy.preload and not in_pods else nullcontext(None)
     t0 = time.perf_counter()
     with preload_ctx as local:
         preload_s = time.perf_counter() - t0
-        model_path = str(local) if local else _local_path(model_source)
+        model_path, preloaded_path = (str(local) if local else _local_path(model_source)), str(local or "")
+        if in_pods and policy.preload:
+            from evalsuite.kubernetes_trials import pod_preload_path
+
+            preloaded_path = str(pod_preload_path(model_source, suite))
         plan = build_plan(suite, model_path=model_path, output_dir=output_dir, history=history, policy=policy,
-                          model_source=model_source, preloaded_path=str(local or ""))
+                          model_source=model_source, preloaded_path=preloaded_path)
         echo(format_plan(plan))
         sandbox = Sandbox(suite.sandbox, cores=_metric_cores(suite.metric_workers))
         metric_workers = suite.metric_workers or sandbox.concurrency
@@ -92,12 +101,20 @@ def evaluate(model_source: str, suite: SuiteConfig, output_dir: str | Path, *, p
             from evalsuite.slurm_trials import SlurmSubmitter
 
             runs: Any = SlurmSubmitter(output_dir / "slurm", slurm or SlurmSettings(), metric_workers, sandbox)
+        elif in_pods:
+            from evalsuite.kubernetes_trials import KubernetesSubmitter
+
+            if kubernetes is None:
+                raise ValueError("submitter='kubernetes' needs the cluster file's kubernetes: settings")
+            runs = KubernetesSubmitter(output_dir / "kubernetes", kubernetes, metric_workers, sandbox,
+                                       gpu_type=gpu_type,
+                                       on_waiting=lambda trial, why: echo(f"trial {trial}: {why}") if why else None)
         else:
             runs = LocalSubmitter(len(plan.slots), metric_workers, sandbox)
         try:
             report = execute(plan, runs, history=history, sandbox_limits=suite.sandbox, on_event=on_event)
         finally:
-            runs.close()   # the Slurm submitter scancels what an interrupted plan left queued or running
+            runs.close()   # Slurm's scancels, Kubernetes' deletes what an interrupted plan left queued or running
     echo(report.format())
     write_results(output_dir / "results.json", report, suite, model_source, preload_s)
     return report

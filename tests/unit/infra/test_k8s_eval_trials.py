@@ -22,7 +22,7 @@ import pytest
 from evalsuite.coordinator import Policy
 from evalsuite.datasets import DatasetRef
 from evalsuite.errors import EvalConfigError, TrialError
-from evalsuite.kubernetes_trials import RUN_LABEL, KubernetesSubmitter, evaluate_on_kubernetes, trial_job_manifest
+from evalsuite.kubernetes_trials import RUN_LABEL, KubernetesSubmitter, trial_job_manifest
 from evalsuite.sandbox import Sandbox, SandboxLimits
 from evalsuite.trials import ShardSpec, Trial
 from infra.kubernetes import KubernetesSettings
@@ -129,9 +129,11 @@ def _trial(tiny_model: Path, out: Path, trial_id: str = "t001-capitals-mc", devi
                                    shard=0, start=0, stop=2)])
 
 
-def test_trials_run_as_jobs_and_score_like_the_local_executor(kube, tiny_model, tmp_path):
+def test_trials_run_as_jobs_and_score_like_the_local_executor(kube, tiny_model, tmp_path, monkeypatch):
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import evaluate
+
+    monkeypatch.setattr("evalsuite.kubernetes_trials.POLL_S", 0.05)
 
     server, settings = kube
     suite = _suite(tiny_model, tmp_path)
@@ -139,9 +141,9 @@ def test_trials_run_as_jobs_and_score_like_the_local_executor(kube, tiny_model, 
     local = evaluate(str(tiny_model), suite, tmp_path / "local", policy=policy, echo=lambda _: None,
                      history=RuntimeHistory(tmp_path / "local-history.json"))
     with Kubelet(server):
-        through = evaluate_on_kubernetes(str(tiny_model), suite, tmp_path / "k8s", settings, gpu_type="H100-80G",
-                                         policy=policy, history=RuntimeHistory(tmp_path / "k8s-history.json"),
-                                         echo=lambda _: None, poll_s=0.05)
+        through = evaluate(str(tiny_model), suite, tmp_path / "k8s", submitter="kubernetes", kubernetes=settings,
+                           gpu_type="H100-80G", policy=policy, history=RuntimeHistory(tmp_path / "k8s-history.json"),
+                           echo=lambda _: None)
 
     assert local.failed_datasets == {} and through.failed_datasets == {}
     assert set(through.results) == {"capitals-mc", "perplexity"}
