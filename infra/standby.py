@@ -138,9 +138,16 @@ class WarmRestarts:
         return start_cold(request), False
 
     def prepare_next(self, request: LaunchRequest) -> None:
-        """Start the world for the attempt after `request` (on its nodes), unless off or started."""
+        """Start the world for the attempt after `request` (on its nodes), unless off or started.
+        A standby that cannot start (no free port, no process slot) costs the running attempt
+        nothing: it is said once, and the next attempt starts cold."""
         if self.enabled and self.standby is None:
-            self.standby = Standby.start(request, self.grace_s)
+            try:
+                self.standby = Standby.start(request, self.grace_s)
+            except (OSError, TimeoutError) as e:
+                self.enabled = False
+                self._log(f"no standby world for attempt {request.attempt + 1} ({type(e).__name__}: {e}); "
+                          "restarts start cold")
 
     def close(self) -> None:
         standby, self.standby = self.standby, None

@@ -65,3 +65,22 @@ def test_a_launch_it_does_not_fit_says_why(tmp_path):
     assert standby.matches(_launch(tmp_path, env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "65"})) == "other agent settings"
     assert "another worker" in standby.matches(_launch(tmp_path, worker="evalsuite.trial"))
     assert standby.matches(replace(_launch(tmp_path), run_dir=tmp_path / "other")) == "another run directory"
+
+
+def test_a_standby_that_cannot_start_costs_the_running_attempt_nothing(tmp_path, monkeypatch):
+    from infra.standby import WarmRestarts
+
+    def no_port(*args, **kwargs):
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr("infra.standby.LocalLauncher.start", no_port)
+    said = []
+    warm = WarmRestarts(enabled=True, log=said.append)
+    warm.prepare_next(_launch(tmp_path, attempt=0))  # from the watcher's step callback: must not raise
+    assert warm.standby is None and not warm.enabled
+    assert len(said) == 1 and "Address already in use" in said[0] and "start cold" in said[0]
+    warm.prepare_next(_launch(tmp_path, attempt=0))  # said once
+    assert len(said) == 1
+    started = []
+    job, started_warm = warm.launch(_launch(tmp_path, attempt=1), start_cold=lambda r: started.append(r) or "cold")
+    assert (job, started_warm) == ("cold", False) and started
