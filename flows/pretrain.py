@@ -44,7 +44,8 @@ from diagnosis.report import failure_markdown
 from scheduler.orchestrator import OrchestratorError
 from scheduler.orchestrator.lease import DelegatedJob, HeldJob
 from scheduler.cluster import load_inventory
-from scheduler.orchestrator.seat import ProgressReport, Seat, cluster_orchestrator, delegated_placement, withdraw
+from scheduler.orchestrator.seat import (ProgressReport, Seat, cluster_orchestrator, delegated_placement, delegated_to,
+                                        withdraw)
 from scheduler.planner import next_plan_hint
 from tasks.checkpoint_events import CommitAnnouncer
 from flows.evaluate import created_through_the_api
@@ -53,7 +54,6 @@ from tasks.cluster_tasks import (
     FlowDelegatedSeat,
     FlowSeat,
     choose_slurm_option,
-    delegates_to_slurm,
     flow_db_retry,
     join_cluster,
     publish_cluster_table,
@@ -159,12 +159,13 @@ def pretrain(
     # recorded in the orchestrator as a mirror of its batch job (`forgeflow jobs` and `cluster
     # queue` show what Slurm says) but never admitted onto the orchestrator's GPUs: it holds no
     # lease and no allocation, and no other job waits for GPUs it does not use.
-    delegated = delegates_to_slurm(launcher, inventory)
+    batch_system = delegated_to(launcher, inventory)  # "slurm" in Slurm's delegate mode, else None
+    delegated = batch_system is not None
     try:
         cluster_name = join_cluster(orchestrator, inventory, db=db,
                                     source=None if cluster in ("", "local") else str(Path(cluster).resolve()))
         submitted = submit_job(orchestrator, spec, cluster_name, priority, job_id=job_id, db=db,
-                               delegated_to="slurm" if delegated else None)
+                               delegated_to=batch_system)
         job_id, spec, plans = submitted.job_id, submitted.spec, submitted.plans
         db.subject = f"{spec.name} (job {job_id})"
         _name_this_run(orchestrator, job_id, spec.name, db)
@@ -328,7 +329,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         # 4. Launch one torchrun per node on the held GPUs and watch it.
         if result.failures:  # when recovery from the last failure relaunched (benchmarks/recovery.py)
             result.failures[-1].relaunched_at = time.time()
-        if delegates_to_slurm(launcher, inventory):  # Slurm knows its queue: each option is put to it
+        if delegated_to(launcher, inventory):  # Slurm knows its queue: each option is put to it
             # (sbatch --test-only) and the one it would finish first is submitted (infra.slurm_start)
             placement = choose_slurm_option(spec, seat.plans, placement, attempt, inventory,
                                             spec.training.steps - result.final_step)

@@ -25,7 +25,7 @@ from infra.statedb.retry import OUTAGE_ERRORS, OutagePolicy, StateDbRetry
 from infra.untrusted_text import fenced
 from scheduler.cluster import Cluster
 from scheduler.orchestrator import Orchestrator
-from scheduler.orchestrator.seat import (DelegatedSeat, Seat, SubmittedJob, adopt_job, admitted_placement, delegated_to,
+from scheduler.orchestrator.seat import (DelegatedSeat, Seat, SubmittedJob, adopt_job, admitted_placement,
                                         cordon_nodes, plan_and_submit, sync_inventory)
 from scheduler.orchestrator.start_estimates import queue_estimates, start_text
 from scheduler.orchestrator.views import cluster_markdown, cluster_status, queue_snapshot
@@ -120,11 +120,6 @@ def publish_plans(job: str, cluster: str, plans: list, chosen=None, starts: dict
     )
 
 
-def delegates_to_slurm(launcher: str, inventory: Cluster) -> bool:
-    """The attempt goes to a site's Slurm that chooses the nodes (`slurm:` mode delegate)."""
-    return delegated_to(launcher, inventory) == "slurm"
-
-
 def slurm_candidates(spec: JobSpec, plans: list, placement: Placement, attempt: int, inventory: Cluster,
                      steps_left: int) -> list[tuple[object, Placement, object]]:
     """The job's options as Slurm would be asked for them, in the planner's order: the best plan
@@ -189,7 +184,7 @@ def submit_job(orch: Orchestrator, spec: JobSpec, cluster: str, priority: int = 
     """`plan_and_submit` (MARP plans on every GPU type, queued), or with `job_id` `adopt_job` (the
     job `forgeflow submit` queued), and the ranked plans as a table. A submission the database
     did not answer was rolled back, so it is made again. `delegated_to` ("slurm": delegated
-    mode, `delegates_to_slurm`): recorded as a delegated job, never queued for the orchestrator's
+    mode, `seat.delegated_to`): recorded as a delegated job, never queued for the orchestrator's
     GPUs (an adopted one leaves the queue: `Orchestrator.delegate`)."""
     db = db or StateDbRetry()
 
