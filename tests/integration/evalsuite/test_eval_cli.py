@@ -8,23 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.tiny_suite import write_tiny_suite
+
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_forgeflow_eval_cli(tiny_model, tmp_path):
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(f"""
-name: cli
-slots: 2
-isolation: process          # each trial in a fresh interpreter, as on GPU nodes
-backend_options: {{batch_size: 8, device: cpu}}
-preload_root: {tmp_path / 'shm'}
-datasets:
-  - name: capitals-mc
-    options: {{limit: 4}}
-  - name: perplexity
-    options: {{data_dir: {tiny_model / 'data'}, max_windows: 4, seq_len: 32}}
-""")
+    # each trial in a fresh interpreter, as on GPU nodes
+    suite = write_tiny_suite(tmp_path / "suite.yaml", tiny_model, "cli", isolation="process")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-m", "flows.cli", "eval", str(tiny_model), "--suite", str(suite),
                            "--output", str(tmp_path / "out"), "--no-progress", "--json"],

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from evalsuite.coordinator import Policy
+from tests.tiny_suite import write_tiny_suite
 
 
 @pytest.fixture(scope="module")
@@ -27,19 +28,7 @@ def tiny_model(tmp_path_factory) -> Path:
 def _suite(tiny_model: Path, tmp_path: Path):
     from evalsuite.suite import load_suite
 
-    path = tmp_path / "suite.yaml"
-    path.write_text(f"""
-name: slurm-eval
-slots: 2
-backend_options: {{batch_size: 8, device: cpu}}
-preload_root: {tmp_path / 'shm'}
-datasets:
-  - name: capitals-mc
-    options: {{limit: 4}}
-  - name: perplexity
-    options: {{data_dir: {tiny_model / 'data'}, max_windows: 4, seq_len: 32}}
-""")
-    return load_suite(str(path))
+    return load_suite(str(write_tiny_suite(tmp_path / "suite.yaml", tiny_model, "slurm-eval")))
 
 
 def _history(path: Path):

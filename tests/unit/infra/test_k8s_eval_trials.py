@@ -30,6 +30,7 @@ from infra.kueue import PRIORITY_LABEL, QUEUE_LABEL, KueueSettings
 
 from k8s_api_server import KubeApiServer
 from test_k8s_manifests import validated
+from tests.tiny_suite import write_tiny_suite
 
 ROOT = Path(__file__).resolve().parents[3]
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
@@ -106,20 +107,7 @@ class Kubelet:
 def _suite(tiny_model: Path, tmp_path: Path):
     from evalsuite.suite import load_suite
 
-    path = tmp_path / "suite.yaml"
-    path.write_text(f"""
-name: k8s-eval
-slots: 2
-devices: [cpu, cpu]
-backend_options: {{batch_size: 8, device: cpu}}
-preload_root: {tmp_path / 'shm'}
-datasets:
-  - name: capitals-mc
-    options: {{limit: 4}}
-  - name: perplexity
-    options: {{data_dir: {tiny_model / 'data'}, max_windows: 4, seq_len: 32}}
-""")
-    return load_suite(str(path))
+    return load_suite(str(write_tiny_suite(tmp_path / "suite.yaml", tiny_model, "k8s-eval", devices=["cpu", "cpu"])))
 
 
 def _trial(tiny_model: Path, out: Path, trial_id: str = "t001-capitals-mc", devices=("cpu",)) -> Trial:
