@@ -34,7 +34,19 @@ def _is_local(log_url: str) -> bool:
     return "://" not in log_url or log_url.startswith("file://")
 
 
-@task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5)
+def _retry_may_help(task, task_run, state) -> bool:
+    """A fetch is retried through a storage or network blip, not after a refusal (PermissionError)
+    or a missing log (FileNotFoundError): the same parameters get the same answer 5 s later."""
+    try:
+        state.result()
+    except (PermissionError, FileNotFoundError):
+        return False
+    except BaseException:
+        return True
+    return True
+
+
+@task(name="fetch-log", cache_policy=NO_CACHE, retries=2, retry_delay_seconds=5, retry_condition_fn=_retry_may_help)
 def fetch_log(log_url: str, work_dir: str, endpoint_url: str | None = None) -> Path:
     """A local copy of the log (a local path is used where it is, if it is a job's: a flow-run
     parameter must not make a worker read, and post to Slack, any file it can read)."""
