@@ -412,7 +412,7 @@ def _train(spec, inventory, placement, seat: Seat, report: ProgressReport, *, ma
         #    places the job again on healthy ones.
         if decided.checks_nodes:
             checked = node_check(placement, spec.resolved_run_dir, attempt, {}, launcher, cluster=inventory,
-                                 job_id=seat.job_id)
+                                 job_id=seat.job_id, warm=warm)
             try:
                 if checked.faulty:  # cordoned for every flow; placed again on healthy nodes
                     placement = seat.replace(checked.faulty, inventory,

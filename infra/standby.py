@@ -18,18 +18,29 @@ where a node has the cores to spare (at least two per rank: GPU servers have 8-2
 whose every core already runs a rank (this test machine), where the standby's imports would
 slow the running attempt; the pretrain flow's `warm_standby` parameter overrides it.
 
+A node check after a failure (infra.nodecheck) runs in the standby's ranks when the standby is up
+on exactly the nodes to check (`StandbyNodeCheck`, through `WarmRestarts.node_check_runner`):
+local rank 0 of each node joins its world's process group in the standby's torchrun store and
+times the allgathers infra.nodecheck_worker times, then waits at its gate again. A world that
+fails there stops the standby (its ranks' state after a failed collective is not trusted to
+train) and the rest of the check runs cold, through the launcher, as it always did.
+
 Only the local launcher (every node's torchrun under this process, `infra.launch.LocalLauncher`)
 keeps a standby: Slurm's would be a second allocation, Kubernetes' a second Job.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from infra.atomic_write import atomic_write_json
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalJob, LocalLauncher
+from infra.nodecheck import LauncherWorldRunner, WorldResult
 
 WORKER_MODULE = "training.train"  # what a launch runs on every rank: ["-m", WORKER_MODULE, *args]
 STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their gate opens
@@ -41,6 +52,12 @@ AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
 def gate_path(request: LaunchRequest) -> Path:
     """The file a standby's ranks wait for: the attempt's worker arguments and environment."""
     return request.run_dir / "launch" / f"attempt-{request.attempt}" / "standby-gate.json"
+
+
+def check_path(request: LaunchRequest) -> Path:
+    """The file a standby's ranks read node-check rounds from, next to their gate
+    (training.standby.CHECK_FILE)."""
+    return gate_path(request).with_name("standby-nodecheck.json")
 
 
 def wanted(launcher: str, world_size: int, asked: bool | None = None, cores: int | None = None) -> bool:
@@ -116,6 +133,59 @@ class Standby:
                 log.unlink(missing_ok=True)
 
 
+@dataclass
+class StandbyNodeCheck:
+    """Runs node-check worlds in a standby's waiting ranks (training.standby.run_check): the check
+    `LauncherWorldRunner` runs (same worker, payload, iterations and timeout), without starting a
+    torchrun world for it. Results go under `run_dir`."""
+
+    standby: Standby
+    run_dir: Path
+    timeout_s: float = 60.0
+    payload_mb: float = 4.0
+    iterations: int = 5
+    poll_s: float = 0.02
+    rounds: int = 0
+
+    def run(self, worlds: list[tuple[str, ...]]) -> list[WorldResult | None]:
+        """One result per world, all at once as a launcher runs them; None for a world left
+        undecided because the standby exited (that is no verdict on its nodes)."""
+        self.rounds += 1
+        results_dir = self.run_dir / f"standby-round-{self.rounds}"
+        atomic_write_json(check_path(self.standby.request), {
+            "round": self.rounds, "worlds": [list(w) for w in worlds], "results": str(results_dir),
+            "timeout_s": self.timeout_s, "payload_mb": self.payload_mb, "iterations": self.iterations,
+        }, durable=False)
+        started = time.monotonic()
+        results: dict[int, WorldResult | None] = {}
+        while len(results) < len(worlds):
+            elapsed = time.monotonic() - started
+            exited = any(code is not None for code in self.standby.job.poll().values())
+            for index, world in enumerate(worlds):
+                if index in results:
+                    continue
+                ranks = [_read_json(results_dir / f"world-{index}" / f"rank-{r}.json") for r in range(len(world))]
+                failed = [r["detail"] for r in ranks if r is not None and not r["ok"]]
+                if failed:  # decided by its first failing member, as a launched world's first exit
+                    results[index] = WorldResult(world, False, elapsed, failed[0])
+                elif all(r is not None for r in ranks):
+                    results[index] = WorldResult(world, True, float(ranks[0]["allgather_s"]),
+                                                 "ok (in the standby world)")
+                elif exited:
+                    results[index] = None
+                elif elapsed >= self.timeout_s:
+                    results[index] = WorldResult(world, False, elapsed, f"timed out after {self.timeout_s:.0f}s")
+            time.sleep(self.poll_s)
+        return [results[i] for i in range(len(worlds))]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())  # written whole (atomic rename) or not at all
+    except FileNotFoundError:
+        return None
+
+
 class WarmRestarts:
     """A flow's standby world across its attempts: `launch` runs an attempt in the standby when it
     matches, else cold; `prepare_next` starts the standby for the attempt after (once the current
@@ -148,6 +218,35 @@ class WarmRestarts:
                 self.enabled = False
                 self._log(f"no standby world for attempt {request.attempt + 1} ({type(e).__name__}: {e}); "
                           "restarts start cold")
+
+    def node_check_runner(self, nodes: list[str],
+                          cold: LauncherWorldRunner) -> Callable[[list[tuple[str, ...]]], list[WorldResult]]:
+        """infra.nodecheck's `run_world` for checking `nodes`: each round runs in the standby world
+        while it is up on exactly those nodes (`StandbyNodeCheck`, `cold`'s settings), else
+        through `cold`. A world that fails in the standby stops it: its ranks' state after a
+        failed collective is not trusted to train, and the next attempt starts cold."""
+        warm = None
+
+        def run_world(worlds: list[tuple[str, ...]]) -> list[WorldResult]:
+            nonlocal warm
+            standby = self.standby
+            if (standby is None or sorted(n.node for n in standby.request.nodes) != sorted(nodes)
+                    or any(code is not None for code in standby.job.poll().values())):
+                return cold(worlds)
+            if warm is None or warm.standby is not standby:
+                warm = StandbyNodeCheck(standby, cold.run_dir, cold.timeout_s, cold.payload_mb, cold.iterations)
+            results = warm.run(worlds)
+            undecided = [w for w, r in zip(worlds, results) if r is None]  # the standby exited meanwhile
+            decided_cold = iter(cold(undecided) if undecided else [])
+            results = [r if r is not None else next(decided_cold) for r in results]
+            if undecided or not all(r.ok for r in results):
+                what = "exited during the node check" if undecided else "had a world fail the node check"
+                self._log(f"the standby world of attempt {standby.request.attempt} {what}: it is stopped "
+                          "(that attempt starts cold)")
+                self.close()
+            return results
+
+        return run_world
 
     def close(self) -> None:
         standby, self.standby = self.standby, None

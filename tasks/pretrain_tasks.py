@@ -238,9 +238,11 @@ def diagnose_attempt(spec: JobSpec, outcome: AttemptOutcome, attempt: int,
 
 @task(name="node-check", cache_policy=NO_CACHE)
 def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str, str],
-               launcher: str = "local", cluster: Cluster | None = None, job_id: int | None = None) -> NodeCheckReport:
+               launcher: str = "local", cluster: Cluster | None = None, job_id: int | None = None,
+               warm: WarmRestarts | None = None) -> NodeCheckReport:
     """Two-round pairwise collective test of the placement's nodes, run through the
-    same launcher as training (on a cluster: on the nodes themselves). On Slurm, a faulty node is
+    same launcher as training (on a cluster: on the nodes themselves), or in the standby world
+    waiting on those nodes when there is one (`warm`: infra.standby). On Slurm, a faulty node is
     also kept out of the job's later attempts, and, where the flow may not drain it, an alert names
     the node and the operator's command (`slurm_faulty_nodes`)."""
     addresses = {launch.node: launch.address for launch in placement.launch_specs()}
@@ -250,7 +252,7 @@ def node_check(placement: Placement, run_dir: Path, attempt: int, env: dict[str,
         rendezvous_host=lambda node: addresses.get(node, "127.0.0.1"),
         free_port=lambda: CHOOSE_ON_NODE_0,  # each world's first node picks its own port
     )
-    report = two_round_check(placement.nodes, runner)
+    report = two_round_check(placement.nodes, warm.node_check_runner(placement.nodes, runner) if warm else runner)
     if report.faulty and getattr(cluster, "slurm", None) is not None:
         slurm_faulty_nodes(report.faulty, cluster.slurm, Path(run_dir), report.summary())
     return report

@@ -4,7 +4,9 @@ same global batch) and finishes from the last committed checkpoint, with nobody 
 
 The fault is physical: every process of node-b (its torchrun, its rank, later its node-check
 rank) is SIGKILLed from step 6 on (testing.node_faults.NodeLoss); nothing reads a flag to fail.
-Real torchrun (gloo), a real Prefect API, the orchestrator on the session's state database.
+Restarts are warm where they can be: the standby world waiting on both nodes dies with node-b, so
+the node check and the next attempt start cold. Real torchrun (gloo), a real Prefect API, the
+orchestrator on the session's state database.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from infra.statedb import open_state_db, read_transaction
 from infra.statedb.schema import allocations, jobs
 from scheduler.orchestrator.views import cluster_status
 from training.config import load_job_spec
+from training.runlog import events
 
 CLUSTER = {  # its own name: the cordon it leaves must not meet other tests' two-node clusters
     "name": "elastic-two-nodes",
@@ -67,7 +70,8 @@ def test_a_lost_node_is_cordoned_and_the_job_finishes_on_the_node_left(prefect_a
     run_dir = load_job_spec(job).resolved_run_dir
 
     with NodeLoss("node-b", trigger=after_step(run_dir, LOSE_AFTER)) as lost:
-        result = pretrain(str(job), cluster=str(cluster), backoff_s=0.5, hang_timeout_s=60)
+        # warm restarts on: the standby world waiting on both nodes loses node-b's processes too
+        result = pretrain(str(job), cluster=str(cluster), backoff_s=0.5, hang_timeout_s=60, warm_standby=True)
 
     assert lost.lost_at is not None and lost.killed, "node-b was never lost"
     assert result.finished and result.final_step == STEPS, result
@@ -76,6 +80,11 @@ def test_a_lost_node_is_cordoned_and_the_job_finishes_on_the_node_left(prefect_a
     assert last["nodes"] == ["node-a"] and last["world_size"] == 1 and last["dp"] == 1, result.placements
     failure = result.failures[0]
     assert "node check" in failure.action and "cordoned ['node-b']" in failure.action, failure
+    # so the node check ran its worlds through the launcher (world-NNN-...), not in that standby,
+    # and the attempt on node-a alone started cold
+    checked = sorted(p.name for p in (run_dir / "nodecheck" / "attempt-0").iterdir())
+    assert checked and all(name.startswith("world-") for name in checked), checked
+    assert [f["warm"] for f in events(runfiles.log_path(run_dir, 0), "started")] == ["False", "False"]
 
     # The cordon is in the orchestrator's database (every flow sees it, it survives restarts).
     engine = open_state_db()

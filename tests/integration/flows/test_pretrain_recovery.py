@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+import yaml
 
 from flows.pretrain import pretrain
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches
@@ -178,3 +179,33 @@ def test_hang_oom_kill_and_kill_mid_checkpoint_recover_bit_exact(prefect_api, ma
     # Every attempt resumed from a committed checkpoint: the result equals an uninterrupted run.
     _same_layout(job, uninterrupted)
     _assert_same_weights(_model_tensors(job, 40), _model_tensors(uninterrupted, 40))
+
+
+TWO_NODES = {  # its own name: a cordon it left must not meet other tests' two-node clusters
+    "name": "warm-check-two-nodes",
+    "inter_node_bandwidth_gbps": 10,
+    "nodes": [{"name": name, "gpu_type": "cpu", "gpu_count": 1, "gpu_memory_gib": 4, "peak_tflops": 0.05,
+               "address": "127.0.0.1"} for name in ("node-a", "node-b")],
+}
+
+
+def test_a_cuda_errors_node_check_runs_in_the_standby_world_and_the_restart_is_warm(prefect_api, make_job,
+                                                                                     tmp_path):
+    """A CUDA error on node-b points at hardware: the node check runs, in the ranks of the standby
+    world already waiting on both nodes (no torchrun world of its own), finds both healthy, and
+    the same ranks then train the restart."""
+    cluster = tmp_path / "two-nodes.yaml"
+    cluster.write_text(yaml.safe_dump(TWO_NODES, sort_keys=False))
+    job = make_job("warm-check", training={"steps": 12, "lr_decay_steps": 12}, checkpoint={"interval": 4})
+    result = pretrain(str(job), cluster=str(cluster), drill_faults=["cuda_error@6:1"], backoff_s=0.5,
+                      hang_timeout_s=60, warm_standby=True)
+    assert result.finished and result.final_step == 12, result
+    (failure,) = result.failures
+    assert failure.root_cause == "CUDAError" and "node check" in failure.action, failure
+    assert "healthy=2" in failure.action and [p["nodes"] for p in result.placements] == [["node-a", "node-b"]] * 2
+    run_dir = load_job_spec(job).resolved_run_dir
+    # its one round ran in the standby's ranks (results: standby-round-1; a launched world's
+    # would be world-001-node-a-node-b), which then trained attempt 1 on both nodes
+    assert sorted(p.name for p in (run_dir / "nodecheck" / "attempt-0").iterdir()) == ["standby-round-1"]
+    for rank in range(2):
+        assert [f["warm"] for f in events(log_path(run_dir, rank), "started")] == ["False", "True"], rank

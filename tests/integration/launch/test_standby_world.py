@@ -1,5 +1,6 @@
 """infra.standby with real processes: a standby world waits at its gate, runs the attempt it is
-opened for, and one that does not fit is stopped and leaves nothing behind."""
+opened for, and one that does not fit is stopped and leaves nothing behind; a node check runs in
+its waiting ranks, and a world failing there stops it and the check goes on cold."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import time
 
 import psutil
 
-from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
+from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
+from infra.nodecheck import LauncherWorldRunner, two_round_check
 from infra.standby import WarmRestarts, gate_path
 
 
@@ -61,3 +63,54 @@ def test_one_that_does_not_fit_is_stopped_and_the_attempt_starts_cold(tmp_path):
     assert not [pid for pid in processes if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
     assert not any(log.exists() for log in logs)  # the cold attempt's diagnosis reads no standby's shutdown
     warm.close()  # nothing left: a no-op
+
+
+class _CountingRunner(LauncherWorldRunner):
+    """The node check's cold runner (real torchrun worlds), remembering the worlds it ran."""
+
+    def __init__(self, run_dir):
+        super().__init__(LocalLauncher(grace_s=2), run_dir, timeout_s=90, payload_mb=1, iterations=3)
+        self.ran: list[tuple[str, ...]] = []
+
+    def __call__(self, worlds):
+        self.ran.extend(worlds)
+        return super().__call__(worlds)
+
+
+def test_a_node_check_runs_in_the_waiting_ranks_which_then_train_the_attempt(tmp_path):
+    nodes = ["node-a", "node-b", "node-c"]
+    with WarmRestarts(enabled=True, grace_s=2) as warm:
+        warm.prepare_next(_launch(tmp_path, 0, nodes, ["-m", "training.train", "a.json"]))
+        standby = warm.standby
+        _waiting_ranks(gate_path(standby.request))
+        cold = _CountingRunner(tmp_path / "nodecheck")
+        report = two_round_check(nodes, warm.node_check_runner(nodes, cold))
+        # one world of three (odd count), in the standby's ranks: no torchrun world was started
+        assert report.healthy == nodes and not report.faulty and cold.ran == [], report.summary()
+        (world,) = report.rounds[0]
+        assert world.ok and world.nodes == tuple(nodes) and "standby" in world.detail and world.seconds > 0
+        # the same ranks then train the attempt they waited for
+        assert warm.standby is standby
+        attempt = _launch(tmp_path, 1, nodes, ["-m", "training.train", str(tmp_path / "missing.json")])
+        job, started_warm = warm.launch(attempt, start_cold=lambda request: None)
+        assert started_warm
+        codes = job.wait(timeout=120)
+        assert "missing.json" in job.log_paths()["node-a"].read_text() and codes["node-a"] not in (None, 0)
+
+
+def test_a_world_failing_in_the_standby_stops_it_and_the_check_goes_on_cold(tmp_path, monkeypatch):
+    monkeypatch.setenv("FORGEFLOW_NODECHECK_FAULT", "node-b=fail")  # inherited by the standby's ranks
+    nodes = ["node-a", "node-b"]
+    warm = WarmRestarts(enabled=True, grace_s=2)
+    warm.prepare_next(_launch(tmp_path, 0, nodes, ["-m", "training.train", "a.json"]))
+    processes = warm.standby.job.pids()
+    _waiting_ranks(gate_path(warm.standby.request))
+    cold = _CountingRunner(tmp_path / "nodecheck")
+    report = two_round_check(nodes, warm.node_check_runner(nodes, cold))
+    # round 1 in the standby: node-b's rank failed its world; then each node alone, cold
+    assert not report.rounds[0][0].ok and "injected failure on node-b" in report.rounds[0][0].detail
+    assert cold.ran == [("node-a",), ("node-b",)]
+    assert report.faulty == ["node-b"] and report.healthy == ["node-a"], report.summary()
+    # the standby is gone: its ranks' state after a failed collective is not trusted to train
+    assert warm.standby is None
+    assert not [pid for pid in processes if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
