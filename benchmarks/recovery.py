@@ -41,8 +41,9 @@ Per fault, from rank 0's run log (UTC timestamps) and the time the fault fired:
   seconds_to_resume = first step after the resume - the last step logged before the fault
   lost steps        = last step before the fault - the checkpoint step resumed from
 and for forgeflow its phases, from the flow's failure records: detect (the flow saw the
-failure - the last step), diagnose, act (node check, cordon, re-placement, backoff), restart
-(torchrun, imports, checkpoint load, up to the first step).
+failure - the last step), diagnose, act (node check, cordon, re-placement, backoff; warm, the
+node check runs in the standby's waiting ranks), restart (torchrun, imports, checkpoint load, up
+to the first step).
 
 Why the baseline is fair: the same job, data, checkpoint interval and faults at the same
 steps; both sides' torchrun agents check their ranks as often (torchrun's default monitor
