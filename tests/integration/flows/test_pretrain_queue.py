@@ -81,9 +81,10 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
 
     specs = {}
 
-    def submit(name: str, steps: int):
+    def submit(name: str, steps: int, checkpoint_interval: int = 10):
         """`forgeflow submit` with PREFECT_API_URL set: a flow run of the deployment, the spec as content."""
-        job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps})
+        job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps},
+                                     checkpoint={"interval": checkpoint_interval})
         done = subprocess.run([sys.executable, "-m", "flows.cli", "submit", str(job), "--cluster", str(inventory),
                                "--json"], capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -133,7 +134,9 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     # test_prefect_deployments' test_cancelling_the_flow_run_kills_every_training_process:
     # the same deployment run on a worker, cancelled while it trains; sharing this run
     # saves a deployment and a flow run's start-up).
-    _, holder_run = submit("queue-holder", 100000)
+    # The holder trains until cancelled: no periodic checkpoints, each of which the deployment's
+    # on-commit trigger would evaluate in a flow run of its own, competing for the CPUs.
+    _, holder_run = submit("queue-holder", 100000, checkpoint_interval=100000)
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
     _, waiter_run = submit("queue-waiter", 10)
     _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")
