@@ -34,7 +34,7 @@ def _job(orch: Orchestrator, name: str) -> dict | None:
     return next((j for j in snap["queued"] + snap["running"] + snap["ended"] if j["name"] == name), None)
 
 
-def _until(what, check, timeout_s: float = 300.0, every_s: float = 1.0):
+def _until(what, check, timeout_s: float = 300.0, every_s: float = 0.25):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = check()
