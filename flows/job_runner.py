@@ -13,6 +13,31 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
+
+START_LOCK = ".forgeflow-temporary-server.lock"  # in PREFECT_HOME
+
+
+def start_temporary_server() -> None:
+    """Without a Prefect server configured, start this process's temporary one now, one runner of
+    a Prefect home at a time (an exclusive lock in PREFECT_HOME until it answers). On a fresh home
+    it migrates the home's database first: two runners started together (two `forgeflow submit`s
+    in a row) migrated it at once, and the loser's server failed to start ("duplicate column
+    name", a traceback in runner.log) and was started again, seconds later. The flow then uses
+    the server started here (Prefect keeps one per process)."""
+    import fcntl
+
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    from prefect.server.api.server import SubprocessASGIServer
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / START_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        SubprocessASGIServer().start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from flows.pretrain import pretrain
 
+    start_temporary_server()
     print(f"runner of job {args.job_id} ({job['name']}): running the pretrain flow", flush=True)
     result = pretrain.with_options(flow_run_name=f"{job['name']}-{args.job_id}")(
         job_spec=job["spec"], cluster=args.cluster, job_id=args.job_id, launcher=args.launcher,
