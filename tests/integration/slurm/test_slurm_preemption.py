@@ -49,8 +49,12 @@ def test_a_low_partition_job_preempted_by_a_high_one_commits_resumes_and_finishe
     job = slurm_job("slurm-preempted", training={"steps": 40}, checkpoint={"interval": 10})
     run_dir = job.parent / "slurm-preempted" / "run"
     results: list = []
+    # from step 13 on the first attempt's steps are slow (the slow_rank drill: 0.5 s a micro batch),
+    # so that the job is still training when Slurm preempts it (at full speed it once reached its
+    # last step, 40, before the preemption landed, on a loaded machine)
     flow = threading.Thread(target=lambda: results.append(pretrain(
-        str(job), cluster=str(cluster), launcher="slurm", max_restarts=0, backoff_s=0.5)), daemon=True)
+        str(job), cluster=str(cluster), launcher="slurm", max_restarts=0, backoff_s=0.5,
+        drill_faults=["slow_rank@12"])), daemon=True)
     flow.start()
 
     def step() -> int:
