@@ -22,20 +22,44 @@ ACCESS_KEY = "forgeflow-test-key"
 SECRET_KEY = "forgeflow-test-secret"
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
 def free_ports(n: int) -> list[int]:
-    """n distinct free ports (held open together while choosing so they differ)."""
+    """n distinct free ports (held open together while choosing so they differ), below the
+    kernel's ephemeral range: a server stopped for an outage drill and started again on its port
+    must find it free, and a port of that range can be taken meanwhile by any process that binds
+    port 0 or connects out (seen: a PostgreSQL restarted in a drill could not bind its port)."""
+    import random
+
+    low = max(1024, _ephemeral_range()[0] - 20000)
+    high = _ephemeral_range()[0] - 1
     socks, ports = [], []
     try:
-        while len(ports) < n:
+        for _ in range(1000):
+            if len(ports) == n:
+                break
+            port = random.randint(low, high)
+            if port in ports:
+                continue
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use
+                s.close()
+                continue
             socks.append(s)
-            if port not in ports:
-                ports.append(port)
+            ports.append(port)
     finally:
         for s in socks:
             s.close()
+    if len(ports) < n:
+        raise RuntimeError(f"no {n} free ports between {low} and {high}")
     return ports
 
 
