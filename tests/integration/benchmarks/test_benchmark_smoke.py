@@ -22,8 +22,10 @@ import ast
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -139,8 +141,15 @@ def test_smoke_run_ends_with_its_headline_keys(script: str, request: pytest.Fixt
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     if script in SHARED_PREFECT_SERVER and not env.get("PREFECT_API_URL"):
         env["PREFECT_API_URL"] = request.getfixturevalue("shared_prefect_api_url")
-    proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *extra], cwd=REPO,
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    # the benchmark's temporary files (its checkpoints, servers' data: up to a few GB) go to a
+    # folder of this smoke's, removed after it: left in /tmp, every `make test` added GBs there
+    # until the disk filled and the S3 server answered every PutObject with InternalError
+    env["TMPDIR"] = scratch = tempfile.mkdtemp(prefix="ffb-")
+    try:
+        proc = subprocess.run([sys.executable, str(BENCHMARKS / script), "--smoke", *extra], cwd=REPO,
+                              capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     print(f"{script} --smoke: {time.perf_counter() - started:.1f} s wall, {cpu:.1f} s CPU")
