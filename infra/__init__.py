@@ -5,7 +5,7 @@
     atomic_write  replace a file in one step (temp file + fsync + os.replace)
     yaml_config   the YAML loader of every config kind: `base:` inheritance, field-naming errors
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
-    standby       warm restarts: the next attempt's world started ahead, waiting at a gate (local launcher)
+    standby       warm restarts: the next attempt's world started ahead, waiting at a gate (local launcher); node checks in its ranks
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
     slurm_start   delegated Slurm: sbatch --test-only for each option, submit the one done first
     kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,

@@ -22,7 +22,7 @@
     export            a checkpoint -> Hugging Face LlamaForCausalLM folder
     control           what all ranks decide together after a step: graceful stop, time checkpoints
     train             the worker's loop (megatron's pipeline schedules run each step)
-    standby           a standby rank: imports done, waits for its gate, then is train's
+    standby           a standby rank: imports done, serves node checks, waits for its gate, then is train's
     cli               `forgeflow prepare | train | export`
     offload/          Mobius offloaded fine-tuning: stages in host memory, prefetched to the device
 """
