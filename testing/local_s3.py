@@ -9,6 +9,7 @@ so several servers (and other helpers' services) can share a machine.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -22,12 +23,11 @@ ACCESS_KEY = "forgeflow-test-key"
 SECRET_KEY = "forgeflow-test-secret"
 
 
-def _ephemeral_range() -> tuple[int, int]:
+def _first_ephemeral_port() -> int:
     try:
-        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999  # Linux's default
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def free_ports(n: int) -> list[int]:
@@ -35,10 +35,8 @@ def free_ports(n: int) -> list[int]:
     kernel's ephemeral range: a server stopped for an outage drill and started again on its port
     must find it free, and a port of that range can be taken meanwhile by any process that binds
     port 0 or connects out (seen: a PostgreSQL restarted in a drill could not bind its port)."""
-    import random
-
-    low = max(1024, _ephemeral_range()[0] - 20000)
-    high = _ephemeral_range()[0] - 1
+    high = _first_ephemeral_port() - 1
+    low = max(1024, high - 20000)
     socks, ports = [], []
     try:
         for _ in range(1000):
