@@ -32,16 +32,34 @@ steps, batch size, the parallel layout: a layout reshards on load); a checkpoint
 the model config was stored loads unchecked.
 
 The interface the loop uses: latest() / load(step, model, optimizer, expect_model) / save /
-before_optimizer_step / close. An async save returns before the tensors are copied
+before_optimizer_step / close, and save_after_failure. An async save returns before the tensors are copied
 to host memory (checkpoint.engine, `overlap`): the copy runs during the next step's
 forward and backward, and the loop calls `before_optimizer_step()` right before the
 optimizer changes the parameters, which blocks only if the copy is still running.
+
+A save after a peer's failure (`save_after_failure`, Just-In-Time checkpointing: Gupta et al.,
+EuroSys 2024). When a rank dies mid-step (killed, its node lost, its GPU faulted), the others
+learn it from the next collective, which fails. Until the optimizer's update, their parameters
+and optimizer state are still exactly those of the last completed step, and with data
+parallelism alone (no tensor or pipeline split, no distributed optimizer) each of them holds
+all of it. So one survivor (the first to claim the step in torchrun's store) writes that step
+by itself, as a checkpoint of a one-rank layout, and commits it (manifest last, as always)
+before it exits: the restart resumes from the step the job had reached, not from the last
+interval's. A failure seen during the update (the state is neither step's), a step whose
+regular save already began, a layout where no rank holds everything, a store that is gone
+(the node that kept it died): no such save, and the restart resumes from the last committed
+checkpoint as before. It runs while the launcher waits for the failed attempt's ranks to exit
+(infra.watch: `failure_grace_s`, then SIGTERM and SIGKILL), so a save that does not finish in
+time is never committed, never half loaded.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -59,6 +77,36 @@ log = logging.getLogger(__name__)
 
 class CheckpointError(RuntimeError):
     """A checkpoint could not be written or read."""
+
+
+# What a collective raises when another rank is gone (gloo's TCP transport, NCCL's remote error,
+# a collective's timeout): the failure is elsewhere, this rank's own state is intact.
+PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+                      "Timed out waiting", "ncclRemoteError", "NCCL communicator was aborted")
+
+
+# Why a save after a peer's failure did or did not happen (the rank log's `why=`, one token).
+SAVE_OUTCOMES = {
+    "saved": "committed the last completed step",
+    "off": "checkpoint.save_on_failure is false",
+    "during_update": "the failure came during the optimizer's update: the state is no step's",
+    "no_whole_replica": "no rank holds the whole state (tensor or pipeline split, distributed optimizer)",
+    "step_already_saving": "that step's regular save had already begun",
+    "another_rank_saves": "another surviving rank claimed the step first",
+    "store_unreachable": "torchrun's store is gone (its node failed): no claim, no save",
+    "not_committed": "the save failed (storage error): the restart uses the last committed step",
+    "error": "the save raised (logged on stderr)",
+}
+
+
+def peer_failure(exc: BaseException) -> bool:
+    """Whether `exc` says a peer rank failed (torch's DistNetworkError, or a collective's transport
+    error), rather than that this rank itself broke."""
+    import torch.distributed as dist
+
+    if isinstance(exc, (dist.DistNetworkError, dist.DistBackendError)):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in PEER_FAILURE_TEXTS)
 
 
 # --- the model shape a checkpoint holds ------------------------------------------------------
@@ -229,9 +277,12 @@ class Checkpointer:
             async_save=checkpoint_cfg.async_save, writer=writer,
             storage_options=storage_options_from_config(checkpoint_cfg),
             after_shard_written=after_shards_written)
+        self.checkpoint_cfg = checkpoint_cfg
         self._newest_listed: int | None = None
+        self._saving_from: int | None = None  # the newest step whose save() began
 
     def save(self, step: int, model, optimizer, trainer_state: dict[str, Any]) -> dict[str, Any]:
+        self._saving_from = step
         pieces, common = to_pieces(sharded_state(model, optimizer))
         trainer = dict(trainer_state, step=step, layout=self.layout)
         self.engine.config_hash = str(trainer_state.get("config_hash", ""))
@@ -240,6 +291,59 @@ class Checkpointer:
                                    overlap=self.engine.async_save)
         return {"stall_s": round(outcome.stall_s, 4), "wait_s": round(outcome.wait_s, 4),
                 "skipped": outcome.skipped, "async": self.engine.async_save}
+
+    def save_after_failure(self, failure: BaseException, step: int, model, optimizer,
+                           trainer_state: dict[str, Any], full_replica: bool, updating: bool = False
+                           ) -> tuple[dict[str, Any] | None, str | None]:
+        """After `failure` interrupted the step after `step` (`updating`: during the optimizer's
+        update), commit `step` from this rank alone if it may and should (the module's docstring).
+        Returns (what the save cost, or None when there was none; why: one of SAVE_OUTCOMES, None
+        when `failure` is not a peer's). No collective is used: the peers are gone."""
+        if self.env.world_size == 1 or not peer_failure(failure):
+            return None, None
+        if not self.checkpoint_cfg.save_on_failure:
+            return None, "off"
+        if updating:
+            return None, "during_update"
+        if not full_replica:
+            return None, "no_whole_replica"
+        if self._saving_from is not None and step <= self._saving_from:
+            return None, "step_already_saving"
+        try:
+            if not self._claim(step):
+                return None, "another_rank_saves"
+        except (RuntimeError, OSError, ValueError):  # the store's node is gone
+            return None, "store_unreachable"
+        from checkpoint.engine import CheckpointEngine
+
+        started = time.monotonic()
+        layout = {"dp": 1, "tp": 1, "pp": 1}  # what wrote it: one rank, holding everything
+        engine = CheckpointEngine(
+            self.engine.url, rank=0, world_size=1, layout=layout, keep_last=self.engine.keep_last,
+            async_save=False, writer="thread", storage_options=self.engine.options, preflight=False)
+        try:
+            engine.config_hash = str(trainer_state.get("config_hash", ""))
+            pieces, common = to_pieces(sharded_state(model, optimizer))
+            engine.save(step, {"rng": capture_rng_states()}, pieces=pieces,
+                        common={"megatron": common, "trainer": dict(trainer_state, step=step, layout=layout)})
+        finally:
+            engine.close()
+        report = engine.reports[-1] if engine.reports else None
+        if report is None or not report.committed:
+            log.error("checkpoint: the save of step %d after a peer's failure did not commit: %s",
+                      step, report.error if report else "no persist ran")
+            return None, "not_committed"
+        return {"seconds": round(time.monotonic() - started, 3), "bytes": report.bytes}, "saved"
+
+    def _claim(self, step: int) -> bool:
+        """Whether this rank is the one survivor to save `step`: the first to set the step's key in
+        torchrun's store (its agent on node 0 keeps it), once per restart round."""
+        import torch.distributed as dist
+
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=timedelta(seconds=5))
+        key = f"forgeflow-save-after-failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{step}"
+        return store.compare_set(key, "", str(self.env.rank)) == str(self.env.rank).encode()
 
     def before_optimizer_step(self) -> float:
         """Wait for the host copy of the last checkpoint (it overlaps the forward and

@@ -197,6 +197,11 @@ class CheckpointConfig(_Section):
     on_busy: Literal["wait", "skip"] = Field(
         default="wait", description="a persist still running at the next checkpoint step"
     )
+    save_on_failure: bool = Field(
+        default=True, description="when a peer rank fails mid-step, a surviving rank that holds a "
+        "whole replica (data parallel only: no tensor or pipeline split, no distributed optimizer) "
+        "commits the last completed step before it exits, so the restart loses no steps "
+        "(training.checkpointing.Checkpointer.save_after_failure)")
     # S3 settings; when unset the usual AWS_* environment variables apply.
     endpoint_url: str | None = None
     region: str | None = None

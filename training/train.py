@@ -194,52 +194,66 @@ def train(spec: JobSpec, resume_from_step: int | None = None, warm: bool = False
     started = time.monotonic()
     for chunk in ddp_chunks:
         chunk.train()
-    while step < cfg.steps:
-        t0 = time.monotonic()
-        lr = apply_schedule(optimizer, step, cfg)
-        batch = skips.position_for_step(step)  # the global batch this step trains
-        result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
-                            position_ids, faults, before_update=checkpointer.before_optimizer_step)
-        step += 1
-        loss = faults.observed_loss(result.loss)
-        heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())
-        where.step = step
+    updating = False  # from the optimizer's update to the step count: the state is no step's
 
-        if step % cfg.log_interval == 0 or step == cfg.steps:
-            tokens_per_s = tokens_per_step / max(time.monotonic() - t0, 1e-9)
-            log.step(step, loss, lr, result.grad_norm, tokens_per_s=tokens_per_s,
-                     elapsed_s=time.monotonic() - started, batch=batch)
-            metrics.step(step, loss=loss, lr=lr, grad_norm=result.grad_norm, tokens_per_s=tokens_per_s)
-            spike = detector.update(step, loss)  # same loss on every rank: same decision
-            if spike is not None:
+    def before_update() -> None:
+        nonlocal updating
+        checkpointer.before_optimizer_step()  # a checkpoint's host copy must end before the update
+        updating = True
+
+    try:
+        while step < cfg.steps:
+            t0 = time.monotonic()
+            lr = apply_schedule(optimizer, step, cfg)
+            batch = skips.position_for_step(step)  # the global batch this step trains
+            result = train_step(ddp_chunks, optimizer, sampler, step, env, cfg, num_micro,
+                                position_ids, faults, before_update=before_update)
+            step += 1
+            updating = False
+            loss = faults.observed_loss(result.loss)
+            heartbeat.beat(step, step_time_s=time.monotonic() - t0, compute_s=compute_timers.take())
+            where.step = step
+
+            if step % cfg.log_interval == 0 or step == cfg.steps:
+                tokens_per_s = tokens_per_step / max(time.monotonic() - t0, 1e-9)
+                log.step(step, loss, lr, result.grad_norm, tokens_per_s=tokens_per_s,
+                         elapsed_s=time.monotonic() - started, batch=batch)
+                metrics.step(step, loss=loss, lr=lr, grad_norm=result.grad_norm, tokens_per_s=tokens_per_s)
+                spike = detector.update(step, loss)  # same loss on every rank: same decision
+                if spike is not None:
+                    if env.rank == 0:
+                        write_spike_marker(run_dir, spike)
+                        print(format_spike_line(spike), file=sys.stderr, flush=True)
+                    log.event("loss_spike", onset_step=spike.onset_step,
+                              last_healthy_step=spike.last_healthy_step)
+                    return runfiles.EXIT_LOSS_SPIKE
+
+            decision = control.after_step()  # every rank: stop requested? checkpoint due by time?
+            stopping = decision.stop and step < cfg.steps  # after the last step: just finish
+            if stopping:
+                control.begin_stop(step)
+            if (step % spec.checkpoint.interval == 0 or step == cfg.steps
+                    or decision.checkpoint_due or stopping):
+                heartbeat.beat(step, phase="stopping" if stopping else "checkpoint")
+                save_info = checkpointer.save(step, model, optimizer, trainer_state())
+                control.saved()
+                log.event("checkpoint_saved", step=step, **(save_info or {}))
+                metrics.checkpoint(step, save_info)
+            if stopping:  # graceful stop: wait for the commit, say so, exit "stopped"
+                checkpointer.close()
+                control.finish_stop()
                 if env.rank == 0:
-                    write_spike_marker(run_dir, spike)
-                    print(format_spike_line(spike), file=sys.stderr, flush=True)
-                log.event("loss_spike", onset_step=spike.onset_step,
-                          last_healthy_step=spike.last_healthy_step)
-                return runfiles.EXIT_LOSS_SPIKE
+                    write_stop_marker(run_dir, step, control.signal_name)
+                log.event("stopped", step=step, signal=control.signal_name or "peer")
+                log.close()
+                return runfiles.EXIT_STOPPED
 
-        decision = control.after_step()  # every rank: stop requested? checkpoint due by time?
-        stopping = decision.stop and step < cfg.steps  # after the last step: just finish
-        if stopping:
-            control.begin_stop(step)
-        if (step % spec.checkpoint.interval == 0 or step == cfg.steps
-                or decision.checkpoint_due or stopping):
-            heartbeat.beat(step, phase="stopping" if stopping else "checkpoint")
-            save_info = checkpointer.save(step, model, optimizer, trainer_state())
-            control.saved()
-            log.event("checkpoint_saved", step=step, **(save_info or {}))
-            metrics.checkpoint(step, save_info)
-        if stopping:  # graceful stop: wait for the commit, say so, exit "stopped"
-            checkpointer.close()
-            control.finish_stop()
-            if env.rank == 0:
-                write_stop_marker(run_dir, step, control.signal_name)
-            log.event("stopped", step=step, signal=control.signal_name or "peer")
-            log.close()
-            return runfiles.EXIT_STOPPED
+            faults.after_step(step)
 
-        faults.after_step(step)
+    except Exception as failure:  # before the update the state is the last completed step's
+        _save_after_failure(failure, updating, checkpointer, step, model, optimizer, trainer_state(),
+                            env, cfg, log)
+        raise
 
     checkpointer.close(job_finished=True)
     if env.rank == 0:
@@ -248,6 +262,26 @@ def train(spec: JobSpec, resume_from_step: int | None = None, warm: bool = False
     log.close()
     metrics.close()
     return runfiles.EXIT_OK
+
+
+def _save_after_failure(failure, updating: bool, checkpointer, step, model, optimizer, trainer_state,
+                        env, cfg, log) -> None:
+    """`failure` interrupted the step after `step`: if a peer's, commit `step` from here when this
+    rank may (the checkpointer decides), and say what happened in the rank's log."""
+    full_replica = env.tp_size == 1 and env.pp_size == 1 and not cfg.use_distributed_optimizer
+    try:
+        saved, why = checkpointer.save_after_failure(failure, step, model, optimizer, trainer_state,
+                                                     full_replica, updating=updating)
+    except Exception as e:  # noqa: BLE001 - the failure being raised is what the flow must see
+        print(f"forgeflow: the save after a peer's failure raised {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        saved, why = None, "error"
+    if why is None:  # not a peer's failure (or no peers): nothing to say
+        return
+    log.event("save_after_failure", step=step, saved=saved is not None, why=why, **(saved or {}))
+    if saved is not None:
+        print(f"forgeflow: a peer rank failed during step {step + 1}; rank {env.rank} committed "
+              f"step {step} before exiting ({saved['seconds']:.2f} s)", file=sys.stderr, flush=True)
 
 
 def _write_finished(run_dir, step: int) -> None:

@@ -101,13 +101,20 @@ def test_a_lost_node_is_cordoned_and_the_job_finishes_on_the_node_left(prefect_a
         by_time.setdefault(at, set()).add(node)
     assert [by_time[t] for t in sorted(by_time)] == [{"node-a", "node-b"}, {"node-a"}], rows
 
-    # Resumed from a committed checkpoint taken before the loss, on one rank instead of two.
+    # Resumed on one rank instead of two, from a committed checkpoint: the step node-a's rank had
+    # reached, when node-b vanished before that rank's optimizer update (it held a whole replica
+    # and committed it alone: Checkpointer.save_after_failure); else the last interval's.
     text = runfiles.log_path(run_dir, 0).read_text()
     resumed = re.search(r"event=resumed step=(\d+) skipped_batches=\d+ world_size=(\d+) saved_world_size=(\d+)",
                         text)
     assert resumed, text[-3000:]
     resumed_step, world, saved_world = map(int, resumed.groups())
-    assert resumed_step % INTERVAL == 0 and resumed_step >= LOSE_AFTER - INTERVAL and (world, saved_world) == (1, 2)
+    assert (world, saved_world) == (1, 2)
+    saved = re.search(r"event=save_after_failure step=(\d+) saved=True", text)
+    if saved:
+        assert resumed_step == int(saved[1]) >= LOSE_AFTER, text[-3000:]
+    else:
+        assert resumed_step % INTERVAL == 0 and resumed_step >= LOSE_AFTER - INTERVAL, text[-3000:]
 
     # The loss curve continues the uninterrupted run's (same global batch and data order).
     got = _losses(run_dir)

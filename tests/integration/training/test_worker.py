@@ -411,3 +411,48 @@ def test_spike_rollback_replays_to_the_onset_and_never_trains_the_spikes_batches
     assert not spike_batches & {r.batch for r in after}
     # the replayed steps before the onset are the same training, to the last printed digit
     assert [r.loss for r in after[:2]] == [r.loss for r in before[8:10]]
+
+
+# --- a save after a peer's failure ------------------------------------------------------------------
+
+def test_when_a_peer_dies_mid_step_the_survivor_commits_the_last_completed_step(
+        dp2_run, tiny_job_dict, tmp_path):
+    # Rank 1 is SIGKILLed after step 8, between checkpoints (6 and 12); rank 0 fails in step 9's
+    # gradient all-reduce, before any update: its state is step 8's, a whole replica (data
+    # parallel only), so it commits step 8 alone before it exits, and the restart loses nothing.
+    spec = write_spec(tiny_job_dict, tmp_path, "survivor", training={"steps": 12},
+                      checkpoint={"interval": 6})
+    killed = torchrun(spec, nproc=2, fault="oom_kill@8:1")
+    assert killed.returncode != 0, explain(killed)
+    ckpt = run_dir(spec) / "ckpt"
+    assert committed(ckpt) == [6, 8], explain(killed)
+    rank0 = runfiles.log_path(run_dir(spec), 0).read_text()
+    assert re.search(r"event=save_after_failure step=8 saved=True why=saved", rank0), rank0[-2000:]
+    assert "rank 0 committed step 8 before exiting" in killed.stderr
+
+    from checkpoint.manifest import read_manifest
+    from infra.storage import open_storage
+
+    manifest = read_manifest(open_storage(str(ckpt)), 8)
+    assert manifest.world_size == 1 and manifest.layout == {"dp": 1, "tp": 1, "pp": 1}
+
+    proc = torchrun(spec, nproc=2, fault="oom_kill@8:1")  # fired once: runs through
+    assert proc.returncode == 0, explain(proc)
+    assert "event=resumed step=8" in runfiles.log_path(run_dir(spec), 0).read_text()
+    # the losses and the step-12 weights and Adam moments are the uninterrupted run's, to the bit
+    assert logged_losses(spec)[:8] + logged_losses(spec)[-4:] == logged_losses(dp2_run)
+    a = checkpoint_tensors(run_dir(dp2_run) / "ckpt", 12)
+    b = checkpoint_tensors(ckpt, 12)
+    assert a.keys() == b.keys()
+    assert [k for k in a if not bool((a[k] == b[k]).all())] == []
+
+
+def test_no_save_after_a_failure_where_no_rank_holds_the_whole_state(tiny_job_dict, tiny_prepared, tmp_path):
+    # With the distributed optimizer each rank holds half the Adam state: nobody may commit alone.
+    spec = write_spec(tiny_job_dict, tmp_path, "zero", training={"steps": 12, "use_distributed_optimizer": True},
+                      checkpoint={"interval": 6})
+    killed = torchrun(spec, nproc=2, fault="oom_kill@8:1")
+    assert killed.returncode != 0, explain(killed)
+    assert committed(run_dir(spec) / "ckpt") == [6]
+    rank0 = runfiles.log_path(run_dir(spec), 0).read_text()
+    assert "event=save_after_failure step=8 saved=False why=no_whole_replica" in rank0, explain(killed)
