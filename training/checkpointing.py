@@ -42,12 +42,13 @@ EuroSys 2024). When a rank dies mid-step (killed, its node lost, its GPU faulted
 learn it from the next collective, which fails. Until the optimizer's update, their parameters
 and optimizer state are still exactly those of the last completed step, and with data
 parallelism alone (no tensor or pipeline split, no distributed optimizer) each of them holds
-all of it. So one survivor (the first to claim the step in torchrun's store) writes that step
+all of it. So one survivor (the only one, with a single peer; else the first to claim the step
+in torchrun's store) writes that step
 by itself, as a checkpoint of a one-rank layout, and commits it (manifest last, as always)
 before it exits: the restart resumes from the step the job had reached, not from the last
 interval's. A failure seen during the update (the state is neither step's), a step whose
 regular save already began, a layout where no rank holds everything, a store that is gone
-(the node that kept it died): no such save, and the restart resumes from the last committed
+(the agent that kept it exited with its failed rank; worlds of more than two ranks): no such save, and the restart resumes from the last committed
 checkpoint as before. It runs while the launcher waits for the failed attempt's ranks to exit
 (infra.watch: `failure_grace_s`, then SIGTERM and SIGKILL), so a save that does not finish in
 time is never committed, never half loaded.
@@ -84,6 +85,8 @@ class CheckpointError(RuntimeError):
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "Timed out waiting", "ncclRemoteError", "NCCL communicator was aborted")
 
+
+CLAIM_TIMEOUT_S = 1.0  # torchrun's store answers in milliseconds when it is there at all
 
 # Why a save after a peer's failure did or did not happen (the rank log's `why=`, one token).
 SAVE_OUTCOMES = {
@@ -309,11 +312,12 @@ class Checkpointer:
             return None, "no_whole_replica"
         if self._saving_from is not None and step <= self._saving_from:
             return None, "step_already_saving"
-        try:
-            if not self._claim(step):
-                return None, "another_rank_saves"
-        except (RuntimeError, OSError, ValueError):  # the store's node is gone
-            return None, "store_unreachable"
+        if self.env.world_size > 2:  # with a single peer, the failed one, this rank is the only survivor
+            try:
+                if not self._claim(step):
+                    return None, "another_rank_saves"
+            except (RuntimeError, OSError, ValueError):  # the store's node is gone
+                return None, "store_unreachable"
         from checkpoint.engine import CheckpointEngine
 
         started = time.monotonic()
@@ -337,11 +341,12 @@ class Checkpointer:
 
     def _claim(self, step: int) -> bool:
         """Whether this rank is the one survivor to save `step`: the first to set the step's key in
-        torchrun's store (its agent on node 0 keeps it), once per restart round."""
+        torchrun's store (its agent on node 0 keeps it), once per restart round. A store that does
+        not answer within CLAIM_TIMEOUT_S is gone (that agent exited with its failed rank)."""
         import torch.distributed as dist
 
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=timedelta(seconds=5))
+                              timeout=timedelta(seconds=CLAIM_TIMEOUT_S))
         key = f"forgeflow-save-after-failure/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{step}"
         return store.compare_set(key, "", str(self.env.rank)) == str(self.env.rank).encode()
 

@@ -447,6 +447,18 @@ def test_when_a_peer_dies_mid_step_the_survivor_commits_the_last_completed_step(
     assert [k for k in a if not bool((a[k] == b[k]).all())] == []
 
 
+def test_of_several_survivors_the_first_to_claim_the_step_in_torchruns_store_saves_it(
+        tiny_job_dict, tiny_prepared, tmp_path):
+    spec = write_spec(tiny_job_dict, tmp_path, "four", training={"steps": 12}, checkpoint={"interval": 6})
+    killed = torchrun(spec, nproc=4, fault="oom_kill@8:2")
+    assert killed.returncode != 0, explain(killed)
+    assert committed(run_dir(spec) / "ckpt") == [6, 8], explain(killed)
+    outcomes = {rank: re.findall(r"event=save_after_failure step=8 saved=(\w+) why=(\w+)",
+                                 runfiles.log_path(run_dir(spec), rank).read_text()) for rank in (0, 1, 3)}
+    assert sorted(o for found in outcomes.values() for o in found) == [
+        ("False", "another_rank_saves"), ("False", "another_rank_saves"), ("True", "saved")], outcomes
+
+
 def test_no_save_after_a_failure_where_no_rank_holds_the_whole_state(tiny_job_dict, tiny_prepared, tmp_path):
     # With the distributed optimizer each rank holds half the Adam state: nobody may commit alone.
     spec = write_spec(tiny_job_dict, tmp_path, "zero", training={"steps": 12, "use_distributed_optimizer": True},
