@@ -20,7 +20,9 @@ The job runs on a two-node cluster whose nodes are this machine (node-a and node
 
 The faults (`--kinds`, in order). Fault k fires when the job reaches step at_k =
 resume_{k-1} + steps-per-fault (steps-per-fault from `--fault-every-s` and a calibration run,
-put mid-interval so that each fault loses about half an interval of steps):
+put mid-interval so that a fault resumed from the last interval's checkpoint loses about half an
+interval of steps; a fault whose surviving rank commits the step it reached before exiting
+(training.checkpointing's save after a peer's failure, in the worker both sides run) loses none):
   cuda_error  the worker's drill on rank 0 (PyTorch's illegal-memory-access text, exit 1)
   oom_kill    SIGKILL of a training rank's process from outside, as the kernel's OOM killer
               does (rank 1 the first time, then rank 0); nothing is printed

@@ -496,14 +496,17 @@ def resolve_rendezvous(spec: NodeLaunch, request: LaunchRequest, timeout_s: floa
 
 
 def node_command(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0,
-                 lease_file: Path | None = None) -> list[str]:
+                 lease_file: Path | None = None, nice: int = 0) -> list[str]:
     """One node's torchrun under the reaper (so no rank outlives whoever started it); with
-    `lease_file`, the reaper also stops it once the job's holder is gone (infra.lease_guard)."""
+    `lease_file`, the reaper also stops it once the job's holder is gone (infra.lease_guard);
+    with `nice`, it runs at that niceness (a standby world's: infra.standby)."""
     lease = [f"--lease-file={lease_file}"] if lease_file is not None else []
-    return [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", *lease, "--", *torchrun_command(spec, request)]
+    niceness = [f"--nice={nice}"] if nice else []
+    return [sys.executable, "-m", "infra.reaper", f"--grace={grace_s}", *lease, *niceness, "--",
+            *torchrun_command(spec, request)]
 
 
-def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) -> subprocess.Popen:
+def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0, nice: int = 0) -> subprocess.Popen:
     """Start one node's torchrun under the reaper, console to `node_log_path`.
 
     Every launcher ends here on the node itself: the local one for each node of
@@ -514,7 +517,7 @@ def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) 
     log_path = node_log_path(request, spec.node)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     spec = resolve_rendezvous(spec, request)
-    command = node_command(spec, request, grace_s)
+    command = node_command(spec, request, grace_s, nice=nice)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             command,
@@ -528,10 +531,11 @@ def start_node(spec: NodeLaunch, request: LaunchRequest, grace_s: float = 10.0) 
 
 
 class LocalLauncher:
-    """Every node of the placement runs on this machine (the embedded default and tests)."""
+    """Every node of the placement runs on this machine (the embedded default and tests); `nice`:
+    the niceness its processes start at (a standby world's, infra.standby)."""
 
-    def __init__(self, grace_s: float = 10.0):
-        self.grace_s = grace_s
+    def __init__(self, grace_s: float = 10.0, nice: int = 0):
+        self.grace_s, self.nice = grace_s, nice
 
     def start(self, request: LaunchRequest) -> LocalJob:
         processes: dict[str, subprocess.Popen] = {}
@@ -539,7 +543,7 @@ class LocalLauncher:
         clear_rendezvous(request)
         try:
             for spec in sorted(request.nodes, key=lambda n: n.node_rank):
-                processes[spec.node] = start_node(spec, request, self.grace_s)
+                processes[spec.node] = start_node(spec, request, self.grace_s, self.nice)
                 logs[spec.node] = node_log_path(request, spec.node)
         except BaseException:
             LocalJob(request, processes, logs).terminate(grace_s=1.0)

@@ -20,6 +20,7 @@ grandchildren. The reaper closes both holes:
   left through the reaper's process group (infra.launch.LocalJob);
 - on SIGTERM/SIGINT, on its parent's death, or when the command exits, it
   terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s);
+- with `--nice N`, the command runs at niceness N (a standby world's, infra.standby);
 - with `--lease-file PATH` (the Slurm and Kubernetes launchers), also once the job's
   lease file says its holder is gone (infra.lease_guard: the flow that renews it died
   or released the attempt); a file it cannot read stops nothing.
@@ -111,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--poll", type=float, default=0.5)
     parser.add_argument("--lease-file", default=None,
                         help="stop the command once this lease file (infra.lease_guard) says its holder is gone")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run the command (and this reaper) at this niceness (os.nice): a standby "
+                             "world's processes (infra.standby) start behind the training ones")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    if args.nice:
+        os.nice(args.nice)  # inherited by the command and everything it starts
     child = subprocess.Popen(command, preexec_fn=_dies_with(os.getpid()))  # no thread runs yet
     guard = None
     if args.lease_file:

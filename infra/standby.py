@@ -13,10 +13,17 @@ the standby does not match (another placement: a node was cordoned; another agen
 started cold and the standby is stopped; so is a standby that is no longer needed (the job ended).
 
 What it costs: one idle interpreter per rank with torch and megatron imported (host memory, no
-GPU memory: CUDA is initialised after the gate) and one agent per node. `wanted()` turns it on
-where a node has the cores to spare (at least two per rank: GPU servers have 8-28), not on a box
-whose every core already runs a rank (this test machine), where the standby's imports would
-slow the running attempt; the pretrain flow's `warm_standby` parameter overrides it.
+GPU memory: CUDA is initialised after the gate) and one agent per node, and the CPU of their
+imports (about 8 CPU-seconds for two ranks and two agents). `wanted()` turns it on where a node
+has the cores to spare (at least two per rank: GPU servers have 8-28), not on a box whose every
+core already runs a rank (this test machine); the pretrain flow's `warm_standby` parameter
+overrides it. Where the flow may raise their priority back (as root, or with an RLIMIT_NICE of
+20: `can_renice`), a standby's processes start at niceness STANDBY_NICE, so their
+imports take only the CPU the training ranks leave (measured on 2 cores: a standby started at
+normal priority slowed the running attempt's steps by a third for about 15 s, at every
+restart), and `open` puts the whole tree back to normal priority before the gate opens. Where it
+may not, they start at normal priority: a rank left at a lower priority for a whole attempt
+would lose the CPU to any other job's processes on its node.
 
 A node check after a failure (infra.nodecheck) runs in the standby's ranks when the standby is up
 on exactly the nodes to check (`StandbyNodeCheck`, through `WarmRestarts.node_check_runner`):
@@ -47,6 +54,50 @@ STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their ga
 # What torchrun's agent reads from its environment: a launch that sets them otherwise than the
 # standby's agent was started with is started cold (the ranks' variables travel through the gate).
 AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
+STANDBY_NICE = 19  # a standby world's niceness until its gate opens (where `can_renice`)
+
+
+def can_renice() -> bool:
+    """Whether this process may set a niceness it raised back to 0 (setpriority): as root, or
+    with an RLIMIT_NICE of 20 (limits.conf's `nice` item)."""
+    import resource
+
+    return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
+
+
+def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
+    """(the autogroup, its niceness) of a process's session, or None (gone, or a kernel without
+    autogroups): /proc/PID/autogroup reads "/autogroup-70913 nice 19"."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def _renice_tree(pids: set[int], niceness: int) -> None:
+    """Every thread of every process in `pids` to `niceness` (Linux keeps a niceness per thread),
+    and the autogroup of each session other than this process's (a standby rank's, which
+    training.standby set: torchrun starts each rank in a session of its own)."""
+    own = autogroup()
+    for pid in pids:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:  # gone meanwhile
+            continue
+        for tid in threads:
+            try:
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+            except ProcessLookupError:
+                pass
+        group = autogroup(pid)
+        if group is not None and own is not None and group[0] != own[0]:
+            try:
+                with open(f"/proc/{pid}/autogroup", "w") as f:
+                    f.write(str(niceness))
+            except OSError:  # gone meanwhile
+                pass
 
 
 def gate_path(request: LaunchRequest) -> Path:
@@ -82,6 +133,7 @@ class Standby:
 
     request: LaunchRequest  # the standby's own: attempt N, worker = training.standby GATE
     job: LocalJob
+    nice: int = 0  # the niceness its processes started at; `open` sets them back to 0
 
     @classmethod
     def start(cls, launching: LaunchRequest, grace_s: float = 10.0) -> "Standby":
@@ -91,7 +143,8 @@ class Standby:
                           nodes=[replace(n, master_port=CHOOSE_ON_NODE_0) for n in launching.nodes])
         request.worker_args = ["-m", STANDBY_MODULE, str(gate_path(request))]
         gate_path(request).unlink(missing_ok=True)
-        return cls(request, LocalLauncher(grace_s).start(request))
+        nice = STANDBY_NICE if can_renice() else 0
+        return cls(request, LocalLauncher(grace_s, nice=nice).start(request), nice)
 
     def matches(self, request: LaunchRequest) -> str | None:
         """None when `request` can run in this standby, else why not."""
@@ -118,6 +171,9 @@ class Standby:
         why = self.matches(request)
         if why is not None:
             raise ValueError(f"the standby world cannot run attempt {request.attempt}: {why}")
+        if self.nice:  # from now on it is the attempt: normal priority before the gate opens
+            _renice_tree(self.job.pids(), 0)
+            self.nice = 0
         atomic_write_json(gate_path(self.request), {"argv": list(request.worker_args[2:]),
                                                     "env": dict(request.env)})
         self.job.request = request

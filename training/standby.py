@@ -26,6 +26,24 @@ import sys
 import time
 from pathlib import Path
 
+
+def _stay_behind_training() -> None:
+    """Apply the niceness this rank inherited (infra.standby starts a standby's reaper at
+    STANDBY_NICE) to its session's autogroup too: torchrun starts every rank in a session of its
+    own, and where the kernel groups sessions (sched_autogroup_enabled), a niceness counts only
+    within the group, so without this the imports below take a full share of the CPU from the
+    training ranks. infra.standby's `open` sets both back to 0."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness > 0:
+        try:
+            with open("/proc/self/autogroup", "w") as autogroup:
+                autogroup.write(str(niceness))
+        except OSError:  # no autogroups on this kernel: the niceness alone does it
+            pass
+
+
+_stay_behind_training()  # before the imports below: they are what costs CPU
+
 # What a rank imports before its first step, imported while nothing waits for it (the trainer's
 # own modules import the rest of megatron lazily, at set-up).
 import training.train as worker

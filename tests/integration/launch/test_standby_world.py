@@ -10,7 +10,7 @@ import psutil
 
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
 from infra.nodecheck import LauncherWorldRunner, two_round_check
-from infra.standby import WarmRestarts, gate_path
+from infra.standby import STANDBY_NICE, WarmRestarts, autogroup, can_renice, gate_path
 
 
 def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str]) -> LaunchRequest:
@@ -22,22 +22,47 @@ def _waiting_ranks(gate) -> list[psutil.Process]:
     """The standby's rank processes (python -m training.standby GATE), once they run."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
+        # (the reaper's and the agent's command lines end with the ranks' command too)
         ranks = [p for p in psutil.process_iter(["cmdline"]) if str(gate) in (p.info["cmdline"] or [])
-                 and "training.standby" in p.info["cmdline"]]
+                 and "training.standby" in p.info["cmdline"]
+                 and not {"infra.reaper", "infra.torchrun"} & set(p.info["cmdline"])]
         if ranks:
             return ranks
         time.sleep(0.2)
     raise AssertionError(f"no standby rank waits for {gate}")
 
 
+def _niceness(pids) -> dict[int, int]:
+    found = {}
+    for pid in pids:
+        try:
+            found[pid] = psutil.Process(pid).nice()
+        except psutil.NoSuchProcess:  # (a rank that already exited)
+            pass
+    return found
+
+
 def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path):
     with WarmRestarts(enabled=True, grace_s=2) as warm:
         warm.prepare_next(_launch(tmp_path, 0, ["node-a"], ["-m", "training.train", "a.json"]))
-        _waiting_ranks(gate_path(warm.standby.request))
+        ranks = _waiting_ranks(gate_path(warm.standby.request))
+        # while it waits, its reaper, agent and ranks run behind the training ones (where the flow
+        # may raise them back: root, as here and in CI)
+        waiting = warm.standby.job.pids()
+        reaper = warm.standby.job.processes["node-a"].pid
+        assert {r.pid for r in ranks} <= waiting and reaper in waiting
+        assert set(_niceness(waiting).values()) == ({STANDBY_NICE} if can_renice() else {0})
+        # torchrun starts each rank in a session of its own: the rank puts its session's autogroup
+        # (where the kernel has them) behind too, or its niceness would count only within it
+        if autogroup() is not None:
+            assert {autogroup(r.pid)[1] for r in ranks} == ({STANDBY_NICE} if can_renice() else {0})
         # the next attempt: training.train with a spec file that does not exist
         attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", str(tmp_path / "missing.json")])
         job, started_warm = warm.launch(attempt, start_cold=lambda request: None)  # (no cold start here)
         assert started_warm and job.request is attempt
+        opened = _niceness(waiting)  # back to normal before the gate opened
+        assert reaper in opened and set(opened.values()) == {0}, opened
+        assert {group[1] for group in map(autogroup, waiting) if group is not None} <= {0}
         codes = job.wait(timeout=120)
         log = job.log_paths()["node-a"].read_text()
         # training.train's own refusal, from the waiting rank: its gate carried the attempt's arguments
