@@ -32,26 +32,26 @@ steps, batch size, the parallel layout: a layout reshards on load); a checkpoint
 the model config was stored loads unchecked.
 
 The interface the loop uses: latest() / load(step, model, optimizer, expect_model) / save /
-before_optimizer_step / close, and save_after_failure. An async save returns before the tensors are copied
-to host memory (checkpoint.engine, `overlap`): the copy runs during the next step's
-forward and backward, and the loop calls `before_optimizer_step()` right before the
-optimizer changes the parameters, which blocks only if the copy is still running.
+before_optimizer_step / close, and save_after_failure. An async save returns before the
+tensors are copied to host memory (checkpoint.engine, `overlap`): the copy runs during the
+next step's forward and backward, and the loop calls `before_optimizer_step()` right before
+the optimizer changes the parameters, which blocks only if the copy is still running.
 
 A save after a peer's failure (`save_after_failure`, Just-In-Time checkpointing: Gupta et al.,
 EuroSys 2024). When a rank dies mid-step (killed, its node lost, its GPU faulted), the others
-learn it from the next collective, which fails. Until the optimizer's update, their parameters
+learn it from their next collective, which fails. Until the optimizer's update their parameters
 and optimizer state are still exactly those of the last completed step, and with data
-parallelism alone (no tensor or pipeline split, no distributed optimizer) each of them holds
-all of it. So one survivor (the only one, with a single peer; else the first to claim the step
-in torchrun's store) writes that step
-by itself, as a checkpoint of a one-rank layout, and commits it (manifest last, as always)
-before it exits: the restart resumes from the step the job had reached, not from the last
-interval's. A failure seen during the update (the state is neither step's), a step whose
-regular save already began, a layout where no rank holds everything, a store that is gone
-(the agent that kept it exited with its failed rank; worlds of more than two ranks): no such save, and the restart resumes from the last committed
-checkpoint as before. It runs while the launcher waits for the failed attempt's ranks to exit
-(infra.watch: `failure_grace_s`, then SIGTERM and SIGKILL), so a save that does not finish in
-time is never committed, never half loaded.
+parallelism alone (no tensor or pipeline split, no distributed optimizer) each of them holds all
+of it. So one survivor (the only one when the world has two ranks; else the first to claim the
+step in torchrun's store) writes that step by itself, as a checkpoint of a one-rank layout, and
+commits it (manifest last, as always) before it exits: the restart resumes from the step the
+job had reached, not from the last interval's. No such save (SAVE_OUTCOMES says which) after a
+failure during the update (the state is neither step's), for a step whose regular save already
+began, where no rank holds everything, or where the store is gone (with more than two ranks:
+the agent that kept it exited with its failed rank); the restart then resumes from the last
+committed checkpoint as before. It runs while the launcher waits for the failed attempt's ranks
+to exit (infra.watch: `failure_grace_s`, then SIGTERM and SIGKILL): a save that does not finish
+in time is never committed, so never loaded.
 """
 
 from __future__ import annotations
@@ -84,8 +84,6 @@ class CheckpointError(RuntimeError):
 # a collective's timeout): the failure is elsewhere, this rank's own state is intact.
 PEER_FAILURE_TEXTS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
                       "Timed out waiting", "ncclRemoteError", "NCCL communicator was aborted")
-
-
 CLAIM_TIMEOUT_S = 1.0  # torchrun's store answers in milliseconds when it is there at all
 
 # Why a save after a peer's failure did or did not happen (the rank log's `why=`, one token).
@@ -96,7 +94,7 @@ SAVE_OUTCOMES = {
     "no_whole_replica": "no rank holds the whole state (tensor or pipeline split, distributed optimizer)",
     "step_already_saving": "that step's regular save had already begun",
     "another_rank_saves": "another surviving rank claimed the step first",
-    "store_unreachable": "torchrun's store is gone (its node failed): no claim, no save",
+    "store_unreachable": "torchrun's store is gone (its agent exited with its failed rank)",
     "not_committed": "the save failed (storage error): the restart uses the last committed step",
     "error": "the save raised (logged on stderr)",
 }
