@@ -18,7 +18,7 @@ imports (about 8 CPU-seconds for two ranks and two agents). `wanted()` turns it 
 has the cores to spare (at least two per rank: GPU servers have 8-28), not on a box whose every
 core already runs a rank (this test machine); the pretrain flow's `warm_standby` parameter
 overrides it. Where the flow may raise their priority back (as root, or with an RLIMIT_NICE of
-20: `can_renice`), a standby's processes start at niceness STANDBY_NICE, so their
+20: `can_renice`), a standby's processes start at niceness STANDBY_NICE (or NICE_ENV's), so their
 imports take only the CPU the training ranks leave (measured on 2 cores: a standby started at
 normal priority slowed the running attempt's steps by a third for about 15 s, at every
 restart), and `open` puts the whole tree back to normal priority before the gate opens. Where it
@@ -55,6 +55,19 @@ STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their ga
 # standby's agent was started with is started cold (the ranks' variables travel through the gate).
 AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
 STANDBY_NICE = 19  # a standby world's niceness until its gate opens (where `can_renice`)
+NICE_ENV = "FORGEFLOW_STANDBY_NICE"  # another niceness (0-19; 0: none)
+
+
+def standby_nice() -> int:
+    """The niceness a standby world starts at: NICE_ENV's, else STANDBY_NICE."""
+    text = os.environ.get(NICE_ENV, str(STANDBY_NICE))
+    try:
+        nice = int(text)
+    except ValueError:
+        nice = -1
+    if not 0 <= nice <= 19:
+        raise ValueError(f"{NICE_ENV}={text!r}: give a niceness from 0 (none) to 19 (the default)")
+    return nice
 
 
 def can_renice() -> bool:
@@ -143,7 +156,7 @@ class Standby:
                           nodes=[replace(n, master_port=CHOOSE_ON_NODE_0) for n in launching.nodes])
         request.worker_args = ["-m", STANDBY_MODULE, str(gate_path(request))]
         gate_path(request).unlink(missing_ok=True)
-        nice = STANDBY_NICE if can_renice() else 0
+        nice = standby_nice() if can_renice() else 0
         return cls(request, LocalLauncher(grace_s, nice=nice).start(request), nice)
 
     def matches(self, request: LaunchRequest) -> str | None:

@@ -26,6 +26,11 @@ os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
 # checkpoint.host_copy: this session's shard copies next to its state, not in the machine's /dev/shm
 os.environ["FORGEFLOW_HOST_CHECKPOINT_DIR"] = str(_SESSION_DIR / "host-checkpoints")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+# infra.standby: a standby world starts at normal priority here. Behind the training ranks (its
+# default, niceness 19) it also waits behind every other test running on the machine, so a test
+# that waits for its ranks took twice as long; tests/integration/launch/test_standby_world.py
+# checks the default.
+os.environ["FORGEFLOW_STANDBY_NICE"] = "0"
 os.environ.pop("FORGEFLOW_FAULT", None)
 os.environ.pop("SLACK_WEBHOOK_URL", None)
 

@@ -1,4 +1,4 @@
-"""How `make test` spreads the suite over its pytest-xdist workers (`-n 2 --dist loadgroup`).
+"""How `make test` spreads the suite over its pytest-xdist workers (`-n 3 --dist loadgroup`).
 
 A scheduler of our own (tests/conftest.py returns it from `pytest_xdist_make_scheduler`), not
 xdist's loadgroup: that one groups tests by an `@group` suffix its workers write into each test's
@@ -14,7 +14,7 @@ local Slurm. Here a test's unit of work is derived from its node id's path on th
 - each benchmark smoke (a subprocess of its own) and each unit test is a unit of one.
 
 Units go out longest first (longest-processing-time first), so the short ones fill the end and
-both workers finish together. A unit's length is the sum of its tests' durations in the last run
+the workers finish together. A unit's length is the sum of its tests' durations in the last run
 that recorded them (pytest's cache, DURATIONS_KEY; tests/conftest.py records them), else a
 guess by kind (GUESS_S: a file that trains or runs flows counts as heavy).
 """

@@ -10,7 +10,7 @@ import psutil
 
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
 from infra.nodecheck import LauncherWorldRunner, two_round_check
-from infra.standby import STANDBY_NICE, WarmRestarts, autogroup, can_renice, gate_path
+from infra.standby import NICE_ENV, STANDBY_NICE, WarmRestarts, autogroup, can_renice, gate_path
 
 
 def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str]) -> LaunchRequest:
@@ -42,7 +42,8 @@ def _niceness(pids) -> dict[int, int]:
     return found
 
 
-def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path):
+def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path, monkeypatch):
+    monkeypatch.delenv(NICE_ENV)  # the default niceness (tests/conftest.py sets none)
     with WarmRestarts(enabled=True, grace_s=2) as warm:
         warm.prepare_next(_launch(tmp_path, 0, ["node-a"], ["-m", "training.train", "a.json"]))
         ranks = _waiting_ranks(gate_path(warm.standby.request))

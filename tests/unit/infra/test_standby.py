@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
 from infra.standby import Standby, gate_path, wanted
 
@@ -84,3 +86,16 @@ def test_a_standby_that_cannot_start_costs_the_running_attempt_nothing(tmp_path,
     started = []
     job, started_warm = warm.launch(_launch(tmp_path, attempt=1), start_cold=lambda r: started.append(r) or "cold")
     assert (job, started_warm) == ("cold", False) and started
+
+
+def test_the_standby_niceness_is_19_unless_the_environment_gives_another_and_a_bad_one_is_named(monkeypatch):
+    from infra.standby import NICE_ENV, standby_nice
+
+    monkeypatch.delenv(NICE_ENV, raising=False)
+    assert standby_nice() == 19
+    monkeypatch.setenv(NICE_ENV, "0")
+    assert standby_nice() == 0
+    for bad in ("20", "-1", "low"):
+        monkeypatch.setenv(NICE_ENV, bad)
+        with pytest.raises(ValueError, match=f"FORGEFLOW_STANDBY_NICE='{bad}': give a niceness from 0"):
+            standby_nice()
