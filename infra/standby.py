@@ -21,7 +21,7 @@ overrides it. Where the flow may raise their priority back (as root, or with an 
 20: `can_renice`), a standby's processes start at niceness STANDBY_NICE (or NICE_ENV's), so their
 imports take only the CPU the training ranks leave (measured on 2 cores: a standby started at
 normal priority slowed the running attempt's steps by a third for about 15 s, at every
-restart), and `open` puts the whole tree back to normal priority before the gate opens. Where it
+restart), and `open` puts the whole tree back to a cold launch's priority before the gate opens. Where it
 may not, they start at normal priority: a rank left at a lower priority for a whole attempt
 would lose the CPU to any other job's processes on its node.
 
@@ -89,10 +89,12 @@ def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
         return None
 
 
-def _renice_tree(pids: set[int], niceness: int) -> None:
-    """Every thread of every process in `pids` to `niceness` (Linux keeps a niceness per thread),
-    and the autogroup of each session other than this process's (a standby rank's, which
-    training.standby set: torchrun starts each rank in a session of its own)."""
+def _give_priority_back(pids: set[int]) -> None:
+    """What a cold launch's processes would have: every thread of every process in `pids` at this
+    process's niceness (Linux keeps one per thread; a launch's processes inherit the flow's), and
+    the autogroup of each session other than this process's at 0, a new session's (a standby
+    rank's, which training.standby set: torchrun starts each rank in a session of its own)."""
+    niceness = os.getpriority(os.PRIO_PROCESS, 0)
     own = autogroup()
     for pid in pids:
         try:
@@ -108,7 +110,7 @@ def _renice_tree(pids: set[int], niceness: int) -> None:
         if group is not None and own is not None and group[0] != own[0]:
             try:
                 with open(f"/proc/{pid}/autogroup", "w") as f:
-                    f.write(str(niceness))
+                    f.write("0")
             except OSError:  # gone meanwhile
                 pass
 
@@ -146,7 +148,7 @@ class Standby:
 
     request: LaunchRequest  # the standby's own: attempt N, worker = training.standby GATE
     job: LocalJob
-    nice: int = 0  # the niceness its processes started at; `open` sets them back to 0
+    nice: int = 0  # the niceness its processes started at; `open` gives them a cold launch's back
 
     @classmethod
     def start(cls, launching: LaunchRequest, grace_s: float = 10.0) -> "Standby":
@@ -185,7 +187,7 @@ class Standby:
         if why is not None:
             raise ValueError(f"the standby world cannot run attempt {request.attempt}: {why}")
         if self.nice:  # from now on it is the attempt: normal priority before the gate opens
-            _renice_tree(self.job.pids(), 0)
+            _give_priority_back(self.job.pids())
             self.nice = 0
         atomic_write_json(gate_path(self.request), {"argv": list(request.worker_args[2:]),
                                                     "env": dict(request.env)})

@@ -38,6 +38,9 @@ def _stay_behind_training() -> None:
         try:
             with open("/proc/self/autogroup", "w") as autogroup:
                 autogroup.write(str(niceness))
+            if os.getpriority(os.PRIO_PROCESS, 0) != niceness:  # opened meanwhile: undo what it undid
+                with open("/proc/self/autogroup", "w") as autogroup:
+                    autogroup.write("0")
         except OSError:  # no autogroups on this kernel: the niceness alone does it
             pass
 

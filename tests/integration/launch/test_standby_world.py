@@ -56,7 +56,11 @@ def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path, monkeypatc
         # torchrun starts each rank in a session of its own: the rank puts its session's autogroup
         # (where the kernel has them) behind too, or its niceness would count only within it
         if autogroup() is not None:
-            assert {autogroup(r.pid)[1] for r in ranks} == ({STANDBY_NICE} if can_renice() else {0})
+            wanted = {STANDBY_NICE} if can_renice() else {0}
+            deadline = time.monotonic() + 60  # (set as the rank's first statement runs)
+            while {autogroup(r.pid)[1] for r in ranks} != wanted and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert {autogroup(r.pid)[1] for r in ranks} == wanted
         # the next attempt: training.train with a spec file that does not exist
         attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", str(tmp_path / "missing.json")])
         job, started_warm = warm.launch(attempt, start_cold=lambda request: None)  # (no cold start here)
