@@ -5,7 +5,9 @@
 
 Read top to bottom: set up (distributed, model, optimizer, data, checkpoint resume),
 then the loop — get batch → forward → backward → step → log → maybe checkpoint.
-Heartbeats, the loss-spike check and fault injection hook in visibly in the loop.
+Heartbeats, the loss-spike check and fault injection hook in visibly in the loop. A peer
+that fails mid-step ends the loop with its collective's error; before that error is raised, a
+survivor may commit the last completed step (training.checkpointing: save_after_failure).
 What the worker leaves on disk and its exit codes: infra.runfiles.
 """
 
