@@ -32,7 +32,7 @@ def _stay_behind_training() -> None:
     STANDBY_NICE) to its session's autogroup too: torchrun starts every rank in a session of its
     own, and where the kernel groups sessions (sched_autogroup_enabled), a niceness counts only
     within the group, so without this the imports below take a full share of the CPU from the
-    training ranks. infra.standby's `open` sets both back to 0."""
+    training ranks. infra.standby's `open` gives both back (a cold launch's niceness, autogroup 0)."""
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
     if niceness > 0:
         try:
