@@ -20,7 +20,8 @@ grandchildren. The reaper closes both holes:
   left through the reaper's process group (infra.launch.LocalJob);
 - on SIGTERM/SIGINT, on its parent's death, or when the command exits, it
   terminates every remaining descendant (SIGTERM, then SIGKILL after --grace s);
-- with `--nice N`, the command runs at niceness N (a standby world's, infra.standby);
+- with `--nice N`, the command runs at niceness N (a standby world's, infra.standby), and
+  SESSION_NICE_ENV says so to the processes in sessions of their own (infra.autogroup);
 - with `--lease-file PATH` (the Slurm and Kubernetes launchers), also once the job's
   lease file says its holder is gone (infra.lease_guard: the flow that renews it died
   or released the attempt); a file it cannot read stops nothing.
@@ -40,6 +41,7 @@ import time
 
 import psutil
 
+from infra.autogroup import SESSION_NICE_ENV
 from infra.lease_guard import LeaseFile, LeaseGuard, look_every_s
 
 PR_SET_PDEATHSIG = 1
@@ -135,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.nice:
         os.nice(args.nice)  # inherited by the command and everything it starts
+        # and said, so that a rank torchrun starts in a session of its own sets that session's
+        # autogroup to it (training.standby); an inherited niceness alone does not
+        os.environ[SESSION_NICE_ENV] = str(args.nice)
     child = subprocess.Popen(command, preexec_fn=_dies_with(os.getpid()))  # no thread runs yet
     guard = None
     if args.lease_file:

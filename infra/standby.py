@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable
 
 from infra.atomic_write import atomic_write_json
+from infra.autogroup import autogroup, set_autogroup_nice
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalJob, LocalLauncher
 from infra.nodecheck import LauncherWorldRunner, WorldResult
 
@@ -56,6 +57,9 @@ STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their ga
 AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
 STANDBY_NICE = 19  # a standby world's niceness until its gate opens (where `can_renice`)
 NICE_ENV = "FORGEFLOW_STANDBY_NICE"  # another niceness (0-19; 0: none)
+# How long `open` retries setting a rank's autogroup back against the kernel's rate limit (one
+# write per 100 ms machine-wide without CAP_SYS_ADMIN, infra.autogroup): enough for 8 ranks a node
+OPEN_PATIENCE_S = 2.0
 
 
 def standby_nice() -> int:
@@ -78,24 +82,13 @@ def can_renice() -> bool:
     return os.geteuid() == 0 or resource.getrlimit(resource.RLIMIT_NICE)[0] >= 20
 
 
-def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
-    """(the autogroup, its niceness) of a process's session, or None (gone, or a kernel without
-    autogroups): /proc/PID/autogroup reads "/autogroup-70913 nice 19"."""
-    try:
-        with open(f"/proc/{pid}/autogroup") as f:
-            name, _, nice = f.read().split()
-        return name, int(nice)
-    except (OSError, ValueError):
-        return None
-
-
 def _give_priority_back(pids: set[int]) -> None:
     """What a cold launch's processes would have: every thread of every process in `pids` at this
     process's niceness (Linux keeps one per thread; a launch's processes inherit the flow's), and
     the autogroup of each session other than this process's at 0, a new session's (a standby
-    rank's, which training.standby set: torchrun starts each rank in a session of its own)."""
+    rank's, which training.standby set: torchrun starts each rank in a session of its own). The
+    threads first: a rank that sees its niceness change no longer sets its group behind."""
     niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    own = autogroup()
     for pid in pids:
         try:
             threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -106,13 +99,12 @@ def _give_priority_back(pids: set[int]) -> None:
                 os.setpriority(os.PRIO_PROCESS, tid, niceness)
             except ProcessLookupError:
                 pass
+    own, done = autogroup(), set()
+    for pid in pids:
         group = autogroup(pid)
-        if group is not None and own is not None and group[0] != own[0]:
-            try:
-                with open(f"/proc/{pid}/autogroup", "w") as f:
-                    f.write("0")
-            except OSError:  # gone meanwhile
-                pass
+        if group is not None and own is not None and group[0] not in (own[0], *done) and group[1] != 0:
+            set_autogroup_nice(pid, 0, patience_s=OPEN_PATIENCE_S)
+            done.add(group[0])
 
 
 def gate_path(request: LaunchRequest) -> Path:

@@ -26,23 +26,27 @@ import sys
 import time
 from pathlib import Path
 
+from infra.autogroup import SESSION_NICE_ENV, set_autogroup_nice  # (nothing heavy)
+
 
 def _stay_behind_training() -> None:
-    """Apply the niceness this rank inherited (infra.standby starts a standby's reaper at
-    STANDBY_NICE) to its session's autogroup too: torchrun starts every rank in a session of its
-    own, and where the kernel groups sessions (sched_autogroup_enabled), a niceness counts only
-    within the group, so without this the imports below take a full share of the CPU from the
-    training ranks. infra.standby's `open` gives both back (a cold launch's niceness, autogroup 0)."""
-    niceness = os.getpriority(os.PRIO_PROCESS, 0)
-    if niceness > 0:
-        try:
-            with open("/proc/self/autogroup", "w") as autogroup:
-                autogroup.write(str(niceness))
-            if os.getpriority(os.PRIO_PROCESS, 0) != niceness:  # opened meanwhile: undo what it undid
-                with open("/proc/self/autogroup", "w") as autogroup:
-                    autogroup.write("0")
-        except OSError:  # no autogroups on this kernel: the niceness alone does it
-            pass
+    """Put this rank's session's autogroup at the niceness infra.reaper started the standby at
+    (SESSION_NICE_ENV; infra.standby starts a standby's reaper at STANDBY_NICE): torchrun starts
+    every rank in a session of its own, and where the kernel groups sessions
+    (sched_autogroup_enabled), a niceness counts only within the group, so without this the
+    imports below take a full share of the CPU from the training ranks. infra.standby's `open`
+    gives both back (a cold launch's niceness, autogroup 0); once it has (this rank's niceness
+    changed), this rank stops trying and leaves its group at 0."""
+    nice = int(os.environ.get(SESSION_NICE_ENV) or 0)
+    if nice <= 0:
+        return
+
+    def waiting() -> bool:
+        return os.getpriority(os.PRIO_PROCESS, 0) == nice
+
+    # (patience: the kernel's rate limit, shared by every rank starting on the machine)
+    if set_autogroup_nice("self", nice, patience_s=30.0, still_wanted=waiting) and not waiting():
+        set_autogroup_nice("self", 0, patience_s=30.0)  # opened meanwhile: undo what it undid
 
 
 _stay_behind_training()  # before the imports below: they are what costs CPU

@@ -8,25 +8,27 @@ import time
 
 import psutil
 
+from infra.autogroup import autogroup
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
 from infra.nodecheck import LauncherWorldRunner, two_round_check
-from infra.standby import NICE_ENV, STANDBY_NICE, WarmRestarts, autogroup, can_renice, gate_path
+from infra.standby import NICE_ENV, STANDBY_NICE, WarmRestarts, can_renice, gate_path
 
 
-def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str]) -> LaunchRequest:
-    return LaunchRequest("job", local_node_launches(nodes, 1, CHOOSE_ON_NODE_0), worker_args, tmp_path,
+def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str], ranks_per_node: int = 1,
+            ) -> LaunchRequest:
+    return LaunchRequest("job", local_node_launches(nodes, ranks_per_node, CHOOSE_ON_NODE_0), worker_args, tmp_path,
                          env={"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "15"}, attempt=attempt)
 
 
-def _waiting_ranks(gate) -> list[psutil.Process]:
-    """The standby's rank processes (python -m training.standby GATE), once they run."""
+def _waiting_ranks(gate, count: int = 1) -> list[psutil.Process]:
+    """The standby's rank processes (python -m training.standby GATE), once `count` run."""
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         # (the reaper's and the agent's command lines end with the ranks' command too)
         ranks = [p for p in psutil.process_iter(["cmdline"]) if str(gate) in (p.info["cmdline"] or [])
                  and "training.standby" in p.info["cmdline"]
                  and not {"infra.reaper", "infra.torchrun"} & set(p.info["cmdline"])]
-        if ranks:
+        if len(ranks) >= count:
             return ranks
         time.sleep(0.2)
     raise AssertionError(f"no standby rank waits for {gate}")
@@ -45,8 +47,10 @@ def _niceness(pids) -> dict[int, int]:
 def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path, monkeypatch):
     monkeypatch.delenv(NICE_ENV)  # the default niceness (tests/conftest.py sets none)
     with WarmRestarts(enabled=True, grace_s=2) as warm:
-        warm.prepare_next(_launch(tmp_path, 0, ["node-a"], ["-m", "training.train", "a.json"]))
-        ranks = _waiting_ranks(gate_path(warm.standby.request))
+        # two ranks: their sessions' autogroups are set together, where (without CAP_SYS_ADMIN, as in
+        # a container) the kernel takes one such write per 100 ms (infra.autogroup)
+        warm.prepare_next(_launch(tmp_path, 0, ["node-a"], ["-m", "training.train", "a.json"], 2))
+        ranks = _waiting_ranks(gate_path(warm.standby.request), count=2)
         # while it waits, its reaper, agent and ranks run behind the training ones (where the flow
         # may raise them back: root, as here and in CI)
         waiting = warm.standby.job.pids()
@@ -62,7 +66,7 @@ def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path, monkeypatc
                 time.sleep(0.05)
             assert {autogroup(r.pid)[1] for r in ranks} == wanted
         # the next attempt: training.train with a spec file that does not exist
-        attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", str(tmp_path / "missing.json")])
+        attempt = _launch(tmp_path, 1, ["node-a"], ["-m", "training.train", str(tmp_path / "missing.json")], 2)
         job, started_warm = warm.launch(attempt, start_cold=lambda request: None)  # (no cold start here)
         assert started_warm and job.request is attempt
         opened = _niceness(waiting)  # back to normal before the gate opened
