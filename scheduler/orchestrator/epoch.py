@@ -15,6 +15,11 @@ i.e. expiry counts from max(last renewal, epoch). A gap is a fraction of a lease
 holder renews every lease_s / 3), so an outage long enough to have cost a holder its lease is
 always seen; a gap in a quiet cluster (nobody writing, nobody waiting) delays the reclaim of a
 lease whose holder died during it by at most one lease period.
+
+An epoch is logged as a warning only where a job held GPUs (running, or delegated to a batch
+system) when it was recorded: their holders could not renew. A gap in a quiet cluster is no
+outage anyone felt, and the first `forgeflow submit` after an idle night must not tell its user
+that the database was out of reach: that one is logged at info.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from infra.statedb.clock import db_now
-from infra.statedb.schema import control_plane
+from infra.statedb.schema import control_plane, jobs
 
 log = logging.getLogger(__name__)
 
@@ -67,24 +72,31 @@ TOUCH_UNLESS_BUSY = sa.update(control_plane).where(control_plane.c.id.in_(
     sa.select(control_plane.c.id).where(_ROW, _STALE).with_for_update(skip_locked=True))
 ).values(**_TOUCHED).returning(*_RETURNED)
 STATE = sa.select(db_now(), *_RETURNED).where(_ROW)
+# Whether any job holds GPUs (a lease, or a batch system's allocation its flow renews for)
+HELD = sa.select(jobs.c.id).where(jobs.c.state.in_(("running", "delegated"))).limit(1)
 
 
 def touch_params(lease_s: float) -> dict[str, float]:
     return {"every": touch_every_s(lease_s), "gap": gap_s(lease_s)}
 
 
-def noted(rows: list[tuple]) -> None:
-    """Log an epoch a touch (its RETURNING rows) just recorded."""
+def noted(rows: list[tuple], conn: Connection | None = None) -> None:
+    """Log an epoch a touch (its RETURNING rows) just recorded: a warning where a job holds GPUs
+    (asked on `conn`; without one, the writer is a holder renewing), else at info."""
     for seen_at, epoch_at, gap in rows:
         if epoch_at is not None and epoch_at == seen_at and gap is not None:
-            log.warning("the state database was out of reach for %.0f s: no lease is reclaimed until every "
-                        "holder has had a full lease period to renew (epoch %.3f)", gap, epoch_at)
+            if conn is None or conn.execute(HELD).first() is not None:
+                log.warning("the state database was out of reach for %.0f s: no lease is reclaimed until "
+                            "every holder has had a full lease period to renew (epoch %.3f)", gap, epoch_at)
+            else:
+                log.info("no writer reached the state database for %.0f s, and no job holds GPUs: a quiet "
+                         "cluster (epoch %.3f)", gap, epoch_at)
 
 
 def touch(conn: Connection, lease_s: float, *, wait: bool = True) -> float | None:
     """Record that a writer reached the database (and an epoch after a gap); the current epoch."""
     rows = conn.execute(TOUCH if wait else TOUCH_UNLESS_BUSY, touch_params(lease_s)).all()
-    noted(rows)
+    noted(rows, conn)
     if rows:
         return rows[0][1]
     return conn.execute(sa.select(control_plane.c.epoch_at).where(_ROW)).scalar()

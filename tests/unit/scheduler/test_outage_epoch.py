@@ -109,3 +109,16 @@ def test_a_renewal_after_a_gap_records_the_epoch_too(orch):
     orch.renew(holder)
     state = _control_plane(orch)
     assert state["epoch_at"] == pytest.approx(state["now"], abs=5) and state["gap_s"] == pytest.approx(100, abs=5)
+
+
+def test_a_gap_is_a_warning_where_a_job_held_gpus_and_info_in_a_quiet_cluster(orch, caplog):
+    caplog.set_level("INFO", logger=epoch.__name__)
+    orch.reconcile()  # a writer reached the fresh database: no gap yet
+    _set(orch, control_plane, control_plane.c.id == 1, seen_at=100)
+    orch.reconcile()  # nothing submitted, nothing held: the first writer after a quiet spell
+    assert [(r.levelname, "quiet cluster" in r.getMessage()) for r in caplog.records] == [("INFO", True)]
+    caplog.clear()
+    holder, _ = _holder_and_waiter(orch)
+    _outage(orch, holder, 120)
+    orch.reconcile()  # the holder could not renew: its users must hear of it
+    assert [(r.levelname, "out of reach for 120 s" in r.getMessage()) for r in caplog.records] == [("WARNING", True)]
