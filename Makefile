@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Every extra (see pyproject.toml); vLLM (gpu) only where there is a GPU to run it.
 EXTRAS ?= dev,diagnosis,eval,kubernetes,tracking$(shell command -v nvidia-smi >/dev/null 2>&1 && echo ,gpu)
 
-.PHONY: demo test check unit integration venv clean slurm-packages sandbox-packages native-packages
+.PHONY: demo test check unit integration venv clean slurm-packages sandbox-packages native-packages pgbouncer-packages
 
 $(STAMP): pyproject.toml constraints.txt setup.py diagnosis/native/linescan.cc | native-packages
 	@command -v $(PY) >/dev/null || { echo "need $(PY) on PATH (set PY=... to override)"; exit 1; }
@@ -47,6 +47,18 @@ slurm-packages:
 	  echo "could not install $(SLURM_PKGS): the Slurm tests will skip"; \
 	fi
 
+# The state database's pooling and failover tests and benchmark (testing/postgres_servers.py)
+# put Debian's PgBouncer in front of the embedded PostgreSQL: as root, install it when missing;
+# otherwise those tests skip and the benchmark's smoke fails saying what to install.
+pgbouncer-packages:
+	@if [ "$$(id -u)" = 0 ] && ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing pgbouncer (state database pooling tests)"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -qq pgbouncer >/dev/null 2>&1 || \
+	  { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq pgbouncer >/dev/null 2>&1; } || \
+	  echo "could not install pgbouncer: the pooling tests will skip"; \
+	fi
+
 # The HumanEval sandbox holds at the OS level with bubblewrap (Debian's bubblewrap): as root,
 # install it when missing; without it, scoring HumanEval refuses (isolation: python-guard is
 # the explicit opt-in for trusted code).
@@ -67,7 +79,7 @@ sandbox-packages:
 # and starts the longest first (durations of the last run, from .pytest_cache) so that the
 # workers finish together.
 TEST_WORKERS ?= 3
-test: $(STAMP) slurm-packages sandbox-packages
+test: $(STAMP) slurm-packages sandbox-packages pgbouncer-packages
 	$(BIN)/python -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadgroup tests
 
 # For use while working (under 5 minutes on 2 cores): the unit tests and the integration tests
@@ -75,13 +87,13 @@ test: $(STAMP) slurm-packages sandbox-packages
 # before a commit runs everything.
 CHECK_PATHS := tests/unit tests/integration/orchestrator tests/integration/diagnosis \
 	tests/integration/notify tests/integration/launch
-check: $(STAMP) sandbox-packages
+check: $(STAMP) sandbox-packages pgbouncer-packages
 	$(BIN)/python -m pytest -q -ra -m "not slow" -n $(TEST_WORKERS) --dist loadgroup $(CHECK_PATHS)
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -q tests/unit
 
-integration: $(STAMP) slurm-packages sandbox-packages
+integration: $(STAMP) slurm-packages sandbox-packages pgbouncer-packages
 	$(BIN)/python -m pytest -q tests/integration
 
 clean:
