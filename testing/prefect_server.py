@@ -109,11 +109,13 @@ class LocalPrefectServer:
                                 stdin=subprocess.DEVNULL, cwd=self.repo_root, start_new_session=True,
                                 preexec_fn=pin)
 
-    def start_worker(self, pool: str, queue: str, cpus: set[int] | None = None) -> subprocess.Popen:
-        """A process worker for `queue` of `pool`; with `cpus`, it and its flow runs use only those cores."""
-        worker = self._spawn(f"worker-{queue}", [sys.executable, "-m", "prefect", "worker", "start",
-                                                 "--pool", pool, "--work-queue", queue, "--type", "process"],
-                             cpus)
+    def start_worker(self, pool: str, queue: str, cpus: set[int] | None = None,
+                     limit: int | None = None) -> subprocess.Popen:
+        """A process worker for `queue` of `pool`; with `cpus`, it and its flow runs use only those
+        cores; with `limit`, it runs at most that many flow runs at once (`--limit`)."""
+        command = [sys.executable, "-m", "prefect", "worker", "start",
+                   "--pool", pool, "--work-queue", queue, "--type", "process"]
+        worker = self._spawn(f"worker-{queue}", command + (["--limit", str(limit)] if limit else []), cpus)
         self.workers.append(worker)
         return worker
 

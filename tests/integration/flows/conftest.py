@@ -106,8 +106,11 @@ class PrefectServer(LocalPrefectServer):
 
 
 # The scheduler service creates the runs of scheduled deployments (every 60 s by default);
-# test_prefect_schedules.py waits for it, so it runs every 5 s on the test servers.
-SCHEDULER_SETTINGS = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}
+# test_prefect_deployments.py's scheduled-deployment test waits for it, so it runs every 5 s on
+# the test servers, and creates 3 runs ahead per deployment (100 by default: a schedule every 5 s
+# would be 100 rows written, and as many runs kept due, on a server every flow test shares).
+SCHEDULER_SETTINGS = {"PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5",
+                      "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3"}
 
 
 _shared_server: PrefectServer | None = None

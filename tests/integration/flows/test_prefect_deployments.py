@@ -179,7 +179,8 @@ def test_a_scheduled_deployment_gets_its_runs_created_and_run(deployed_once):
         # Every 5 s instead of every 15 minutes, so that runs come due while the test waits.
         client.update_deployment_schedule(deployment.id, schedule.id,
                                           schedule=IntervalSchedule(interval=timedelta(seconds=5)))
-        server.start_worker(POOL, "default")
+        # one run at a time: runs come due every 5 s, and each is a process importing the flows
+        server.start_worker(POOL, "default", limit=1)
         only_this = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
         try:
             deadline = time.monotonic() + 240
