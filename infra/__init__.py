@@ -6,6 +6,7 @@
     yaml_config   the YAML loader of every config kind: `base:` inheritance, field-naming errors
     launch        launchers: one torchrun per node (local subprocess; Prefect in tasks/)
     standby       warm restarts: the next attempt's world started ahead, waiting at a gate (local launcher); node checks in its ranks
+    autogroup     a session's autogroup niceness (the kernel's scheduling group), set through its rate limit
     slurm         the Slurm launcher (one batch job per attempt), node states, drain/resume
     slurm_start   delegated Slurm: sbatch --test-only for each option, submit the one done first
     kubernetes    the Kubernetes launcher: indexed Job + headless Service per attempt, PyTorchJob,

@@ -26,6 +26,10 @@ os.environ["PREFECT_HOME"] = str(_SESSION_DIR / "prefect-home")
 # checkpoint.host_copy: this session's shard copies next to its state, not in the machine's /dev/shm
 os.environ["FORGEFLOW_HOST_CHECKPOINT_DIR"] = str(_SESSION_DIR / "host-checkpoints")
 os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+# A flow run without PREFECT_API_URL starts Prefect's ephemeral server and waits 20 s for it by
+# default: with three workers' torchrun worlds on two cores, its imports alone took longer
+# (a benchmark smoke failed on it). Not a test of start-up speed: wait as a loaded machine needs.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # infra.standby: a standby world starts at normal priority here. Behind the training ranks (its
 # default, niceness 19) it also waits behind every other test running on the machine, so a test
 # that waits for its ranks took twice as long; tests/integration/launch/test_standby_world.py
