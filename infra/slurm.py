@@ -356,6 +356,10 @@ class SlurmJob:
     _polled_at: float = field(default=-1e9)
     calls: int = 0  # Slurm commands issued (the watcher's load on slurmctld)
     lease: LeaseFileRenewer | None = None  # renewed on each poll: the nodes stop the ranks once it goes stale
+    # The flow's own scancel (`terminate`): the batch script's trap takes its SIGTERM as it takes
+    # a time limit's, so its mark counts as Slurm's only if it was there before the flow stopped it.
+    _stopped_by_flow: bool = False
+    _signalled_before_stop: bool = False
 
     def state(self, fresh: bool = False) -> str:
         """The job's Slurm state, asking Slurm at most every `settings.poll_s` unless `fresh`."""
@@ -406,7 +410,9 @@ class SlurmJob:
     def ended_by_batch_system(self) -> str | None:
         """Why the job ended, when Slurm ended it rather than its code: it signalled the job (its
         time limit was near, or a preemption) and the ranks committed and stopped, or the job
-        ended TIMEOUT, PREEMPTED, NODE_FAIL or DEADLINE. None otherwise (asks Slurm once more)."""
+        ended TIMEOUT, PREEMPTED, NODE_FAIL or DEADLINE. None otherwise (asks Slurm once more),
+        and for a job the flow itself scancelled before any signal (a start-up timeout, a hang):
+        that attempt failed, and its restarts count against the job's failures."""
         state = self.state(fresh=True)
         if state in SLURM_ENDED:
             return f"Slurm ended job {self.job_id}: {state}"
@@ -414,7 +420,7 @@ class SlurmJob:
         if preempted_at:  # its state may read CANCELLED or COMPLETING: the flow's scancel came after
             return (f"Slurm ended job {self.job_id}: PREEMPTED at {preempted_at} (a job of a higher "
                     f"priority tier took its resources; the ranks committed and stopped)")
-        if signalled_path(self.request).exists():
+        if signalled_path(self.request).exists() and (not self._stopped_by_flow or self._signalled_before_stop):
             return (f"Slurm signalled job {self.job_id} (its time limit was near, or a preemption): "
                     f"the ranks committed and stopped; it ended {state}")
         return None
@@ -469,6 +475,8 @@ class SlurmJob:
                 return
         if self.lease is not None:  # the nodes stop too should scancel not reach them
             self.lease.release("the flow stopped the attempt")
+        self._signalled_before_stop = signalled_path(self.request).exists()
+        self._stopped_by_flow = True
         slurm_command(["scancel", self.job_id], self.settings, check=False)
         deadline = time.monotonic() + grace_s + 60  # plus Slurm's KillWait
         while time.monotonic() < deadline:

@@ -18,8 +18,9 @@ import pytest
 from flows.pretrain import pretrain
 
 # The watcher's start-up timeout here (the test waits it out while the job is PENDING): long enough
-# for tiny-cpu to start on a busy machine (Slurm's start to rank 0's `started`: 4 s on an idle 2-core box)
-STARTUP_S = 30.0
+# for tiny-cpu to start on a busy machine (Slurm's start to rank 0's `started`: 4 s on an idle 2-core box,
+# over 30 s on a slow one running three workers' tests)
+STARTUP_S = 45.0
 
 
 def _slurm(slurm, *args: str) -> str:

@@ -53,6 +53,10 @@ def test_scancel_leaves_no_rank_running(slurm, tmp_path):
     assert not alive, f"ranks outlived scancel: {alive}"
     assert job.poll()[slurm.node] not in (None, 0)
     assert job.job_id not in _squeue(slurm)
+    # The flow's own scancel (a start-up timeout, a hang, a cancellation) is not Slurm ending the
+    # job: its batch script's trap saw a SIGTERM as it would a time limit's, but the attempt's
+    # end must stay a failure to diagnose, not an eviction the flow restarts without counting.
+    assert job.ended_by_batch_system() is None
 
 
 def test_the_batch_job_and_its_ranks_get_none_of_the_workers_secrets(slurm, tmp_path, monkeypatch):
