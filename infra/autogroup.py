@@ -43,21 +43,22 @@ def set_autogroup_nice(pid: int | str, nice: int, patience_s: float,
     """Set the niceness of `pid`'s autogroup, retrying the kernel's rate limit for up to
     `patience_s` while `still_wanted()`. False where it was not set: the process is gone, the
     kernel has no autogroups, the limit outlasted the patience, or it was no longer wanted."""
+    try:
+        fd = os.open(f"/proc/{pid}/autogroup", os.O_WRONLY)
+    except OSError:  # gone, or no autogroups on this kernel
+        return False
     deadline = time.monotonic() + patience_s
-    while still_wanted():
-        try:
-            fd = os.open(f"/proc/{pid}/autogroup", os.O_WRONLY)
-        except OSError:  # gone, or no autogroups on this kernel
-            return False
-        try:
-            os.write(fd, str(nice).encode())
-            return True
-        except BlockingIOError:  # EAGAIN: another write in the last 100 ms
-            if time.monotonic() >= deadline:
+    try:
+        while still_wanted():
+            try:
+                os.write(fd, str(nice).encode())
+                return True
+            except BlockingIOError:  # EAGAIN: another write in the last 100 ms
+                if time.monotonic() >= deadline:
+                    return False
+            except OSError:  # gone meanwhile
                 return False
-        except OSError:
-            return False
-        finally:
-            os.close(fd)
-        time.sleep(RATE_LIMIT_S / 5)
-    return False
+            time.sleep(RATE_LIMIT_S / 5)
+        return False
+    finally:
+        os.close(fd)

@@ -356,10 +356,9 @@ class SlurmJob:
     _polled_at: float = field(default=-1e9)
     calls: int = 0  # Slurm commands issued (the watcher's load on slurmctld)
     lease: LeaseFileRenewer | None = None  # renewed on each poll: the nodes stop the ranks once it goes stale
-    # The flow's own scancel (`terminate`): the batch script's trap takes its SIGTERM as it takes
-    # a time limit's, so its mark counts as Slurm's only if it was there before the flow stopped it.
-    _stopped_by_flow: bool = False
-    _signalled_before_stop: bool = False
+    # The flow's own scancel (`terminate`) came before any signal of Slurm's: the batch script's
+    # trap takes its SIGTERM as it takes a time limit's, so the mark it leaves is not Slurm's.
+    _stopped_unsignalled: bool = False
 
     def state(self, fresh: bool = False) -> str:
         """The job's Slurm state, asking Slurm at most every `settings.poll_s` unless `fresh`."""
@@ -420,7 +419,7 @@ class SlurmJob:
         if preempted_at:  # its state may read CANCELLED or COMPLETING: the flow's scancel came after
             return (f"Slurm ended job {self.job_id}: PREEMPTED at {preempted_at} (a job of a higher "
                     f"priority tier took its resources; the ranks committed and stopped)")
-        if signalled_path(self.request).exists() and (not self._stopped_by_flow or self._signalled_before_stop):
+        if signalled_path(self.request).exists() and not self._stopped_unsignalled:
             return (f"Slurm signalled job {self.job_id} (its time limit was near, or a preemption): "
                     f"the ranks committed and stopped; it ended {state}")
         return None
@@ -475,8 +474,7 @@ class SlurmJob:
                 return
         if self.lease is not None:  # the nodes stop too should scancel not reach them
             self.lease.release("the flow stopped the attempt")
-        self._signalled_before_stop = signalled_path(self.request).exists()
-        self._stopped_by_flow = True
+        self._stopped_unsignalled = not signalled_path(self.request).exists()
         slurm_command(["scancel", self.job_id], self.settings, check=False)
         deadline = time.monotonic() + grace_s + 60  # plus Slurm's KillWait
         while time.monotonic() < deadline:

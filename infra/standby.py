@@ -21,9 +21,9 @@ overrides it. Where the flow may raise their priority back (as root, or with an 
 20: `can_renice`), a standby's processes start at niceness STANDBY_NICE (or NICE_ENV's), so their
 imports take only the CPU the training ranks leave (measured on 2 cores: a standby started at
 normal priority slowed the running attempt's steps by a third for about 15 s, at every
-restart), and `open` puts the whole tree back to a cold launch's priority before the gate opens. Where it
-may not, they start at normal priority: a rank left at a lower priority for a whole attempt
-would lose the CPU to any other job's processes on its node.
+restart), and `open` puts the whole tree back to a cold launch's priority before the gate
+opens. Where it may not, they start at normal priority: a rank left at a lower priority for a
+whole attempt would lose the CPU to any other job's processes on its node.
 
 A node check after a failure (infra.nodecheck) runs in the standby's ranks when the standby is up
 on exactly the nodes to check (`StandbyNodeCheck`, through `WarmRestarts.node_check_runner`):
