@@ -28,8 +28,11 @@ RATE_LIMIT_S = 0.1  # the kernel's: one write per 100 ms machine-wide without CA
 
 
 def autogroup(pid: int | str = "self") -> tuple[str, int] | None:
-    """(the autogroup, its niceness) of a process's session, or None (gone, or a kernel without
-    autogroups): /proc/PID/autogroup reads "/autogroup-70913 nice 19"."""
+    """(the autogroup, its niceness) of a process's session: /proc/PID/autogroup reads
+    "/autogroup-70913 nice 19". None where the process is gone, the kernel has no autogroups, or
+    the session is in the root group, which the kernel shows as nothing (a container's processes
+    that never started a session of their own, as CI's pytest: its ranks' sessions still have
+    groups, torchrun starting each in a session of its own)."""
     try:
         with open(f"/proc/{pid}/autogroup") as f:
             name, _, nice = f.read().split()

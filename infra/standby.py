@@ -99,12 +99,13 @@ def _give_priority_back(pids: set[int]) -> None:
                 os.setpriority(os.PRIO_PROCESS, tid, niceness)
             except ProcessLookupError:
                 pass
-    own, done = autogroup(), set()
+    own = autogroup()  # (None: the root group, which the kernel gives no niceness to set)
+    leave = {own[0]} if own is not None else set()  # (the flow's own group, then those set)
     for pid in pids:
         group = autogroup(pid)
-        if group is not None and own is not None and group[0] not in (own[0], *done) and group[1] != 0:
+        if group is not None and group[0] not in leave and group[1] != 0:
             set_autogroup_nice(pid, 0, patience_s=OPEN_PATIENCE_S)
-            done.add(group[0])
+            leave.add(group[0])
 
 
 def gate_path(request: LaunchRequest) -> Path:

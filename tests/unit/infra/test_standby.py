@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import infra.standby
+from infra.autogroup import autogroup, set_autogroup_nice
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
-from infra.standby import Standby, gate_path, wanted
+from infra.standby import Standby, can_renice, gate_path, wanted
 
 
 class _Running:
@@ -99,3 +102,24 @@ def test_the_standby_niceness_is_19_unless_the_environment_gives_another_and_a_b
         monkeypatch.setenv(NICE_ENV, bad)
         with pytest.raises(ValueError, match=f"FORGEFLOW_STANDBY_NICE='{bad}': give a niceness from 0"):
             standby_nice()
+
+
+@pytest.mark.parametrize("flow_group", ["root", "the rank's"])
+def test_opening_sets_a_ranks_session_group_back_unless_it_is_the_flows_own(flow_group, monkeypatch):
+    # A flow whose session is in the root autogroup (CI's container: its pytest never started a
+    # session, and the kernel shows that group as nothing) sets its ranks' groups back too.
+    if not can_renice():
+        pytest.skip("setting a group back to niceness 0 needs root or an RLIMIT_NICE of 20")
+    rank = subprocess.Popen(["sleep", "60"], start_new_session=True)  # as torchrun starts a rank
+    try:
+        if autogroup(rank.pid) is None:
+            pytest.skip("this kernel has no autogroups")
+        assert set_autogroup_nice(rank.pid, 19, patience_s=5.0)  # as training.standby sets it
+        real = autogroup
+        own = None if flow_group == "root" else real(rank.pid)
+        monkeypatch.setattr(infra.standby, "autogroup", lambda pid="self": own if pid == "self" else real(pid))
+        infra.standby._give_priority_back({rank.pid})
+        assert autogroup(rank.pid)[1] == (0 if flow_group == "root" else 19)
+    finally:
+        rank.kill()
+        rank.wait()
