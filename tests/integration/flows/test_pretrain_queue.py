@@ -61,22 +61,44 @@ def _ranks(job) -> list[psutil.Process]:
     return found
 
 
+@pytest.fixture
+def one_slot(use_prefect_server, tmp_path):
+    """The deployments `forgeflow deploy` makes for a one-GPU cluster (its inventory, returned),
+    a worker for their flow runs, and the on-commit deployment's trigger paused: this test's
+    jobs commit checkpoints, each of which it would evaluate in a flow run of its own, competing
+    for the CPUs with the jobs under test (test_checkpoint_event_trigger tests it). Resumed for
+    the tests after this one, on the same server."""
+    from prefect import get_client
+
+    inventory = tmp_path / "one-slot.yaml"
+    inventory.write_text(yaml.safe_dump(ONE_SLOT, sort_keys=False))
+    assert deploy_all(cluster=str(inventory), pool=POOL) == 0
+    with get_client(sync_client=True) as client:
+        on_commit = client.read_deployment_by_name("evaluate-checkpoint/on-commit")
+        triggers = client.read_resource_related_automations(f"prefect.deployment.{on_commit.id}")
+        assert triggers, "no automation runs the on-commit deployment"
+        for automation in triggers:
+            client.pause_automation(automation.id)
+        try:
+            use_prefect_server.start_worker(POOL, "default")
+            yield inventory
+        finally:
+            for automation in triggers:
+                client.resume_automation(automation.id)
+
+
 def _final_state(client, run_id, timeout_s: float = 600.0):
     return _until(f"flow run {run_id} to end", lambda: (s := client.read_flow_run(run_id).state).is_final() and s,
                   timeout_s)
 
 
 @pytest.mark.slow
-def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(use_prefect_server, make_job,
-                                                                                tmp_path):
+def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(one_slot, make_job):
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Cancelling
 
-    inventory = tmp_path / "one-slot.yaml"
-    inventory.write_text(yaml.safe_dump(ONE_SLOT, sort_keys=False))
-    assert deploy_all(cluster=str(inventory), pool=POOL) == 0
-    use_prefect_server.start_worker(POOL, "default")
+    inventory = one_slot
     orch = Orchestrator()
 
     specs = {}
@@ -134,8 +156,7 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     # test_prefect_deployments' test_cancelling_the_flow_run_kills_every_training_process:
     # the same deployment run on a worker, cancelled while it trains; sharing this run
     # saves a deployment and a flow run's start-up).
-    # The holder trains until cancelled: no periodic checkpoints, each of which the deployment's
-    # on-commit trigger would evaluate in a flow run of its own, competing for the CPUs.
+    # The holder trains until cancelled: no periodic checkpoints (writing them costs CPU too).
     _, holder_run = submit("queue-holder", 100000, checkpoint_interval=100000)
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
     _, waiter_run = submit("queue-waiter", 10)
