@@ -1,6 +1,6 @@
 """Many processes share one cluster through the orchestrator, on a real PostgreSQL and on SQLite.
 
-Clients are forked processes (nothing shared but the database): they submit,
+Clients are processes forked from a fresh one (nothing shared but the database): they submit,
 wait for admission, renew and release at the same time. Afterwards the
 allocation history — not only the final state — must show no GPU held twice.
 """
@@ -34,7 +34,13 @@ INVENTORY = {
 CLIENTS = 32
 JOBS_PER_CLIENT = 2
 
-_fork = multiprocessing.get_context("fork")
+# Clients fork from a server process started fresh (multiprocessing's forkserver), not from this
+# pytest worker: a fork copies only the forking thread, so a lock another thread of the worker
+# held at that moment (an earlier test's Prefect or logging thread) stays held in the child for
+# ever, and that client hangs. Under a loaded suite one did: its GPUs were held until its lease
+# expired, and another client timed out waiting behind it.
+_fork = multiprocessing.get_context("forkserver")
+_fork.set_forkserver_preload(["__main__", "scheduler.orchestrator", "infra.statedb", __name__])
 
 
 def _client(url: str, seed: int, team: str | None = None) -> None:
@@ -59,7 +65,6 @@ def _client(url: str, seed: int, team: str | None = None) -> None:
 
 
 def _start(url: str, target, *args) -> multiprocessing.Process:
-    forget_engines()  # a child must not inherit the parent's pooled connections
     proc = _fork.Process(target=target, args=(url, *args))
     proc.start()
     return proc
@@ -68,7 +73,6 @@ def _start(url: str, target, *args) -> multiprocessing.Process:
 @pytest.mark.slow
 def test_32_processes_never_double_book_a_gpu(state_db_url):
     Orchestrator(state_db_url).register(parse_cluster(INVENTORY))
-    forget_engines()
     procs = [_fork.Process(target=_client, args=(state_db_url, seed)) for seed in range(CLIENTS)]
     for p in procs:
         p.start()
@@ -106,7 +110,6 @@ def test_32_processes_of_three_teams_keep_to_their_quotas(state_db_url):
     for gpu_type in ("A100-80G", "V100-32G", "A10", "A40"):
         for team, nominal in (("A", 8), ("B", 4), ("C", 4)):
             orch.set_quota(team, gpu_type, nominal, nominal)
-    forget_engines()
     procs = [_fork.Process(target=_client, args=(state_db_url, seed, "ABC"[seed % 3])) for seed in range(CLIENTS)]
     for p in procs:
         p.start()
@@ -123,12 +126,12 @@ def test_32_processes_of_three_teams_keep_to_their_quotas(state_db_url):
     assert double_booked(orch.engine) == 0
 
 
-def _holder(url: str, ready_w: int) -> None:
+def _holder(url: str, ready) -> None:
     try:
         orch = Orchestrator(url, OrchestratorConfig(lease_s=1.0, grace_s=0.5))
         job = orch.submit("holder", demand_options(orch.cluster(), 16, gpu_type="A100-80G"))
         orch.wait_admitted(job, poll_s=0.05, timeout_s=60)
-        os.write(ready_w, str(job).encode())
+        ready.send(job)
         while True:  # a running attempt renews its lease until it is killed
             orch.renew(job)
             time.sleep(0.2)
@@ -138,9 +141,9 @@ def _holder(url: str, ready_w: int) -> None:
 
 def test_a_killed_holder_loses_its_lease_and_the_next_job_starts(state_db_url):
     Orchestrator(state_db_url).register(parse_cluster(INVENTORY))
-    read_r, ready_w = os.pipe()
-    holder = _start(state_db_url, _holder, ready_w)
-    holder_job = int(os.read(read_r, 64))
+    ready, ready_child = _fork.Pipe(duplex=False)
+    holder = _start(state_db_url, _holder, ready_child)
+    holder_job = ready.recv()
     orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=1.0, grace_s=0.5, on_lost="fail"))
     waiter = orch.submit("waiter", demand_options(orch.cluster(), 16, gpu_type="A100-80G"))
     time.sleep(2.0)  # longer than lease + grace: only the holder's renewals keep its GPUs
