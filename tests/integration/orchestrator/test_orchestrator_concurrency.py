@@ -37,10 +37,10 @@ JOBS_PER_CLIENT = 2
 # Clients fork from a server process started fresh (multiprocessing's forkserver), not from this
 # pytest worker: a fork copies only the forking thread, so a lock another thread of the worker
 # held at that moment (an earlier test's Prefect or logging thread) stays held in the child for
-# ever, and that client hangs. Under a loaded suite one did: its GPUs were held until its lease
-# expired, and another client timed out waiting behind it.
+# ever, and that client hangs holding its GPUs until its lease expires (the likeliest cause of a
+# client that once timed out waiting, under a loaded suite).
 _fork = multiprocessing.get_context("forkserver")
-_fork.set_forkserver_preload(["__main__", "scheduler.orchestrator", "infra.statedb", __name__])
+_fork.set_forkserver_preload(["scheduler.orchestrator", "infra.statedb", __name__])
 
 
 def _client(url: str, seed: int, team: str | None = None) -> None:
@@ -73,9 +73,7 @@ def _start(url: str, target, *args) -> multiprocessing.Process:
 @pytest.mark.slow
 def test_32_processes_never_double_book_a_gpu(state_db_url):
     Orchestrator(state_db_url).register(parse_cluster(INVENTORY))
-    procs = [_fork.Process(target=_client, args=(state_db_url, seed)) for seed in range(CLIENTS)]
-    for p in procs:
-        p.start()
+    procs = [_start(state_db_url, _client, seed) for seed in range(CLIENTS)]
     for p in procs:
         p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0] * CLIENTS
@@ -110,9 +108,7 @@ def test_32_processes_of_three_teams_keep_to_their_quotas(state_db_url):
     for gpu_type in ("A100-80G", "V100-32G", "A10", "A40"):
         for team, nominal in (("A", 8), ("B", 4), ("C", 4)):
             orch.set_quota(team, gpu_type, nominal, nominal)
-    procs = [_fork.Process(target=_client, args=(state_db_url, seed, "ABC"[seed % 3])) for seed in range(CLIENTS)]
-    for p in procs:
-        p.start()
+    procs = [_start(state_db_url, _client, seed, "ABC"[seed % 3]) for seed in range(CLIENTS)]
     for p in procs:
         p.join(timeout=300)
     assert [p.exitcode for p in procs] == [0] * CLIENTS
@@ -143,6 +139,7 @@ def test_a_killed_holder_loses_its_lease_and_the_next_job_starts(state_db_url):
     Orchestrator(state_db_url).register(parse_cluster(INVENTORY))
     ready, ready_child = _fork.Pipe(duplex=False)
     holder = _start(state_db_url, _holder, ready_child)
+    assert ready.poll(60), "the holder was never admitted"
     holder_job = ready.recv()
     orch = Orchestrator(state_db_url, OrchestratorConfig(lease_s=1.0, grace_s=0.5, on_lost="fail"))
     waiter = orch.submit("waiter", demand_options(orch.cluster(), 16, gpu_type="A100-80G"))

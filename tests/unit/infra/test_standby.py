@@ -115,9 +115,8 @@ def test_opening_sets_a_ranks_session_group_back_unless_it_is_the_flows_own(flow
         if autogroup(rank.pid) is None:
             pytest.skip("this kernel has no autogroups")
         assert set_autogroup_nice(rank.pid, 19, patience_s=5.0)  # as training.standby sets it
-        real = autogroup
-        own = None if flow_group == "root" else real(rank.pid)
-        monkeypatch.setattr(infra.standby, "autogroup", lambda pid="self": own if pid == "self" else real(pid))
+        own = None if flow_group == "root" else autogroup(rank.pid)
+        monkeypatch.setattr(infra.standby, "autogroup", lambda pid="self": own if pid == "self" else autogroup(pid))
         infra.standby._give_priority_back({rank.pid})
         assert autogroup(rank.pid)[1] == (0 if flow_group == "root" else 19)
     finally:
