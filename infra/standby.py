@@ -16,8 +16,9 @@ What it costs: one idle interpreter per rank with torch and megatron imported (h
 GPU memory: CUDA is initialised after the gate) and one agent per node, and the CPU of their
 imports (about 8 CPU-seconds for two ranks and two agents). `wanted()` turns it on where a node
 has the cores to spare (at least two per rank: GPU servers have 8-28), not on a box whose every
-core already runs a rank (this test machine); the pretrain flow's `warm_standby` parameter
-overrides it. Where the flow may raise their priority back (as root, or with an RLIMIT_NICE of
+core already runs a rank; WARM_ENV sets a machine's default otherwise (off where other work
+shares the cores: the test suite's), and the pretrain flow's `warm_standby` parameter overrides
+both. Where the flow may raise their priority back (as root, or with an RLIMIT_NICE of
 20: `can_renice`), a standby's processes start at niceness STANDBY_NICE (or NICE_ENV's), so their
 imports take only the CPU the training ranks leave (measured on 2 cores: a standby started at
 normal priority slowed the running attempt's steps by a third for about 15 s, at every
@@ -57,6 +58,10 @@ STANDBY_MODULE = "training.standby"  # what a standby's ranks run until their ga
 AGENT_ENV_PREFIXES = ("TORCH_ELASTIC", "TORCHELASTIC")
 STANDBY_NICE = 19  # a standby world's niceness until its gate opens (where `can_renice`)
 NICE_ENV = "FORGEFLOW_STANDBY_NICE"  # another niceness (0-19; 0: none)
+# The machine's default where the flow's `warm_standby` is unset: on, off, or auto (`wanted`). A
+# machine whose cores other work shares (a CI runner, several flows' tests at once) has none to
+# spare whatever its count: there the standby's imports only slow what runs.
+WARM_ENV = "FORGEFLOW_WARM_STANDBY"
 # How long `open` retries setting a rank's autogroup back against the kernel's rate limit (one
 # write per 100 ms machine-wide without CAP_SYS_ADMIN, infra.autogroup): enough for 8 ranks a node
 OPEN_PATIENCE_S = 2.0
@@ -121,12 +126,17 @@ def check_path(request: LaunchRequest) -> Path:
 
 def wanted(launcher: str, world_size: int, asked: bool | None = None, cores: int | None = None) -> bool:
     """Whether a job of `world_size` ranks keeps a standby world: only on the local launcher
-    (whatever was `asked`); there as `asked`, by default where this machine has two cores per rank
-    (`cores`: this process's, os.sched_getaffinity)."""
+    (whatever was `asked`); there as `asked`, else as WARM_ENV says (the machine's default), else
+    where this machine has two cores per rank (`cores`: this process's, os.sched_getaffinity)."""
     if launcher != "local":
         return False
     if asked is not None:
         return asked
+    default = os.environ.get(WARM_ENV, "auto")
+    if default not in ("on", "off", "auto"):
+        raise ValueError(f"{WARM_ENV}={default!r}: give on, off or auto (two cores per rank)")
+    if default != "auto":
+        return default == "on"
     cores = len(os.sched_getaffinity(0)) if cores is None else cores
     return cores >= 2 * world_size
 

@@ -35,6 +35,12 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
 # that waits for its ranks took twice as long; tests/integration/launch/test_standby_world.py
 # checks the default.
 os.environ["FORGEFLOW_STANDBY_NICE"] = "0"
+# infra.standby: no standby world unless a test asks for one (warm_standby=True: the recovery and
+# node-loss drills, test_standby_world.py). By its default (two cores per rank) every one-rank
+# job here would start one, a torchrun agent and a rank importing torch and megatron (about
+# 10 CPU-seconds) while its attempt trains, wasted when the job needs no restart, on cores that
+# three test workers already share.
+os.environ["FORGEFLOW_WARM_STANDBY"] = "off"
 os.environ.pop("FORGEFLOW_FAULT", None)
 os.environ.pop("SLACK_WEBHOOK_URL", None)
 

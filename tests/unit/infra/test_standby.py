@@ -12,7 +12,7 @@ import pytest
 import infra.standby
 from infra.autogroup import autogroup, set_autogroup_nice
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, local_node_launches
-from infra.standby import Standby, can_renice, gate_path, wanted
+from infra.standby import WARM_ENV, Standby, can_renice, gate_path, wanted
 
 
 class _Running:
@@ -38,11 +38,25 @@ def _standby_for(launching: LaunchRequest) -> Standby:
     return Standby(request, _Running([n.node for n in request.nodes]))
 
 
-def test_kept_on_the_local_launcher_where_there_are_two_cores_per_rank_unless_asked():
+def test_kept_on_the_local_launcher_where_there_are_two_cores_per_rank_unless_asked(monkeypatch):
+    monkeypatch.delenv(WARM_ENV, raising=False)  # (tests/conftest.py sets it off for the suite)
     assert wanted("local", world_size=4, cores=8) and not wanted("local", world_size=4, cores=7)
     assert wanted("local", world_size=4, cores=2, asked=True)
     assert not wanted("local", world_size=1, cores=64, asked=False)
     assert not wanted("slurm", world_size=1, cores=64) and not wanted("prefect", world_size=1, cores=64, asked=True)
+
+
+def test_the_machines_default_decides_where_the_flow_did_not_ask(monkeypatch):
+    monkeypatch.setenv(WARM_ENV, "off")
+    assert not wanted("local", world_size=1, cores=64) and wanted("local", world_size=1, cores=64, asked=True)
+    monkeypatch.setenv(WARM_ENV, "on")
+    assert wanted("local", world_size=4, cores=2) and not wanted("local", world_size=4, cores=2, asked=False)
+    assert not wanted("slurm", world_size=1, cores=64)  # only the local launcher keeps one
+    monkeypatch.setenv(WARM_ENV, "auto")
+    assert wanted("local", world_size=1, cores=2) and not wanted("local", world_size=2, cores=3)
+    monkeypatch.setenv(WARM_ENV, "yes")
+    with pytest.raises(ValueError, match="FORGEFLOW_WARM_STANDBY='yes': give on, off or auto"):
+        wanted("local", world_size=1, cores=64)
 
 
 def test_the_next_attempt_on_the_same_nodes_runs_in_it_with_its_own_arguments_and_drills(tmp_path):
