@@ -8,6 +8,7 @@
     attention         core attention: megatron's unfused kernel or torch's fused SDPA
     megatron_compat   CPU patches for megatron-core 0.16.1 (applied only without CUDA)
     fusion_compile    megatron's fused kernels compiled at their first call, not at import (rank start-up)
+    lazy_imports      what megatron imports eagerly and a rank rarely uses (wandb), loaded at first use
     schedule          learning-rate schedule
     spike             loss-spike detection and its marker
     faults            fault injection for drills (off unless asked for)
@@ -27,6 +28,7 @@
     offload/          Mobius offloaded fine-tuning: stages in host memory, prefetched to the device
 """
 
-from training import fusion_compile
+from training import fusion_compile, lazy_imports
 
 fusion_compile.install()  # before anything imports megatron: its fusions compile when first called
+lazy_imports.install()  # and wandb loads when a job's W&B sink first uses it
