@@ -33,6 +33,7 @@ LAZY = ("wandb",)
 
 
 _LOADING = threading.RLock()  # one load at a time: a second thread's first read waits for it
+_running: set[str] = set()  # the modules whose code runs now
 
 
 class _Deferred(types.ModuleType):
@@ -41,14 +42,14 @@ class _Deferred(types.ModuleType):
     def __getattr__(self, name: str):  # called only for a name not in the module's dict
         with _LOADING:
             if type(self) is _Deferred:
-                if "_forgeflow_loading" in self.__dict__:  # its own code reads a name it has not set
+                if self.__name__ in _running:  # its own code reads a name it has not set yet
                     raise AttributeError(f"partially initialized module {self.__name__!r} has no "
                                          f"attribute {name!r}")
-                self.__dict__["_forgeflow_loading"] = True
+                _running.add(self.__name__)
                 try:
                     self.__spec__.loader.exec_module(self)
                 finally:
-                    del self.__dict__["_forgeflow_loading"]
+                    _running.discard(self.__name__)
                 self.__class__ = types.ModuleType  # an ordinary module from here on
         return getattr(self, name)  # (loaded by this thread or by the one it waited for)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import subprocess
 import sys
 import threading
@@ -33,23 +34,22 @@ def test_a_module_runs_once_at_its_first_read_and_threads_wait_for_that_load(tmp
     package = tmp_path / "slowpkg"
     package.mkdir()
     (package / "__init__.py").write_text(
-        "import time\nRUNS = __import__('builtins').__dict__.setdefault('_slowpkg_runs', [])\n"
-        "RUNS.append(1)\ntime.sleep(0.3)\nVALUE = 42\n")
+        "import builtins, time\nbuiltins._slowpkg_runs.append(1)\ntime.sleep(0.3)\nVALUE = 42\n")
+    monkeypatch.setattr(builtins, "_slowpkg_runs", [], raising=False)
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "slowpkg", raising=False)
     lazy_imports.install(("slowpkg", "not_a_package_anywhere"))
-    import slowpkg
+    try:
+        import slowpkg
 
-    assert "not_a_package_anywhere" not in sys.modules  # not installed: left to fail as usual
-    assert slowpkg.__file__.endswith("__init__.py") and not hasattr(__builtins__, "_slowpkg_runs")
-    seen = []
-    readers = [threading.Thread(target=lambda: seen.append(slowpkg.VALUE)) for _ in range(4)]
-    for reader in readers:
-        reader.start()
-    for reader in readers:
-        reader.join()
-    assert seen == [42] * 4 and slowpkg.RUNS == [1]  # loaded once, every reader saw it whole
-    assert type(slowpkg) is types.ModuleType
-    import builtins
-
-    del builtins._slowpkg_runs
+        assert "not_a_package_anywhere" not in sys.modules  # not installed: left to fail as usual
+        assert slowpkg.__file__.endswith("__init__.py") and builtins._slowpkg_runs == []  # not run yet
+        seen = []
+        readers = [threading.Thread(target=lambda: seen.append(slowpkg.VALUE)) for _ in range(4)]
+        for reader in readers:
+            reader.start()
+        for reader in readers:
+            reader.join()
+        assert seen == [42] * 4 and builtins._slowpkg_runs == [1]  # run once, every reader saw it whole
+        assert type(slowpkg) is types.ModuleType
+    finally:
+        sys.modules.pop("slowpkg", None)
