@@ -13,7 +13,7 @@
                   evaluation Jobs, the Prefect kubernetes work pool's base job template
     kueue         Kubernetes under Kueue: admission, the admitted flavor, eviction as preemption
     reaper        run a command so none of its descendants outlives its starter
-    torchrun      torchrun (the agent on each node), exiting as soon as its ranks have
+    torchrun      torchrun (the agent on each node), forking its ranks and exiting as soon as they have
     fast_exit     exit a process that imported torch without the interpreter's teardown
     lease_guard   a node's own check of its job's lease (database or lease file): ranks stop once the holder is gone
     stop_signal   stop a loop on SIGTERM/SIGINT: a handler that only flags (and wakes a pipe), never locks

@@ -48,7 +48,8 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
+def prctl(option: int, value: int) -> bool:
+    """Linux prctl(2) with an integer argument; False where it failed or this is not Linux."""
     try:
         return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0) == 0
     except (OSError, AttributeError):  # not Linux
@@ -61,7 +62,7 @@ def _dies_with(parent_pid: int):
     torchrun gets SIGTERM so that its agent stops the ranks gracefully.)"""
 
     def set_parent_death_signal() -> None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # the reaper died before the signal was set
             os._exit(128 + signal.SIGTERM)
 
@@ -124,8 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give the command after --")
 
     parent = os.getppid()
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    prctl(PR_SET_CHILD_SUBREAPER, 1)
+    prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
     stop_signal: list[int] = []
 

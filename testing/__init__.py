@@ -6,6 +6,7 @@
     prefect_server   a local `prefect server start` with process workers, pinned to cores if asked
     node_faults      physical node faults for drills on a one-machine cluster (a node lost: its processes killed)
     orphan_drill     a job's flow SIGKILLed while its ranks train through node-launch: how long until they are gone
+    torchrun_ranks   which processes are infra.torchrun agents and which their ranks (a forked rank has its agent's command line)
     tiny_checkpoint  a tiny Llama checkpoint in Hugging Face format, built locally in seconds
 
 Not part of the installed package (pyproject lists the product packages only): run from the

@@ -18,6 +18,7 @@ import yaml
 
 from flows.deploy import deploy_all
 from scheduler.orchestrator import Orchestrator
+from testing.torchrun_ranks import is_rank
 
 POOL = "forgeflow-queue-test"
 ONE_SLOT = {
@@ -55,8 +56,7 @@ def _ranks(job) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if ("training.train" in cmd and any(a.startswith(spec_dir) for a in cmd)
-                and "infra.torchrun" not in cmd):  # a rank, not its torchrun agent
+        if "training.train" in cmd and any(a.startswith(spec_dir) for a in cmd) and is_rank(p):
             found.append(p)
     return found
 

@@ -25,6 +25,7 @@ from checkpoint.manifest import committed_checkpoints
 from flows.pretrain import pretrain
 from infra import runfiles
 from testing.node_faults import after_step
+from testing.torchrun_ranks import is_agent
 from training.config import load_job_spec
 from training.runlog import event_steps, read_steps
 
@@ -40,7 +41,7 @@ def _kill_the_torchrun_agent_after(run_dir, step: int, killed: list[int], done: 
             continue
         for proc in psutil.Process().children(recursive=True):
             try:
-                if proc.cmdline()[1:3] == ["-m", "infra.torchrun"]:  # not the reaper around it
+                if is_agent(proc):  # not the reaper around it, nor its ranks
                     os.kill(proc.pid, signal.SIGKILL)
                     killed.append(proc.pid)
             except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):

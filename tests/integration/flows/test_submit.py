@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from scheduler.orchestrator import Orchestrator
+from testing.torchrun_ranks import is_rank
 
 ONE_SLOT = {
     "name": "submit-slot",
@@ -59,7 +60,7 @@ def _ranks_of(run_dir: str) -> list[psutil.Process]:
     found = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "training.train" in cmd and "infra.torchrun" not in cmd and any(a.startswith(run_dir) for a in cmd):
+        if "training.train" in cmd and any(a.startswith(run_dir) for a in cmd) and is_rank(p):
             found.append(p)
     return found
 

@@ -12,6 +12,7 @@ from infra.autogroup import autogroup
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
 from infra.nodecheck import LauncherWorldRunner, two_round_check
 from infra.standby import NICE_ENV, STANDBY_NICE, WarmRestarts, can_renice, gate_path
+from testing.torchrun_ranks import is_rank
 
 
 def _launch(tmp_path, attempt: int, nodes: list[str], worker_args: list[str], ranks_per_node: int = 1,
@@ -26,8 +27,7 @@ def _waiting_ranks(gate, count: int = 1) -> list[psutil.Process]:
     while time.monotonic() < deadline:
         # (the reaper's and the agent's command lines end with the ranks' command too)
         ranks = [p for p in psutil.process_iter(["cmdline"]) if str(gate) in (p.info["cmdline"] or [])
-                 and "training.standby" in p.info["cmdline"]
-                 and not {"infra.reaper", "infra.torchrun"} & set(p.info["cmdline"])]
+                 and "training.standby" in p.info["cmdline"] and is_rank(p)]
         if len(ranks) >= count:
             return ranks
         time.sleep(0.2)

@@ -16,6 +16,7 @@ import pytest
 from infra.launch import LocalLauncher
 from testing.node_faults import NodeLoss
 from infra.nodecheck import LauncherWorldRunner, two_round_check
+from testing.torchrun_ranks import is_rank
 
 
 def _runner(tmp_path, fault: str = "", iterations: int = 3) -> LauncherWorldRunner:
@@ -36,7 +37,7 @@ def _rank_joined_world(lost: NodeLoss) -> bool:
     for proc in lost.node_processes():
         try:
             command = " ".join(proc.cmdline())
-            if "infra.nodecheck_worker" in command and "infra.torchrun" not in command:
+            if "infra.nodecheck_worker" in command and is_rank(proc):
                 if any(c.status == psutil.CONN_ESTABLISHED for c in proc.net_connections("tcp")):
                     return True
         except psutil.Error:

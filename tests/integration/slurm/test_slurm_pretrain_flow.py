@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from flows.pretrain import pretrain
+from testing.torchrun_ranks import is_rank
 
 
 def _squeue(slurm) -> str:
@@ -97,8 +98,7 @@ def test_cancelling_the_pretrain_run_scancels_its_slurm_job(slurm, slurm_job, sl
             def ranks() -> list[int]:
                 return [p.pid for p in psutil.process_iter(["cmdline"])
                         if "training.train" in (p.info["cmdline"] or [])
-                        and any(a.startswith(spec_dir) for a in p.info["cmdline"])
-                        and "infra.torchrun" not in p.info["cmdline"]]
+                        and any(a.startswith(spec_dir) for a in p.info["cmdline"]) and is_rank(p)]
 
             deadline = time.monotonic() + 240
             while len(ranks()) < 2 and time.monotonic() < deadline:
