@@ -19,9 +19,10 @@ process name. Then it runs MODULE as `python -m` does. Its command line stays th
 shows the rank under its agent, with the agent's arguments); the process name tells them apart
 (the agent is pt_elastic, as torchrun names it).
 
-Only a world as the launchers start it forks: a static rendezvous (master address and port) and a
-module (`-m`). Anything else (`--standalone`, c10d, a script, `--no-python`), or
-FORGEFLOW_RANK_START=exec, starts a new interpreter per rank as torchrun does.
+Only a world as the launchers start it forks: a static rendezvous (master address and port), a
+number of ranks per node and a module (`-m`). Anything else (`--standalone`, c10d,
+`--nproc-per-node=gpu`, a script, `--no-python`), or FORGEFLOW_RANK_START=exec, starts a new
+interpreter per rank as torchrun does.
 
 The fast exit: the agent imports torch, and its interpreter's teardown (module teardown, the last
 garbage collection) takes a second or more of CPU after the last rank exited (measured here: the
@@ -68,6 +69,9 @@ def forks_ranks(args: argparse.Namespace, environ: Mapping[str, str] | None = No
     """Whether torchrun's parsed `args` start a world whose ranks this agent forks (module docstring)."""
     return (bool(args.module) and not args.no_python and not args.run_path and not args.standalone
             and args.rdzv_backend == "static" and args.master_port is not None
+            # a number: "gpu" or "auto" counts devices in the agent, which starts CUDA there, and CUDA
+            # cannot start again in a process forked after its parent started it
+            and str(args.nproc_per_node).isdigit()
             and getattr(args, "use_env", True) and rank_start(environ) == "fork")
 
 
