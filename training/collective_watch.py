@@ -35,13 +35,22 @@ COLLECTIVE_CODE = (
     f"{os.sep}megatron{os.sep}core{os.sep}tensor_parallel{os.sep}mappings.py",
     f"{os.sep}megatron{os.sep}core{os.sep}pipeline_parallel{os.sep}p2p_communication.py",
 )
+# torch.distributed's launcher, under the rank's own code in a rank forked from its torchrun agent
+# (infra.torchrun): the agent's frames (run.py, the launcher, the elastic agent and its process
+# start) stay at the bottom of the fork's stack, and none of them is a collective the rank waits in.
+LAUNCHER_CODE = (
+    f"{os.sep}torch{os.sep}distributed{os.sep}elastic{os.sep}",
+    f"{os.sep}torch{os.sep}distributed{os.sep}launcher{os.sep}",
+    f"{os.sep}torch{os.sep}distributed{os.sep}run.py",
+)
 INTERVAL_S = 1.0
 
 
 def collective_of(frame) -> str | None:  # noqa: ANN001 - a frame object
     """The collective a stack (its innermost frame) waits in, or None."""
     while frame is not None:
-        if any(part in frame.f_code.co_filename for part in COLLECTIVE_CODE):
+        name = frame.f_code.co_filename
+        if any(part in name for part in COLLECTIVE_CODE) and not any(part in name for part in LAUNCHER_CODE):
             return frame.f_code.co_name
         frame = frame.f_back
     return None

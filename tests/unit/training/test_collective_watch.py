@@ -26,6 +26,18 @@ def test_the_innermost_torch_distributed_frame_names_the_collective():
     assert seen == ["all_reduce"]
 
 
+def test_the_launchers_frames_under_a_forked_ranks_code_are_not_a_collective():
+    """A rank forked from its torchrun agent (infra.torchrun) runs on top of the agent's frames:
+    torch.distributed's run.py, launcher and elastic agent are at the bottom of its stack."""
+    namespace: dict = {}
+    launcher = f"{os.sep}venv{os.sep}torch{os.sep}distributed{os.sep}elastic{os.sep}multiprocessing{os.sep}api.py"
+    exec(compile("def _wrap(f):\n    return f()\n", launcher, "exec"), namespace)
+    seen = []
+    namespace["_wrap"](lambda: seen.append(collective_of(sys._getframe())))  # the rank's own code: no collective
+    namespace["_wrap"](lambda: _in_fake_all_reduce(lambda: seen.append(collective_of(sys._getframe()))))
+    assert seen == [None, "all_reduce"]
+
+
 def test_the_watch_samples_the_thread_that_made_it_and_keeps_since_while_the_state_holds(tmp_path):
     entered, release, samples = threading.Event(), threading.Event(), []
 
