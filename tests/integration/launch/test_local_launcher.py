@@ -129,12 +129,13 @@ def test_a_sigkilled_reaper_takes_its_torchrun_and_ranks_along(tmp_path, free_po
         agent_a, ranks_a = _agent_and_ranks(a)
         agent_b, ranks_b = _agent_and_ranks(b)
         assert ranks_a and ranks_b
+        # node-b: its torchrun cannot act on its parent-death signal (stopped), so only the
+        # launcher can end it and its rank once the reaper is gone. Stopped first: node-a's
+        # agent hosts the world's store, and node-b's must not act on node-a's end either.
+        agent_b.suspend()
         os.kill(a, signal.SIGKILL)
         assert _all_gone([agent_a.pid, *(r.pid for r in ranks_a)], timeout=60), "node-a's tree outlived its reaper"
         assert job.poll()["node-a"] == -signal.SIGKILL  # what the flow reads: a failure, not a finish
-        # node-b: its torchrun cannot act on its parent-death signal (stopped), so only the
-        # launcher can end it and its rank once the reaper is gone
-        agent_b.suspend()
         os.kill(b, signal.SIGKILL)
         job.processes["node-b"].wait()
         assert psutil.pid_exists(agent_b.pid) and {r.pid for r in ranks_b} <= job.pids()
