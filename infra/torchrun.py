@@ -8,16 +8,21 @@ MODULE`), and each imports torch again before doing anything: 2.8 s of CPU of a 
 start here, paid again by every restart and, on a shared node, taken from the ranks already
 training. The agent has imported torch already and never initialises CUDA nor runs an operator,
 so a rank can start as a fork of it: torchrun's own multiprocessing start for a function entry
-point (`LaunchConfig.start_method = "fork"`, elastic_launch). Measured on this 2-core box, a rank
-importing the trainer, megatron and torch._dynamo: 6.3-8.0 CPU-s as a new interpreter, 2.7-3.7 as
-a fork of the agent (benchmarks/rank_start.py). Each fork first makes itself what a new `python -u
--m MODULE` under torchrun would be (`_become_a_new_rank`): a session of its own (torchrun starts
+point (`LaunchConfig.start_method = "fork"`, elastic_launch). Measured on this 2-core box
+(benchmarks/rank_start.py: configs/tiny-cpu.yaml on two ranks for five steps, medians of five
+launches each, alternating): the launch took 17.6 CPU-s forked against 22.0 as new interpreters
+(2.2 CPU-s less per rank), and rank 0's first step came 6.7 s after the launch against 9.4 s.
+
+Each fork first makes itself what a new `python -u -m MODULE` under torchrun would be
+(`_become_a_new_rank`): a session of its own (torchrun starts
 ranks with start_new_session), the default signal handlers and no parent-death signal, none of the
 agent's exit handlers, its own `random` seeds, the intra-op threads OMP_NUM_THREADS asks for
 (torchrun sets it after the agent's OpenMP read the environment), unbuffered output, its own
 process name. Then it runs MODULE as `python -m` does. Its command line stays the agent's (`ps`
 shows the rank under its agent, with the agent's arguments); the process name tells them apart
-(the agent is pt_elastic, as torchrun names it).
+(the agent is pt_elastic, as torchrun names it). A failed rank is reported as for a new
+interpreter (its traceback in its console lines, torchrun's Root Cause with its exit code), except
+that torchrun's report lists only the rank that failed first, not also the ranks it then stopped.
 
 Only a world as the launchers start it forks: a static rendezvous (master address and port), a
 number of ranks per node and a module (`-m`). Anything else (`--standalone`, c10d,
