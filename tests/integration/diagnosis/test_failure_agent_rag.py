@@ -113,6 +113,7 @@ def agents_for(tmp_path, llm_config, embedder, *, also=(), **failure_agent):
     return agents
 
 
+@pytest.mark.slow  # ~20 s on 2 cores: the embedding model, Chroma and the agent's LLM server
 def test_unknown_failure_is_diagnosed_learned_and_then_known_by_rule(tmp_path, llm_server, llm_config, embedder):
     log = write_log(tmp_path / "job.log")
     state = tmp_path / "state"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import psutil
+import pytest
 
 from infra.autogroup import autogroup
 from infra.launch import CHOOSE_ON_NODE_0, LaunchRequest, LocalLauncher, local_node_launches
@@ -44,6 +45,7 @@ def _niceness(pids) -> dict[int, int]:
     return found
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: a standby torchrun world and its attempt
 def test_opened_its_ranks_run_the_attempts_worker_arguments(tmp_path, monkeypatch):
     monkeypatch.delenv(NICE_ENV)  # the default niceness (tests/conftest.py sets none)
     with WarmRestarts(enabled=True, grace_s=2) as warm:
@@ -111,6 +113,7 @@ class _CountingRunner(LauncherWorldRunner):
         return super().__call__(worlds)
 
 
+@pytest.mark.slow  # ~20 s on 2 cores: a standby torchrun world, a node check and an attempt
 def test_a_node_check_runs_in_the_waiting_ranks_which_then_train_the_attempt(tmp_path):
     nodes = ["node-a", "node-b", "node-c"]
     with WarmRestarts(enabled=True, grace_s=2) as warm:
@@ -132,6 +135,7 @@ def test_a_node_check_runs_in_the_waiting_ranks_which_then_train_the_attempt(tmp
         assert "missing.json" in job.log_paths()["node-a"].read_text() and codes["node-a"] not in (None, 0)
 
 
+@pytest.mark.slow  # ~25 s on 2 cores: standby and cold torchrun worlds
 def test_a_world_failing_in_the_standby_stops_it_and_the_check_goes_on_cold(tmp_path, monkeypatch):
     monkeypatch.setenv("FORGEFLOW_NODECHECK_FAULT", "node-b=fail")  # inherited by the standby's ranks
     nodes = ["node-a", "node-b"]

@@ -55,6 +55,7 @@ def folder(root, request):
     return path
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: two lease periods of outage
 def test_an_outage_of_two_lease_periods_evicts_no_holder_and_crashes_no_flow(server, folder):
     result = _drills().outage_drill(folder, server, smoke=True)
     assert result["evicted_by_outage"] == 0, result
@@ -64,6 +65,7 @@ def test_an_outage_of_two_lease_periods_evicts_no_holder_and_crashes_no_flow(ser
     assert result["outage_waiter_retries_logged"] >= 1, result  # it said it was waiting for the database
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: holders over several lease periods
 def test_holders_clocks_ahead_and_behind_evict_nobody(server, folder):
     result = _drills().skew_drill(folder, server, smoke=True)
     assert result == {"skew_evictions": 0, "skew_crashed": 0}

@@ -459,6 +459,7 @@ def stoppable_postgres():
     shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.slow  # ~16 s on 2 cores: a flow renewing through a database outage
 def test_a_delegated_jobs_flow_renews_through_an_outage_and_keeps_its_job(stoppable_postgres):
     """The database is out of reach for longer than a lease: the holder's renewals fail, its work
     goes on (nothing stops it), and once the database is back no pass ends the job (the outage

@@ -106,6 +106,7 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.slow  # ~30-40 s on 2 cores per database: a CLI process per bad input
 def test_operator_commands_refuse_bad_input_with_one_line(state_db_url):
     orch = _orchestrator(state_db_url)
     ok = _cli(state_db_url, "cluster", "quota", "set", "A", "cpu", "1", "--borrow", "1")

@@ -21,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from infra.statedb import read_transaction
@@ -128,6 +129,7 @@ def test_200_sigterms_at_random_moments_each_stop_the_serve_loop(tmp_path):
     assert double_booked(Orchestrator(url, CONFIG).engine) == 0
 
 
+@pytest.mark.slow  # ~16 s on 2 cores: `forgeflow cluster serve` started, run and stopped
 def test_forgeflow_cluster_serve_stops_on_sigterm_with_its_summary(tmp_path):
     """The real command, five times, SIGTERMed at a random moment after it began deciding."""
     url = _registered(tmp_path)

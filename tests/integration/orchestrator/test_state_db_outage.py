@@ -156,6 +156,7 @@ def test_a_retry_gives_up_when_told_and_lets_other_errors_through(server, url):
     server.start()
 
 
+@pytest.mark.slow  # ~40 s on 2 cores: a Prefect flow through a database outage
 def test_a_prefect_flow_waiting_for_gpus_survives_an_outage(prefect_api, server, url, slack, monkeypatch):
     """The pretrain flow's own wait (tasks.cluster_tasks.wait_for_gpus through flow_db_retry) in a
     real flow run: the outage is alerted to Slack, the flow is admitted once the holder ends."""

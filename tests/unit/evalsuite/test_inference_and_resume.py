@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from evalsuite.datasets import DatasetRef, get_dataset
 from evalsuite.metrics import MetricJob, aggregate_dataset, run_metric_job
 from evalsuite.records import GenerationRecord, LoglikelihoodRecord, ShardWriter, read_completion, read_records
@@ -65,6 +67,7 @@ def _trial(tiny_model: Path, out: Path, limit: int) -> Trial:
                  output_dir=str(out))
 
 
+@pytest.mark.slow  # ~20 s on 2 cores: trials in processes, one killed and resumed
 def test_resume_after_killed_trial(tiny_model, tmp_path):
     trial = _trial(tiny_model, tmp_path / "out", limit=10)
     first, second = (s.output_path(trial.output_dir) for s in trial.shards)

@@ -60,6 +60,7 @@ def _suite(tiny_model, limit: int = 4, **overrides):
     return suite
 
 
+@pytest.mark.slow  # ~17 s on 2 cores: two slots' processes, a trial each
 def test_cpu_twin_two_slots_each_trial_in_its_own_pinned_process(tiny_model, tmp_path):
     cores = sorted(os.sched_getaffinity(0))
     slot_cores = [cores[0], cores[-1]]

@@ -117,6 +117,7 @@ def _trial(tiny_model: Path, out: Path, trial_id: str = "t001-capitals-mc", devi
                                    shard=0, start=0, stop=2)])
 
 
+@pytest.mark.slow  # ~30 s on 2 cores: trials scored in Job pods' real commands
 def test_trials_run_as_jobs_and_score_like_the_local_executor(kube, tiny_model, tmp_path, monkeypatch):
     from evalsuite.history import RuntimeHistory
     from evalsuite.runner import evaluate
@@ -159,6 +160,7 @@ def test_trials_run_as_jobs_and_score_like_the_local_executor(kube, tiny_model, 
     assert not [r for r in server.requests if r[0] == "GET" and r[1].startswith(JOBS[1] + "/")]
 
 
+@pytest.mark.slow  # ~20 s on 2 cores: a trial scored in a Job pod's real command
 def test_with_kueue_a_trial_waits_suspended_in_the_evaluation_queue_until_admitted(kube, tiny_model, tmp_path):
     server, settings = kube
     server.add_flavor("cpu-nodes", {"pool": "eval", "cloud.example/capacity": "spot"})
@@ -198,6 +200,7 @@ def test_with_kueue_a_trial_waits_suspended_in_the_evaluation_queue_until_admitt
     assert not server.deletions   # a finished Job is left to its TTL
 
 
+@pytest.mark.slow  # ~35 s on 2 cores: trials scored in Job pods' real commands
 def test_an_evicted_trial_is_requeued_once_and_a_second_eviction_fails_it(kube, tiny_model, tmp_path):
     server, settings = kube
     server.add_flavor("cpu-nodes", {"pool": "eval"})
