@@ -24,10 +24,11 @@ shows the rank under its agent, with the agent's arguments); the process name te
 interpreter (its traceback in its console lines, torchrun's Root Cause with its exit code), except
 that torchrun's report lists only the rank that failed first, not also the ranks it then stopped.
 
-Only a world as the launchers start it forks: a static rendezvous (master address and port), a
-number of ranks per node and a module (`-m`). Anything else (`--standalone`, c10d,
-`--nproc-per-node=gpu`, a script, `--no-python`), or FORGEFLOW_RANK_START=exec, starts a new
-interpreter per rank as torchrun does.
+A world forks when it runs a module (`-m`) on a number of ranks per node under torchrun's own
+rendezvous: static (as the launchers start it), c10d, or `--standalone` (c10d on localhost, as
+`forgeflow train` and the offload workers start it). Anything else (`--nproc-per-node=gpu`, a
+script, `--no-python`, an etcd rendezvous), or FORGEFLOW_RANK_START=exec, starts a new interpreter
+per rank as torchrun does.
 
 The fast exit: the agent imports torch, and its interpreter's teardown (module teardown, the last
 garbage collection) takes a second or more of CPU after the last rank exited (measured here: the
@@ -49,6 +50,7 @@ import random
 import runpy
 import signal
 import sys
+import uuid
 from collections.abc import Callable, Mapping
 
 from infra.fast_exit import exit_now, return_on_success
@@ -72,12 +74,25 @@ def rank_start(environ: Mapping[str, str] | None = None) -> str:
 
 def forks_ranks(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> bool:
     """Whether torchrun's parsed `args` start a world whose ranks this agent forks (module docstring)."""
-    return (bool(args.module) and not args.no_python and not args.run_path and not args.standalone
-            and args.rdzv_backend == "static" and args.master_port is not None
+    return (bool(args.module) and not args.no_python and not args.run_path
+            and (args.standalone or args.rdzv_backend in ("static", "c10d"))
             # a number: "gpu" or "auto" counts devices in the agent, which starts CUDA there, and CUDA
             # cannot start again in a process forked after its parent started it
             and str(args.nproc_per_node).isdigit()
             and getattr(args, "use_env", True) and rank_start(environ) == "fork")
+
+
+def _rendezvous_as_torchrun_sets_it(args: argparse.Namespace) -> None:
+    """What torchrun's run() (torch 2.13) does to its arguments before it launches: `--standalone`,
+    or a static rendezvous of one node given no master port, is a c10d rendezvous on localhost under
+    a fresh id; a static one of more nodes given no port takes 29500."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone or (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
+                           and parse_min_max_nnodes(args.nnodes)[1] == 1):
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
 
 
 def _set_process_name(name: str) -> None:
@@ -155,6 +170,7 @@ def _launch_forked(args: argparse.Namespace) -> None:
 
     _set_process_name(AGENT_NAME)
     logging.getLogger(MULTIPROCESS_LOGGER).addFilter(_RankExitWithoutTraceback())
+    _rendezvous_as_torchrun_sets_it(args)
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
     # The agent's objects out of the ranks' garbage collections: a collection writes to every

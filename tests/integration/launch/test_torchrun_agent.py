@@ -1,8 +1,8 @@
 """infra.torchrun is torchrun with its ranks forked from the agent and a fast exit: same arguments,
 output and exit codes.
 
-A launch as the launchers start one (static rendezvous, `-m MODULE`) forks its ranks; the tests
-of a script under `--standalone` see torchrun's own new interpreters.
+A launch of `-m MODULE` forks its ranks, as the launchers start one (static rendezvous) and as
+`forgeflow train` does (`--standalone`); the tests of a script see torchrun's own new interpreters.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from testing.prefect_server import free_port
 
@@ -26,16 +28,19 @@ def _agent(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess
                           cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
-def _module_agent(tmp_path: Path, body: str, *rank_args: str, start: str | None = None) -> subprocess.CompletedProcess:
+def _module_agent(tmp_path: Path, body: str, *rank_args: str, start: str | None = None,
+                  standalone: bool = False) -> subprocess.CompletedProcess:
     """`python -m infra.torchrun` as the launchers run it (infra.launch.torchrun_command): a static
-    rendezvous, two ranks running `-m probe_rank *rank_args`, whose code is `body`."""
+    rendezvous (or `--standalone`, as `forgeflow train`), two ranks running `-m probe_rank *rank_args`,
+    whose code is `body`."""
     (tmp_path / "probe_rank.py").write_text(body)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(REPO)]))
     env.pop("OMP_NUM_THREADS", None)  # torchrun sets 1 for two ranks
     if start is not None:
         env["FORGEFLOW_RANK_START"] = start
-    return subprocess.run([sys.executable, "-m", "infra.torchrun", "--nnodes=1", "--node-rank=0",
-                           "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
+    rendezvous = (["--standalone"] if standalone else
+                  ["--nnodes=1", "--node-rank=0", "--master-addr=127.0.0.1", f"--master-port={free_port()}"])
+    return subprocess.run([sys.executable, "-m", "infra.torchrun", *rendezvous, "--nproc-per-node=2",
                            "--max-restarts=0", "--monitor-interval=0.1", "--tee=3",
                            f"--log-dir={tmp_path / 'logs'}", "-m", "probe_rank", *rank_args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
@@ -82,8 +87,9 @@ def test_ranks_that_finish_exit_0_and_bad_arguments_exit_2(tmp_path):
     assert bad.returncode == 2 and "unrecognized arguments" in bad.stderr
 
 
-def test_forked_ranks_start_as_new_interpreters_would_and_a_fast_exit_is_a_success(tmp_path):
-    done = _module_agent(tmp_path, PROBE, "job.yaml", "--set", "a=1")
+@pytest.mark.parametrize("standalone", [False, True], ids=["static", "standalone"])
+def test_forked_ranks_start_as_new_interpreters_would_and_a_fast_exit_is_a_success(tmp_path, standalone):
+    done = _module_agent(tmp_path, PROBE, "job.yaml", "--set", "a=1", standalone=standalone)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     ranks = _probes(done)
     assert [r["rank"] for r in ranks] == [0, 1]
