@@ -85,7 +85,7 @@ def pp_supported() -> bool:
 def torchrun(nproc: int, args: list[str], timeout: float = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     env.pop("FORGEFLOW_FAULT", None)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+    proc = subprocess.run([sys.executable, "-m", "infra.torchrun", "--standalone",  # forgeflow's torchrun
                            "--nproc-per-node", str(nproc), *args],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

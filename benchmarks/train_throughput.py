@@ -42,6 +42,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.headline import checked_headline  # noqa: E402
 from infra import runfiles  # noqa: E402
+from training.cli import torchrun_command  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
 from training.runlog import read_steps  # noqa: E402
 
@@ -68,10 +69,7 @@ def measure(config: str, nproc: int, steps: int, warmup: int, workdir: Path,
     # threads fight other processes for the cores (measured: 7 s/step instead of 0.7 s at
     # world size 1 with 2 threads under load).
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(nproc), "-m", "training.train", config]
-    for item in overrides:
-        cmd += ["--set", item]
+    cmd = torchrun_command(config, nproc, overrides)  # as `forgeflow train` starts the worker
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.stderr.write(proc.stderr[-4000:])

@@ -90,8 +90,9 @@ def default_nproc(model_parallel: int = 1) -> int:
 
 def torchrun_command(config: str, nproc: int, overrides: list[str],
                      resume_from_step: int | None = None) -> list[str]:
-    """The single-node torchrun command line that starts the worker on `nproc` ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+    """The single-node torchrun command line that starts the worker on `nproc` ranks: forgeflow's
+    torchrun (infra.torchrun: the ranks forked from the agent, which has imported torch already)."""
+    cmd = [sys.executable, "-m", "infra.torchrun", "--standalone",
            "--nproc-per-node", str(nproc), "-m", "training.train", config]
     for item in overrides:
         cmd += ["--set", item]

@@ -20,7 +20,8 @@ class OffloadRunFailed(RuntimeError):
 
 
 def torchrun_command(run_file: str | Path, workers: int) -> list[str]:
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(workers),
+    """forgeflow's torchrun (infra.torchrun): the workers forked from its agent, torch imported once."""
+    return [sys.executable, "-m", "infra.torchrun", "--standalone", "--nproc-per-node", str(workers),
             "-m", "training.offload.worker", str(run_file)]
 
 

@@ -23,13 +23,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from testing.local_s3 import ACCESS_KEY, SECRET_KEY
+from training.cli import torchrun_command
 
 REPO = Path(__file__).resolve().parents[3]
 REL_TOL = 2e-3
@@ -74,9 +74,7 @@ def torchrun(config: Path, nproc: int) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1",
                AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY)
     env.pop("FORGEFLOW_FAULT", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-         str(nproc), "-m", "training.train", str(config)],
+    proc = subprocess.run(torchrun_command(str(config), nproc, []),  # as `forgeflow train` starts it
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
     return proc

@@ -21,6 +21,7 @@ import torch
 import yaml
 
 from testing.local_s3 import ACCESS_KEY, SECRET_KEY
+from training.cli import torchrun_command
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -69,9 +70,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _torchrun(config: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "training.train", str(config)],
+    return subprocess.run(torchrun_command(str(config), 2, []),  # as `forgeflow train` starts it
         cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
 
 

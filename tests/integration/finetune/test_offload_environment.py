@@ -16,6 +16,10 @@ def test_workers_get_the_allowlist_and_none_of_the_secrets(tmp_path, monkeypatch
         monkeypatch.setenv(name, "secret")
     monkeypatch.setenv("NCCL_DEBUG", "WARN")   # a worker's setting: it reaches them
     reports = env_probe.install(tmp_path / "probe", monkeypatch)
+    # The probe reports at an interpreter's start: workers forked from torchrun's agent (the default,
+    # infra.torchrun) start none and have the agent's environment plus torchrun's rank variables, so
+    # here each worker is a new interpreter, as under PyTorch's torchrun, and reports its own.
+    monkeypatch.setenv("FORGEFLOW_RANK_START", "exec")
     cfg = OffloadRunConfig(model_dir=str(tmp_path / "model"), stages=[(0, 2), (2, 4)], steps=1, seq_length=8,
                            out_dir=str(tmp_path / "run"), save_model=False)
 

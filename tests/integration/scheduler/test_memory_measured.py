@@ -51,7 +51,7 @@ def measured(tmp_path_factory) -> dict[str, int]:
     spec.write_text(json.dumps(CONFIGS + FOREACH_CONFIGS))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore")
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+        [sys.executable, "-m", "infra.torchrun", "--standalone", "--nproc-per-node=1",  # forgeflow's torchrun
          "-m", "scheduler.memory_probe", str(spec)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300,
     )

@@ -24,13 +24,13 @@ import copy
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
 from infra import runfiles
+from training.cli import torchrun_command
 
 REPO = Path(__file__).resolve().parents[3]
 TIMEOUT_S = 600
@@ -50,11 +50,10 @@ def _spec(job: dict, tmp: Path, name: str, **training) -> Path:
     return path
 
 
-def _torchrun(spec: Path, nproc: int, *args: str) -> None:
+def _torchrun(spec: Path, nproc: int, resume_from_step: int | None = None) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("FORGEFLOW_FAULT", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(nproc), "-m", "training.train", str(spec), *args]
+    cmd = torchrun_command(str(spec), nproc, [], resume_from_step)  # as `forgeflow train` starts it
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stderr[-6000:]}"
 
@@ -105,7 +104,7 @@ def test_pipeline_resume_on_the_same_layout_is_bit_exact(layouts):
     run_dir = Path(yaml.safe_load(spec.read_text())["run_dir"])
     log = runfiles.log_path(run_dir, 0).read_text()
     assert "event=checkpoint_saved step=10" in log and "event=checkpoint_saved step=20" in log
-    _torchrun(spec, 2, "--resume-from-step", "10")
+    _torchrun(spec, 2, resume_from_step=10)
     assert "event=resumed step=10" in runfiles.log_path(run_dir, 0).read_text()
     for rank in (0, 1):
         lines = _losses(spec, rank)

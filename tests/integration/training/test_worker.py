@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from infra import runfiles
+from training.cli import torchrun_command
 from training.runlog import read_steps
 
 REPO = Path(__file__).resolve().parents[3]
@@ -49,11 +50,19 @@ def worker_env(fault: str | None = None) -> dict:
     return env
 
 
-def torchrun(spec: Path, nproc: int, fault: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", str(nproc), "-m", "training.train", str(spec)]
-    return subprocess.run(cmd, cwd=REPO, env=worker_env(fault), capture_output=True, text=True,
-                          timeout=TIMEOUT_S)
+def torchrun_cmd(spec: Path, nproc: int, *, plain: bool = False) -> list[str]:
+    """The worker on `nproc` ranks as `forgeflow train` starts it (infra.torchrun, ranks forked from
+    its agent), or (`plain`) under PyTorch's own torchrun, as training.train's docstring runs it."""
+    cmd = torchrun_command(str(spec), nproc, [])
+    if plain:
+        cmd[cmd.index("infra.torchrun")] = "torch.distributed.run"
+    return cmd
+
+
+def torchrun(spec: Path, nproc: int, fault: str | None = None, *,
+             plain: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run(torchrun_cmd(spec, nproc, plain=plain), cwd=REPO, env=worker_env(fault),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
 def worker(spec: Path, fault: str | None = None) -> subprocess.CompletedProcess:
@@ -102,11 +111,12 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def dp2_run(tiny_job_dict, tiny_prepared, tmp_path_factory) -> Path:
-    """One plain 2-rank data-parallel run of 12 steps (checkpoints at 6 and 12), shared."""
+    """One plain 2-rank data-parallel run of 12 steps (checkpoints at 6 and 12), shared; under
+    PyTorch's own torchrun (a new interpreter per rank), as a user may start the worker."""
     tmp = tmp_path_factory.mktemp("dp2")
     spec = write_spec(tiny_job_dict, tmp, "dp2", training={"steps": 12},
                       checkpoint={"interval": 6})
-    proc = torchrun(spec, nproc=2)
+    proc = torchrun(spec, nproc=2, plain=True)
     assert proc.returncode == 0, explain(proc)
     assert "Traceback" not in proc.stderr
     return spec
@@ -335,9 +345,9 @@ def test_sigterm_drill_commits_the_stop_step_and_the_next_run_resumes_bit_exact(
     spec = write_spec(tiny_job_dict, tmp_path, "stopped", training={"steps": 12},
                       checkpoint={"interval": 6})
     rd = run_dir(spec)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "training.train", str(spec)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
+    # under PyTorch's torchrun: its failure table then has a row per rank (for ranks forked by
+    # infra.torchrun it lists the first to exit only), so each rank's exit code is checked
+    proc = subprocess.Popen(torchrun_cmd(spec, 2, plain=True), cwd=REPO, env=worker_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + TIMEOUT_S
