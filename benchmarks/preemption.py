@@ -147,8 +147,6 @@ def elastic_drill(config: str, work: Path, interval: int, hold_s: float, overrid
                   shrink: bool) -> list[float]:
     """The elastic drill (module doc): C grows into the idle GPU, then (with `shrink`) shrinks back
     for B. Returns each resize's seconds from the decision to C's first step on the new layout."""
-    import datetime as dt
-
     import sqlalchemy as sa
     import yaml
 
@@ -160,7 +158,7 @@ def elastic_drill(config: str, work: Path, interval: int, hold_s: float, overrid
     from scheduler.elastic import ElasticConfig
     from scheduler.orchestrator import Orchestrator, OrchestratorConfig, demand_options, double_booked
     from training.config import load_job_spec
-    from training.runlog import LogFormatError, parse_line
+    from training.runlog import LogFormatError, epoch_seconds, parse_line
 
     steps = 12 * interval
     job = write_job(config, work, "elastic", steps, interval, overrides)
@@ -211,7 +209,7 @@ def elastic_drill(config: str, work: Path, interval: int, hold_s: float, overrid
     # each attempt's start and first step (the step line after its `started` event in rank 0's log);
     # a resize's new layout is the first attempt started after its decision
     def stamp(parsed) -> float:
-        return dt.datetime.strptime(parsed.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc).timestamp()
+        return epoch_seconds(parsed.time)
 
     attempts: list[list[float]] = []  # [started, first step]
     for line in runfiles.log_path(run_dir, 0).read_text().splitlines():

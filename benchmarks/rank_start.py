@@ -29,7 +29,6 @@ warm-up launch: the same launches and keys, seconds, not a figure.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import resource
@@ -46,10 +45,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.headline import checked_headline  # noqa: E402
 from benchmarks.train_throughput import SMOKE_MODEL  # noqa: E402
 from infra import runfiles  # noqa: E402
+from infra.launch import LaunchRequest, local_node_launches, torchrun_command  # noqa: E402
 from infra.torchrun import RANK_START_ENV  # noqa: E402
 from testing.prefect_server import free_port  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
-from training.runlog import read_steps  # noqa: E402
+from training.runlog import epoch_seconds, read_steps  # noqa: E402
 
 HEADLINE_KEYS = ("first_step_s_exec", "first_step_s_fork", "launch_cpu_s_exec", "launch_cpu_s_fork",
                  "cpu_saved_per_rank_s", "nproc", "repeats")
@@ -67,12 +67,10 @@ def launch(method: str, config: str, overrides: list[str], run_dir: Path, nproc:
     overrides = [*overrides, f"run_dir={run_dir}", f"checkpoint.url={run_dir / 'ckpt'}"]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **{RANK_START_ENV: method})
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as infra.launch.node_env sets it for every node
-    command = [sys.executable, "-m", "infra.torchrun", "--nnodes=1", "--node-rank=0",
-               f"--nproc-per-node={nproc}", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
-               "--max-restarts=0", "--monitor-interval=0.1", "--tee=3", f"--log-dir={run_dir / 'torchrun'}",
-               "-m", "training.train", config]
-    for item in overrides:
-        command += ["--set", item]
+    worker_args = ["-m", "training.train", config, *(arg for item in overrides for arg in ("--set", item))]
+    request = LaunchRequest(job_name="rank-start", nodes=local_node_launches(["local"], nproc, free_port()),
+                            worker_args=worker_args, run_dir=run_dir)
+    command = torchrun_command(request.nodes[0], request)  # as every launcher starts a node's torchrun
     cpu_before = _children_cpu_s()
     started = time.time()
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
@@ -81,7 +79,7 @@ def launch(method: str, config: str, overrides: list[str], run_dir: Path, nproc:
         sys.stderr.write(done.stderr[-4000:])
         raise SystemExit(f"{method}: the launch failed (exit {done.returncode})")
     first = read_steps(runfiles.log_path(run_dir, 0))[0]
-    first_at = dt.datetime.strptime(first.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    first_at = epoch_seconds(first.time)
     return {"method": method, "first_step_s": round(first_at - started, 3), "cpu_s": round(cpu, 3)}
 
 

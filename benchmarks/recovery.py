@@ -130,7 +130,6 @@ queued job is a failure mode of a supervisor that watches from outside, forgeflo
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import signal
@@ -141,7 +140,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +148,7 @@ sys.path.insert(0, str(REPO))
 os.chdir(REPO)
 
 from benchmarks.headline import checked_headline  # noqa: E402
+from training.runlog import epoch_seconds  # noqa: E402
 
 KINDS = ("cuda_error", "oom_kill", "hang", "node_loss")
 HEADLINE_KEYS = (
@@ -173,10 +173,6 @@ SMOKE_JOB = {"model": {"num_layers": 2, "hidden_size": 64, "num_attention_heads"
              "training": {"global_batch_size": 8, "micro_batch_size": 2}, "data": {"max_corpus_mb": 1}}
 WORKER_PG_TIMEOUT_S = 600.0  # training.model.init_distributed's process-group timeout
 MEGATRON_GROUP_TIMEOUT_S = 1800.0  # megatron-core's initialize_model_parallel default (30 min)
-
-
-def _ts(text: str) -> float:
-    return dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.timezone.utc).timestamp()
 
 
 def _lines(path: Path):
@@ -257,7 +253,7 @@ def run_flow(job: Path, drills: list[str], hang_timeout_s: float, max_restarts: 
 
 
 def step_times(log: Path) -> list[tuple[int, float]]:
-    return [(int(l.fields["step"]), _ts(l.time)) for l in _lines(log) if "loss" in l.fields]
+    return [(int(l.fields["step"]), epoch_seconds(l.time)) for l in _lines(log) if "loss" in l.fields]
 
 
 # --- the faults ---------------------------------------------------------------------------
@@ -353,7 +349,7 @@ class FaultDriver(threading.Thread):
 
 def resume_times(log: Path, faults: list[Fault]) -> list[dict]:
     """Per fired fault: time to resume and lost steps, from rank 0's log."""
-    lines = [(l, _ts(l.time)) for l in _lines(log)]
+    lines = [(l, epoch_seconds(l.time)) for l in _lines(log)]
     steps = [(l, t) for l, t in lines if "loss" in l.fields]
     out = []
     for fault in faults:
@@ -537,7 +533,7 @@ def preempt_drill(config: str, work: Path, interval: int, overrides: dict | None
     signal_at = max(preempt_at, submitted_at)
     held = _job_fields(preemptor)
     held_until = _slurm_time(held.get("EndTime"))
-    lines = [(l, _ts(l.time)) for l in _lines(log0)]
+    lines = [(l, epoch_seconds(l.time)) for l in _lines(log0)]
     stopped = next(((l, t) for l, t in lines if l.event == "stopped" and t >= signal_at - 1), None)
     resumed = next(((l, t) for l, t in lines if l.event == "resumed" and stopped and t > stopped[1]), None)
     if stopped is None or resumed is None:

@@ -37,7 +37,6 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +45,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.headline import checked_headline  # noqa: E402
 from infra import runfiles  # noqa: E402
 from training.config import dotted_overrides, load_job_spec  # noqa: E402
-from training.runlog import read_steps  # noqa: E402
+from training.runlog import epoch_seconds, read_steps  # noqa: E402
 
 HEADLINE_KEYS = ("submit_to_running_s_p50", "torchrun_to_first_step_s_p50", "submit_overhead_s_p50", "repeats")
 STEPS = 3
@@ -60,7 +59,7 @@ SUBMIT_OPTIONS: list[str] = []  # ["--gpus", "1"] under --smoke (otherwise MARP 
 
 
 def _step_time(record) -> float:
-    return datetime.strptime(record.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+    return epoch_seconds(record.time)
 
 
 def _first_step_at(run_dir: Path, timeout_s: float) -> float:

@@ -36,6 +36,11 @@ def utc_timestamp(now: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
+def epoch_seconds(stamp: str) -> float:
+    """A line's time (utc_timestamp's text) as seconds since the epoch."""
+    return _dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=_dt.timezone.utc).timestamp()
+
+
 @dataclass(frozen=True)
 class StepRecord:
     time: str

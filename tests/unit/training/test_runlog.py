@@ -13,6 +13,7 @@ from training.runlog import (
     Heartbeat,
     LogFormatError,
     RankLog,
+    epoch_seconds,
     format_event_line,
     format_step_line,
     parse_line,
@@ -21,6 +22,14 @@ from training.runlog import (
 )
 
 T0 = 1_795_000_000.123  # a fixed instant, so the timestamp text is known
+
+
+def test_a_lines_time_reads_back_as_the_instant_it_was_written_to_the_millisecond():
+    line = parse_line(format_event_line(0, "started", now=T0))
+    assert line.time == "2026-11-18T11:06:40.123Z"
+    assert epoch_seconds(line.time) == pytest.approx(T0, abs=1e-6)
+    with pytest.raises(ValueError):
+        epoch_seconds("2026-11-18 08:26:40")  # not the log's format
 
 
 def test_step_line_has_the_documented_shape():
