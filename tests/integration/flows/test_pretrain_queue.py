@@ -103,12 +103,13 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
 
     specs = {}
 
-    def submit(name: str, steps: int, checkpoint_interval: int = 10):
+    def submit(name: str, steps: int, checkpoint_interval: int = 10, drill: tuple[str, ...] = ()):
         """`forgeflow submit` with PREFECT_API_URL set: a flow run of the deployment, the spec as content."""
         job = specs[name] = make_job(name, training={"steps": steps, "lr_decay_steps": steps},
                                      checkpoint={"interval": checkpoint_interval})
         done = subprocess.run([sys.executable, "-m", "flows.cli", "submit", str(job), "--cluster", str(inventory),
-                               "--json"], capture_output=True, text=True, timeout=120)
+                               *(f"--drill={d}" for d in drill), "--json"], capture_output=True, text=True,
+                              timeout=120)
         assert done.returncode == 0, done.stderr[-3000:]
         out = json.loads(done.stdout)
         assert out["runner"]["kind"] == "prefect"
@@ -156,8 +157,10 @@ def test_second_run_waits_for_the_first_and_a_cancelled_waiter_leaves_the_queue(
     # test_prefect_deployments' test_cancelling_the_flow_run_kills_every_training_process:
     # the same deployment run on a worker, cancelled while it trains; sharing this run
     # saves a deployment and a flow run's start-up).
-    # The holder trains until cancelled: no periodic checkpoints (writing them costs CPU too).
-    _, holder_run = submit("queue-holder", 100000, checkpoint_interval=100000)
+    # The holder trains until cancelled: no periodic checkpoints (writing them costs CPU too), and
+    # from its second step on at the slow_rank drill's pace (0.5 s of sleep a micro batch): it
+    # holds the GPU while the waiter's flow run starts without taking a core from it.
+    _, holder_run = submit("queue-holder", 100000, checkpoint_interval=100000, drill=("slow_rank@1",))
     _until("the holder to run", lambda: (j := _job(orch, "queue-holder")) and j["state"] == "running")
     _, waiter_run = submit("queue-waiter", 10)
     _until("the waiter to queue", lambda: (j := _job(orch, "queue-waiter")) and j["state"] == "queued")

@@ -75,8 +75,11 @@ def test_submit_two_jobs_cancel_the_first_the_second_trains_to_the_end(embedded,
     job = make_job("submitted", training={"steps": 100000, "lr_decay_steps": 100000})  # until cancelled
     # the default layout: each job's run directory and checkpoints carry its id
     per_job = ["--set", f"run_dir={tmp_path}/runs/{{name}}/{{job}}", "--set", "checkpoint.url={run_dir}/checkpoints"]
+    # the first trains until cancelled; after the checkpoint at step 10 that the test waits for, at
+    # the slow_rank drill's pace (0.5 s of sleep a micro batch), so that it holds its slot without
+    # taking a core from the processes under test
     first = json.loads(_forgeflow(embedded, "submit", str(job), "--cluster", str(inventory), *per_job,
-                                  "--json").stdout)
+                                  "--drill", "slow_rank@10", "--json").stdout)
     second = json.loads(_forgeflow(embedded, "submit", str(job), "--cluster", str(inventory), *per_job,
                                    "--set", "training.steps=20", "--json").stdout)
     # submit returned with ids; nothing has trained yet (the runners start on their own)
