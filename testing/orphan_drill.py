@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import psutil
+from testing.torchrun_ranks import running
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,13 +48,6 @@ class OrphanDrill:
     lease_ran_out_s: float | None  # SIGKILL -> the lease's expiry as last renewed (0..lease_s: renewals every lease_s / 3)
     kept_until_kill: bool  # every rank and node-launch still ran when the holder was killed (after `before_kill`)
     committed_steps: list[int] = field(default_factory=list)  # every committed checkpoint
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def run_orphan_drill(job_yaml: Path, *, lease_s: float, grace_s: float | None = None, nproc: int = 1,
@@ -113,14 +106,14 @@ def run_orphan_drill(job_yaml: Path, *, lease_s: float, grace_s: float | None = 
         ranks = sorted(b.pid for b in beats.values())
         if before_kill is not None:
             before_kill()
-        kept = node_thread.is_alive() and all(_alive(pid) for pid in ranks)
+        kept = node_thread.is_alive() and all(running(pid) for pid in ranks)
         killed_step = max(b.step for b in runfiles.read_heartbeats(run_dir).values())
         holder.send_signal(signal.SIGKILL)  # the flow process dies: nothing renews the lease any more
         killed_at, killed_wall = time.monotonic(), time.time()
         holder.wait()
         gone_s = None
         while time.monotonic() < deadline:
-            if not any(_alive(pid) for pid in ranks):
+            if not any(running(pid) for pid in ranks):
                 gone_s = time.monotonic() - killed_at
                 break
             time.sleep(0.1)

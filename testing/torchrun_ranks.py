@@ -18,6 +18,14 @@ from infra.torchrun import AGENT_NAME
 AGENT_COMMAND = ["-m", "infra.torchrun"]
 
 
+def running(pid: int) -> bool:
+    """The process `pid` is there and not a zombie (one that exited and waits for its parent)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def is_agent(proc: psutil.Process) -> bool:
     """An infra.torchrun agent, not one of its forked ranks (False for a process that is gone)."""
     try:

@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 from infra.launch import LaunchRequest, LocalLauncher, local_node_launches, torchrun_command
+from testing.torchrun_ranks import running
 
 WORKER = str(Path(__file__).with_name("rank_worker.py"))
 
@@ -39,17 +40,10 @@ def _wait_for_pids(pid_dir: Path, count: int, timeout: float = 120) -> list[int]
     raise AssertionError(f"ranks did not start within {timeout}s")
 
 
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def _all_gone(pids, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while True:
-        if not any(_running(p) for p in pids):
+        if not any(running(p) for p in pids):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -149,7 +143,7 @@ def test_a_sigkilled_reaper_takes_its_torchrun_and_ranks_along(tmp_path, free_po
         # torchrun wakes and may stop its rank at any moment from here (a run did so before this
         # check). Whatever of node-b is still alive after pids() looked, pids() found.
         found = job.pids()
-        alive = {pid for pid in (agent_b.pid, *(r.pid for r in ranks_b)) if _running(pid)}
+        alive = {pid for pid in (agent_b.pid, *(r.pid for r in ranks_b)) if running(pid)}
         assert alive <= found, (alive, found)
     finally:
         job.terminate(grace_s=2)
@@ -179,10 +173,10 @@ def test_a_reaped_reapers_pid_led_by_another_program_is_left_alone(tmp_path):
         reaper.pid = other.pid  # the reaped reaper's number, now another program's group
         assert not job.pids()
         job.terminate(grace_s=1)
-        assert other.poll() is None and member.is_running(), "terminate() signalled another program's group"
+        assert other.poll() is None and member.isrunning(), "terminate() signalled another program's group"
     finally:
         for proc in (member, psutil.Process(other.pid)):
-            if proc is not None and proc.is_running():
+            if proc is not None and proc.isrunning():
                 proc.kill()
         other.wait()
 
