@@ -173,10 +173,10 @@ def test_a_reaped_reapers_pid_led_by_another_program_is_left_alone(tmp_path):
         reaper.pid = other.pid  # the reaped reaper's number, now another program's group
         assert not job.pids()
         job.terminate(grace_s=1)
-        assert other.poll() is None and member.isrunning(), "terminate() signalled another program's group"
+        assert other.poll() is None and member.is_running(), "terminate() signalled another program's group"
     finally:
         for proc in (member, psutil.Process(other.pid)):
-            if proc is not None and proc.isrunning():
+            if proc is not None and proc.is_running():
                 proc.kill()
         other.wait()
 
